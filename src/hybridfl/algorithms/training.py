@@ -1,0 +1,72 @@
+"""Local SGD on one party's data: shared by HyFEM clients and the baselines.
+
+Mini-batches are drawn uniformly at random from the party's own samples (HyFEM Alg. 2 line 4,
+with ``batch_size`` samples per step), so every step costs ``batch_size`` sample-gradient
+evaluations whatever the algorithm: that makes budgets comparable (``T * Q`` steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from hybridfl.data.dataset import HybridDataset
+from hybridfl.models.hybrid import HybridModel
+
+
+class LocalTrainer:
+    """SGD steps of a :class:`HybridModel` on a fixed dataset.
+
+    Args:
+        model: the model to train (updated in place).
+        data: the party's samples with (at least) the model's blocks.
+        batch_size: samples per step (capped at the number of samples).
+        lr: SGD step size ``eta``.
+        momentum: SGD momentum (0 = plain SGD as in HyFEM Alg. 2; the state is reset each call).
+        seed: seeds the party's own mini-batch generator.
+    """
+
+    def __init__(self, model: HybridModel, data: HybridDataset, batch_size: int, lr: float, momentum: float = 0.0, seed: int = 0):
+        self.model = model
+        self.x = {b: torch.from_numpy(np.ascontiguousarray(data.blocks[b])) for b in model.blocks}
+        self.y = torch.from_numpy(data.y)
+        self.n = int(self.y.shape[0])
+        self.batch_size = max(1, min(int(batch_size), self.n))
+        self.lr = float(lr)
+        self.momentum = float(momentum)
+        self.gen = torch.Generator().manual_seed(int(seed))
+        self.loss_fn = nn.CrossEntropyLoss()
+
+    def steps(
+        self,
+        q: int,
+        prox: Sequence[tuple[Sequence[torch.Tensor], Sequence[torch.Tensor], float]] = (),
+        lr: float | None = None,
+    ) -> float:
+        """Run ``q`` SGD steps; return the mean mini-batch loss (without proximal terms).
+
+        Args:
+            q: number of local steps ``Q``.
+            prox: groups ``(params, anchors, mu)``: adds ``(mu/2) ||p - anchor||^2`` to the loss,
+                i.e. ``mu (p - anchor)`` to the gradient (HyFEM Alg. 2 lines 5-6, HyFEM-Prox).
+            lr: step size for this call (default: the trainer's).
+        """
+        opt = torch.optim.SGD(self.model.parameters(), lr=self.lr if lr is None else lr, momentum=self.momentum)
+        total = 0.0
+        self.model.train()
+        for _ in range(int(q)):
+            idx = torch.randint(self.n, (self.batch_size,), generator=self.gen)
+            xb = {b: x[idx] for b, x in self.x.items()}
+            loss = self.loss_fn(self.model(xb), self.y[idx])
+            total += float(loss.detach())
+            reg = 0.0
+            for params, anchors, mu in prox:
+                if mu:
+                    reg = reg + 0.5 * mu * sum(((p - a) ** 2).sum() for p, a in zip(params, anchors))
+            opt.zero_grad(set_to_none=True)
+            (loss + reg).backward()
+            opt.step()
+        return total / max(int(q), 1)

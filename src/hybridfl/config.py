@@ -1,0 +1,176 @@
+"""Run configuration: a YAML or TOML file validated with pydantic.
+
+A run config has four sections (see ``configs/`` for complete, commented examples)::
+
+    seed: 0
+    dataset:            # which data, from which directory, and how it is split into blocks
+      name: mfeat       # digits | mnist | mfeat | credit_default | adult | table
+      data_dir: ../shared/data/mfeat
+    partition:          # who holds what
+      kind: class_block # class_block | grid | iid | dirichlet | by_class | vertical | file
+      num_clients: 6
+      classes_per_client: [5, 7]
+      blocks_per_client: 3
+    algorithm:          # the algorithm and its parameters
+      name: hyfem
+      rounds: 30
+      local_steps: 20
+
+Every problem is reported as a :class:`ConfigError` with one sentence naming the file and the
+field (``algorithm.rounds: Input should be greater than or equal to 1``).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hybridfl.errors import ConfigError
+
+
+class DatasetConfig(BaseModel):
+    """Which dataset to load and how its features are split into blocks."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["digits", "mnist", "mfeat", "credit_default", "adult", "table"] = "digits"
+    data_dir: str | None = Field(None, description="directory holding the dataset's files")
+    layout: Literal["halves", "quadrants", "tiles"] = Field("quadrants", description="image block layout (digits, mnist)")
+    tiles: int = Field(2, ge=1, description="tiles per side for layout 'tiles'")
+    flatten: bool | None = Field(None, description="vector blocks instead of image blocks (digits default true, mnist false)")
+    classes: list[int] | None = Field(None, description="mnist only: keep these digits, relabelled 0..k-1")
+    test_fraction: float = Field(0.25, gt=0, lt=1, description="held-out share when the data has no test file")
+    standardize: bool = Field(True, description="z-score vector blocks with training statistics")
+    # table
+    path: str | None = Field(None, description="table: CSV/Parquet file")
+    test_path: str | None = Field(None, description="table: optional test file")
+    label_column: str | None = None
+    id_column: str | None = None
+    blocks: dict[str, list[str]] | None = Field(None, description="table: block name -> columns")
+    categorical: list[str] | None = None
+    sep: str | None = None
+
+    @field_validator("data_dir", "path", "test_path")
+    @classmethod
+    def _nonempty(cls, v: str | None) -> str | None:
+        if v is not None and not v.strip():
+            raise ValueError("must not be empty")
+        return v
+
+
+class ClientSpecConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    classes: list[int]
+    blocks: list[str]
+
+
+class PartitionConfig(BaseModel):
+    """Who holds what (see :mod:`hybridfl.data.partitioners`)."""
+
+    model_config = ConfigDict(extra="forbid")
+    kind: Literal["class_block", "grid", "iid", "dirichlet", "by_class", "vertical", "file"] = "class_block"
+    num_clients: int = Field(6, ge=1)
+    clients: list[ClientSpecConfig] | None = Field(None, description="class_block: explicit classes x blocks per client")
+    classes_per_client: int | tuple[int, int] = (5, 7)
+    blocks_per_client: int | tuple[int, int] = 3
+    overlap: Literal["full", "split"] = "full"
+    alpha: float = Field(0.5, gt=0, description="dirichlet concentration")
+    sample_groups: int = Field(3, ge=1, description="grid: sample groups S")
+    block_groups: int = Field(3, ge=1, description="grid: block groups F")
+    replicas: int = Field(1, ge=1, description="grid: clients holding each cell")
+    parties: list[list[str]] | None = Field(None, description="vertical: blocks of each party")
+    label_party: int = Field(0, ge=0)
+    path: str | None = Field(None, description="file: a partition JSON written by `hybridfl partition --save`")
+
+
+class RunConfig(BaseModel):
+    """A whole run: seed, dataset, partition and algorithm (validated per algorithm)."""
+
+    model_config = ConfigDict(extra="forbid")
+    seed: int = 0
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    algorithm: dict[str, Any] = Field(default_factory=lambda: {"name": "hyfem"})
+
+    def algorithm_config(self) -> BaseModel:
+        """The ``algorithm`` section validated by the registered algorithm's config model."""
+        from hybridfl.algorithms.registry import get_algorithm
+
+        name = self.algorithm.get("name", "hyfem")
+        spec = get_algorithm(name)
+        try:
+            return spec.config_model.model_validate({**self.algorithm, "name": name})
+        except ValidationError as e:
+            raise ConfigError(_first_error(e, "algorithm")) from None
+
+
+def _first_error(e: ValidationError, prefix: str = "", where: str = "") -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in ((prefix,) if prefix else ()) + tuple(err["loc"]))
+    msg = err["msg"]
+    if err["type"] == "extra_forbidden":
+        msg = "is not a known setting"
+    place = f" in {where}" if where else ""
+    return f"config field {loc!r}{place}: {msg}."
+
+
+def parse_config(data: dict, where: str = "config") -> RunConfig:
+    """Validate a config mapping (and its algorithm section).
+
+    Raises:
+        ConfigError: one sentence naming the field and the problem.
+    """
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must be a mapping of sections (seed, dataset, partition, algorithm).")
+    try:
+        cfg = RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_first_error(e, where=where)) from None
+    if not isinstance(cfg.algorithm.get("name", "hyfem"), str):
+        raise ConfigError(f"config field 'algorithm.name' in {where} must be a string.")
+    try:
+        cfg.algorithm_config()
+    except ConfigError as e:
+        raise ConfigError(str(e).rstrip(".") + f" ({where}).") from None
+    return cfg
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Read a ``.yaml``/``.yml`` or ``.toml`` run config.
+
+    Raises:
+        ConfigError: missing or unreadable file, syntax error, or an invalid field.
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist.")
+    text = p.read_text(encoding="utf-8", errors="replace")
+    try:
+        if p.suffix.lower() == ".toml":
+            data = tomllib.loads(text)
+        elif p.suffix.lower() in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        else:
+            raise ConfigError(f"config file {str(p)!r} must end in .yaml, .yml or .toml.")
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"config file {str(p)!r} is not valid {p.suffix[1:].upper()}: {first}.") from None
+    if data is None:
+        raise ConfigError(f"config file {str(p)!r} is empty.")
+    return parse_config(data, where=p.name)
+
+
+def default_config() -> RunConfig:
+    """The main job: HyFEM on scikit-learn's digits with a hybrid classes x blocks partition."""
+    return parse_config(
+        {
+            "seed": 0,
+            "dataset": {"name": "digits"},
+            "partition": {"kind": "class_block", "num_clients": 6, "classes_per_client": [5, 7], "blocks_per_client": 3},
+            "algorithm": {"name": "hyfem", "rounds": 30, "local_steps": 20, "batch_size": 32, "lr": 0.1},
+        },
+        where="default config",
+    )

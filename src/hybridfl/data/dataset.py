@@ -1,0 +1,210 @@
+"""A dataset for hybrid FL: samples with stable IDs, labels and named feature blocks.
+
+The full feature space is split into ``d0`` named feature blocks (an image region, a view, a group
+of table columns; SPEC.md "The setting"). A :class:`HybridDataset` stores, for ``N`` samples:
+
+- ``ids``: shape ``(N,)``, unique sample IDs (strings), stable across train/test splits and
+  partitions, so that clients can align samples by ID;
+- ``y``: shape ``(N,)``, ``int64`` class indices in ``[0, C)``;
+- ``blocks``: ordered mapping block name -> array of shape ``(N, *block_shape)`` (``float32``);
+  vector blocks have ``block_shape = (d_b,)``, image blocks ``(channels, height, width)``.
+
+The block order of the mapping is the global block order: a model concatenates extractor outputs
+in that order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hybridfl.errors import DataError
+
+
+@dataclass
+class HybridDataset:
+    """Samples with stable IDs, labels and named feature blocks.
+
+    Args:
+        name: dataset name used in reports.
+        ids: ``(N,)`` unique sample IDs (converted to ``str``).
+        y: ``(N,)`` integer class indices in ``[0, len(classes))``.
+        blocks: block name -> ``(N, *shape)`` array, in global block order.
+        classes: class names (``str``), index = class index.
+
+    Raises:
+        DataError: if IDs repeat, shapes disagree, labels are out of range or a block holds
+            NaN or infinite values (one sentence naming the block or row).
+    """
+
+    name: str
+    ids: np.ndarray
+    y: np.ndarray
+    blocks: dict[str, np.ndarray]
+    classes: list[str]
+    _index: dict[str, int] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.ids = np.asarray(self.ids).astype(str)
+        self.y = np.asarray(self.y)
+        self.classes = [str(c) for c in self.classes]
+        n = self.ids.shape[0]
+        if self.ids.ndim != 1:
+            raise DataError(f"dataset {self.name!r}: sample IDs must be one-dimensional, got shape {self.ids.shape}.")
+        if n == 0:
+            raise DataError(f"dataset {self.name!r} has no samples.")
+        if self.y.shape != (n,):
+            raise DataError(f"dataset {self.name!r}: {self.y.shape[0] if self.y.ndim else 0} labels for {n} samples.")
+        if not np.issubdtype(self.y.dtype, np.integer):
+            raise DataError(f"dataset {self.name!r}: labels must be integer class indices, got dtype {self.y.dtype}.")
+        self.y = self.y.astype(np.int64)
+        if len(self.classes) == 0:
+            raise DataError(f"dataset {self.name!r} has no classes.")
+        bad = np.flatnonzero((self.y < 0) | (self.y >= len(self.classes)))
+        if bad.size:
+            raise DataError(
+                f"dataset {self.name!r}: label {int(self.y[bad[0]])} of sample {self.ids[bad[0]]!r} is outside "
+                f"the {len(self.classes)} classes [0, {len(self.classes) - 1}]."
+            )
+        uniq, counts = np.unique(self.ids, return_counts=True)
+        if uniq.size != n:
+            raise DataError(f"dataset {self.name!r}: sample ID {uniq[counts > 1][0]!r} occurs more than once.")
+        if not self.blocks:
+            raise DataError(f"dataset {self.name!r} has no feature blocks.")
+        clean: dict[str, np.ndarray] = {}
+        for b, x in self.blocks.items():
+            x = np.asarray(x)
+            if x.shape[0] != n:
+                raise DataError(f"dataset {self.name!r}: block {b!r} has {x.shape[0]} rows for {n} samples.")
+            if x.ndim < 2:
+                raise DataError(f"dataset {self.name!r}: block {b!r} must have shape (N, ...), got {x.shape}.")
+            if not np.issubdtype(x.dtype, np.number):
+                raise DataError(f"dataset {self.name!r}: block {b!r} is not numeric (dtype {x.dtype}).")
+            x = x.astype(np.float32, copy=False)
+            finite = np.isfinite(x.reshape(n, -1)).all(axis=1)
+            if not finite.all():
+                row = int(np.flatnonzero(~finite)[0])
+                raise DataError(
+                    f"dataset {self.name!r}: block {b!r} holds NaN or infinite values (first at sample {self.ids[row]!r})."
+                )
+            clean[str(b)] = x
+        self.blocks = clean
+        self._index = {s: i for i, s in enumerate(self.ids)}
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def n_samples(self) -> int:
+        """Number of samples ``N``."""
+        return int(self.ids.shape[0])
+
+    @property
+    def n_classes(self) -> int:
+        """Number of classes ``C``."""
+        return len(self.classes)
+
+    @property
+    def block_names(self) -> list[str]:
+        """Block names in global block order."""
+        return list(self.blocks)
+
+    @property
+    def block_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Block name -> per-sample shape (without the sample axis)."""
+        return {b: tuple(int(s) for s in x.shape[1:]) for b, x in self.blocks.items()}
+
+    def __len__(self) -> int:
+        return self.n_samples
+
+    # ------------------------------------------------------------------ selection
+    def positions(self, ids: Iterable[str], *, where: str = "") -> np.ndarray:
+        """Row positions of the given sample IDs.
+
+        Raises:
+            DataError: if an ID is not in the dataset (names the first unknown ID and ``where``).
+        """
+        out = []
+        for s in ids:
+            i = self._index.get(str(s))
+            if i is None:
+                place = f" ({where})" if where else ""
+                raise DataError(f"sample ID {s!r}{place} is not in dataset {self.name!r}.")
+            out.append(i)
+        return np.asarray(out, dtype=np.int64)
+
+    def subset(self, ids: Sequence[str] | np.ndarray | None = None, blocks: Sequence[str] | None = None) -> HybridDataset:
+        """The samples ``ids`` (all if ``None``) restricted to ``blocks`` (all if ``None``), in the given order."""
+        rows = np.arange(self.n_samples) if ids is None else self.positions(ids)
+        names = self.block_names if blocks is None else list(blocks)
+        for b in names:
+            if b not in self.blocks:
+                raise DataError(f"block {b!r} is not in dataset {self.name!r} (blocks: {', '.join(self.blocks)}).")
+        return HybridDataset(
+            name=self.name,
+            ids=self.ids[rows],
+            y=self.y[rows],
+            blocks={b: self.blocks[b][rows] for b in names},
+            classes=self.classes,
+        )
+
+    def take(self, rows: np.ndarray) -> HybridDataset:
+        """The samples at row positions ``rows`` (all blocks)."""
+        return HybridDataset(self.name, self.ids[rows], self.y[rows], {b: x[rows] for b, x in self.blocks.items()}, self.classes)
+
+    def class_counts(self) -> np.ndarray:
+        """``(C,)`` number of samples per class."""
+        return np.bincount(self.y, minlength=self.n_classes)
+
+
+@dataclass
+class DatasetSplit:
+    """A train and a test :class:`HybridDataset` with the same blocks and classes."""
+
+    train: HybridDataset
+    test: HybridDataset
+
+    def __post_init__(self) -> None:
+        if self.train.block_shapes != self.test.block_shapes:
+            raise DataError(f"dataset {self.train.name!r}: train and test blocks differ.")
+        if self.train.classes != self.test.classes:
+            raise DataError(f"dataset {self.train.name!r}: train and test classes differ.")
+        both = np.intersect1d(self.train.ids, self.test.ids)
+        if both.size:
+            raise DataError(f"dataset {self.train.name!r}: sample ID {both[0]!r} is in both train and test.")
+
+    @property
+    def name(self) -> str:
+        return self.train.name
+
+
+def split_train_test(ds: HybridDataset, test_fraction: float, seed: int) -> DatasetSplit:
+    """Stratified random split of one dataset into train and test (reproducible with ``seed``)."""
+    if not 0.0 < test_fraction < 1.0:
+        raise DataError(f"test fraction must be in (0, 1), got {test_fraction}.")
+    from sklearn.model_selection import train_test_split
+
+    rows = np.arange(ds.n_samples)
+    tr, te = train_test_split(rows, test_size=test_fraction, random_state=seed, stratify=ds.y)
+    return DatasetSplit(ds.take(np.sort(tr)), ds.take(np.sort(te)))
+
+
+def standardize(split: DatasetSplit, blocks: Mapping[str, bool] | None = None) -> DatasetSplit:
+    """Scale each vector block to zero mean and unit variance with train statistics.
+
+    Image blocks (``ndim > 2``) are left as they are. Constant columns keep scale 1.
+    """
+    tr, te = {}, {}
+    for b, x in split.train.blocks.items():
+        if (blocks is not None and not blocks.get(b, False)) or x.ndim > 2:
+            tr[b], te[b] = x, split.test.blocks[b]
+            continue
+        mu = x.mean(axis=0)
+        sd = x.std(axis=0)
+        sd[sd < 1e-12] = 1.0
+        tr[b] = (x - mu) / sd
+        te[b] = (split.test.blocks[b] - mu) / sd
+    return DatasetSplit(
+        HybridDataset(split.train.name, split.train.ids, split.train.y, tr, split.train.classes),
+        HybridDataset(split.test.name, split.test.ids, split.test.y, te, split.test.classes),
+    )

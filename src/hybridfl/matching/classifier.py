@@ -1,0 +1,297 @@
+"""HyFEM classifier matching: merge client classifiers of different input sets into one server
+classifier (HyFEM Alg. 1 line 8, Alg. 3, Appendix A; SPEC.md "Classifier matching").
+
+Each client ``m`` holds a one-hidden-layer classifier over its own input columns
+(``W1_m`` ``(H_m, D_m)``, ``b1_m`` ``(H_m,)``, ``W2_m`` ``(C, H_m)``, ``b2_m`` ``(C,)``); its input
+columns sit at known server columns (``Pi_m,1 = P_m``). The server classifier has ``L`` hidden
+neurons over all ``D0`` input columns. The unknown part of ``Pi_m`` is the assignment of each
+client hidden neuron to a distinct server neuron (or to a new one), found by the Hungarian
+method on a PFNM or Euclidean cost (:mod:`hybridfl.matching.neurons`). The output layer is not
+matched (its rows are the classes, the same everywhere); its columns follow the hidden neurons.
+
+Procedure (:func:`match_classifiers`):
+
+1. start from the previous assignments (``Pi_m^t``); a client without one is matched greedily;
+2. ``P`` sweeps: in a random client order, remove client ``m'``, build the server neurons from the
+   other clients (Alg. 3 line 5), and re-assign ``m'`` by the Hungarian method (line 7-8);
+3. the server classifier is the ``p_m``-weighted average, per entry, over the clients whose
+   matched weights cover that entry (the closed form of (11), Alg. 3 line 9); an entry covered by
+   nobody keeps its previous value (0 for a new neuron); server neurons no client is matched to
+   are dropped; the width never exceeds ``max_width``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hybridfl.matching.neurons import assign, euclidean_cost, pfnm_cost
+
+
+@dataclass
+class ClientClassifier:
+    """A client's classifier with its input columns in server coordinates.
+
+    Attributes:
+        W1: ``(H_m, D_m)``; b1: ``(H_m,)``; W2: ``(C, H_m)``; b2: ``(C,)``.
+        columns: ``(D_m,)`` server input column of each client input column (``P_m``).
+        weight: aggregation weight ``p_m`` (> 0), e.g. the client's sample count.
+        assignment: ``(H_m,)`` previous server neuron of each hidden neuron (``Pi_m^t``), or None.
+        class_counts: ``(C,)`` samples per class at the client (optional, used with
+            ``output_weighting="class"`` and for PFNM's output-layer precision).
+    """
+
+    W1: np.ndarray
+    b1: np.ndarray
+    W2: np.ndarray
+    b2: np.ndarray
+    columns: np.ndarray
+    weight: float
+    assignment: np.ndarray | None = None
+    class_counts: np.ndarray | None = None
+
+    @property
+    def width(self) -> int:
+        return int(self.W1.shape[0])
+
+
+@dataclass
+class ServerClassifier:
+    """The server classifier: ``W1`` ``(L, D0)``, ``b1`` ``(L,)``, ``W2`` ``(C, L)``, ``b2`` ``(C,)``."""
+
+    W1: np.ndarray
+    b1: np.ndarray
+    W2: np.ndarray
+    b2: np.ndarray
+
+    @property
+    def width(self) -> int:
+        return int(self.W1.shape[0])
+
+    def client_view(self, assignment: np.ndarray, columns: np.ndarray) -> dict[str, np.ndarray]:
+        """``Pi_m w_0``: the rows/columns of the server classifier at a client's matched
+        positions, as classifier arrays ``fc1.weight``, ``fc1.bias``, ``fc2.weight``, ``fc2.bias``."""
+        return {
+            "fc1.weight": self.W1[np.ix_(assignment, columns)].astype(np.float32),
+            "fc1.bias": self.b1[assignment].astype(np.float32),
+            "fc2.weight": self.W2[:, assignment].astype(np.float32),
+            "fc2.bias": self.b2.astype(np.float32),
+        }
+
+
+@dataclass
+class MatchingConfig:
+    """Matching hyperparameters.
+
+    Attributes:
+        cost: ``"pfnm"`` or ``"euclidean"``.
+        sweeps: number of sweeps ``P`` over the clients.
+        sigma, sigma0, gamma: PFNM hyperparameters (reference defaults 1, 1, 1; FedMA uses gamma 7).
+        new_penalty: Euclidean cost of opening a new neuron (``None``: the median squared norm of
+            the client's neuron vectors).
+        max_width: cap on the server hidden width (``None``: no cap).
+        output_weighting: ``"samples"`` (SPEC: ``p_m`` for every entry) or ``"class"`` (output
+            row ``c`` weighted by the client's sample count of class ``c``; clients without class
+            ``c`` do not cover it).
+    """
+
+    cost: str = "pfnm"
+    sweeps: int = 3
+    sigma: float = 1.0
+    sigma0: float = 1.0
+    gamma: float = 1.0
+    new_penalty: float | None = None
+    max_width: int | None = None
+    output_weighting: str = "samples"
+
+    def __post_init__(self) -> None:
+        if self.cost not in ("pfnm", "euclidean"):
+            raise ValueError(f"matching cost must be 'pfnm' or 'euclidean', got {self.cost!r}")
+        if self.output_weighting not in ("samples", "class"):
+            raise ValueError(f"output_weighting must be 'samples' or 'class', got {self.output_weighting!r}")
+        if self.sweeps < 0:
+            raise ValueError(f"matching sweeps must be >= 0, got {self.sweeps}")
+
+
+@dataclass
+class MatchingResult:
+    server: ServerClassifier
+    assignments: list[np.ndarray]
+    stats: dict = field(default_factory=dict)
+
+
+class _Pool:
+    """Running sums over clients' matched neurons, per server neuron id (grows on demand)."""
+
+    def __init__(self, D: int):
+        self.D = D
+        self.natural = np.zeros((0, D))
+        self.prec = np.zeros((0, D))
+        self.count = np.zeros(0, dtype=np.int64)
+
+    def ensure(self, n: int) -> None:
+        if n > self.count.size:
+            extra = n - self.count.size
+            self.natural = np.vstack([self.natural, np.zeros((extra, self.D))])
+            self.prec = np.vstack([self.prec, np.zeros((extra, self.D))])
+            self.count = np.concatenate([self.count, np.zeros(extra, dtype=np.int64)])
+
+    def add(self, ids: np.ndarray, sv: np.ndarray, prec: np.ndarray, sign: int) -> None:
+        self.ensure(int(ids.max()) + 1 if ids.size else 0)
+        self.natural[ids] += sign * sv
+        self.prec[ids] += sign * prec[None, :]
+        self.count[ids] += sign
+
+
+def _vectors(c: ClientClassifier, D0: int, C: int) -> tuple[np.ndarray, np.ndarray]:
+    """Neuron vectors ``(H_m, D0 + 1 + C)`` in server coordinates and the coverage mask ``(D,)``."""
+    H = c.width
+    V = np.zeros((H, D0 + 1 + C))
+    V[:, c.columns] = c.W1
+    V[:, D0] = c.b1
+    V[:, D0 + 1 :] = c.W2.T
+    mask = np.zeros(D0 + 1 + C)
+    mask[c.columns] = 1.0
+    mask[D0:] = 1.0
+    return V, mask
+
+
+def match_classifiers(
+    clients: list[ClientClassifier],
+    previous: ServerClassifier,
+    config: MatchingConfig,
+    rng: np.random.Generator,
+) -> MatchingResult:
+    """Match the clients' hidden neurons to server neurons and average (see module docstring).
+
+    Args:
+        clients: the client classifiers after their local steps, with previous assignments.
+        previous: the server classifier of the previous round (``w_0^t``).
+        config: matching hyperparameters.
+        rng: randomness for the sweep order.
+
+    Returns:
+        The new server classifier ``w_0^{t+1}`` and each client's assignment ``Pi_m^{t+1}``
+        (indices into the new server's hidden neurons).
+
+    Raises:
+        ValueError: if ``max_width`` is smaller than a client's hidden width.
+    """
+    D0 = previous.W1.shape[1]
+    C = previous.W2.shape[0]
+    D = D0 + 1 + C
+    M = len(clients)
+    cap = config.max_width
+    for c in clients:
+        if cap is not None and c.width > cap:
+            raise ValueError(f"max_width {cap} is smaller than a client's hidden width {c.width}")
+
+    vecs, precs = [], []
+    for c in clients:
+        V, mask = _vectors(c, D0, C)
+        prec = mask / config.sigma
+        if c.class_counts is not None and config.cost == "pfnm":
+            total = sum(np.asarray(k.class_counts, dtype=float) for k in clients if k.class_counts is not None)
+            share = np.divide(np.asarray(c.class_counts, float), total, out=np.zeros(C), where=total > 0)
+            prec[D0 + 1 :] = share / config.sigma
+        vecs.append(V)
+        precs.append(prec)
+
+    pool = _Pool(D)
+    pool.ensure(previous.width)
+    next_id = previous.width
+    assignments: list[np.ndarray | None] = []
+    for c in clients:
+        a = c.assignment
+        ok = a is not None and a.shape == (c.width,) and np.unique(a).size == a.size and a.min() >= 0 and a.max() < previous.width
+        assignments.append(np.asarray(a, dtype=np.int64) if ok else None)
+    for m, a in enumerate(assignments):
+        if a is not None:
+            pool.add(a, vecs[m] * precs[m][None, :], precs[m], +1)
+
+    def rematch(m: int) -> None:
+        nonlocal next_id
+        if assignments[m] is not None:
+            pool.add(assignments[m], vecs[m] * precs[m][None, :], precs[m], -1)
+        cand = np.flatnonzero(pool.count > 0)
+        J = clients[m].width
+        room = J if cap is None else max(cap - cand.size, 0)
+        max_new = min(J, room)
+        if cand.size + max_new < J:  # cannot happen when cap >= J, kept as a guard
+            max_new = J - cand.size
+        if config.cost == "pfnm":
+            cost = pfnm_cost(
+                vecs[m], precs[m], pool.natural[cand], pool.prec[cand] + 1.0 / config.sigma0, pool.count[cand], M,
+                sigma0=config.sigma0, gamma=config.gamma, max_new=max_new,
+            )
+        else:
+            mask = (precs[m] > 0).astype(float)
+            mean = np.divide(pool.natural[cand], pool.prec[cand], out=np.zeros((cand.size, D)), where=pool.prec[cand] > 0)
+            pen = config.new_penalty
+            if pen is None:
+                pen = float(np.median((vecs[m] ** 2).sum(1)))
+            cost = euclidean_cost(vecs[m], mask, mean, new_penalty=pen, max_new=max_new)
+        cols = assign(cost)
+        ids = np.empty(J, dtype=np.int64)
+        for j, col in enumerate(cols):
+            if col < cand.size:
+                ids[j] = cand[col]
+            else:
+                ids[j] = next_id
+                next_id += 1
+        assignments[m] = ids
+        pool.add(ids, vecs[m] * precs[m][None, :], precs[m], +1)
+
+    # clients without a valid previous assignment: largest first, as PFNM initialises
+    for m in sorted((m for m, a in enumerate(assignments) if a is None), key=lambda m: -clients[m].width):
+        rematch(m)
+    for _ in range(config.sweeps):
+        for m in rng.permutation(M):
+            rematch(int(m))
+
+    # ---- closed form of (11): p_m-weighted average per covered entry
+    used = np.unique(np.concatenate([a for a in assignments if a is not None]))
+    if cap is not None and used.size > cap:  # cannot happen: rematch keeps the width <= cap
+        raise AssertionError("server width exceeds max_width")
+    L = used.size
+    index = -np.ones(max(next_id, previous.width), dtype=np.int64)
+    index[used] = np.arange(L)
+    old = used < previous.width
+    W1 = np.zeros((L, D0))
+    b1 = np.zeros(L)
+    W2 = np.zeros((C, L))
+    W1[old] = previous.W1[used[old]]
+    b1[old] = previous.b1[used[old]]
+    W2[:, old] = previous.W2[:, used[old]]
+    b2 = previous.b2.astype(np.float64).copy()
+    sW1, nW1 = np.zeros((L, D0)), np.zeros((L, D0))
+    sb1, nb1 = np.zeros(L), np.zeros(L)
+    sW2, nW2 = np.zeros((C, L)), np.zeros((C, L))
+    sb2, nb2 = np.zeros(C), np.zeros(C)
+    for c, a in zip(clients, assignments):
+        rows = index[a]
+        p = float(c.weight)
+        if config.output_weighting == "class" and c.class_counts is not None:
+            pc = np.asarray(c.class_counts, dtype=float)
+        else:
+            pc = np.full(C, p)
+        sW1[np.ix_(rows, c.columns)] += p * c.W1
+        nW1[np.ix_(rows, c.columns)] += p
+        sb1[rows] += p * c.b1
+        nb1[rows] += p
+        sW2[:, rows] += pc[:, None] * c.W2
+        nW2[:, rows] += pc[:, None]
+        sb2 += pc * c.b2
+        nb2 += pc
+    for s, n, out in ((sW1, nW1, W1), (sb1, nb1, b1), (sW2, nW2, W2), (sb2, nb2, b2)):
+        cov = n > 0
+        out[cov] = s[cov] / n[cov]
+    server = ServerClassifier(W1.astype(np.float32), b1.astype(np.float32), W2.astype(np.float32), b2.astype(np.float32))
+    new_assign = [index[a] for a in assignments]
+    moved = 0
+    for c, a in zip(clients, assignments):
+        prev = c.assignment
+        moved += int(np.sum(a != prev)) if prev is not None and np.shape(prev) == a.shape else c.width
+    stats = {"server_width": L, "new_neurons": int((~old).sum()), "dropped_neurons": int(previous.width - old.sum()), "reassigned": moved}
+    return MatchingResult(server, new_assign, stats)
