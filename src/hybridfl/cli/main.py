@@ -1,0 +1,176 @@
+"""The ``hybridfl`` command line.
+
+- ``hybridfl run``: the main job (HyFEM on the bundled digits with a hybrid partition), or
+  ``hybridfl run --config FILE --out DIR [--dataset NAME --data-dir DIR --rounds N --seed N]``.
+- ``hybridfl partition``: print the partition's clients and its class x block coverage table
+  (and save the heatmap / the partition JSON).
+- ``hybridfl algorithms``: list the algorithms a config can name.
+
+A user error (missing file, unknown block, NaN in a table, bad config field, ...) prints one
+sentence to standard error and exits with status 2, without a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from hybridfl.errors import HybridFLError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hybrid federated learning: clients hold some samples and some feature blocks.")
+console = Console()
+err_console = Console(stderr=True, soft_wrap=True)
+
+
+def _load(config: Optional[Path], dataset: Optional[str], data_dir: Optional[Path], rounds: Optional[int], seed: Optional[int]):
+    from hybridfl.config import default_config, load_config, parse_config
+
+    cfg = load_config(config) if config is not None else default_config()
+    data = cfg.model_dump(mode="json")
+    if dataset is not None:
+        data["dataset"]["name"] = dataset
+    if data_dir is not None:
+        data["dataset"]["data_dir"] = str(data_dir)
+    if rounds is not None:
+        data["algorithm"]["rounds"] = rounds
+    if seed is not None:
+        data["seed"] = seed
+    return parse_config(data, where=config.name if config else "default config")
+
+
+def _fmt(v, fmt: str = "percent") -> str:
+    if v is None:
+        return "-"
+    if fmt == "percent":
+        return f"{100 * v:.2f} %"
+    if fmt == "sci":
+        return f"{v:.3e}"
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def report_rows(summary: dict) -> list[tuple[str, object, str]]:
+    """Rows of the final table: ``summary["report"]`` (a list of ``[label, value, format]`` with
+    format ``percent``, ``sci`` or ``plain``) if the algorithm gives one, else HyFEM's accuracies."""
+    if summary.get("report"):
+        return [(str(a), b, str(c)) for a, b, c in summary["report"]]
+    return [
+        ("server (global: all test samples, all blocks)", summary.get("server_accuracy"), "percent"),
+        ("clients, mean (local: all test samples, own blocks)", summary.get("client_accuracy_mean"), "percent"),
+        ("centralised (all training data, same T*Q budget)", summary.get("centralized_accuracy"), "percent"),
+        ("stand-alone clients, mean (no communication)", summary.get("standalone_accuracy_mean"), "percent"),
+    ]
+
+
+@app.command()
+def run(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML or TOML run config (default: HyFEM on digits)."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: runs/<dataset>-<algorithm>-<time>)."),
+    dataset: Optional[str] = typer.Option(None, help="Override dataset.name."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Override dataset.data_dir."),
+    rounds: Optional[int] = typer.Option(None, help="Override algorithm.rounds."),
+    seed: Optional[int] = typer.Option(None, help="Override the seed."),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
+) -> None:
+    """Train a federated model and write results.json, metrics.csv and plots."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from hybridfl.experiment import execute, prepare
+
+    cfg = _load(config, dataset, data_dir, rounds, seed)
+    algo_name = cfg.algorithm.get("name", "hyfem")
+    out_dir = out or Path("runs") / f"{cfg.dataset.name}-{algo_name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    prep = prepare(cfg, out_dir)
+    for w in prep.warnings:
+        err_console.print(f"[yellow]warning:[/] {w}")
+    if not quiet:
+        console.print(f"[bold]{algo_name}[/] on [bold]{prep.split.name}[/]: {prep.partition.description}; "
+                      f"{prep.split.train.n_samples} train / {prep.split.test.n_samples} test samples, blocks {', '.join(prep.split.train.block_names)}")
+    if quiet:
+        result = execute(prep, out_dir)
+    else:
+        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                      TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console) as bar:
+            task = bar.add_task("rounds", total=None, info="")
+
+            def progress(done: int, total: int, row: dict) -> None:
+                info = "  ".join(f"{k}={v:.3f}" for k, v in row.items() if k in ("server_accuracy", "client_accuracy_mean", "accuracy", "relative_suboptimality", "auc"))
+                bar.update(task, completed=done, total=total, info=info)
+
+            result = execute(prep, out_dir, progress)
+    s = result.summary
+    table = Table(title=f"{algo_name} on {prep.split.name}: final results after {s.get('rounds')} rounds")
+    table.add_column("model / quantity")
+    table.add_column("value", justify="right")
+    for label, value, fmt in report_rows(s):
+        table.add_row(label, _fmt(value, fmt))
+    console.print(table)
+    if s.get("bytes_total") is not None:
+        console.print(f"communication: {s.get('messages_total')} messages, {s['bytes_total'] / 1e6:.2f} MB in {s.get('rounds')} rounds")
+    written = ", ".join(sorted(f.name for f in Path(out_dir).iterdir() if not f.name.startswith(".")))
+    console.print(f"results written to [bold]{out_dir}[/]: {written}")
+
+
+@app.command()
+def partition(
+    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Run config whose dataset and partition to show."),
+    dataset: Optional[str] = typer.Option(None, help="Override dataset.name."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Override dataset.data_dir."),
+    seed: Optional[int] = typer.Option(None, help="Override the seed."),
+    png: Optional[Path] = typer.Option(None, help="Also save the coverage heatmap to this PNG."),
+    save: Optional[Path] = typer.Option(None, help="Also save the partition (client -> sample IDs, blocks) as JSON."),
+) -> None:
+    """Print who holds what: clients, and the class x block coverage table."""
+    from hybridfl.experiment import prepare
+
+    prep = prepare(_load(config, dataset, data_dir, None, seed))
+    for w in prep.warnings:
+        err_console.print(f"[yellow]warning:[/] {w}")
+    t = Table(title=prep.partition.description)
+    for col in ("client", "samples", "blocks", "labels"):
+        t.add_column(col)
+    for row in prep.partition.summary():
+        t.add_row(row["client"], str(row["samples"]), row["blocks"], "yes" if row["labels"] else "no")
+    console.print(t)
+    cov = prep.partition.coverage(prep.split.train)
+    console.print("clients holding each (class, block):")
+    console.print(cov.to_text(), markup=False, highlight=False)
+    if png is not None:
+        from hybridfl.reporting.plots import plot_coverage
+
+        plot_coverage(cov, png)
+        console.print(f"heatmap written to {png}")
+    if save is not None:
+        prep.partition.save(save)
+        console.print(f"partition written to {save}")
+
+
+@app.command("algorithms")
+def list_algorithms() -> None:
+    """List the algorithms a run config can name."""
+    from hybridfl.algorithms.registry import algorithms
+
+    for name, spec in sorted(algorithms().items()):
+        console.print(f"[bold]{name}[/]: {spec.description}")
+
+
+def main() -> None:
+    """Entry point: run the app, turning user errors into one sentence and exit status 2."""
+    try:
+        app()
+    except HybridFLError as e:
+        err_console.print(Text.assemble(("error: ", "red"), str(e)))
+        sys.exit(2)
+    except FileNotFoundError as e:
+        err_console.print(Text.assemble(("error: ", "red"), f"file {e.filename!r} does not exist."))
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

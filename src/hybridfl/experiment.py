@@ -1,0 +1,68 @@
+"""One run from a config: prepare (validate everything), train, write the results.
+
+:func:`prepare` does all the checking before any training starts: the config, the dataset files,
+the partition against the data, the algorithm settings and the output directory. A problem is a
+:class:`HybridFLError` with one sentence, and nothing has been written yet.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from hybridfl.config import RunConfig
+from hybridfl.data.dataset import DatasetSplit
+from hybridfl.data.from_config import build_partition, load_dataset
+from hybridfl.data.partition import CoverageWarning, Partition
+from hybridfl.errors import ConfigError
+from hybridfl.runtime.simulation import ProgressFn, RunResult, single_threaded
+
+
+@dataclass
+class PreparedRun:
+    config: RunConfig
+    algorithm: BaseModel
+    split: DatasetSplit
+    partition: Partition
+    warnings: list[str]
+
+
+def prepare(config: RunConfig, out_dir: str | Path | None = None) -> PreparedRun:
+    """Validate and load everything a run needs; raise before any training on a problem."""
+    algo = config.algorithm_config()
+    if out_dir is not None:
+        out = Path(out_dir)
+        if out.exists() and not out.is_dir():
+            raise ConfigError(f"output path {str(out)!r} exists and is not a directory.")
+    split = load_dataset(config.dataset, config.seed)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", CoverageWarning)
+        partition = build_partition(config.partition, split.train, config.seed)
+    notes = [str(w.message) for w in caught if issubclass(w.category, CoverageWarning)]
+    return PreparedRun(config, algo, split, partition, notes)
+
+
+def execute(prep: PreparedRun, out_dir: str | Path | None = None, progress: ProgressFn | None = None) -> RunResult:
+    """Train with the registered algorithm and (if ``out_dir``) write the results files."""
+    from hybridfl.algorithms.registry import get_algorithm
+    from hybridfl.reporting.plots import plot_coverage
+    from hybridfl.reporting.results import write_results
+
+    spec = get_algorithm(prep.algorithm.name)  # type: ignore[attr-defined]
+    t0 = time.perf_counter()
+    with single_threaded():
+        result = spec.run(prep.split, prep.partition, prep.algorithm, prep.config.seed, progress)
+    result.summary.setdefault("dataset", prep.split.name)
+    result.summary["seconds_total"] = time.perf_counter() - t0
+    if out_dir is not None:
+        cov = prep.partition.coverage(prep.split.train)
+        extra = {"partition": {"description": prep.partition.description, "clients": prep.partition.summary(), "coverage": cov.to_dict(), "warnings": prep.warnings}}
+        config = prep.config.model_dump(mode="json")
+        config["algorithm"] = prep.algorithm.model_dump(mode="json")
+        write_results(out_dir, result, config, extra)
+        plot_coverage(cov, Path(out_dir) / "coverage.png")
+    return result

@@ -1,0 +1,56 @@
+"""Shared fixtures. Real datasets are read from ``../shared/data`` (relative to the project root)
+or from ``$HYBRIDFL_DATA``; a test that needs them fails loudly when they are missing."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = Path(os.environ.get("HYBRIDFL_DATA", ROOT.parent / "shared" / "data")).resolve()
+
+torch.set_num_threads(1)
+
+
+def data_dir(name: str) -> Path:
+    d = DATA / name
+    if not d.is_dir():
+        pytest.fail(f"real dataset {name!r} not found at {d}: put the shared data there or set HYBRIDFL_DATA", pytrace=False)
+    return d
+
+
+@pytest.fixture(scope="session")
+def mfeat_dir() -> Path:
+    return data_dir("mfeat")
+
+
+@pytest.fixture(scope="session")
+def mnist_dir() -> Path:
+    return data_dir("mnist")
+
+
+@pytest.fixture(scope="session")
+def credit_dir() -> Path:
+    return data_dir("default_credit_card")
+
+
+@pytest.fixture(scope="session")
+def adult_dir() -> Path:
+    return data_dir("adult")
+
+
+@pytest.fixture(scope="session")
+def mfeat_split(mfeat_dir):
+    from hybridfl.data import load_mfeat, standardize
+
+    return standardize(load_mfeat(mfeat_dir))
+
+
+@pytest.fixture(scope="session")
+def digits_split():
+    from hybridfl.data import load_digits
+
+    return load_digits()

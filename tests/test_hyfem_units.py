@@ -1,0 +1,104 @@
+"""HyFEM server steps: extractor averaging closed form, messages, client model views."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridfl.algorithms.hyfem import HyFEMConfig, HyFEMServer
+from hybridfl.runtime.messages import Message, decode, encode, pack_arrays
+
+SCHEMA = {"a": (5,), "b": (3,), "c": (4,)}
+
+
+def _reply(sender, blocks, n, server, rng):
+    payload = {"n_samples": n}
+    for blk in blocks:
+        arrs = {k: rng.normal(size=v.shape).astype(np.float32) for k, v in server.model.extractor_arrays(blk).items()}
+        payload.update(pack_arrays(f"ext.{blk}.", arrs))
+    return Message("hyfem.fit", sender, "server", 1, payload)
+
+
+@settings(max_examples=20, deadline=None)
+@given(seed=st.integers(0, 10_000), sizes=st.lists(st.integers(1, 50), min_size=3, max_size=3))
+def test_extractor_average_is_the_closed_form_minimiser(seed, sizes):
+    """theta_0,b = argmin sum_{m holds b} p_m ||theta_m,b - theta||^2 (HyFEM (10)): equal to the
+    p_m-weighted mean, and any perturbation increases the objective; block 'c', held by nobody,
+    keeps its value."""
+    rng = np.random.default_rng(seed)
+    server = HyFEMServer(SCHEMA, 3, HyFEMConfig(hidden=4, extractor_dim=2, baselines=False), seed=0)
+    holders = {"x": ["a", "b"], "y": ["a"], "z": ["b"]}
+    server.clients = {cid: {"blocks": bl} for cid, bl in holders.items()}
+    replies = [_reply(cid, bl, n, server, rng) for (cid, bl), n in zip(holders.items(), sizes)]
+    before_c = server.model.extractor_arrays("c")
+    server.aggregate_extractors(replies)
+    after = {b: server.model.extractor_arrays(b) for b in SCHEMA}
+    for blk in ("a", "b"):
+        hs = [(r, n) for r, n in zip(replies, sizes) if blk in holders[r.sender]]
+        for key, val in after[blk].items():
+            vals = [r.payload[f"ext.{blk}.{key}"].astype(np.float64) for r, _ in hs]
+            w = np.array([n for _, n in hs], float)
+            expect = sum(wi * v for wi, v in zip(w, vals)) / w.sum()
+            assert np.allclose(val, expect, atol=1e-5)
+
+            def objective(theta):
+                return sum(wi * ((v - theta) ** 2).sum() for wi, v in zip(w, vals))
+
+            d = rng.normal(size=val.shape) * 1e-2
+            assert objective(val) <= objective(val + d) + 1e-9
+    for key in before_c:
+        assert np.array_equal(before_c[key], after["c"][key])
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    arrays=st.dictionaries(
+        st.text("abc.", min_size=1, max_size=5),
+        st.tuples(st.integers(0, 4), st.integers(0, 3), st.sampled_from(["float32", "float64", "int64"])),
+        max_size=4,
+    ),
+    scalars=st.dictionaries(st.text("xyz", min_size=1, max_size=3), st.one_of(st.integers(-5, 5), st.floats(allow_nan=False), st.text(max_size=5)), max_size=3),
+)
+def test_message_codec_roundtrip(arrays, scalars):
+    rng = np.random.default_rng(0)
+    payload = {f"arr:{k}": rng.normal(size=(r, c)).astype(dt) for k, (r, c, dt) in arrays.items()}
+    payload.update({f"s:{k}": v for k, v in scalars.items()})
+    payload["blob"] = b"\x00\x01ciphertext"
+    msg = Message("kind.x", "server", "client-1", 7, payload)
+    raw = encode(msg)
+    back = decode(raw)
+    assert (back.kind, back.sender, back.receiver, back.round) == ("kind.x", "server", "client-1", 7)
+    assert set(back.payload) == set(payload)
+    for k, v in payload.items():
+        if isinstance(v, np.ndarray):
+            assert back.payload[k].dtype == v.dtype and np.array_equal(back.payload[k], v)
+        else:
+            assert back.payload[k] == v
+    assert len(raw) >= sum(v.nbytes for v in payload.values() if isinstance(v, np.ndarray))
+
+
+def test_codec_rejects_unsupported_values():
+    with pytest.raises(TypeError, match="'obj'"):
+        encode(Message("k", "a", "b", 0, {"obj": object()}))
+
+
+def test_client_model_is_the_server_view_and_predicts_like_it():
+    """The model a client receives equals the server model on the client's blocks when the other
+    blocks' columns are zero: P_m Theta_0 and Pi_m w_0 select, they do not change values."""
+    torch.manual_seed(0)
+    cfg = HyFEMConfig(hidden=6, extractor_dim=2, baselines=False)
+    server = HyFEMServer(SCHEMA, 3, cfg, seed=0)
+    from hybridfl.models.hybrid import block_columns
+
+    server.clients["x"] = {"blocks": ["a", "c"], "columns": block_columns(["a", "c"], list(SCHEMA), 2), "assignment": np.array([5, 0, 2, 1, 4, 3])}
+    cm = server.client_model("x")
+    x = {b: torch.randn(7, *s) for b, s in SCHEMA.items()}
+    W1 = server.classifier.W1.copy()
+    server_out_cols = server.model.features(x).detach().numpy()
+    cols = server.clients["x"]["columns"]
+    h = np.maximum(server_out_cols[:, cols] @ W1[[5, 0, 2, 1, 4, 3]][:, cols].T + server.classifier.b1[[5, 0, 2, 1, 4, 3]], 0)
+    logits = h @ server.classifier.W2[:, [5, 0, 2, 1, 4, 3]].T + server.classifier.b2
+    assert np.allclose(cm(x).detach().numpy(), logits, atol=1e-5)
