@@ -212,3 +212,15 @@ def test_partition_json_roundtrip(tmp_path):
     p.save(tmp_path / "p.json")
     q = Partition.load(tmp_path / "p.json")
     assert [(c.client_id, c.blocks, c.sample_ids.tolist()) for c in p.clients] == [(c.client_id, c.blocks, c.sample_ids.tolist()) for c in q.clients]
+
+
+@SETTINGS
+@given(seed=st.integers(0, 1000), need=st.integers(1, 2))
+def test_class_block_min_cell_coverage(seed, need):
+    ds = make_ds(60, 4, 4, seed)
+    try:
+        p = ClassBlockPartitioner(num_clients=6, classes_per_client=(2, 3), blocks_per_client=(2, 3), min_cell_coverage=need, seed=seed).partition(ds)
+    except PartitionError as e:
+        assert "5000 draws" in str(e)
+        return
+    assert p.coverage(ds).counts.min() >= need

@@ -77,6 +77,7 @@ class PartitionConfig(BaseModel):
     classes_per_client: int | tuple[int, int] = (5, 7)
     blocks_per_client: int | tuple[int, int] = 3
     overlap: Literal["full", "split"] = "full"
+    min_cell_coverage: int = Field(0, ge=0, description="class_block: redraw until every (class, block) cell is held this often")
     alpha: float = Field(0.5, gt=0, description="dirichlet concentration")
     sample_groups: int = Field(3, ge=1, description="grid: sample groups S")
     block_groups: int = Field(3, ge=1, description="grid: block groups F")
@@ -170,7 +171,7 @@ def default_config() -> RunConfig:
             "seed": 0,
             "dataset": {"name": "digits"},
             "partition": {"kind": "class_block", "num_clients": 6, "classes_per_client": [5, 7], "blocks_per_client": 3},
-            "algorithm": {"name": "hyfem", "rounds": 30, "local_steps": 20, "batch_size": 32, "lr": 0.1},
+            "algorithm": {"name": "hyfem", "rounds": 30, "local_steps": 20, "batch_size": 32, "lr": 0.05, "momentum": 0.9},
         },
         where="default config",
     )

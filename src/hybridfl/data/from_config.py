@@ -64,7 +64,7 @@ def build_partition(cfg: PartitionConfig, train: HybridDataset, seed: int = 0) -
         clients = [ClientSpec(c.classes, c.blocks) for c in cfg.clients] if cfg.clients else None
         part = ClassBlockPartitioner(
             clients=clients, num_clients=cfg.num_clients, classes_per_client=cfg.classes_per_client,
-            blocks_per_client=cfg.blocks_per_client, overlap=cfg.overlap, seed=seed,
+            blocks_per_client=cfg.blocks_per_client, overlap=cfg.overlap, min_cell_coverage=cfg.min_cell_coverage, seed=seed,
         ).partition(train)
     elif cfg.kind == "grid":
         part = GridPartitioner(cfg.sample_groups, cfg.block_groups, cfg.replicas, seed).partition(train)

@@ -206,9 +206,11 @@ class ClassBlockPartitioner:
 
     Either give ``clients`` explicitly, or let the partitioner draw them with ``num_clients``,
     ``classes_per_client`` (an int or an inclusive ``(low, high)`` range) and
-    ``blocks_per_client``. Drawn assignments are redrawn (up to 1000 times) until every class and
-    every block is held by someone and, if ``no_full_client``, no client holds all classes or all
-    blocks.
+    ``blocks_per_client``. Drawn assignments are redrawn (up to 5000 times) until every class and
+    every block is held by someone, every (class, block) cell is held by at least
+    ``min_cell_coverage`` clients and, if ``no_full_client``, no client holds all classes or all
+    blocks. ``min_cell_coverage=1`` gives partitions like HyFEM Table 4, where every class is seen
+    with every block by some client; with 0 a class may be seen by one client through few blocks.
 
     Args:
         overlap: ``"full"``: a client takes *all* training samples of its classes, so clients that
@@ -222,9 +224,12 @@ class ClassBlockPartitioner:
     blocks_per_client: int | tuple[int, int] = 3
     overlap: str = "full"
     no_full_client: bool = True
+    min_cell_coverage: int = 0
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.min_cell_coverage < 0:
+            raise PartitionError(f"min_cell_coverage must be >= 0, got {self.min_cell_coverage}.")
         if self.overlap not in ("full", "split"):
             raise PartitionError(f"overlap must be 'full' or 'split', got {self.overlap!r}.")
         if self.clients is None:
@@ -249,7 +254,7 @@ class ClassBlockPartitioner:
             raise PartitionError(f"classes_per_client {self.classes_per_client} does not fit the {C} classes.")
         if not (1 <= blo <= bhi <= B):
             raise PartitionError(f"blocks_per_client {self.blocks_per_client} does not fit the {B} blocks.")
-        for _ in range(1000):
+        for _ in range(5000):
             specs = []
             for _i in range(self.num_clients):
                 nc = int(rng.integers(clo, chi + 1))
@@ -263,8 +268,17 @@ class ClassBlockPartitioner:
                 continue
             if self.no_full_client and any(len(s.classes) == C or len(s.blocks) == B for s in specs) and (chi < C and bhi < B):
                 continue
+            if self.min_cell_coverage:
+                cells = np.zeros((C, B), dtype=int)
+                for s in specs:
+                    cells[np.ix_(s.classes, [ds.block_names.index(b) for b in s.blocks])] += 1
+                if cells.min() < self.min_cell_coverage:
+                    continue
             return specs
-        raise PartitionError("could not draw a classes x blocks partition that covers every class and block; widen the ranges.")
+        raise PartitionError(
+            f"could not draw a classes x blocks partition of {self.num_clients} clients that covers every class and block"
+            f"{f' with every cell held {self.min_cell_coverage} times' if self.min_cell_coverage else ''} in 5000 draws; widen the ranges or add clients."
+        )
 
     def partition(self, ds: HybridDataset) -> Partition:
         rng = np.random.default_rng(self.seed)

@@ -1,0 +1,117 @@
+"""Simulation cost of HyFEM: wall time of a HyFEM run divided by the wall time of training the
+same models on the same number of sample-gradient evaluations without federation.
+
+HyFEM with M clients, T rounds, Q local steps and batch B evaluates M*T*Q*B sample gradients,
+each on its client's model. The reference trains exactly those models (same architectures, same
+data, same batch size) for T*Q steps each, one after another in one process, with nothing else:
+no messages, no encoding, no aggregation, no matching. So
+
+    ratio = (HyFEM simulate() wall time, evaluation off) / (sum of the clients' training times)
+
+is what the simulation machinery (message encoding and counting, extractor averaging,
+matching, model loading) costs on top of the unavoidable training. For context the script also
+times the server-shaped model (all blocks) trained centrally on M*T*Q steps.
+
+    .venv/bin/python benchmarks/sim_cost.py                # mfeat and mnist configs
+Writes benchmarks/results/sim_cost.json and .md. Target (issue): ratio <= 1.25.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+
+from hybridfl.algorithms.baselines import make_model_factory  # noqa: E402
+from hybridfl.algorithms.hyfem_run import build_hyfem  # noqa: E402
+from hybridfl.algorithms.training import LocalTrainer  # noqa: E402
+from hybridfl.config import load_config  # noqa: E402
+from hybridfl.experiment import prepare  # noqa: E402
+from hybridfl.models.hybrid import default_extractor  # noqa: E402
+from hybridfl.runtime.simulation import simulate, single_threaded  # noqa: E402
+
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+def measure(dataset: str, rounds: int | None, repeats: int) -> dict:
+    prep = prepare(load_config(ROOT / "configs" / f"hyfem_{dataset}.yaml"))
+    cfg = prep.algorithm.model_copy(update={"baselines": False, **({"rounds": rounds} if rounds else {})})
+    split, part, seed = prep.split, prep.partition, prep.config.seed
+    make = make_model_factory(split, cfg.extractor_dim, cfg.hidden, default_extractor(cfg.extractor))
+    steps = cfg.rounds * cfg.local_steps
+    fed, ref, cen = [], [], []
+    with single_threaded():
+        for _ in range(repeats):
+            server, clients, transport = build_hyfem(split, part, cfg, seed)
+            t0 = time.perf_counter()
+            simulate(server, transport, cfg.rounds, None, 0)
+            fed.append(time.perf_counter() - t0)
+            total = 0.0
+            for i, c in enumerate(part.clients):
+                data = split.train.subset(c.sample_ids, c.blocks)
+                torch.manual_seed(seed + i)
+                model = make(list(c.blocks))
+                trainer = LocalTrainer(model, data, cfg.batch_size, cfg.lr, cfg.momentum, seed + i)
+                t0 = time.perf_counter()
+                for _r in range(cfg.rounds):  # same optimiser re-creation per round as HyFEM
+                    trainer.steps(cfg.local_steps)
+                total += time.perf_counter() - t0
+            ref.append(total)
+            model = make(split.train.block_names)
+            trainer = LocalTrainer(model, split.train, cfg.batch_size, cfg.lr, cfg.momentum, seed)
+            t0 = time.perf_counter()
+            for _r in range(cfg.rounds * len(part.clients)):
+                trainer.steps(cfg.local_steps)
+            cen.append(time.perf_counter() - t0)
+    best = min(fed), min(ref), min(cen)
+    return {
+        "dataset": dataset,
+        "clients": len(part.clients),
+        "rounds": cfg.rounds,
+        "local_steps": cfg.local_steps,
+        "batch_size": cfg.batch_size,
+        "sample_gradients": len(part.clients) * steps * cfg.batch_size,
+        "hyfem_seconds": best[0],
+        "same_models_seconds": best[1],
+        "server_model_central_seconds": best[2],
+        "ratio": best[0] / best[1],
+        "ratio_vs_server_model": best[0] / best[2],
+        "repeats": repeats,
+        "all_hyfem_seconds": fed,
+        "all_same_models_seconds": ref,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", nargs="+", default=["mfeat", "mnist"])
+    ap.add_argument("--repeats", type=int, default=3, help="best of N (mnist: 1)")
+    args = ap.parse_args()
+    rows = []
+    for ds in args.datasets:
+        row = measure(ds, None, args.repeats if ds != "mnist" else 1)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    (RESULTS / "sim_cost.json").write_text(json.dumps(rows, indent=2))
+    lines = [
+        "| dataset | clients x rounds x Q x batch | HyFEM simulation (s) | same models, no federation (s) | ratio | server model, central, same steps (s) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['dataset']} | {r['clients']} x {r['rounds']} x {r['local_steps']} x {r['batch_size']} | {r['hyfem_seconds']:.2f} | "
+            f"{r['same_models_seconds']:.2f} | **{r['ratio']:.3f}** | {r['server_model_central_seconds']:.2f} |"
+        )
+    (RESULTS / "sim_cost.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

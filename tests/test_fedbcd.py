@@ -1,0 +1,354 @@
+"""FedSGD / FedBCD (issue 4): correctness against central training and against a plain NumPy
+reference of the paper's update rules, the message log, state round trips and input errors."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from hybridfl.algorithms.fedbcd import FedBCDConfig
+from hybridfl.algorithms.fedbcd_run import build_fedbcd, party_input, run_fedbcd
+from hybridfl.config import parse_config
+from hybridfl.data import VerticalPartitioner
+from hybridfl.data.dataset import DatasetSplit, HybridDataset
+from hybridfl.data.partition import ClientShard, Partition
+from hybridfl.errors import ConfigError, DataError, PartitionError
+from hybridfl.models.towers import LinearTop, MLPTower
+from hybridfl.runtime.messages import decode
+
+
+def synthetic(n=400, dims=(5, 4, 3), seed=0, classes=2, n_test=200) -> DatasetSplit:
+    rng = np.random.default_rng(seed)
+    out = []
+    for part, m in (("train", n), ("test", n_test)):
+        xs = {f"b{i}": rng.normal(size=(m, d)).astype(np.float32) for i, d in enumerate(dims)}
+        z = sum(x @ np.linspace(-1, 1, x.shape[1]) for x in xs.values())
+        y = (z > 0).astype(np.int64) if classes == 2 else rng.integers(0, classes, m)
+        out.append(HybridDataset("synthetic", [f"{part}-{i}" for i in range(m)], y, xs, [str(c) for c in range(classes)]))
+    return DatasetSplit(*out)
+
+
+def vertical(split, k=3, label_party=1):
+    return VerticalPartitioner(parties=[[b] for b in split.train.block_names[:k]], label_party=label_party).partition(split.train)
+
+
+def record_batches(server):
+    batches = []
+    orig = server.sample_batch
+
+    def sample():
+        b = orig()
+        batches.append(b.copy())
+        return b
+
+    server.sample_batch = sample
+    return batches
+
+
+def run_rounds(server, transport, rounds):
+    server.setup(transport, transport.client_ids)
+    for r in range(1, rounds + 1):
+        server.run_round(r, transport)
+
+
+def params_of(parties, order):
+    out = []
+    for cid in order:
+        p = parties[cid]
+        out += [t.detach().clone() for t in p.bottom.parameters()]
+        if p.is_label:
+            out += [t.detach().clone() for t in p.top.parameters()]
+    return out
+
+
+# ------------------------------------------------------------------ FedSGD == central SGD
+
+
+@pytest.mark.parametrize("model", ["linear", "mlp"])
+def test_fedsgd_equals_central_sgd_on_the_joint_model(model):
+    """The split model's gradients equal those of the same model trained centrally: after every
+    FedSGD round the parties' parameters equal those of central mini-batch SGD on the joint model
+    (same initial weights, batches and step sizes eta_0 / sqrt(t + 1), L2 included)."""
+    split = synthetic()
+    part = vertical(split)
+    order = [c.client_id for c in part.clients]
+    cfg = FedBCDConfig(variant="sgd", rounds=6, batch_size=32, lr=0.3, l2=0.01, model=model, representation_dim=8, hidden=16)
+    server, parties, transport = build_fedbcd(split, part, cfg, seed=4)
+    label = next(p for p in parties.values() if p.is_label)
+    bottoms = {cid: copy.deepcopy(parties[cid].bottom) for cid in order}
+    top = copy.deepcopy(label.top)
+    xs = {c.client_id: torch.from_numpy(party_input(split.train, list(c.blocks))) for c in part.clients}
+    y = torch.from_numpy(split.train.y.astype(np.float32))
+    batches = record_batches(server)
+    server.setup(transport, transport.client_ids)
+    # same parameter order as params_of: each party's bottom, the label party's top after its bottom
+    central_params = []
+    for cid in order:
+        central_params += list(bottoms[cid].parameters())
+        if parties[cid].is_label:
+            central_params += list(top.parameters())
+    for rnd in range(1, cfg.rounds + 1):
+        server.run_round(rnd, transport)
+        s = torch.from_numpy(batches[rnd - 1])  # aligned order = dataset order here
+        logits = top([bottoms[cid](xs[cid][s]) for cid in order])
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, y[s])
+        loss = loss + 0.5 * cfg.l2 * sum((p**2).sum() for p in central_params)
+        grads = torch.autograd.grad(loss, central_params)
+        with torch.no_grad():
+            for p, g in zip(central_params, grads):
+                p -= cfg.step_size(rnd - 1) * g
+        fed = params_of(parties, order)
+        assert len(fed) == len(central_params)
+        for a, b in zip(fed, central_params):
+            torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
+    # and training actually moved the parameters away from the initial ones
+    init = build_fedbcd(split, part, cfg, seed=4)[1]
+    assert any(not torch.equal(a, b) for a, b in zip(params_of(parties, order), params_of(init, order)))
+
+
+@pytest.mark.parametrize("variant,mu", [("p", None), ("prox", 0.5)])
+def test_q1_fedbcd_p_equals_fedsgd_step_for_step(variant, mu):
+    split = synthetic(seed=1)
+    part = vertical(split, k=3, label_party=2)
+    order = [c.client_id for c in part.clients]
+    runs = {}
+    for v, extra in (("sgd", {}), (variant, {"mu": mu} if mu else {})):
+        cfg = FedBCDConfig(variant=v, local_steps=1, rounds=5, batch_size=40, lr=0.5, model="mlp", representation_dim=6, hidden=8, **extra)
+        server, parties, transport = build_fedbcd(split, part, cfg, seed=2)
+        server.setup(transport, transport.client_ids)
+        traj = []
+        for r in range(1, 6):
+            server.run_round(r, transport)
+            traj.append(params_of(parties, order))
+        runs[v] = traj
+    for a_round, b_round in zip(runs["sgd"], runs[variant]):
+        for a, b in zip(a_round, b_round):
+            assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------ FedBCD-p/-s vs a NumPy reference
+
+
+def numpy_reference(split, part, cfg, batches):
+    """Linear FedBCD from the paper's rules (Alg. 2 / Alg. 3, eq. (15)): passive parties reuse
+    the stale residual d = (sigmoid(H) - y) / B; the label party recomputes its loss exactly
+    with the stale H of the others."""
+    order = [c.client_id for c in part.clients]
+    lab = next(c.client_id for c in part.clients if c.has_labels)
+    X = {c.client_id: party_input(split.train, list(c.blocks)).astype(np.float64) for c in part.clients}
+    y = split.train.y.astype(np.float64)
+    w = {cid: np.zeros(X[cid].shape[1]) for cid in order}
+    b = 0.0
+    sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
+    Q, mu, l2 = cfg.Q, cfg.mu or 0.0, cfg.l2
+    for t, S in enumerate(batches[: cfg.rounds]):
+        lr = cfg.step_size(t)
+        B = len(S)
+        if cfg.variant == "s":
+            for k in [c for c in order if c != lab]:
+                d = (sig(sum(X[j][S] @ w[j] for j in order) + b) - y[S]) / B
+                w0 = w[k].copy()
+                for _ in range(Q):
+                    w[k] = w[k] - lr * (X[k][S].T @ d + l2 * w[k] + mu * (w[k] - w0))
+            stale = sum(X[j][S] @ w[j] for j in order if j != lab)
+        else:
+            H = {j: X[j][S] @ w[j] for j in order}
+            d = (sig(sum(H.values()) + b) - y[S]) / B
+            for k in [c for c in order if c != lab]:
+                w0 = w[k].copy()
+                for _ in range(Q):
+                    w[k] = w[k] - lr * (X[k][S].T @ d + l2 * w[k] + mu * (w[k] - w0))
+            stale = sum(H[j] for j in order if j != lab)
+        w0, b0 = w[lab].copy(), b
+        for _ in range(Q):
+            dK = (sig(X[lab][S] @ w[lab] + stale + b) - y[S]) / B
+            w[lab], b = (w[lab] - lr * (X[lab][S].T @ dK + l2 * w[lab] + mu * (w[lab] - w0)),
+                         b - lr * (dK.sum() + l2 * b + mu * (b - b0)))
+    return w, b
+
+
+@pytest.mark.parametrize("variant,Q,mu", [("p", 4, None), ("s", 3, None), ("prox", 6, 0.3)])
+def test_linear_fedbcd_matches_numpy_reference(variant, Q, mu):
+    split = synthetic(seed=2)
+    part = vertical(split, k=3, label_party=1)
+    cfg = FedBCDConfig(variant=variant, local_steps=Q, rounds=7, batch_size=50, lr=0.8, l2=0.02, mu=mu)
+    server, parties, transport = build_fedbcd(split, part, cfg, seed=5)
+    batches = record_batches(server)
+    run_rounds(server, transport, cfg.rounds)
+    w, b = numpy_reference(split, part, cfg, batches)
+    for cid, p in parties.items():
+        np.testing.assert_allclose(p.bottom.theta.weight.detach().numpy().ravel(), w[cid], rtol=1e-4, atol=1e-5)
+        if p.is_label:
+            np.testing.assert_allclose(float(p.top.bias.detach()), b, rtol=1e-4, atol=1e-5)
+
+
+def test_sequential_differs_from_parallel_and_q_matters():
+    """Guards against a variant silently running another: same seed, different trajectories."""
+    split = synthetic(seed=3)
+    part = vertical(split)
+    finals = {}
+    for v, q in (("p", 3), ("s", 3), ("p", 1)):
+        s, parties, tr = build_fedbcd(split, part, FedBCDConfig(variant=v, local_steps=q, rounds=4, batch_size=50, lr=0.5), seed=0)
+        run_rounds(s, tr, 4)
+        finals[(v, q)] = np.concatenate([p.bottom.theta.weight.detach().numpy().ravel() for p in parties.values()])
+    assert not np.allclose(finals[("p", 3)], finals[("s", 3)])
+    assert not np.allclose(finals[("p", 3)], finals[("p", 1)])
+
+
+# ------------------------------------------------------------------ messages
+
+
+@pytest.mark.parametrize("variant,k", [("p", 2), ("s", 3), ("sgd", 4)])
+def test_message_counts_per_round(variant, k):
+    split = synthetic(dims=(3, 3, 3, 3))
+    part = vertical(split, k=k, label_party=0)
+    cfg = FedBCDConfig(variant=variant, local_steps=1 if variant == "sgd" else 2, rounds=3, batch_size=20, lr=0.1)
+    res = run_fedbcd(split, part, cfg, seed=0)
+    msgs = [r["messages"] for r in res.history]
+    passive = k - 1
+    per_round = 2 + 2 * passive if variant != "s" else 4 * passive + 2
+    assert msgs[1:] == [per_round] * (cfg.rounds - 1)
+    assert msgs[0] == per_round + 2 * passive  # first round also fetches H_k of the first batch
+    setup = 4 * k  # properties + align, both directions
+    assert res.summary["messages_total"] == setup + sum(msgs)
+    per_client = res.summary["bytes_per_client"]
+    assert sum(v["bytes_up"] + v["bytes_down"] for v in per_client.values()) == res.summary["bytes_total"]
+
+
+def test_no_raw_feature_or_label_in_any_message(credit_dir):
+    from hybridfl.data import load_credit_default, standardize
+
+    split = standardize(load_credit_default(credit_dir))
+    small = DatasetSplit(split.train.take(np.arange(600)), split.test.take(np.arange(300)))
+    part = VerticalPartitioner(parties=[["demographic"], ["repayment"], ["bill", "payment"]], label_party=1).partition(small.train)
+    raw: list[bytes] = []
+    for variant in ("p", "s"):
+        cfg = FedBCDConfig(variant=variant, local_steps=2, rounds=4, batch_size=64, lr=0.1)
+        server, parties, transport = build_fedbcd(small, part, cfg, seed=0, recorder=raw.append)
+        batches = record_batches(server)
+        run_rounds(server, transport, cfg.rounds)
+        for cid, p in parties.items():
+            assert p.is_label == (cid == "party-1") and (hasattr(p, "y") == p.is_label)
+    assert len(raw) > 20
+    blob = b"\x00".join(raw)
+    # every training row of every block, as stored (float32) and as float64: in no message
+    for b, x in small.train.blocks.items():
+        for row in x:
+            assert row.tobytes() not in blob, f"a raw row of block {b!r} crossed"
+            assert row.astype(np.float64).tobytes() not in blob
+        for col in x.T:  # nor any column segment of 8 consecutive samples
+            assert col[:8].tobytes() not in blob
+    # the labels of no mini-batch, in any dtype, in any message (bodies or JSON header lists)
+    for S in batches:
+        ys = small.train.y[S]
+        for dt in (np.int64, np.int32, np.float32, np.float64, np.uint8, np.bool_):
+            assert ys.astype(dt).tobytes() not in blob
+    for r in raw:
+        m = decode(r)
+        for key, v in m.payload.items():
+            if isinstance(v, list) and v and all(isinstance(e, (int, float)) for e in v):
+                assert len(set(v)) > 2, f"a 0/1 list {key!r} crossed in {m.kind}"
+        assert set(m.payload) <= {"ids", "blocks", "out_dim", "has_labels", "n_aligned", "batch", "h", "h_next", "grad", "loss",
+                                  "grads_for", "local_steps", "lr", "mu", "l2", "next_batch", "return_current"} | {
+                                      k for k in m.payload if k.startswith(("h.", "grad."))}
+
+
+# ------------------------------------------------------------------ state round trip
+
+
+def test_state_dict_round_trip_continues_identically():
+    """Parties keep their state in plain arrays: replacing every party by a fresh object loaded
+    from its state_dict mid-run (as a Flower ClientApp would) changes nothing."""
+    split = synthetic(seed=4)
+    part = vertical(split)
+    cfg = FedBCDConfig(variant="p", local_steps=3, rounds=6, batch_size=30, lr=0.3, model="mlp", representation_dim=4, hidden=8)
+    ref_s, ref_p, ref_t = build_fedbcd(split, part, cfg, seed=7)
+    run_rounds(ref_s, ref_t, 6)
+    s, parties, t = build_fedbcd(split, part, cfg, seed=7)
+    s.setup(t, t.client_ids)
+    for r in range(1, 4):
+        s.run_round(r, t)
+    fresh_s, fresh, _ = build_fedbcd(split, part, cfg, seed=99)  # different initial weights
+    for cid, p in parties.items():
+        sd = {k: np.array(v) for k, v in p.state_dict().items()}
+        fresh[cid].load_state_dict(sd)
+        t.clients[cid] = fresh[cid]
+    for r in range(4, 7):
+        s.run_round(r, t)
+    order = [c.client_id for c in part.clients]
+    for a, b in zip(params_of(ref_p, order), params_of(fresh, order)):
+        assert torch.equal(a, b)
+
+
+# ------------------------------------------------------------------ towers and plug-in models
+
+
+def test_custom_towers_and_top_are_used():
+    split = synthetic(seed=5)
+    part = vertical(split, k=2, label_party=0)
+    made = []
+
+    def towers(i, shape, out_dim):
+        made.append((i, shape))
+        return MLPTower(int(np.prod(shape)), 3, 5)
+
+    server, parties, transport = build_fedbcd(split, part, FedBCDConfig(model="mlp", rounds=1), seed=0, tower_factory=towers,
+                                              top_factory=lambda dims: LinearTop(sum(dims)))
+    assert made == [(0, (5,)), (1, (4,))]
+    assert parties["party-0"].out_dim == 3
+
+
+# ------------------------------------------------------------------ bad input
+
+
+def test_bad_inputs_fail_before_training():
+    split = synthetic(dims=(2,) * 9)
+    cfg = FedBCDConfig(rounds=1)
+    with pytest.raises(PartitionError, match="2 to 8 parties"):
+        build_fedbcd(split, VerticalPartitioner(parties=[[f"b{i}"] for i in range(9)]).partition(split.train), cfg)
+    with pytest.raises(PartitionError, match="2 to 8 parties"):
+        build_fedbcd(split, VerticalPartitioner(parties=[["b0", "b1"]]).partition(split.train), cfg)
+    ids = split.train.ids
+    no_label = Partition([ClientShard("a", ids, ("b0",), False), ClientShard("b", ids, ("b1",), False)])
+    with pytest.raises(PartitionError, match="exactly one label party"):
+        build_fedbcd(split, no_label, cfg)
+    no_blocks = Partition([ClientShard("a", ids, ("b0",), True), ClientShard("b", ids, (), False)])
+    with pytest.raises(PartitionError, match="'b' holds no feature block"):
+        build_fedbcd(split, no_blocks, cfg)
+    disjoint = Partition([ClientShard("a", ids[:10], ("b0",), True), ClientShard("b", ids[10:], ("b1",), False)])
+    with pytest.raises(PartitionError, match="no sample ID is held by every party"):
+        build_fedbcd(split, disjoint, cfg)
+    multi = synthetic(classes=3)
+    with pytest.raises(DataError, match="binary logistic model.*3 classes"):
+        build_fedbcd(multi, vertical(multi), cfg)
+    with pytest.raises(ConfigError, match="one image block"):
+        build_fedbcd(split, vertical(split), FedBCDConfig(model="cnn"))
+
+
+@pytest.mark.parametrize(
+    "algo,needle",
+    [
+        ({"variant": "sgd", "local_steps": 5}, "one local step per exchange"),
+        ({"variant": "p", "mu": 0.1}, "proximal weight of variant 'prox'"),
+        ({"variant": "prox", "mu": 0}, "needs mu > 0"),
+        ({"variant": "q"}, "algorithm.variant"),
+        ({"local_steps": 0}, "algorithm.local_steps"),
+        ({"target_auc": 1.5}, "algorithm.target_auc"),
+        ({"stop_at_target": True}, "needs target_auc"),
+    ],
+)
+def test_config_errors_are_one_sentence(algo, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_config({"dataset": {"name": "digits"}, "partition": {"kind": "vertical"}, "algorithm": {"name": "fedbcd", **algo}})
+
+
+def test_defaults():
+    assert FedBCDConfig(variant="sgd").Q == 1
+    assert FedBCDConfig(variant="p").Q == 5
+    assert FedBCDConfig(variant="prox").mu == 0.1
+    c = FedBCDConfig(lr=0.4)
+    assert c.step_size(0) == pytest.approx(0.4) and c.step_size(3) == pytest.approx(0.2)
