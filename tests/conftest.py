@@ -54,3 +54,12 @@ def digits_split():
     from hybridfl.data import load_digits
 
     return load_digits()
+
+
+# CI runs the property tests derandomized (the same examples every run, so a red CI is
+# reproducible); local runs explore new random examples each time.
+from hypothesis import settings as _hsettings  # noqa: E402
+
+_hsettings.register_profile("ci", derandomize=True, print_blob=True)
+if os.environ.get("CI"):
+    _hsettings.load_profile("ci")

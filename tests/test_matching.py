@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 
 import numpy as np
 from hypothesis import given, settings
@@ -64,9 +65,13 @@ def test_pfnm_cost_ignores_coordinates_with_zero_precision():
 def test_euclidean_cost_is_squared_distance_on_held_columns():
     V = np.array([[1.0, 2.0, 9.0]])
     mask = np.array([1.0, 1.0, 0.0])
-    U = np.array([[0.0, 0.0, 0.0], [1.0, 2.0, -5.0]])
+    U = np.array([[0.0, 0.0, 0.0], [1.0, 2.0, -5.0], [3.0, 7.0, 0.0]])
     c = euclidean_cost(V, mask, U, new_penalty=7.0, max_new=1)
-    assert np.allclose(c, [[5.0, 0.0, 7.0]])
+    assert np.allclose(c, [[5.0, 0.0, 29.0, 7.0]])
+    # a server neuron known only on the first coordinate: distance there, scaled to 2 coordinates
+    S = np.array([[1, 1, 1], [1, 1, 1], [1, 0, 0]])
+    c = euclidean_cost(V, mask, U, new_penalty=7.0, server_mask=S, max_new=1)
+    assert np.allclose(c, [[5.0, 0.0, 2 * 4.0, 7.0]])
 
 
 def _server(L, D0, C, rng):
@@ -84,7 +89,7 @@ def _client_from(server, rows, cols, noise, rng, weight=1.0):
     )
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=int(os.environ.get("HYBRIDFL_EXAMPLES", 25)), deadline=None)
 @given(seed=st.integers(0, 10_000), cost=st.sampled_from(["pfnm", "euclidean"]))
 def test_matching_recovers_a_hidden_permutation(seed, cost):
     """Clients hold permuted, noisy copies of a server's neurons over different input columns;

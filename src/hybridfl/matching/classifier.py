@@ -231,7 +231,7 @@ def match_classifiers(
             pen = config.new_penalty
             if pen is None:
                 pen = float(np.median((vecs[m] ** 2).sum(1)))
-            cost = euclidean_cost(vecs[m], mask, mean, new_penalty=pen, max_new=max_new)
+            cost = euclidean_cost(vecs[m], mask, mean, new_penalty=pen, server_mask=pool.prec[cand] > 0, max_new=max_new)
         cols = assign(cost)
         ids = np.empty(J, dtype=np.int64)
         for j, col in enumerate(cols):

@@ -13,7 +13,7 @@ Two costs (lower is better), each a ``(J, L + J_new)`` matrix for ``J`` client n
   eq. (9)-(10); the same terms as the public reference code ``matching/pfnm.py``) with
   hyperparameters ``sigma`` (client noise), ``sigma0`` (prior), ``gamma`` (IBP mass), negated so
   that it is minimised.
-- :func:`euclidean_cost`: squared Euclidean distance over the columns the client holds, and a
+- :func:`euclidean_cost`: squared Euclidean distance over the coordinates both sides hold, and a
   fixed penalty for opening a new neuron.
 
 :func:`assign` solves the assignment with ``scipy.optimize.linear_sum_assignment`` (Hungarian
@@ -84,26 +84,35 @@ def euclidean_cost(
     server_mean: np.ndarray,
     *,
     new_penalty: float,
+    server_mask: np.ndarray | None = None,
     max_new: int | None = None,
 ) -> np.ndarray:
-    """Squared Euclidean cost over the client's columns, and ``new_penalty`` for a new neuron.
+    """Squared Euclidean cost over the coordinates both sides hold, and ``new_penalty`` for a
+    new neuron.
 
     Args:
         vectors: ``(J, D)`` client neuron vectors.
         mask: ``(D,)`` 1 where the client holds the coordinate, 0 elsewhere.
         server_mean: ``(L, D)`` server neuron vectors built from the other clients.
         new_penalty: cost of opening a new server neuron.
+        server_mask: ``(L, D)`` 1 where a server neuron has a value (some other client holds the
+            coordinate); default all ones.
         max_new: number of "new neuron" columns (default ``J``).
 
     Returns:
-        ``(J, L + max_new)``: ``sum_d mask_d (v_jd - u_id)^2`` then ``new_penalty`` columns.
+        ``(J, L + max_new)``: ``sum_d m_d s_id (v_jd - u_id)^2``, rescaled by
+        ``sum_d m_d / sum_d m_d s_id`` so that neurons known on fewer shared coordinates are not
+        favoured, then ``new_penalty`` columns.
     """
     J = vectors.shape[0]
     max_new = J if max_new is None else max_new
+    S = np.ones_like(server_mean) if server_mask is None else server_mask.astype(float)
     v = vectors * mask[None, :]
-    u = server_mean * mask[None, :]
-    d = (v**2).sum(1)[:, None] + (u**2).sum(1)[None, :] - 2.0 * v @ u.T
-    return np.hstack([np.maximum(d, 0.0), np.full((J, max_new), float(new_penalty))])
+    u = server_mean * S
+    d = (v**2) @ S.T - 2.0 * v @ u.T + (u**2) @ mask  # (J, L)
+    overlap = S @ mask  # (L,)
+    d = np.maximum(d, 0.0) * (mask.sum() / np.maximum(overlap, 1.0))[None, :]
+    return np.hstack([d, np.full((J, max_new), float(new_penalty))])
 
 
 def assign(cost: np.ndarray) -> np.ndarray:
