@@ -69,3 +69,21 @@ def test_mfeat_must_show(tmp_path, monkeypatch):
     assert s["server_accuracy"] >= s["centralized_accuracy"] - 0.02
     assert s["client_accuracy_mean"] >= s["standalone_accuracy_mean"] + 0.15
     assert np.isfinite(s["bytes_total"])
+
+
+def test_any_module_can_be_an_extractor(digits_split):
+    """A user-supplied torch.nn.Module per block (here a 2-layer MLP with tanh) trains end to end."""
+    from torch import nn
+
+    from hybridfl.data import IIDPartitioner
+
+    made = []
+
+    def factory(block, shape, out_dim):
+        made.append(block)
+        return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(shape)), 24), nn.Tanh(), nn.Linear(24, out_dim), nn.Tanh())
+
+    part = IIDPartitioner(3, seed=0).partition(digits_split.train)
+    res = run_hyfem(digits_split, part, HyFEMConfig(rounds=5, local_steps=20, lr=0.05, momentum=0.9, extractor_dim=8, hidden=16, baselines=False), seed=0, extractor_factory=factory)
+    assert set(made) == set(digits_split.train.block_names)
+    assert res.summary["server_accuracy"] > 0.3

@@ -102,3 +102,20 @@ def test_client_model_is_the_server_view_and_predicts_like_it():
     h = np.maximum(server_out_cols[:, cols] @ W1[[5, 0, 2, 1, 4, 3]][:, cols].T + server.classifier.b1[[5, 0, 2, 1, 4, 3]], 0)
     logits = h @ server.classifier.W2[:, [5, 0, 2, 1, 4, 3]].T + server.classifier.b2
     assert np.allclose(cm(x).detach().numpy(), logits, atol=1e-5)
+
+
+def test_model_for_blocks_cuts_the_server_model():
+    """HyFEM Remark 2: a model for any block subset is cut from the server model; for all blocks
+    it is the server model itself, for a subset it equals the server with the other blocks'
+    classifier columns removed."""
+    torch.manual_seed(1)
+    server = HyFEMServer(SCHEMA, 3, HyFEMConfig(hidden=5, extractor_dim=2, baselines=False), seed=1)
+    x = {b: torch.randn(4, *s) for b, s in SCHEMA.items()}
+    full = server.model_for_blocks(list(SCHEMA))
+    assert torch.allclose(full(x), server.model(x), atol=1e-6)
+    sub = server.model_for_blocks(["c", "a"])  # order follows the global block order
+    assert sub.blocks == ("a", "c")
+    v = server.model.features(x).detach().numpy()
+    cols = np.r_[0:2, 4:6]
+    h = np.maximum(v[:, cols] @ server.classifier.W1[:, cols].T + server.classifier.b1, 0)
+    assert np.allclose(sub(x).detach().numpy(), h @ server.classifier.W2.T + server.classifier.b2, atol=1e-5)
