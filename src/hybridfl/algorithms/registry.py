@@ -15,7 +15,7 @@ from pydantic import BaseModel
 
 from hybridfl.errors import ConfigError
 
-_BUILTIN_MODULES = ("hybridfl.algorithms.hyfem_run", "hybridfl.algorithms.fedbcd_run")
+_BUILTIN_MODULES = ("hybridfl.algorithms.hyfem_run", "hybridfl.algorithms.fedbcd_run", "hybridfl.algorithms.hyfdca_run")
 
 
 @dataclass(frozen=True)
