@@ -1,0 +1,67 @@
+"""Homomorphic encryption backends: round trips, additions with public material only, no secret
+key at the server."""
+
+import numpy as np
+import pytest
+
+from hybridfl.errors import ConfigError
+from hybridfl.privacy import KeyDealer, SecretKeyMissing, server_backend
+
+
+@pytest.fixture(scope="module", params=["none", "paillier", "ckks"])
+def dealer(request):
+    # 1024-bit Paillier keeps the test fast; the library default is 2048.
+    return KeyDealer(request.param, paillier_bits=1024)
+
+
+def test_encrypt_add_decrypt_round_trip(dealer):
+    rng = np.random.default_rng(0)
+    n = 40 if dealer.scheme == "paillier" else 5000  # CKKS: more than one ciphertext (4096 slots)
+    a, b, c = rng.normal(0, 50, n), rng.normal(0, 1, n), -rng.random(n)
+    c1, c2 = dealer.client_backend(), dealer.client_backend()
+    server = server_backend(dealer.scheme, dealer.public_material())
+    total = server.add([c1.encrypt(a), c2.encrypt(b), c1.encrypt(c)])
+    got = c2.decrypt(total)
+    tol = {"none": 1e-12, "paillier": 1e-9, "ckks": 1e-6}[dealer.scheme]
+    np.testing.assert_allclose(got, a + b + c, atol=tol)
+    assert got.shape == (n,)
+    assert c1.seconds > 0 and server.seconds >= 0
+
+
+def test_server_backend_cannot_decrypt(dealer):
+    if dealer.scheme == "none":
+        pytest.skip("plaintext baseline: nothing to protect")
+    server = server_backend(dealer.scheme, dealer.public_material())
+    ct = dealer.client_backend().encrypt(np.arange(5.0))
+    assert not server.can_decrypt
+    with pytest.raises(SecretKeyMissing):
+        server.decrypt(ct)
+
+
+def test_ciphertexts_hide_the_values(dealer):
+    v = np.array([0.123456789, -2.5, 3.0])
+    ct = dealer.client_backend().encrypt(v)
+    leaked = all(x.tobytes() in ct for x in v.astype("<f8"))
+    # The plaintext baseline carries the float64 bytes (a positive control for the same check).
+    assert leaked == (dealer.scheme == "none")
+
+
+def test_ckks_public_material_has_no_secret_key():
+    import tenseal as ts
+
+    dealer = KeyDealer("ckks")
+    ctx = ts.context_from(dealer.public_material()[4:])
+    assert ctx.is_public() and not ctx.has_secret_key()
+
+
+def test_adding_vectors_of_different_lengths_fails():
+    d = KeyDealer("ckks")
+    s = server_backend("ckks", d.public_material())
+    c = d.client_backend()
+    with pytest.raises(ValueError, match="different lengths"):
+        s.add([c.encrypt(np.zeros(3)), c.encrypt(np.zeros(4))])
+
+
+def test_unknown_scheme_is_one_sentence():
+    with pytest.raises(ConfigError, match="unknown encryption scheme 'rsa'"):
+        KeyDealer("rsa")
