@@ -93,6 +93,7 @@ class FedBCDConfig(BaseModel):
     stop_at_target: bool = Field(False, description="stop once target_auc is reached")
     eval_every: int = Field(1, ge=1, description="evaluate every k rounds (and after the last)")
     eval_subset: int | None = Field(None, ge=10, description="evaluate on a fixed random subset of this many test samples")
+    eval_dense_from: float | None = Field(None, gt=0, lt=1, description="evaluate every round once the test AUC has reached this")
 
     @model_validator(mode="after")
     def _check(self) -> FedBCDConfig:

@@ -6,7 +6,8 @@ them into logits): ``auc`` (test ROC AUC, ``sklearn.metrics.roc_auc_score``), ``
 (logit > 0 means class 1), plus the round's mini-batch ``train_loss`` and step size ``lr``.
 ``results.json`` has the final ``auc``/``accuracy``, ``best_auc`` and, when ``target_auc`` is set,
 ``rounds_to_target`` (the first *evaluated* round whose test AUC reaches it, ``None`` if none did;
-with ``eval_every`` > 1 it is a multiple of ``eval_every``).
+with ``eval_every`` > 1 it is a multiple of ``eval_every`` unless ``eval_dense_from`` switched to
+evaluating every round once the AUC reached that value).
 """
 
 from __future__ import annotations
@@ -146,6 +147,7 @@ def run_fedbcd(
     server.setup(transport, transport.client_ids)
     history: list[dict[str, float]] = []
     rounds_to_target = None
+    dense = False  # evaluate every round from now on (eval_dense_from reached)
     for rnd in range(1, cfg.rounds + 1):
         n_before = len(transport.log.entries)
         t0 = time.perf_counter()
@@ -156,8 +158,9 @@ def run_fedbcd(
         row["bytes_total"] = transport.log.bytes_total
         row["seconds"] = time.perf_counter() - t0
         last = rnd == cfg.rounds
-        if rnd % cfg.eval_every == 0 or last:
+        if rnd % cfg.eval_every == 0 or last or dense:
             row.update(evaluate())
+            dense = dense or (cfg.eval_dense_from is not None and row["auc"] >= cfg.eval_dense_from)
             if rounds_to_target is None and cfg.target_auc is not None and row["auc"] >= cfg.target_auc:
                 rounds_to_target = rnd
         history.append(row)

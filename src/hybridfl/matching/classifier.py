@@ -188,11 +188,12 @@ def match_classifiers(
             raise ValueError(f"max_width {cap} is smaller than a client's hidden width {c.width}")
 
     vecs, precs = [], []
+    total = sum(np.asarray(k.class_counts, dtype=float) for k in clients if k.class_counts is not None)
     for c in clients:
         V, mask = _vectors(c, D0, C)
         prec = mask / config.sigma
         if c.class_counts is not None and config.cost == "pfnm":
-            total = sum(np.asarray(k.class_counts, dtype=float) for k in clients if k.class_counts is not None)
+            # PFNM's output-layer precision: the client's share of each class (reference code)
             share = np.divide(np.asarray(c.class_counts, float), total, out=np.zeros(C), where=total > 0)
             prec[D0 + 1 :] = share / config.sigma
         vecs.append(V)
