@@ -142,6 +142,8 @@ def run_fedbcd(
 
     def evaluate() -> dict[str, float]:
         z = joint_logits(parties, partition, test)
+        if not np.isfinite(z).all():  # diverged (too large a step size or Q): no AUC
+            return {"auc": float("nan"), "accuracy": float("nan"), "diverged": 1.0}
         return {"auc": float(roc_auc_score(test.y, z)), "accuracy": float(np.mean((z > 0).astype(np.int64) == test.y))}
 
     server.setup(transport, transport.client_ids)
@@ -166,12 +168,12 @@ def run_fedbcd(
         history.append(row)
         if progress is not None:
             progress(rnd, cfg.rounds, row)
-        if cfg.stop_at_target and rounds_to_target is not None:
+        if (cfg.stop_at_target and rounds_to_target is not None) or row.get("diverged") or not np.isfinite(row["train_loss"]):
             break
     if "auc" not in history[-1]:
         history[-1].update(evaluate())
     final = history[-1]
-    aucs = [r["auc"] for r in history if "auc" in r]
+    aucs = [r["auc"] for r in history if "auc" in r and np.isfinite(r["auc"])]
     K = partition.n_clients
     summary: dict = {
         "algorithm": "fedbcd",
@@ -185,7 +187,8 @@ def run_fedbcd(
         "rounds": int(final["round"]),
         "auc": final["auc"],
         "accuracy": final["accuracy"],
-        "best_auc": max(aucs),
+        "best_auc": max(aucs, default=float("nan")),
+        "diverged": bool(final.get("diverged", 0.0)) or not np.isfinite(final["train_loss"]),
         "target_auc": cfg.target_auc,
         "rounds_to_target": rounds_to_target,
         "eval_samples": test.n_samples,
@@ -198,7 +201,7 @@ def run_fedbcd(
     report = [
         [f"{cfg.label()} (Q={cfg.Q}{f', mu={cfg.mu:g}' if cfg.mu else ''}, K={K}): test AUC", final["auc"], "percent"],
         ["test accuracy", final["accuracy"], "percent"],
-        ["best test AUC", max(aucs), "percent"],
+        ["best test AUC", max(aucs, default=None), "percent"],
     ]
     if cfg.target_auc is not None:
         report.append([f"rounds to test AUC {100 * cfg.target_auc:g} %", rounds_to_target, "plain"])
