@@ -96,6 +96,7 @@ def test_table_parquet(tmp_path):
         ("a;b;y\n1;2;0\n", {}, "label column 'y' is not in t.csv"),
         ("", {}, "is empty"),
         ("a,b,y\n1,inf,0\n2,3,1\n", {}, "infinite value at row 1"),
+        ("a,b,y\n" + "".join(f"{i},{i},0\n" for i in range(20)) + "7,abc,1\n", {}, "column 'b' of t.csv has a non-numeric value 'abc' at row 21"),
     ],
 )
 def test_table_errors_are_one_sentence(tmp_path, text, kwargs, needle):

@@ -229,7 +229,8 @@ def table_to_dataset(
     """Turn a pandas DataFrame into a :class:`HybridDataset`.
 
     Numeric columns are used as they are; non-numeric columns (and those listed in
-    ``categorical``) are one-hot encoded into ``<column>=<value>`` columns inside their block.
+    ``categorical``) are one-hot encoded, one column per level, inside their block. A column that
+    is at least 90 % numbers with a few other values is an error, not a categorical column.
 
     Args:
         frame: the table, one row per sample.
@@ -242,7 +243,7 @@ def table_to_dataset(
 
     Raises:
         DataError: missing label/ID/block column, a column in two blocks, NaN or empty cells,
-            a label not in ``classes``.
+            a non-numeric value in a numeric column, a label not in ``classes``.
     """
     import pandas as pd
 
@@ -285,6 +286,13 @@ def table_to_dataset(
             if col.isna().any():
                 row = int(np.flatnonzero(col.isna().to_numpy())[0])
                 raise DataError(f"column {c!r} of {where} has a missing (NaN) value at row {row + 1}.")
+            if c not in cat and not pd.api.types.is_numeric_dtype(col):
+                # a mostly numeric column with a few stray strings is a broken numeric column,
+                # not a categorical one: say where instead of one-hot encoding it silently
+                parsed = pd.to_numeric(col, errors="coerce")
+                if parsed.notna().mean() >= 0.9:
+                    row = int(np.flatnonzero(parsed.isna().to_numpy())[0])
+                    raise DataError(f"column {c!r} of {where} has a non-numeric value {str(col.iloc[row])!r} at row {row + 1}.")
             if c in cat or not pd.api.types.is_numeric_dtype(col):
                 values = col.astype(str).str.strip()
                 levels = sorted(values.unique())
