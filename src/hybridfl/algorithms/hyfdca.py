@@ -40,12 +40,29 @@ second SecureInnerProduct, line 18; 3 exchanges):
    (an absent client's share is its last one). With every (sample, block) cell held by exactly one
    client this is exactly ``w(alpha)``.
 
-The "current inner-product estimate" of a client during LocalDualMethod (SPEC.md) is
-``u_i = x_i^T w + sigma' * cross * x_{k,i}^T dw_k``, where ``dw_k`` is the client's own change of
-``w`` on its features since the SecureInnerProduct. The extracted paper text garbles the closed
-form; this variant is what the tests and benchmarks check against the centralised optimum.
-``cross = "energy"`` scales the own-block correction by ``sum_i q_i / sum_i ||x_{k,i}||^2`` (the
-client sees only its blocks' share of ``x_i^T x_j``; this extrapolates it to all blocks).
+LocalDualMethod variants (the extracted paper text garbles the closed form; SPEC.md asks to pick
+one and prove it by convergence to the centralised optimum):
+
+- ``dual_mode: block`` (default). Client ``k`` holding cell (samples ``I_k``, blocks ``M_k``) keeps
+  its own dual variables ``alpha^(k)`` for its samples and its PrimalAggregation share is
+  ``X_k^T alpha^(k)``, so its dual steps move only its own block of ``w``. Its inner-product
+  estimate during the local pass is then exact for what it changes:
+  ``u_i = x_i^T w + sigma' x_{k,i}^T dw_k`` (the other clients' simultaneous changes are unseen, as
+  in CoCoA+), and ``sigma'`` defaults to the number of clients ``K`` (CoCoA+'s safe value for ``K``
+  additive parts: ``||sum_k v_k||^2 <= K sum_k ||v_k||^2``). Each client is a block-coordinate
+  step on ``P`` for its (samples x blocks) cell solved through its local dual. The server still
+  aggregates ``enc(alpha) += sum_k enc((nu/|B_i|) dalpha_{k,i})`` (the holders' mean dual, never
+  decrypted by the server); the duality gap is reported for that mean ``alpha`` (a valid but loose
+  certificate: the holders' duals may differ on margin samples).
+- ``dual_mode: consensus``: the paper's Alg. 1 literally: one ``alpha`` per sample, the holders'
+  steps averaged (``nu / |B_i|``), the new ``enc(alpha)`` sent back and used for the primal shares
+  (``w = w(alpha)`` exactly), fresh ``alpha`` for returning clients. A client's own-block feedback
+  then misses the other blocks' part of ``x_i^T x_j``, so a local pass over many samples
+  overshoots (measured: divergence on MNIST and credit with full local passes); it needs small
+  ``H`` and a large ``sigma'``, and converges slowly.
+
+``cross = "energy"`` (experimental) scales the own-block correction by
+``sum_i q_i / sum_i ||x_{k,i}||^2``; ``cross = "none"`` drops it (paper Alg. 5: fixed ``u``).
 
 Encryption (:mod:`hybridfl.privacy`): every ``enc(...)`` above is a real ciphertext of the
 configured scheme. The clients share one secret key given to them by a key dealer that is not the
@@ -87,7 +104,8 @@ class HyFDCAConfig(BaseModel):
     rounds: int = Field(100, ge=1, description="outer iterations T")
     local_steps: int | None = Field(None, ge=1, description="H: SDCA steps per client per round (default: local_fraction of its samples)")
     local_fraction: float = Field(1.0, gt=0, le=1, description="H as a share of the client's samples when local_steps is not set")
-    sigma: float | None = Field(None, gt=0, description="CoCoA+ safety factor sigma' (default: number of segments)")
+    dual_mode: Literal["block", "consensus"] = Field("block", description="block: each client keeps the dual variables of its own cell; consensus: one alpha per sample, averaged over its holders (paper Alg. 1)")
+    sigma: float | None = Field(None, gt=0, description="CoCoA+ safety factor sigma' (default: clients (block) or segments (consensus))")
     cross: Literal["own", "energy", "none"] = Field("own", description="how a client's own dual changes enter its inner-product estimate")
     nu: float = Field(1.0, gt=0, description="dual aggregation weight nu (1 averages over the clients of a sample)")
     participation: float = Field(1.0, gt=0, le=1, description="share (or probability) of clients per round")
@@ -104,7 +122,7 @@ class HyFDCAConfig(BaseModel):
     bandwidth_mbps: float | None = Field(None, gt=0, description="modelled link bandwidth; None: bytes cost no time")
     eval_every: int = Field(1, ge=0)
     reference: bool = Field(True, description="compute (or load from the cache) the centralised reference optimum")
-    reference_sdca_epochs: int = Field(300, ge=1)
+    reference_sdca_epochs: int = Field(200, ge=1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -178,7 +196,7 @@ class HyFDCAClient:
 
     def init(self, p: dict) -> list[bytes]:
         """Store the problem constants and segment layout; return encrypted partial norms."""
-        self.params = {k: p[k] for k in ("N", "lam", "loss", "H", "sigma", "cross", "nu")}
+        self.params = {k: p[k] for k in ("N", "lam", "loss", "H", "sigma", "cross", "nu", "dual_mode")}
         seg = np.asarray(p["segment"], dtype=np.int64)
         holders = np.asarray(p["holders"], dtype=np.float64)
         bw = np.asarray(p["block_weight"], dtype=np.float64).reshape(holders.size, len(self.blocks))
@@ -227,14 +245,19 @@ class HyFDCAClient:
         if cross is None:  # energy: extrapolate own-block overlaps to all blocks
             own = float(self.own_sq.sum())
             cross = sigma * (float(self.q.sum()) / own if own > 0 else 1.0)
-        alpha = self.alpha.copy()
+        # block mode: the client's own cell duals persist (updated in place); consensus: start
+        # from the shared alpha received from the server
+        alpha = self.alpha if prm["dual_mode"] == "block" else self.alpha.copy()
         dw = np.zeros(self.X.shape[1])
         delta = self.rows.dot_and_add(order, alpha, self.y, self.u, self.q, str(prm["loss"]), lam_n, sigma, cross, dw)
         return [self.he.encrypt(delta[rows] * self.seg_scale[s]) for s, rows in enumerate(self.seg_rows)]
 
     def primal_share(self, p: dict) -> np.ndarray:
-        """PrimalAggregation, client part (Alg. 4 lines 2-4): ``sum_i alpha_i x_{k,i,f} / c``, ``(d_k,)``."""
-        self._decrypt_segments(p["alpha"], self.alpha)
+        """PrimalAggregation, client part (Alg. 4 lines 2-4): ``sum_i alpha_i x_{k,i,f} / c``, ``(d_k,)``.
+
+        Consensus mode first decrypts the new shared ``alpha``; block mode uses its own cell duals."""
+        if "alpha" in p:
+            self._decrypt_segments(p["alpha"], self.alpha)
         share = np.zeros(self.X.shape[1])
         for s, rows in enumerate(self.seg_rows):
             v = np.asarray(self._seg_matrix(s).T @ self.alpha[rows]).ravel()
@@ -327,7 +350,8 @@ class HyFDCAServer:
             sample_seg[s] = j
         self.seg_ids = [np.array(sorted(m)) for m in seg_members]
         self.N = len(holders)
-        self.sigma = float(cfg.sigma) if cfg.sigma is not None else float(len(self.seg_ids))
+        default_sigma = len(self.client_ids) if cfg.dual_mode == "block" else len(self.seg_ids)
+        self.sigma = float(cfg.sigma) if cfg.sigma is not None else float(default_sigma)
         # per-client messages: local segment indices, holder counts, block weights 1/c(s, b)
         init_msgs = []
         for cid in self.client_ids:
@@ -342,7 +366,7 @@ class HyFDCAServer:
             n_k = len(client_ids_order[cid])
             H = cfg.local_steps if cfg.local_steps is not None else max(1, math.ceil(cfg.local_fraction * n_k))
             init_msgs.append(Message("hyfdca.init", SERVER, cid, 0, {
-                "N": self.N, "lam": cfg.lam, "loss": cfg.loss, "H": int(H), "sigma": self.sigma, "cross": cfg.cross, "nu": cfg.nu,
+                "N": self.N, "lam": cfg.lam, "loss": cfg.loss, "H": int(H), "sigma": self.sigma, "cross": cfg.cross, "nu": cfg.nu, "dual_mode": cfg.dual_mode,
                 "segment": seg_arr, "holders": np.array([len(self.seg_holders[g]) for g in segs], dtype=np.int64),
                 "block_weight": bw.ravel(),
             }))
@@ -408,7 +432,7 @@ class HyFDCAServer:
         msgs = []
         for cid in K:
             payload: dict = {"w": self.w[self.feat[cid]]}
-            if self.last_round[cid] != rnd - 1:
+            if self.last_round[cid] != rnd - 1 and self.config.dual_mode == "consensus":
                 payload["alpha"] = [self.enc_alpha[g] for g in self.client_segs[cid]]
             msgs.append(Message("hyfdca.ip", SERVER, cid, rnd, payload))
         for r in self._exchange(transport, msgs, stats):
@@ -428,7 +452,9 @@ class HyFDCAServer:
         for g, v in parts.items():
             self.enc_alpha[g] = self.he.add([self.enc_alpha[g], *v])
         # 3. PrimalAggregation
-        msgs = [Message("hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]}) for cid in K]
+        consensus = self.config.dual_mode == "consensus"
+        msgs = [Message("hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]} if consensus else {})
+                for cid in K]
         for r in self._exchange(transport, msgs, stats):
             self.share_cache[r.sender] = np.asarray(r.payload["share"], dtype=np.float64)
         w = np.zeros(self.d)

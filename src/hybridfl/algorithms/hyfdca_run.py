@@ -328,7 +328,7 @@ class CentralizedConfig(BaseModel):
     rounds: int = Field(1, ge=1, description="unused (kept so `--rounds` works)")
     positive_classes: list[int] | None = None
     reference: bool = True
-    reference_sdca_epochs: int = Field(300, ge=1)
+    reference_sdca_epochs: int = Field(200, ge=1)
 
 
 def run_centralized(split: DatasetSplit, partition: Partition, cfg: CentralizedConfig, seed: int = 0,

@@ -47,7 +47,7 @@ class HybridFedAvgConfig(BaseModel):
     latency: float = Field(0.2575, ge=0)
     eval_every: int = Field(1, ge=0)
     reference: bool = True
-    reference_sdca_epochs: int = Field(300, ge=1)
+    reference_sdca_epochs: int = Field(200, ge=1)
 
 
 def loss_gradient_scale(z: np.ndarray, y: np.ndarray, loss: str) -> np.ndarray:

@@ -2,7 +2,7 @@
 
 Two solvers of the same problem (SPEC.md "Must converge to the centralised optimum"):
 
-- liblinear through scikit-learn: ``LinearSVC(loss="hinge", C=1/(lambda N), fit_intercept=False)``
+- liblinear through scikit-learn (tolerance 1e-6, at most 5,000 iterations): ``LinearSVC(loss="hinge", C=1/(lambda N), fit_intercept=False)``
   for hinge, ``LogisticRegression(solver="liblinear", C=1/(lambda N), fit_intercept=False)`` for
   logistic; for squared loss the exact normal equations ``(X^T X / N + lambda I) w = X^T y / N``;
 - a long centralised SDCA run (:func:`hybridfl.algorithms.convex.losses.sdca`) until its duality
@@ -121,7 +121,7 @@ def reference_optimum(X, y: np.ndarray, lam: float, loss: str, sdca_epochs: int 
     w_def = liblinear_solve(X, y, lam, loss, tol=1e-4, max_iter=1000)
     t_def = time.perf_counter() - t
     t = time.perf_counter()
-    w_ll = liblinear_solve(X, y, lam, loss, tol=1e-10, max_iter=100000) if loss != "squared" else w_def
+    w_ll = liblinear_solve(X, y, lam, loss, tol=1e-6, max_iter=5000) if loss != "squared" else w_def
     t_ll = time.perf_counter() - t if loss != "squared" else t_def
     p_ll = primal(X, y, w_ll, lam, loss)
     t = time.perf_counter()
