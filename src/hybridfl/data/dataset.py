@@ -184,6 +184,16 @@ def split_train_test(ds: HybridDataset, test_fraction: float, seed: int) -> Data
         raise DataError(f"test fraction must be in (0, 1), got {test_fraction}.")
     from sklearn.model_selection import train_test_split
 
+    counts = np.bincount(ds.y, minlength=ds.n_classes)
+    present = counts[counts > 0]
+    if present.min() < 2:
+        k = int(np.flatnonzero(counts == present.min())[0])
+        raise DataError(f"dataset {ds.name!r}: class {ds.classes[k]!r} has only 1 sample; a stratified train/test split needs at least 2 per class.")
+    n_test = int(np.ceil(test_fraction * ds.n_samples))
+    if n_test < present.size or ds.n_samples - n_test < present.size:
+        raise DataError(
+            f"dataset {ds.name!r}: {ds.n_samples} samples cannot be split with test fraction {test_fraction} so that both parts hold all {present.size} classes."
+        )
     rows = np.arange(ds.n_samples)
     tr, te = train_test_split(rows, test_size=test_fraction, random_state=seed, stratify=ds.y)
     return DatasetSplit(ds.take(np.sort(tr)), ds.take(np.sort(te)))

@@ -118,6 +118,8 @@ def read_idx(path: Path) -> np.ndarray:
     if raw[2] not in dtypes:
         raise DataError(f"{str(path)!r}: unknown IDX data type 0x{raw[2]:02x}.")
     ndim = raw[3]
+    if len(raw) < 4 + 4 * ndim:
+        raise DataError(f"{str(path)!r} is truncated: its IDX header announces {ndim} dimensions.")
     dims = struct.unpack(">" + "I" * ndim, raw[4 : 4 + 4 * ndim])
     dt = np.dtype(dtypes[raw[2]])
     body = raw[4 + 4 * ndim :]
@@ -248,8 +250,10 @@ def table_to_dataset(
     import pandas as pd
 
     cols = list(frame.columns)
+    if len(frame) == 0:
+        raise DataError(f"{where} has a header but no data rows.")
     if label_column not in cols:
-        raise DataError(f"label column {label_column!r} is not in {where} (columns: {', '.join(map(str, cols[:12]))}{', ...' if len(cols) > 12 else ''}).")
+        raise DataError(f"label column {label_column!r} is not in {where} (columns: {', '.join(repr(str(c)) for c in cols[:12])}{', ...' if len(cols) > 12 else ''}).")
     if id_column is not None and id_column not in cols:
         raise DataError(f"ID column {id_column!r} is not in {where}.")
     if not blocks:

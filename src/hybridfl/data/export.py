@@ -1,0 +1,231 @@
+"""Export a partition as one directory per client, and load such a directory.
+
+A deployment runs each client on its own machine with only its own data. :func:`export_clients`
+turns a simulated set-up (a training split plus a :class:`Partition`) into exactly that::
+
+    OUT/
+      manifest.json            dataset name, classes, block schema, client names, seed
+      server/                  what the server may hold: the public schema and (optionally) the
+        server.json            test set, for server-side evaluation like Flower's evaluate_fn
+        test/ ...              (same layout as a client directory, all blocks, with labels)
+      client-0/                one directory per client (named by its client ID)
+        client.json            client_id, index in the partition, has_labels, n_samples, schema
+        blocks.json            the client's blocks: name -> file and per-sample shape
+        sample_ids.npy         (n_m,) sample IDs (str)
+        block-<k>.npz          one file per held block: array ``x`` of shape (n_m, *block_shape)
+        labels.npy             (n_m,) int64 class indices, only if the client holds labels
+
+:func:`load_client_dir` reads a client directory back into a :class:`ClientData` whose
+``data.subset``-equivalent dataset equals ``split.train.subset(sample_ids, blocks)`` bit for bit
+(float32 features, same sample order), so a deployed run sees the same data as the simulation.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hybridfl.data.dataset import DatasetSplit, HybridDataset
+from hybridfl.data.partition import Partition
+from hybridfl.errors import DataError
+
+FORMAT_VERSION = 1
+_SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+
+
+@dataclass
+class ClientData:
+    """One client's exported data, read back from its directory.
+
+    Attributes:
+        client_id: the client's name.
+        index: its position in the exported partition (algorithms seed clients by it).
+        data: its samples restricted to its blocks; ``y`` is all zeros when ``has_labels`` is
+            false (the labels were not exported and must not be read).
+        has_labels: whether the client holds the labels of its samples.
+        block_shapes: the public block schema: every block name -> per-sample shape, global order.
+        classes: class names (public schema).
+        meta: the rest of ``client.json``.
+    """
+
+    client_id: str
+    index: int
+    data: HybridDataset
+    has_labels: bool
+    block_shapes: dict[str, tuple[int, ...]]
+    classes: list[str]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+
+@dataclass
+class ServerData:
+    """What an exported ``server/`` directory holds: the public schema, client names, and
+    optionally the test set (all blocks, with labels) for server-side evaluation."""
+
+    block_shapes: dict[str, tuple[int, ...]]
+    classes: list[str]
+    client_ids: list[str]
+    test: HybridDataset | None
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def n_classes(self) -> int:
+        return len(self.classes)
+
+
+def _write_dataset_dir(path: Path, ds: HybridDataset, with_labels: bool) -> dict:
+    path.mkdir(parents=True, exist_ok=True)
+    np.save(path / "sample_ids.npy", np.asarray(ds.ids).astype(str))
+    entries = []
+    for k, (b, x) in enumerate(ds.blocks.items()):
+        fname = f"block-{k}-{_SAFE.sub('_', b)}.npz"
+        np.savez(path / fname, x=np.ascontiguousarray(x, dtype=np.float32))
+        entries.append({"name": b, "file": fname, "shape": list(x.shape[1:])})
+    (path / "blocks.json").write_text(json.dumps({"blocks": entries}, indent=1))
+    if with_labels:
+        np.save(path / "labels.npy", ds.y.astype(np.int64))
+    return {"n_samples": ds.n_samples, "blocks": [e["name"] for e in entries]}
+
+
+def _read_dataset_dir(path: Path, name: str, classes: list[str], with_labels: bool) -> HybridDataset:
+    for f in ("sample_ids.npy", "blocks.json"):
+        if not (path / f).is_file():
+            raise DataError(f"data directory {str(path)!r} has no {f} (write it with `hybridfl export-clients`).")
+    ids = np.load(path / "sample_ids.npy", allow_pickle=False).astype(str)
+    try:
+        entries = json.loads((path / "blocks.json").read_text())["blocks"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise DataError(f"{str(path / 'blocks.json')!r} is not a valid block list.") from None
+    blocks: dict[str, np.ndarray] = {}
+    for e in entries:
+        f = path / str(e["file"])
+        if not f.is_file():
+            raise DataError(f"data directory {str(path)!r} lists block {e['name']!r} but its file {e['file']!r} is missing.")
+        with np.load(f, allow_pickle=False) as z:
+            x = z["x"]
+        if tuple(x.shape[1:]) != tuple(e["shape"]):
+            raise DataError(f"block {e['name']!r} in {str(path)!r} has shape {tuple(x.shape[1:])}, blocks.json says {tuple(e['shape'])}.")
+        blocks[str(e["name"])] = x
+    if with_labels:
+        if not (path / "labels.npy").is_file():
+            raise DataError(f"data directory {str(path)!r} should hold labels but has no labels.npy.")
+        y = np.load(path / "labels.npy", allow_pickle=False)
+    else:
+        y = np.zeros(ids.shape[0], dtype=np.int64)
+    return HybridDataset(name=name, ids=ids, y=y, blocks=blocks, classes=classes)
+
+
+def export_clients(
+    split: DatasetSplit,
+    partition: Partition,
+    out_dir: str | Path,
+    seed: int = 0,
+    include_test: bool = True,
+    run_config: dict | None = None,
+) -> list[Path]:
+    """Write one directory per client (and ``server/``) under ``out_dir``; return the client dirs.
+
+    Args:
+        split: the training data the partition refers to, and the test set.
+        partition: who holds what (validated against ``split.train`` first).
+        out_dir: created if missing; must not already contain an export's ``manifest.json``
+            for a different dataset (existing files of the same names are overwritten).
+        seed: the run seed, recorded in the manifest.
+        include_test: write the test set into ``server/test`` for server-side evaluation.
+        run_config: optional run config (JSON-able dict) recorded in ``server/server.json``.
+
+    Raises:
+        PartitionError: the partition does not fit the data.
+        DataError: ``out_dir`` exists and is not a directory.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"export path {str(out)!r} exists and is not a directory.")
+    partition.validate(split.train)
+    train = split.train
+    schema = {b: list(s) for b, s in train.block_shapes.items()}
+    ids = [c.client_id for c in partition.clients]
+    bad = [c for c in ids if _SAFE.search(c) or c in ("server", "")]
+    if bad:
+        raise DataError(f"client name {bad[0]!r} cannot be a directory name (use letters, digits, '_', '.', '-'; not 'server').")
+    out.mkdir(parents=True, exist_ok=True)
+    common = {"format": FORMAT_VERSION, "dataset": train.name, "classes": list(train.classes), "block_shapes": schema}
+    dirs = []
+    for i, c in enumerate(partition.clients):
+        d = out / c.client_id
+        local = train.subset(c.sample_ids, c.blocks)
+        info = _write_dataset_dir(d, local, with_labels=c.has_labels)
+        meta = {**common, "client_id": c.client_id, "index": i, "has_labels": bool(c.has_labels), **info}
+        (d / "client.json").write_text(json.dumps(meta, indent=1))
+        dirs.append(d)
+    srv = out / "server"
+    srv.mkdir(exist_ok=True)
+    smeta = {**common, "client_ids": ids, "seed": int(seed), "has_test": bool(include_test)}
+    if run_config is not None:
+        smeta["run_config"] = run_config
+    if include_test:
+        _write_dataset_dir(srv / "test", split.test, with_labels=True)
+    (srv / "server.json").write_text(json.dumps(smeta, indent=1))
+    (out / "manifest.json").write_text(json.dumps({**common, "client_ids": ids, "seed": int(seed), "description": partition.description}, indent=1))
+    return dirs
+
+
+def _read_json(path: Path, what: str) -> dict:
+    if not path.is_file():
+        raise DataError(f"{what} {str(path.parent)!r} has no {path.name} (write it with `hybridfl export-clients`).")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"{str(path)!r} is not valid JSON (line {e.lineno}).") from None
+
+
+def load_client_dir(path: str | Path) -> ClientData:
+    """Read one client directory written by :func:`export_clients`.
+
+    Raises:
+        DataError: the directory is missing, or a file in it is missing or inconsistent.
+    """
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise DataError(f"client data directory {str(p)!r} does not exist.")
+    meta = _read_json(p / "client.json", "client data directory")
+    try:
+        classes = [str(c) for c in meta["classes"]]
+        schema = {str(b): tuple(int(v) for v in s) for b, s in meta["block_shapes"].items()}
+        data = _read_dataset_dir(p, str(meta["dataset"]), classes, bool(meta["has_labels"]))
+        out = ClientData(str(meta["client_id"]), int(meta["index"]), data, bool(meta["has_labels"]), schema, classes, meta)
+    except KeyError as e:
+        raise DataError(f"{str(p / 'client.json')!r} is missing the field {e}.") from None
+    unknown = [b for b in data.block_names if b not in schema]
+    if unknown:
+        raise DataError(f"client directory {str(p)!r} holds block {unknown[0]!r}, which is not in its schema.")
+    if data.n_samples != int(meta.get("n_samples", data.n_samples)):
+        raise DataError(f"client directory {str(p)!r} holds {data.n_samples} samples, client.json says {meta['n_samples']}.")
+    return out
+
+
+def load_server_dir(path: str | Path) -> ServerData:
+    """Read the ``server/`` directory written by :func:`export_clients`.
+
+    Raises:
+        DataError: the directory or its ``server.json`` is missing or inconsistent.
+    """
+    p = Path(path).expanduser()
+    if not p.is_dir():
+        raise DataError(f"server directory {str(p)!r} does not exist.")
+    meta = _read_json(p / "server.json", "server directory")
+    try:
+        classes = [str(c) for c in meta["classes"]]
+        schema = {str(b): tuple(int(v) for v in s) for b, s in meta["block_shapes"].items()}
+        test = _read_dataset_dir(p / "test", str(meta["dataset"]), classes, True) if meta.get("has_test") else None
+        return ServerData(schema, classes, [str(c) for c in meta["client_ids"]], test, meta)
+    except KeyError as e:
+        raise DataError(f"{str(p / 'server.json')!r} is missing the field {e}.") from None
