@@ -18,7 +18,7 @@ from hybridfl.config import RunConfig
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.from_config import build_partition, load_dataset
 from hybridfl.data.partition import CoverageWarning, Partition
-from hybridfl.errors import ConfigError
+from hybridfl.errors import ConfigError, PartitionError
 from hybridfl.runtime.simulation import ProgressFn, RunResult, single_threaded
 
 
@@ -31,8 +31,11 @@ class PreparedRun:
     warnings: list[str]
 
 
-def prepare(config: RunConfig, out_dir: str | Path | None = None) -> PreparedRun:
-    """Validate and load everything a run needs; raise before any training on a problem."""
+def prepare(config: RunConfig, out_dir: str | Path | None = None, strict: bool = False) -> PreparedRun:
+    """Validate and load everything a run needs; raise before any training on a problem.
+
+    With ``strict``, a coverage warning (a block or class held by no client) is an error.
+    """
     algo = config.algorithm_config()
     if out_dir is not None:
         out = Path(out_dir)
@@ -43,6 +46,8 @@ def prepare(config: RunConfig, out_dir: str | Path | None = None) -> PreparedRun
         warnings.simplefilter("always", CoverageWarning)
         partition = build_partition(config.partition, split.train, config.seed)
     notes = [str(w.message) for w in caught if issubclass(w.category, CoverageWarning)]
+    if strict and notes:
+        raise PartitionError(f"{notes[0].rstrip('.')} (strict mode treats coverage warnings as errors).")
     return PreparedRun(config, algo, split, partition, notes)
 
 

@@ -77,6 +77,7 @@ def run(
     rounds: Optional[int] = typer.Option(None, help="Override algorithm.rounds."),
     seed: Optional[int] = typer.Option(None, help="Override the seed."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
+    strict: bool = typer.Option(False, "--strict", help="Treat coverage warnings (a block or class held by nobody) as errors."),
 ) -> None:
     """Train a federated model and write results.json, metrics.csv and plots."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
@@ -86,7 +87,7 @@ def run(
     cfg = _load(config, dataset, data_dir, rounds, seed)
     algo_name = cfg.algorithm.get("name", "hyfem")
     out_dir = out or Path("runs") / f"{cfg.dataset.name}-{algo_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    prep = prepare(cfg, out_dir)
+    prep = prepare(cfg, out_dir, strict=strict)
     for w in prep.warnings:
         err_console.print(f"[yellow]warning:[/] {w}")
     if not quiet:

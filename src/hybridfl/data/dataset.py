@@ -65,12 +65,12 @@ class HybridDataset:
         bad = np.flatnonzero((self.y < 0) | (self.y >= len(self.classes)))
         if bad.size:
             raise DataError(
-                f"dataset {self.name!r}: label {int(self.y[bad[0]])} of sample {self.ids[bad[0]]!r} is outside "
+                f"dataset {self.name!r}: label {int(self.y[bad[0]])} of sample {str(self.ids[bad[0]])!r} is outside "
                 f"the {len(self.classes)} classes [0, {len(self.classes) - 1}]."
             )
         uniq, counts = np.unique(self.ids, return_counts=True)
         if uniq.size != n:
-            raise DataError(f"dataset {self.name!r}: sample ID {uniq[counts > 1][0]!r} occurs more than once.")
+            raise DataError(f"dataset {self.name!r}: sample ID {str(uniq[counts > 1][0])!r} occurs more than once.")
         if not self.blocks:
             raise DataError(f"dataset {self.name!r} has no feature blocks.")
         clean: dict[str, np.ndarray] = {}
@@ -87,7 +87,7 @@ class HybridDataset:
             if not finite.all():
                 row = int(np.flatnonzero(~finite)[0])
                 raise DataError(
-                    f"dataset {self.name!r}: block {b!r} holds NaN or infinite values (first at sample {self.ids[row]!r})."
+                    f"dataset {self.name!r}: block {b!r} holds NaN or infinite values (first at sample {str(self.ids[row])!r})."
                 )
             clean[str(b)] = x
         self.blocks = clean
@@ -129,7 +129,7 @@ class HybridDataset:
             i = self._index.get(str(s))
             if i is None:
                 place = f" ({where})" if where else ""
-                raise DataError(f"sample ID {s!r}{place} is not in dataset {self.name!r}.")
+                raise DataError(f"sample ID {str(s)!r}{place} is not in dataset {self.name!r}.")
             out.append(i)
         return np.asarray(out, dtype=np.int64)
 
@@ -171,7 +171,7 @@ class DatasetSplit:
             raise DataError(f"dataset {self.train.name!r}: train and test classes differ.")
         both = np.intersect1d(self.train.ids, self.test.ids)
         if both.size:
-            raise DataError(f"dataset {self.train.name!r}: sample ID {both[0]!r} is in both train and test.")
+            raise DataError(f"dataset {self.train.name!r}: sample ID {str(both[0])!r} is in both train and test.")
 
     @property
     def name(self) -> str:

@@ -99,10 +99,10 @@ class Partition:
             ids = np.asarray(c.sample_ids).astype(str)
             uniq, counts = np.unique(ids, return_counts=True)
             if uniq.size != ids.size:
-                raise PartitionError(f"client {c.client_id!r} lists sample ID {uniq[counts > 1][0]!r} more than once.")
+                raise PartitionError(f"client {c.client_id!r} lists sample ID {str(uniq[counts > 1][0])!r} more than once.")
             missing = np.setdiff1d(uniq, ds.ids)
             if missing.size:
-                raise PartitionError(f"client {c.client_id!r} holds sample ID {missing[0]!r}, which is not in dataset {ds.name!r}.")
+                raise PartitionError(f"client {c.client_id!r} holds sample ID {str(missing[0])!r}, which is not in dataset {ds.name!r}.")
         if not any(c.has_labels for c in self.clients):
             raise PartitionError("no client in the partition holds labels.")
         out: list[str] = []

@@ -1,0 +1,118 @@
+"""Bad-input corpus: malformed configs, data files and partitions. Each one makes `hybridfl run`
+exit with status 2 and print one sentence naming the problem and where, with nothing written to
+the output directory. Runs the CLI entry point in-process (test_cli.py covers real processes)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hybridfl.cli import main as cli_main
+from tests.conftest import DATA
+
+TABLE = "dataset: {{name: table, path: {p}, label_column: y, id_column: id, blocks: {{x: [a], z: [b]}}, test_fraction: 0.5}}\npartition: {{kind: iid, num_clients: 2}}\nalgorithm: {{name: hyfem, rounds: 1, local_steps: 1, baselines: false}}\n"
+GOOD_ROWS = "".join(f"r{i},{i},{i % 3},{i % 2}\n" for i in range(12))
+
+
+def _csv(d: Path, body: str, name: str = "d.csv") -> Path:
+    p = d / name
+    p.write_text(body)
+    return p
+
+
+def _partition_file(d: Path, clients: list[dict], name: str) -> Path:
+    p = d / name
+    p.write_text(json.dumps({"clients": clients}))
+    return p
+
+
+def _mfeat_with(d: Path, partition: str) -> str:
+    return f"dataset: {{name: mfeat, data_dir: {DATA / 'mfeat'}}}\npartition: {partition}\nalgorithm: {{name: hyfem, rounds: 1, local_steps: 1, baselines: false}}\n"
+
+
+def case_files(d: Path) -> dict[str, tuple[str, str, list[str]]]:
+    """name -> (config file name, config text, expected words in the message)."""
+    digits_ids = [f"digits-{i:04d}" for i in range(5)]
+    return {
+        "empty config file": ("c.yaml", "", ["is empty"]),
+        "config is a list": ("c.yaml", "- a\n- b\n", ["must be a mapping"]),
+        "config syntax error": ("c.toml", "seed = [1,\n", ["not valid TOML"]),
+        "wrong type in config": ("c.yaml", "algorithm: {name: hyfem, rounds: ten}\n", ["'algorithm.rounds'"]),
+        "unknown config key": ("c.yaml", "partition: {kind: iid, clients_n: 3}\n", ["'partition.clients_n'", "not a known setting"]),
+        "unknown dataset": ("c.yaml", "dataset: {name: cifar}\n", ["'dataset.name'"]),
+        "negative learning rate": ("c.yaml", "algorithm: {name: hyfem, lr: -1}\n", ["'algorithm.lr'"]),
+        "empty data file": ("c.yaml", TABLE.format(p=_csv(d, "", "empty.csv")), ["empty.csv", "is empty"]),
+        "header only": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,y\n", "hdr.csv")), ["hdr.csv", "no data rows"]),
+        "wrong delimiter": ("c.yaml", TABLE.format(p=_csv(d, "id;a;b;y\n" + GOOD_ROWS.replace(",", ";"), "semi.csv")), ["label column 'y' is not in semi.csv"]),
+        "non-numeric feature": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r99,7,seven,1\n", "txt.csv")), ["column 'b'", "non-numeric value 'seven'", "row 13"]),
+        "NaN in a feature": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r99,,1,1\n", "nan.csv")), ["column 'a'", "missing (NaN) value at row 13"]),
+        "inf in a feature": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r99,inf,1,1\n", "inf.csv")), ["column 'a'", "infinite value at row 13"]),
+        "empty label": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r99,1,1,\n", "lab.csv")), ["label column 'y'", "empty at row 13"]),
+        "duplicate sample IDs": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r3,1,1,1\n", "dup.csv")), ["sample ID 'r3' occurs more than once"]),
+        "missing data directory": ("c.yaml", f"dataset: {{name: mnist, data_dir: {d / 'nomnist'}}}\n", ["nomnist' does not exist"]),
+        "missing data file": ("c.yaml", f"dataset: {{name: mfeat, data_dir: {d}}}\n", ["mfeat-fou", "is missing"]),
+        "truncated IDX file": ("c.yaml", f"dataset: {{name: mnist, data_dir: {_idx_dir(d)}}}\n", ["size does not match its IDX header"]),
+        "unknown block name": ("c.yaml", _mfeat_with(d, "{kind: class_block, clients: [{classes: [0, 1], blocks: [fou, colour]}]}"), ["unknown block 'colour'"]),
+        "class out of range": ("c.yaml", _mfeat_with(d, "{kind: class_block, clients: [{classes: [0, 12], blocks: [fou]}]}"), ["class 12", "outside [0, 9]"]),
+        "client with no samples": ("c.yaml", f"partition: {{kind: file, path: {_partition_file(d, [{'client_id': 'a', 'sample_ids': digits_ids, 'blocks': ['top_left']}, {'client_id': 'b', 'sample_ids': [], 'blocks': ['top_left']}], 'p1.json')}}}\n", ["client 'b' holds no samples"]),
+        "partition IDs not in the data": ("c.yaml", f"partition: {{kind: file, path: {_partition_file(d, [{'client_id': 'a', 'sample_ids': ['digits-0000', 'train-77'], 'blocks': ['top_left']}], 'p2.json')}}}\n", ["client 'a'", "'train-77'"]),
+        "partition file not JSON": ("c.yaml", f"partition: {{kind: file, path: {_csv(d, '{nope', 'bad.json')}}}\n", ["bad.json", "not valid JSON"]),
+        "missing label column": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,label\n" + GOOD_ROWS, "nolab.csv")), ["label column 'y' is not in nolab.csv"]),
+        "too many clients": ("c.yaml", "partition: {kind: grid, sample_groups: 2, block_groups: 9}\n", ["9 block groups", "only 4 blocks"]),
+    }
+
+
+def _idx_dir(d: Path) -> Path:
+    p = d / "badmnist"
+    p.mkdir(exist_ok=True)
+    for stem, dims in (("train-images-idx3-ubyte", (3, 28, 28)), ("train-labels-idx1-ubyte", (3,)), ("t10k-images-idx3-ubyte", (2, 28, 28)), ("t10k-labels-idx1-ubyte", (2,))):
+        header = bytes([0, 0, 8, len(dims)]) + b"".join(int(n).to_bytes(4, "big") for n in dims)
+        body = np.zeros(int(np.prod(dims)) - 1, dtype=np.uint8).tobytes()  # 1 byte short
+        (p / stem).write_bytes(header + body)
+    return p
+
+
+
+
+def _names() -> list[str]:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        return list(case_files(Path(d)).keys())
+
+
+@pytest.mark.parametrize("name", _names())
+def test_bad_input(name, tmp_path, monkeypatch, capsys):
+    fname, text, needles = case_files(tmp_path)[name]
+    cfg = tmp_path / fname
+    cfg.write_text(text)
+    out = tmp_path / "out"
+    monkeypatch.setattr(sys, "argv", ["hybridfl", "run", "--config", str(cfg), "--out", str(out), "--quiet"])
+    with pytest.raises(SystemExit) as e:
+        cli_main.main()
+    err = capsys.readouterr().err
+    assert e.value.code == 2, err
+    lines = [ln for ln in err.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), err
+    for needle in needles:
+        assert needle in lines[0], (needle, lines[0])
+    assert "Traceback" not in err
+    assert not out.exists()  # nothing half-written
+
+
+def test_corpus_is_large_enough():
+    assert len(_names()) >= 20
+
+
+def test_strict_mode_turns_unheld_blocks_into_errors(tmp_path, monkeypatch, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("partition: {kind: class_block, clients: [{classes: [0,1,2,3,4,5,6,7,8,9], blocks: [top_left, top_right]}]}\nalgorithm: {name: hyfem, rounds: 1, local_steps: 1, baselines: false}\n")
+    monkeypatch.setattr(sys, "argv", ["hybridfl", "run", "--config", str(cfg), "--out", str(tmp_path / "o"), "--quiet", "--strict"])
+    with pytest.raises(SystemExit) as e:
+        cli_main.main()
+    assert e.value.code == 2
+    assert "block 'bottom_left' is held by no client (strict mode" in capsys.readouterr().err
