@@ -12,8 +12,9 @@ matched (its rows are the classes, the same everywhere); its columns follow the 
 Procedure (:func:`match_classifiers`):
 
 1. start from the previous assignments (``Pi_m^t``); a client without one is matched greedily;
-2. ``P`` sweeps: in a random client order, remove client ``m'``, build the server neurons from the
-   other clients (Alg. 3 line 5), and re-assign ``m'`` by the Hungarian method (line 7-8);
+2. up to ``P`` sweeps: in a random client order, remove client ``m'``, build the server neurons
+   from the other clients (Alg. 3 line 5), and re-assign ``m'`` by the Hungarian method (line
+   7-8); a sweep in which no assignment changes is a fixed point and ends the sweeps early;
 3. the server classifier is the ``p_m``-weighted average, per entry, over the clients whose
    matched weights cover that entry (the closed form of (11), Alg. 3 line 9); an entry covered by
    nobody keeps its previous value (0 for a new neuron); server neurons no client is matched to
@@ -211,10 +212,12 @@ def match_classifiers(
         if a is not None:
             pool.add(a, vecs[m] * precs[m][None, :], precs[m], +1)
 
-    def rematch(m: int) -> None:
+    def rematch(m: int) -> bool:
+        """Re-assign client m against the others; return whether its assignment changed."""
         nonlocal next_id
-        if assignments[m] is not None:
-            pool.add(assignments[m], vecs[m] * precs[m][None, :], precs[m], -1)
+        old = assignments[m]
+        if old is not None:
+            pool.add(old, vecs[m] * precs[m][None, :], precs[m], -1)
         cand = np.flatnonzero(pool.count > 0)
         J = clients[m].width
         room = J if cap is None else max(cap - cand.size, 0)
@@ -238,18 +241,26 @@ def match_classifiers(
         for j, col in enumerate(cols):
             if col < cand.size:
                 ids[j] = cand[col]
+            elif old is not None and pool.count[old[j]] == 0:
+                ids[j] = old[j]  # its own neuron, which no other client holds: keep the id
             else:
                 ids[j] = next_id
                 next_id += 1
         assignments[m] = ids
         pool.add(ids, vecs[m] * precs[m][None, :], precs[m], +1)
+        return old is None or not np.array_equal(old, ids)
 
     # clients without a valid previous assignment: largest first, as PFNM initialises
     for m in sorted((m for m, a in enumerate(assignments) if a is None), key=lambda m: -clients[m].width):
         rematch(m)
+    sweeps_done = 0
     for _ in range(config.sweeps):
-        for m in rng.permutation(M):
-            rematch(int(m))
+        sweeps_done += 1
+        changed = [rematch(int(m)) for m in rng.permutation(M)]
+        if not any(changed):
+            # nobody moved: every client's assignment is optimal given the unchanged others, so
+            # further sweeps (in any order) return the same assignments
+            break
 
     # ---- closed form of (11): p_m-weighted average per covered entry
     used = np.unique(np.concatenate([a for a in assignments if a is not None]))
@@ -294,5 +305,5 @@ def match_classifiers(
     for c, a in zip(clients, assignments):
         prev = c.assignment
         moved += int(np.sum(a != prev)) if prev is not None and np.shape(prev) == a.shape else c.width
-    stats = {"server_width": L, "new_neurons": int((~old).sum()), "dropped_neurons": int(previous.width - old.sum()), "reassigned": moved}
+    stats = {"sweeps": sweeps_done, "server_width": L, "new_neurons": int((~old).sum()), "dropped_neurons": int(previous.width - old.sum()), "reassigned": moved}
     return MatchingResult(server, new_assign, stats)
