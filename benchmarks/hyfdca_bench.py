@@ -61,14 +61,14 @@ def first_round_below(history: list[dict], target: float):
     return None
 
 
-def convergence(name: str, rounds: int, lrs: list[float], eval_every: int, sigma: float | None) -> dict:
+def convergence(name: str, rounds: int, lrs: list[float], eval_every: int, sigma: float | None, extra: dict | None = None, tag: str = "") -> dict:
     split, pos, lam = dataset(name)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
     out: dict = {"dataset": name, "lambda": lam, "grid": "3 sample groups x 3 block groups = 9 clients", "rounds": rounds,
                  "samples": split.train.n_samples, "runs": {}}
     hist_for_plot = {}
     for label, kw in (("hyfdca_full", {}), ("hyfdca_random50", {"participation": 0.5})):
-        cfg = HyFDCAConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=eval_every, sigma=sigma, **kw)
+        cfg = HyFDCAConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=eval_every, sigma=sigma, **kw, **(extra or {}))
         t = time.perf_counter()
         res = run_hyfdca(split, part, cfg, seed=0)
         s = res.summary
@@ -103,7 +103,7 @@ def convergence(name: str, rounds: int, lrs: list[float], eval_every: int, sigma
         h = first_round_below(hist_for_plot[label], 1e-3)
         out["runs"][label]["reach_1e-3"] = None if h is None else {"round": h["round"], "wall_seconds": float(sum(x["seconds"] for x in hist_for_plot[label][: h["round"]])),
                                                                    "time_model": h["time_model"], "time_model_no_encryption": h["time_model_no_encryption"]}
-    plot_suboptimality(hist_for_plot, OUT / f"hyfdca_{name}.png", f"{name}: HyFDCA vs hybrid FedAvg, 3x3 grid, hinge, lambda={lam:g}")
+    plot_suboptimality(hist_for_plot, OUT / f"hyfdca_{name}{tag}.png", f"{name}: HyFDCA vs hybrid FedAvg, 3x3 grid, hinge, lambda={lam:g}{tag}")
     return out
 
 
@@ -171,19 +171,25 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--sigma", type=float, default=None)
     ap.add_argument("--lrs", type=str, default="0.003,0.03,0.3")
+    ap.add_argument("--dual-mode", choices=["block", "consensus"], default="block")
+    ap.add_argument("--local-fraction", type=float, default=1.0)
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
+    tag = (f"_sigma{a.sigma:g}" if a.sigma else "") + ("_consensus" if a.dual_mode == "consensus" else "") + (f"_H{a.local_fraction:g}" if a.local_fraction != 1.0 else "")
     with single_threaded():
         if a.part in ("mnist", "credit", "adult"):
-            res = convergence(a.part, a.rounds, [float(x) for x in a.lrs.split(",")], a.eval_every, a.sigma)
+            res = convergence(a.part, a.rounds, [float(x) for x in a.lrs.split(",")], a.eval_every, a.sigma,
+                              {"dual_mode": a.dual_mode, "local_fraction": a.local_fraction}, tag)
         elif a.part == "encryption":
             res = encryption(a.rounds)
         else:
             res = paillier()
     res["benchmark_seconds"] = time.perf_counter() - t
-    res["command"] = f".venv/bin/python benchmarks/hyfdca_bench.py --part {a.part} --rounds {a.rounds} --eval-every {a.eval_every}" + (f" --sigma {a.sigma:g}" if a.sigma else "")
-    (OUT / f"hyfdca_{a.part}.json").write_text(json.dumps(res, indent=1, default=float))
+    res["command"] = (f".venv/bin/python benchmarks/hyfdca_bench.py --part {a.part} --rounds {a.rounds} --eval-every {a.eval_every} --lrs {a.lrs}"
+                      + (f" --sigma {a.sigma:g}" if a.sigma else "") + (f" --dual-mode {a.dual_mode}" if a.dual_mode != "block" else "")
+                      + (f" --local-fraction {a.local_fraction:g}" if a.local_fraction != 1.0 else ""))
+    (OUT / f"hyfdca_{a.part}{tag}.json").write_text(json.dumps(res, indent=1, default=float))
     print(json.dumps({k: v for k, v in res.items() if k not in ("runs",)}, indent=1, default=float)[:3000])
 
 

@@ -47,15 +47,16 @@ def loss_values(z: np.ndarray, y: np.ndarray, loss: str) -> np.ndarray:
 
 
 def conjugate_values(alpha: np.ndarray, y: np.ndarray, loss: str) -> np.ndarray:
-    """``l_i*(-alpha_i)`` (``+inf`` outside the domain, up to a 1e-9 tolerance)."""
+    """``l_i*(-alpha_i)`` (``+inf`` outside the domain; values within 1e-6 of the box, e.g. from
+    CKKS noise, are clipped onto it)."""
     if loss == "squared":
         return 0.5 * alpha**2 - alpha * y
     b = y * alpha
-    if np.any(b < -1e-9) or np.any(b > 1 + 1e-9):
+    if np.any(b < -1e-6) or np.any(b > 1 + 1e-6):
         return np.full_like(alpha, np.inf)
+    b = np.clip(b, 0.0, 1.0)
     if loss == "hinge":
         return -b
-    b = np.clip(b, 0.0, 1.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         ent = np.where(b > 0, b * np.log(np.where(b > 0, b, 1.0)), 0.0) + np.where(b < 1, (1 - b) * np.log(np.where(b < 1, 1 - b, 1.0)), 0.0)
     return ent

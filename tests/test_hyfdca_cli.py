@@ -1,0 +1,78 @@
+"""`hybridfl run` with `algorithm: hyfdca | hybrid_fedavg | centralized`: results files and bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import DATA, ROOT
+
+
+def cli(*args: str, tmp: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HYBRIDFL_CACHE": str(tmp / "cache")}
+    return subprocess.run([sys.executable, "-m", "hybridfl.cli.main", *args], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+
+
+CREDIT = """
+seed: 0
+dataset: {{name: credit_default, data_dir: {data}}}
+partition: {{kind: grid, sample_groups: 3, block_groups: 3}}
+algorithm: {{name: {algo}, {extra}}}
+"""
+
+
+@pytest.mark.parametrize(
+    "algo,extra",
+    [
+        ("hyfdca", "rounds: 3, lambda: 0.01, encryption: ckks, eval_every: 1, reference_sdca_epochs: 5"),
+        pytest.param("hybrid_fedavg", "rounds: 3, lambda: 0.01, lr: 0.03, reference_sdca_epochs: 5", marks=pytest.mark.slow),
+        pytest.param("centralized", "solver: liblinear, lambda: 0.01, reference_sdca_epochs: 5", marks=pytest.mark.slow),
+    ],
+)
+def test_run_writes_results(tmp_path, credit_dir, algo, extra):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(CREDIT.format(data=credit_dir, algo=algo, extra=extra))
+    out = tmp_path / "out"
+    p = cli("run", "--config", str(cfg), "--out", str(out), "--quiet", tmp=tmp_path)
+    assert p.returncode == 0, p.stderr
+    res = json.loads((out / "results.json").read_text())
+    for key in ("primal_objective", "reference_objective", "relative_suboptimality", "duality_gap", "encryption_seconds"):
+        assert key in res, key
+    assert res["reference_objective"] > 0 and res["relative_suboptimality"] > -1e-9
+    assert (out / "metrics.csv").is_file() and (out / "accuracy.png").is_file()
+    if algo == "hyfdca":
+        assert res["encryption_seconds"] > 0 and res["duality_gap"] >= 0
+        assert (out / "suboptimality.png").is_file()
+        assert "relative suboptimality" in p.stdout
+
+
+def test_example_configs_validate():
+    from hybridfl.config import load_config
+
+    for name in ("hyfdca_mnist.yaml", "hyfdca_credit_default.yaml", "hyfdca_adult.yaml"):
+        cfg = load_config(ROOT / "configs" / name)
+        assert cfg.algorithm_config().name == "hyfdca"
+
+
+def _one_sentence(p: subprocess.CompletedProcess, needle: str) -> None:
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert "Traceback" not in p.stderr
+    lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], p.stderr
+
+
+def test_cli_bad_input_one_sentence(tmp_path, mfeat_dir, credit_dir):
+    cfg = tmp_path / "m.yaml"
+    cfg.write_text(f"dataset: {{name: mfeat, data_dir: {mfeat_dir}}}\n"
+                   "partition: {kind: grid, sample_groups: 2, block_groups: 2}\nalgorithm: {name: hyfdca, rounds: 1}\n")
+    _one_sentence(cli("run", "--config", str(cfg), "--out", str(tmp_path / "o"), tmp=tmp_path), "needs binary labels")
+    assert not (tmp_path / "o").exists()
+    cfg2 = tmp_path / "l.yaml"
+    cfg2.write_text(CREDIT.format(data=credit_dir, algo="hyfdca", extra="lambda: 0"))
+    _one_sentence(cli("run", "--config", str(cfg2), "--out", str(tmp_path / "o2"), tmp=tmp_path), "greater than 0")
+    assert DATA.is_dir()
