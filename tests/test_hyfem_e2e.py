@@ -87,3 +87,16 @@ def test_any_module_can_be_an_extractor(digits_split):
     res = run_hyfem(digits_split, part, HyFEMConfig(rounds=5, local_steps=20, lr=0.05, momentum=0.9, extractor_dim=8, hidden=16, baselines=False), seed=0, extractor_factory=factory)
     assert set(made) == set(digits_split.train.block_names)
     assert res.summary["server_accuracy"] > 0.3
+
+
+def test_hyfem_continues_when_clients_fail_mid_round(mfeat_split):
+    """30 % of clients fail per round (they train but their replies are lost): HyFEM aggregates
+    what arrives, absent clients keep their neurons and rejoin, and the model still learns."""
+    part = mfeat_partition(mfeat_split.train)
+    cfg = HyFEMConfig(rounds=8, local_steps=20, lr=0.05, momentum=0.9, eval_every=8, failure_rate=0.3, baselines=False)
+    res = run_hyfem(mfeat_split, part, cfg, seed=0)
+    answered = [r["clients_answered"] for r in res.history]
+    assert res.summary["client_failures"] == sum(6 - a for a in answered) > 0
+    assert min(answered) < 6
+    assert res.summary["server_accuracy"] > 0.85
+    assert res.summary["client_accuracy_mean"] > 0.6

@@ -153,3 +153,18 @@ def test_width_cap_is_respected_and_views_have_client_shape():
         assert len(set(a.tolist())) == c.width
         view = res.server.client_view(a, c.columns)
         assert view["fc1.weight"].shape == c.W1.shape and view["fc2.weight"].shape == c.W2.shape
+
+
+def test_reserved_neurons_of_absent_clients_survive_and_remap():
+    """A client that did not answer keeps its neurons: they are not dropped, keep their values,
+    and `index` maps its old assignment to the new positions."""
+    rng = np.random.default_rng(3)
+    prev = _server(6, 6, 2, rng)
+    present = ClientClassifier(rng.normal(size=(2, 3)), rng.normal(size=2), rng.normal(size=(2, 2)), rng.normal(size=2),
+                               columns=np.array([0, 1, 2]), weight=1.0, assignment=np.array([0, 1]))
+    absent = np.array([4, 5])
+    res = match_classifiers([present], prev, MatchingConfig(sweeps=2), rng, reserved=[absent])
+    new = res.index[absent]
+    assert (new >= 0).all() and res.server.width == 4  # neurons 2 and 3 are dropped, 4 and 5 kept
+    assert np.allclose(res.server.W1[new], prev.W1[absent])  # nobody updated them
+    assert (res.index[[2, 3]] == -1).all()

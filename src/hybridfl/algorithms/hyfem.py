@@ -77,6 +77,7 @@ class HyFEMConfig(BaseModel):
     hidden: int = Field(64, ge=1, description="client classifier hidden width")
     matching: MatchingSettings = Field(default_factory=MatchingSettings)
     eval_every: int = Field(1, ge=0, description="evaluate every k rounds (0: only at the end)")
+    failure_rate: float = Field(0.0, ge=0, lt=1, description="simulated: probability that a client fails mid-round")
     baselines: bool = Field(True, description="also train centralised and stand-alone baselines")
 
     @model_validator(mode="after")
@@ -135,6 +136,19 @@ class HyFEMClient:
         if msg.kind == "hyfem.fit":
             return self.fit(msg)
         raise ValueError(f"HyFEM client got unknown message kind {msg.kind!r}")
+
+    # ------------------------------------------------------------------ state between messages
+    def get_state(self) -> dict[str, np.ndarray]:
+        """What must survive between two messages when the client object is rebuilt for each one
+        (Flower starts a new ClientApp process per message): the mini-batch generator state
+        ``(5056,)`` uint8. Model weights need not be kept: every ``hyfem.fit`` message carries them.
+        """
+        return {"trainer.gen": self.trainer.gen.get_state().numpy().copy()}
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore what :meth:`get_state` returned (a freshly built client continues exactly)."""
+        if "trainer.gen" in state:
+            self.trainer.gen.set_state(torch.from_numpy(np.ascontiguousarray(state["trainer.gen"], dtype=np.uint8)))
 
     def fit(self, msg: Message) -> Message:
         """ClientUpdate (HyFEM Alg. 2 lines 1-7)."""
@@ -224,14 +238,19 @@ class HyFEMServer:
         return Message("hyfem.fit", SERVER, cid, rnd, payload)
 
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
-        """One round of HyFEM Alg. 1 (lines 3-9) with all clients (full participation)."""
+        """One round of HyFEM Alg. 1 (lines 3-9): every client is asked; the server aggregates
+        the replies that arrive. A client that failed keeps its extractors' and classifier's
+        server positions and takes part again in the next round."""
         ids = list(self.clients)
         replies = transport.send_and_receive([self.fit_message(cid, rnd) for cid in ids])
-        self.aggregate_extractors(replies)
-        self.match(replies)
+        answered = {r.sender for r in replies}
+        absent = [cid for cid in ids if cid not in answered]
+        if replies:
+            self.aggregate_extractors(replies)
+            self.match(replies, absent)
         n = sum(int(r.payload["n_samples"]) for r in replies)
-        loss = sum(float(r.payload["loss"]) * int(r.payload["n_samples"]) for r in replies) / max(n, 1)
-        return {"train_loss": loss, "server_width": float(self.classifier.width)}
+        loss = sum(float(r.payload["loss"]) * int(r.payload["n_samples"]) for r in replies) / n if n else float("nan")
+        return {"train_loss": loss, "server_width": float(self.classifier.width), "clients_answered": float(len(replies))}
 
     # ------------------------------------------------------------------ server updates
     def aggregate_extractors(self, replies: Sequence[Message]) -> None:
@@ -247,8 +266,9 @@ class HyFEMServer:
             avg = {k: sum(w * unpack_arrays(f"ext.{b}.", r.payload)[k].astype(np.float64) for w, r in zip(weights, holders)) for k in keys}
             self.model.load_extractor_arrays(b, {k: v.astype(np.float32) for k, v in avg.items()})
 
-    def match(self, replies: Sequence[Message]) -> None:
-        """Classifier matching (HyFEM Alg. 1 line 8, Alg. 3)."""
+    def match(self, replies: Sequence[Message], absent: Sequence[str] = ()) -> None:
+        """Classifier matching (HyFEM Alg. 1 line 8, Alg. 3) of the clients that replied; the
+        neurons of ``absent`` clients are kept and their assignments remapped."""
         cc = []
         for r in replies:
             info = self.clients[r.sender]
@@ -261,10 +281,13 @@ class HyFEMServer:
                     assignment=info["assignment"], class_counts=info["class_counts"],
                 )
             )
-        res = match_classifiers(cc, self.classifier, self.matching, self.rng)
+        reserved = [self.clients[cid]["assignment"] for cid in absent]
+        res = match_classifiers(cc, self.classifier, self.matching, self.rng, reserved=reserved)
         self.classifier = res.server
         for r, a in zip(replies, res.assignments):
             self.clients[r.sender]["assignment"] = a
+        for cid in absent:
+            self.clients[cid]["assignment"] = res.index[self.clients[cid]["assignment"]]
         self.model.load_classifier_arrays(
             {"fc1.weight": res.server.W1, "fc1.bias": res.server.b1, "fc2.weight": res.server.W2, "fc2.bias": res.server.b2}
         )

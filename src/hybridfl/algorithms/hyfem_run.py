@@ -53,7 +53,7 @@ def build_hyfem(
         c.client_id: HyFEMClient(c.client_id, split.train.subset(c.sample_ids, c.blocks), schema, C, cfg, seed + 1 + i, factory)
         for i, c in enumerate(partition.clients)
     }
-    return server, clients, InProcessTransport(clients, recorder)
+    return server, clients, InProcessTransport(clients, recorder, cfg.failure_rate, seed)
 
 
 def run_hyfem(
@@ -94,6 +94,7 @@ def run_hyfem(
         "local_steps": cfg.local_steps,
         "clients": len(clients),
         "messages_total": transport.log.messages_total,
+        "client_failures": len(transport.failures),
         "bytes_total": transport.log.bytes_total,
         "bytes_per_client": transport.log.per_client(),
         "server_width": server.classifier.width,

@@ -117,9 +117,14 @@ class MatchingConfig:
 
 @dataclass
 class MatchingResult:
+    """The new server classifier, each client's new assignment, and ``index``: the new position
+    of every previous server neuron (``-1`` if it was dropped), to remap clients that did not
+    take part in this round."""
+
     server: ServerClassifier
     assignments: list[np.ndarray]
     stats: dict = field(default_factory=dict)
+    index: np.ndarray | None = None
 
 
 class _Pool:
@@ -163,6 +168,7 @@ def match_classifiers(
     previous: ServerClassifier,
     config: MatchingConfig,
     rng: np.random.Generator,
+    reserved: list[np.ndarray] | None = None,
 ) -> MatchingResult:
     """Match the clients' hidden neurons to server neurons and average (see module docstring).
 
@@ -171,6 +177,8 @@ def match_classifiers(
         previous: the server classifier of the previous round (``w_0^t``).
         config: matching hyperparameters.
         rng: randomness for the sweep order.
+        reserved: assignments (previous server neuron indices) of clients that did not answer
+            this round: their neurons are kept (not matched, not updated) so they can continue.
 
     Returns:
         The new server classifier ``w_0^{t+1}`` and each client's assignment ``Pi_m^{t+1}``
@@ -200,6 +208,9 @@ def match_classifiers(
         vecs.append(V)
         precs.append(prec)
 
+    kept = np.unique(np.concatenate([np.asarray(r, dtype=np.int64) for r in reserved])) if reserved else np.zeros(0, np.int64)
+    if kept.size and (kept.min() < 0 or kept.max() >= previous.width):
+        raise ValueError("a reserved assignment points outside the previous server classifier")
     pool = _Pool(D)
     pool.ensure(previous.width)
     next_id = previous.width
@@ -220,7 +231,8 @@ def match_classifiers(
             pool.add(old, vecs[m] * precs[m][None, :], precs[m], -1)
         cand = np.flatnonzero(pool.count > 0)
         J = clients[m].width
-        room = J if cap is None else max(cap - cand.size, 0)
+        alive = np.union1d(cand, kept).size
+        room = J if cap is None else max(cap - alive, 0)
         max_new = min(J, room)
         if cand.size + max_new < J:  # cannot happen when cap >= J, kept as a guard
             max_new = J - cand.size
@@ -241,7 +253,7 @@ def match_classifiers(
         for j, col in enumerate(cols):
             if col < cand.size:
                 ids[j] = cand[col]
-            elif old is not None and pool.count[old[j]] == 0:
+            elif old is not None and pool.count[old[j]] == 0 and old[j] not in kept:
                 ids[j] = old[j]  # its own neuron, which no other client holds: keep the id
             else:
                 ids[j] = next_id
@@ -263,7 +275,7 @@ def match_classifiers(
             break
 
     # ---- closed form of (11): p_m-weighted average per covered entry
-    used = np.unique(np.concatenate([a for a in assignments if a is not None]))
+    used = np.unique(np.concatenate([a for a in assignments if a is not None] + [kept]))
     if cap is not None and used.size > cap:  # cannot happen: rematch keeps the width <= cap
         raise AssertionError("server width exceeds max_width")
     L = used.size
@@ -306,4 +318,4 @@ def match_classifiers(
         prev = c.assignment
         moved += int(np.sum(a != prev)) if prev is not None and np.shape(prev) == a.shape else c.width
     stats = {"sweeps": sweeps_done, "server_width": L, "new_neurons": int((~old).sum()), "dropped_neurons": int(previous.width - old.sum()), "reassigned": moved}
-    return MatchingResult(server, new_assign, stats)
+    return MatchingResult(server, new_assign, stats, index[: previous.width].copy())

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import numpy as np
+
 from hybridfl.runtime.messages import Message, decode, encode
 
 
@@ -24,7 +26,8 @@ class ClientEndpoint(Protocol):
 
 
 class Transport(Protocol):
-    """Delivers server messages to clients and returns their replies, in the same order."""
+    """Delivers server messages to clients and returns the replies that arrive, in the same
+    order (a client that fails returns nothing: server-side steps must not assume every reply)."""
 
     def send_and_receive(self, messages: list[Message]) -> list[Message]: ...
 
@@ -78,12 +81,41 @@ class InProcessTransport:
     Args:
         clients: client ID -> endpoint.
         recorder: optional callback receiving the raw bytes of every message (for audits).
+        failure_rate: probability that a client fails in a round (rounds >= 1): it receives
+            the round's messages and does its work, but its replies never arrive, as when a
+            node crashes mid-round. The decision is drawn once per (round, client) with
+            ``failure_seed``, so a multi-exchange round loses the client for the whole round.
+            ``send_and_receive`` then returns only the replies that arrived (in order).
+        failure_seed: seed of those draws.
     """
 
-    def __init__(self, clients: dict[str, ClientEndpoint], recorder: Callable[[bytes], None] | None = None):
+    def __init__(
+        self,
+        clients: dict[str, ClientEndpoint],
+        recorder: Callable[[bytes], None] | None = None,
+        failure_rate: float = 0.0,
+        failure_seed: int = 0,
+    ):
+        if not 0.0 <= failure_rate < 1.0:
+            raise ValueError(f"failure_rate must be in [0, 1), got {failure_rate}")
         self.clients = clients
         self.log = CommLog()
         self.recorder = recorder
+        self.failure_rate = float(failure_rate)
+        self._failure_rng = np.random.default_rng(failure_seed)
+        self._failed: dict[tuple[int, str], bool] = {}
+        self.failures: list[tuple[int, str]] = []
+
+    def fails(self, rnd: int, client_id: str) -> bool:
+        """Whether ``client_id`` fails in round ``rnd`` (drawn once, then remembered)."""
+        if self.failure_rate == 0.0 or rnd < 1:
+            return False
+        key = (rnd, client_id)
+        if key not in self._failed:
+            self._failed[key] = bool(self._failure_rng.random() < self.failure_rate)
+            if self._failed[key]:
+                self.failures.append(key)
+        return self._failed[key]
 
     @property
     def client_ids(self) -> list[str]:
@@ -102,5 +134,7 @@ class InProcessTransport:
             if msg.receiver not in self.clients:
                 raise KeyError(f"no client named {msg.receiver!r}")
             reply = self.clients[msg.receiver].handle(self._cross(msg))
+            if self.fails(msg.round, msg.receiver):
+                continue  # the client crashed before its reply left: nothing arrives
             replies.append(self._cross(reply))
         return replies
