@@ -1,0 +1,90 @@
+"""Deployment commands of the ``hybridfl`` CLI (registered in :mod:`hybridfl.cli.main`).
+
+- ``hybridfl export-clients --config FILE --out DIR``: one directory per client (its data only)
+  plus ``server/`` (schema, run config, test set), ready for one SuperNode per client;
+- ``hybridfl flower-app [--out DIR]``: print (or copy) the Flower app directory for ``flwr run``;
+- ``hybridfl deploy-local --config FILE --out DIR``: export, start a SuperLink and one SuperNode
+  per client on 127.0.0.1, run the algorithm over Flower, stop everything, print the results.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+console = Console()
+
+
+def export_clients_cmd(
+    config: Path = typer.Option(..., "--config", "-c", help="Run config (dataset, partition, algorithm)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Output directory: one sub-directory per client, plus server/."),
+    rounds: Optional[int] = typer.Option(None, help="Override algorithm.rounds."),
+    seed: Optional[int] = typer.Option(None, help="Override the seed."),
+    no_test: bool = typer.Option(False, "--no-test", help="Do not write the test set into server/ (no server-side evaluation)."),
+) -> None:
+    """Export a partition: one directory per client with only its own data (per-block .npz, sample IDs, blocks.json, labels if it holds them)."""
+    from hybridfl.cli.main import _load
+    from hybridfl.data.export import export_clients
+    from hybridfl.experiment import prepare
+
+    cfg = _load(config, None, None, rounds, seed)
+    prep = prepare(cfg)
+    data = cfg.model_dump(mode="json")
+    data["algorithm"] = prep.algorithm.model_dump(mode="json")
+    dirs = export_clients(prep.split, prep.partition, out, seed=cfg.seed, include_test=not no_test, run_config=data)
+    for d, c in zip(dirs, prep.partition.clients):
+        console.print(f"{d}  ({c.n_samples} samples, blocks {', '.join(c.blocks)}, labels {'yes' if c.has_labels else 'no'})")
+    console.print(f"{out / 'server'}  (schema, run config{'' if no_test else ', test set'})")
+
+
+def flower_app_cmd(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Copy the app's pyproject.toml into this directory.")) -> None:
+    """Print the Flower app directory to pass to `flwr run` (or copy it to --out)."""
+    from hybridfl.runtime.flower import APP_DIR
+
+    if out is None:
+        console.print(str(APP_DIR), markup=False, highlight=False, soft_wrap=True)
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    shutil.copy(APP_DIR / "pyproject.toml", out / "pyproject.toml")
+    console.print(str(out), markup=False, highlight=False)
+
+
+def deploy_local_cmd(
+    config: Path = typer.Option(..., "--config", "-c", help="Run config (dataset, partition, algorithm)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Directory for the export, the Flower logs and the results."),
+    rounds: Optional[int] = typer.Option(None, help="Override algorithm.rounds."),
+    seed: Optional[int] = typer.Option(None, help="Override the seed."),
+    stock: bool = typer.Option(False, "--stock", help="Stock flower-supernode (3 s polling) instead of the fast-polling launcher."),
+    poll_interval: float = typer.Option(0.05, help="SuperNode poll interval in seconds (fast launcher)."),
+    timeout: float = typer.Option(3600.0, help="Seconds the run may take."),
+) -> None:
+    """Export, start a SuperLink and one SuperNode per client on 127.0.0.1, run over Flower, stop."""
+    from hybridfl.runtime.flower.local import LocalFederation
+
+    export_clients_cmd(config, out / "export", rounds, seed, False)
+    dirs = [d for d in sorted((out / "export").iterdir()) if (d / "client.json").is_file()]
+    order = json.loads((out / "export" / "manifest.json").read_text())["client_ids"]
+    dirs.sort(key=lambda d: order.index(d.name))
+    (out / "flower").mkdir(parents=True, exist_ok=True)
+    fed = LocalFederation(dirs, fast=not stock, poll_interval=poll_interval, work_dir=out / "flower")
+    try:
+        fed.start()
+        console.print(f"SuperLink on 127.0.0.1:{fed.port}, {len(dirs)} SuperNodes; running (logs in {out / 'flower'})")
+        fed.run({"server-dir": str((out / "export" / "server").resolve()), "out-dir": str((out / "results").resolve())}, timeout=timeout)
+    finally:
+        fed.stop()
+    s = json.loads((out / "results" / "summary.json").read_text())
+    console.print({k: v for k, v in s.items() if k not in ("exchange_seconds", "nodes", "round_seconds")})
+    console.print(f"results in {out / 'results'}")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the deployment commands to the ``hybridfl`` app."""
+    app.command("export-clients")(export_clients_cmd)
+    app.command("flower-app")(flower_app_cmd)
+    app.command("deploy-local")(deploy_local_cmd)

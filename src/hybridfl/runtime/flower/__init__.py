@@ -1,0 +1,15 @@
+"""hybridfl on Flower: the same algorithm code across real processes and machines.
+
+- :mod:`.bridge`: our encoded messages inside Flower messages; :class:`FlowerTransport`.
+- :mod:`.adapters`: per algorithm, how to build its server and a client from exported data.
+- :mod:`.node`: the client step and the server run, independent of Flower's process machinery.
+- :mod:`.serverapp` / :mod:`.clientapp`: the Flower ServerApp and ClientApp.
+- :mod:`.local`: start a SuperLink and SuperNodes on 127.0.0.1 (tests, benchmarks, ``hybridfl``
+  ``deploy-local``); :mod:`.supernode`: a SuperNode with a shorter poll interval.
+
+The Flower app directory (its ``pyproject.toml``) is :data:`APP_DIR`.
+"""
+
+from pathlib import Path
+
+APP_DIR = Path(__file__).resolve().parent / "app"

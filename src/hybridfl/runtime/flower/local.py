@@ -1,0 +1,270 @@
+"""A SuperLink and N SuperNodes as real processes on 127.0.0.1, and ``flwr run`` against them.
+
+Used by the loopback test, the benchmark and ``hybridfl deploy-local``. Every process is started
+in its own process group and :meth:`LocalFederation.stop` kills the groups (SIGTERM, then SIGKILL
+after a grace period), also when start-up or the run fails. Only loopback addresses are used;
+ports are chosen free at run time. ``FLWR_HOME`` is a directory of the federation (a temporary one
+by default), so the user's Flower configuration is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hybridfl.runtime.flower import APP_DIR
+
+LOOPBACK = "127.0.0.1"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((LOOPBACK, 0))
+        return int(s.getsockname()[1])
+
+
+def make_certificates(out_dir: str | Path, hosts: tuple[str, ...] = (LOOPBACK, "localhost"), days: int = 365) -> dict[str, Path]:
+    """A self-signed CA and a SuperLink certificate signed by it, with ``openssl``.
+
+    The same commands are in ``docs/deploy.md``. ``hosts`` become the certificate's subject
+    alternative names (IP addresses or DNS names the SuperNodes use to reach the SuperLink).
+
+    Returns:
+        ``{"ca": ca.crt, "cert": server.pem, "key": server.key}`` paths.
+
+    Raises:
+        RuntimeError: ``openssl`` is missing or failed (its message is included).
+    """
+    import ipaddress
+
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    san = []
+    for h in hosts:
+        try:
+            ipaddress.ip_address(h)
+            san.append(f"IP:{h}")
+        except ValueError:
+            san.append(f"DNS:{h}")
+    cmds = [
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", str(days), "-subj", "/CN=hybridfl-ca",
+         "-keyout", "ca.key", "-out", "ca.crt"],
+        ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=hybridfl-superlink", "-keyout", "server.key", "-out", "server.csr"],
+        ["openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", str(days),
+         "-sha256", "-out", "server.pem", "-extfile", "san.cnf"],
+    ]
+    (d / "san.cnf").write_text("subjectAltName = " + ",".join(san) + "\n")
+    for c in cmds:
+        try:
+            r = subprocess.run(c, cwd=d, capture_output=True, text=True, timeout=120)
+        except FileNotFoundError:
+            raise RuntimeError("openssl is not installed; it is needed to make TLS certificates.") from None
+        if r.returncode != 0:
+            raise RuntimeError(f"openssl failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+    return {"ca": d / "ca.crt", "cert": d / "server.pem", "key": d / "server.key"}
+
+
+def group_members(pgid: int) -> list[int]:
+    """PIDs of live (not zombie) processes in process group ``pgid`` (Linux ``/proc``)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            fields = (d / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            out.append(int(d.name))
+    return out
+
+
+def _wait_port(port: int, timeout: float, proc: subprocess.Popen, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with status {proc.returncode} during start-up.")
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.settimeout(0.5)
+            if s.connect_ex((LOOPBACK, port)) == 0:
+                return
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} did not open port {port} within {timeout:g} s.")
+
+
+@dataclass
+class LocalFederation:
+    """A SuperLink and one SuperNode per client directory, all on 127.0.0.1.
+
+    Args:
+        client_dirs: one exported client directory per SuperNode (its ``data-dir``).
+        fast: start the SuperNodes with :mod:`hybridfl.runtime.flower.supernode` (poll interval
+            ``poll_interval``) instead of the stock ``flower-supernode`` (3 s).
+        poll_interval: the fast SuperNodes' poll interval in seconds.
+        work_dir: where ``FLWR_HOME``, the SuperLink database and the logs go (temporary if None).
+        start_timeout: seconds each process may take to come up.
+        tls: serve the SuperLink over TLS with certificates from :func:`make_certificates`
+            (made in ``work_dir/certs``); SuperNodes and ``flwr run`` verify it with the CA.
+    """
+
+    client_dirs: list[Path]
+    fast: bool = True
+    poll_interval: float = 0.05
+    work_dir: Path | None = None
+    start_timeout: float = 90.0
+    tls: bool = False
+    procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+    stopped: list[subprocess.Popen] = field(default_factory=list)
+    _tmp: tempfile.TemporaryDirectory | None = None
+
+    def __post_init__(self) -> None:
+        if self.work_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="hybridfl-flower-")
+            self.work_dir = Path(self._tmp.name)
+        self.work_dir = Path(self.work_dir)
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        self.flwr_home = self.work_dir / "flwr_home"
+        self.flwr_home.mkdir(exist_ok=True)
+        self.bin = Path(sys.executable).parent
+        self.port = 0
+
+    # ------------------------------------------------------------------ environment
+    def env(self) -> dict[str, str]:
+        e = dict(os.environ)
+        e["FLWR_HOME"] = str(self.flwr_home)
+        e["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
+        e["PATH"] = f"{self.bin}{os.pathsep}{e.get('PATH', '')}"
+        e.setdefault("OMP_NUM_THREADS", "1")
+        e.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+        return e
+
+    def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
+        logf = open(self.work_dir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
+        p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.env(), cwd=self.work_dir, start_new_session=True)
+        logf.close()
+        self.procs.append((name, p))
+        return p
+
+    # ------------------------------------------------------------------ start / stop
+    def start(self) -> LocalFederation:
+        try:
+            # Flower 1.41 serves the Fleet, Control and Runtime APIs on one HTTP port
+            self.port = free_port()
+            if self.tls:
+                self.certs = make_certificates(self.work_dir / "certs")
+                link_sec = ["--ssl-certfile", str(self.certs["cert"]), "--ssl-keyfile", str(self.certs["key"]),
+                            "--ssl-ca-certfile", str(self.certs["ca"])]
+                node_sec = ["--root-certificates", str(self.certs["ca"])]
+                toml_sec = f'root-certificates = "{self.certs["ca"]}"\n'
+            else:
+                link_sec, node_sec, toml_sec = ["--insecure"], ["--insecure"], "insecure = true\n"
+            link = self._spawn("superlink", [
+                str(self.bin / "flower-superlink"), *link_sec,
+                "--host", LOOPBACK, "--port", str(self.port),
+                "--database", str(self.work_dir / "superlink.db"),
+                "--disable-runtime-dependency-installation",
+            ])
+            _wait_port(self.port, self.start_timeout, link, "flower-superlink")
+            for i, d in enumerate(self.client_dirs):
+                args = [*node_sec, "--superlink", f"{LOOPBACK}:{self.port}",
+                        "--host", LOOPBACK, "--port", str(free_port()),
+                        "--node-config", f'data-dir="{Path(d).resolve()}"']
+                if self.fast:
+                    cmd = [sys.executable, "-m", "hybridfl.runtime.flower.supernode", "--poll-interval", str(self.poll_interval), *args]
+                else:
+                    cmd = [str(self.bin / "flower-supernode"), *args]
+                self._spawn(f"supernode-{i}", cmd)
+            (self.flwr_home / "config.toml").write_text(
+                '[superlink]\ndefault = "local"\n\n'
+                f'[superlink.local]\naddress = "{LOOPBACK}:{self.port}"\n' + toml_sec
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, grace: float = 10.0) -> None:
+        """Terminate every process group started here (SIGTERM, SIGKILL after ``grace`` s)."""
+        for _, p in reversed(self.procs):
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for _, p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for _, p in self.procs:
+            try:  # also children (SuperExec, ClientApp processes) left in the group
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                pass
+        deadline = time.monotonic() + grace
+        while any(group_members(p.pid) for _, p in self.procs) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.stopped = [p for _, p in self.procs]
+        self.procs.clear()
+
+    def close(self) -> None:
+        self.stop()
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> LocalFederation:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ runs
+    def run(self, run_config: dict[str, object], timeout: float = 600.0, app_dir: Path | None = None) -> subprocess.CompletedProcess:
+        """``flwr run APP local --stream --run-config ...``; returns the finished process.
+
+        Raises:
+            RuntimeError: ``flwr run`` failed (its output's last lines are in the message).
+            subprocess.TimeoutExpired: the run took longer than ``timeout`` seconds.
+        """
+        parts = []
+        for k, v in run_config.items():
+            parts.append(f'{k}="{v}"' if isinstance(v, (str, Path)) else f"{k}={v}")
+        cmd = [str(self.bin / "flwr"), "run", str(app_dir or self.app_dir()), "local", "--stream", "--run-config", " ".join(parts)]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=self.env(), cwd=self.work_dir, timeout=timeout, start_new_session=True)
+        (self.work_dir / "flwr-run.log").write_text(p.stdout + "\n--- stderr ---\n" + p.stderr)
+        text = p.stdout + p.stderr
+        # `flwr run --stream` exits 0 even when the ServerApp raised: look for Flower's report
+        if p.returncode != 0 or "ServerApp raised an exception" in text:
+            lines = [ln for ln in text.strip().splitlines() if ln.strip()]
+            cause = next((ln for ln in reversed(lines) if "Error:" in ln or "Exception:" in ln), lines[-1] if lines else "")
+            raise RuntimeError(f"the Flower run failed (flwr run status {p.returncode}): {cause.strip()}")
+        return p
+
+    def app_dir(self) -> Path:
+        """A copy of the Flower app directory (only its pyproject.toml) in the work dir."""
+        d = self.work_dir / "app"
+        d.mkdir(exist_ok=True)
+        shutil.copy(APP_DIR / "pyproject.toml", d / "pyproject.toml")
+        return d
+
+    def logs(self, lines: int = 30) -> str:
+        """The last lines of every process log (for failure reports)."""
+        out = []
+        for f in sorted(self.work_dir.glob("*.log")):
+            out.append(f"==> {f.name}\n" + "\n".join(f.read_text(errors="replace").splitlines()[-lines:]))
+        return "\n".join(out)

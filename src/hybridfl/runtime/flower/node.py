@@ -1,0 +1,206 @@
+"""The two sides of a deployment, independent of Flower's process machinery.
+
+- :func:`client_step`: what a SuperNode's ClientApp does with one message: load the node's own
+  data directory, rebuild the algorithm's client object, restore its state, call its ``handle``,
+  save its state, return the encoded reply.
+- :func:`run_server`: what the ServerApp does: wait for the SuperNodes, learn which client each
+  node holds (``deploy.hello``), then run the algorithm's own ``setup``/``run_round`` through
+  :func:`hybridfl.runtime.simulation.simulate` over a :class:`FlowerTransport`, and write results.
+
+Both work on our encoded message bytes only, so they are tested without Flower processes too.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any
+
+from hybridfl.data.export import ClientData, load_client_dir, load_server_dir
+from hybridfl.errors import ConfigError, HybridFLError
+from hybridfl.runtime.flower.adapters import deployable
+from hybridfl.runtime.messages import Message, decode, encode
+
+HELLO = "deploy.hello"
+PING = "deploy.ping"
+SERVER = "server"
+log = logging.getLogger("hybridfl.flower")
+
+
+def _load(data_dir: str | None) -> ClientData:
+    if not data_dir:
+        raise HybridFLError(
+            "this SuperNode has no data directory: start it with --node-config 'data-dir=\"/path/to/client-dir\"' "
+            "(a directory written by `hybridfl export-clients`)."
+        )
+    return load_client_dir(data_dir)
+
+
+def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, bytes]) -> bytes:
+    """Answer one encoded message as the client whose exported directory is ``data_dir``.
+
+    Args:
+        raw: our encoded message (:func:`hybridfl.runtime.messages.encode`).
+        data_dir: the node's own client directory (node config ``data-dir``).
+        store: bytes kept by this node between messages (Flower's ``context.state``; it never
+            leaves the node): the algorithm settings from the hello and the client's state.
+
+    Returns:
+        The encoded reply.
+
+    Raises:
+        HybridFLError: no or a bad data directory; a message for another client.
+        RuntimeError: an algorithm message before the hello.
+    """
+    msg = decode(raw)
+    cd = _load(data_dir)
+    if msg.kind == PING:  # no algorithm: measures Flower's own cost of one exchange
+        return encode(msg.reply(client_id=cd.client_id, echo=msg.payload.get("echo", b"")))
+    if msg.kind == HELLO:
+        p = msg.payload
+        dep = deployable(str(p["algorithm"]))
+        dep.config_model.model_validate_json(str(p["config"]))  # fail here, not at the first round
+        store["setup"] = encode(Message("setup", cd.client_id, cd.client_id, 0, {k: p[k] for k in ("algorithm", "config", "seed")}))
+        store.pop("state", None)
+        return encode(msg.reply(client_id=cd.client_id, n_samples=cd.data.n_samples, blocks=cd.data.block_names,
+                                has_labels=cd.has_labels))
+    if "setup" not in store:
+        raise RuntimeError(f"client {cd.client_id!r} got {msg.kind!r} before the {HELLO!r} exchange of its run.")
+    if msg.receiver != cd.client_id:
+        raise HybridFLError(f"a message for client {msg.receiver!r} reached the node holding client {cd.client_id!r}.")
+    from hybridfl.runtime.simulation import single_threaded
+
+    setup = decode(store["setup"]).payload
+    dep = deployable(str(setup["algorithm"]))
+    cfg = dep.config_model.model_validate_json(str(setup["config"]))
+    with single_threaded():  # as `hybridfl run` does in process: one compute thread
+        client = dep.build_client(cd, cfg, int(setup["seed"]))
+        if "state" in store:
+            dep.set_state(client, decode(store["state"]).payload)
+        reply = client.handle(msg)
+        store["state"] = encode(Message("state", cd.client_id, cd.client_id, msg.round, dep.get_state(client)))
+    return encode(reply)
+
+
+def algorithm_from(server_dir: str | Path, rounds: int | None = None) -> tuple[Any, Any, int]:
+    """The server data, the validated algorithm config and the seed of an exported ``server/``.
+
+    Raises:
+        ConfigError: the export has no run config, or the algorithm cannot be deployed.
+    """
+    sd = load_server_dir(server_dir)
+    rc = sd.meta.get("run_config")
+    if not rc or "algorithm" not in rc:
+        raise ConfigError(f"server directory {str(server_dir)!r} has no run config (export it with `hybridfl export-clients --config FILE`).")
+    algo = dict(rc["algorithm"])
+    if rounds:
+        algo["rounds"] = int(rounds)
+    dep = deployable(str(algo.get("name", "hyfem")))
+    cfg = dep.config_model.model_validate(algo)
+    return sd, cfg, int(sd.meta.get("seed", 0))
+
+
+def assign_clients(hello_replies: dict[int, Message], expected: list[str]) -> dict[str, int]:
+    """Client ID -> node ID from the hello replies, in the export's client order.
+
+    Raises:
+        HybridFLError: two nodes hold the same client, a node holds an unknown client, or an
+            expected client is missing.
+    """
+    nodes: dict[str, int] = {}
+    for nid, r in hello_replies.items():
+        cid = str(r.payload["client_id"])
+        if cid in nodes:
+            raise HybridFLError(f"nodes {nodes[cid]} and {nid} both hold client {cid!r} (check their data-dir).")
+        if cid not in expected:
+            raise HybridFLError(f"node {nid} holds client {cid!r}, which is not in this export (clients: {', '.join(expected)}).")
+        nodes[cid] = nid
+    missing = [c for c in expected if c not in nodes]
+    if missing:
+        raise HybridFLError(f"no connected node holds client(s) {', '.join(missing)}.")
+    return {c: nodes[c] for c in expected}
+
+
+def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, rounds: int | None = None,
+               poll_interval: float = 0.02, reply_timeout: float = 600.0, node_wait: float = 300.0,
+               pings: int = 0) -> dict:
+    """The ServerApp's work: one run of the exported set-up's algorithm over Flower.
+
+    Args:
+        grid: the ServerApp's Flower ``Grid``.
+        server_dir: the export's ``server/`` directory (schema, client names, run config, test set).
+        out_dir: where to write ``history.json`` and ``summary.json`` (not written if ``None``).
+        rounds: override the config's number of rounds.
+        poll_interval: seconds between pulls for replies.
+        reply_timeout: seconds one exchange may take before the run fails.
+        node_wait: seconds to wait until as many SuperNodes as clients are connected.
+        pings: before the algorithm, this many ``deploy.ping`` exchanges with every client (no
+            algorithm work: measures Flower's own seconds per exchange; not in the byte counts).
+
+    Returns:
+        The summary (also written to ``out_dir/summary.json``).
+    """
+    from hybridfl.runtime.flower.bridge import FlowerTransport
+    from hybridfl.runtime.simulation import simulate, single_threaded
+
+    t_start = time.perf_counter()
+    sd, cfg, seed = algorithm_from(server_dir, rounds)
+    dep = deployable(cfg.name)
+    n = len(sd.client_ids)
+    deadline = time.monotonic() + node_wait
+    while len(node_ids := list(grid.get_node_ids())) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(node_ids)} of {n} SuperNodes connected within {node_wait:g} s.")
+        time.sleep(0.2)
+    log.info("hybridfl: %d SuperNodes connected; %s for %d rounds", len(node_ids), cfg.name, cfg.rounds)
+    # hello: every node says which client it holds and learns the algorithm settings
+    hello = {"algorithm": cfg.name, "config": cfg.model_dump_json(), "seed": seed}
+    t0 = time.perf_counter()
+    probe = FlowerTransport(grid, {f"node-{nid}": nid for nid in node_ids}, poll_interval, reply_timeout)
+    replies = probe.send_and_receive([Message(HELLO, SERVER, f"node-{nid}", 0, hello) for nid in node_ids], check_sender=False)
+    hello_seconds = time.perf_counter() - t0
+    nodes = assign_clients(dict(zip(node_ids, replies)), sd.client_ids)
+    ping_seconds = []
+    for _ in range(int(pings)):
+        pt = FlowerTransport(grid, nodes, poll_interval, reply_timeout)
+        t0 = time.perf_counter()
+        pt.send_and_receive([Message(PING, SERVER, c, 0, {"echo": b""}) for c in nodes])
+        ping_seconds.append(time.perf_counter() - t0)
+    transport = FlowerTransport(grid, nodes, poll_interval, reply_timeout)
+    server = dep.build_server(sd, cfg, seed)
+    evaluate = (lambda rnd: dep.evaluate(server, sd, rnd)) if dep.evaluate and sd.test is not None else None
+
+    def progress(done: int, total: int, row: dict) -> None:
+        log.info("hybridfl: round %d/%d %s", done, total, {k: round(v, 6) for k, v in row.items() if "[" not in k})
+
+    with single_threaded():
+        history = simulate(server, transport, cfg.rounds, evaluate, getattr(cfg, "eval_every", 1), progress)
+    ex = transport.wire.exchanges
+    summary = {
+        "algorithm": cfg.name,
+        "rounds": cfg.rounds,
+        "clients": n,
+        "nodes": {c: int(v) for c, v in nodes.items()},
+        "messages_total": transport.log.messages_total,
+        "bytes_total": transport.log.bytes_total,
+        "wire_bytes_total": transport.wire.wire_total,
+        "setup_exchange_seconds": hello_seconds,
+        "ping_seconds": ping_seconds,
+        "exchanges": len(ex),
+        "exchange_seconds_mean": sum(e["seconds"] for e in ex) / max(len(ex), 1),
+        "exchange_seconds": [e["seconds"] for e in ex],
+        "round_seconds": [r["seconds"] for r in history],
+        "wall_seconds": time.perf_counter() - t_start,
+        "poll_interval": poll_interval,
+        "final": {k: v for k, v in history[-1].items()},
+    }
+    if out_dir is not None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "history.json").write_text(json.dumps(history, indent=1))
+        (out / "summary.json").write_text(json.dumps(summary, indent=1))
+        (out / "wire.json").write_text(json.dumps([e.__dict__ for e in transport.wire.entries]))
+    return summary
