@@ -18,7 +18,7 @@ from hybridfl.config import RunConfig
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.from_config import build_partition, load_dataset
 from hybridfl.data.partition import CoverageWarning, Partition
-from hybridfl.errors import ConfigError, PartitionError
+from hybridfl.errors import ConfigError, HybridFLError, PartitionError
 from hybridfl.runtime.simulation import ProgressFn, RunResult, single_threaded
 
 
@@ -51,23 +51,47 @@ def prepare(config: RunConfig, out_dir: str | Path | None = None, strict: bool =
     return PreparedRun(config, algo, split, partition, notes)
 
 
-def execute(prep: PreparedRun, out_dir: str | Path | None = None, progress: ProgressFn | None = None) -> RunResult:
-    """Train with the registered algorithm and (if ``out_dir``) write the results files."""
+def run_config_dict(prep: PreparedRun) -> dict:
+    """The run's config with the algorithm section fully validated (all defaults filled in)."""
+    config = prep.config.model_dump(mode="json")
+    config["algorithm"] = prep.algorithm.model_dump(mode="json")
+    return config
+
+
+def execute(prep: PreparedRun, out_dir: str | Path | None = None, progress: ProgressFn | None = None, resume: bool = False) -> RunResult:
+    """Train with the registered algorithm and (if ``out_dir``) write the results files.
+
+    With ``out_dir``, the validated config is written first to ``config.json`` and, for
+    algorithms that support it, a checkpoint after every round (``checkpoint.hfl``); ``resume``
+    continues from that checkpoint.
+
+    Raises:
+        HybridFLError: ``resume`` for an algorithm without checkpoints, or without ``out_dir``.
+    """
+    import inspect
+    import json
+
     from hybridfl.algorithms.registry import get_algorithm
     from hybridfl.reporting.plots import plot_coverage
-    from hybridfl.reporting.results import write_results
+    from hybridfl.reporting.results import atomic_write, write_results
+    from hybridfl.runtime.checkpoint import CHECKPOINT_NAME
 
     spec = get_algorithm(prep.algorithm.name)  # type: ignore[attr-defined]
+    kwargs = {}
+    if out_dir is not None and "checkpoint" in inspect.signature(spec.run).parameters:
+        kwargs = {"checkpoint": Path(out_dir) / CHECKPOINT_NAME, "resume": resume}
+    elif resume:
+        raise HybridFLError(f"algorithm {spec.name!r} cannot resume: it writes no checkpoints.")
+    if out_dir is not None and not resume:
+        atomic_write(Path(out_dir) / "config.json", json.dumps(run_config_dict(prep), indent=2))
     t0 = time.perf_counter()
     with single_threaded():
-        result = spec.run(prep.split, prep.partition, prep.algorithm, prep.config.seed, progress)
+        result = spec.run(prep.split, prep.partition, prep.algorithm, prep.config.seed, progress, **kwargs)
     result.summary.setdefault("dataset", prep.split.name)
     result.summary["seconds_total"] = time.perf_counter() - t0
     if out_dir is not None:
         cov = prep.partition.coverage(prep.split.train)
         extra = {"partition": {"description": prep.partition.description, "clients": prep.partition.summary(), "coverage": cov.to_dict(), "warnings": prep.warnings}}
-        config = prep.config.model_dump(mode="json")
-        config["algorithm"] = prep.algorithm.model_dump(mode="json")
-        write_results(out_dir, result, config, extra)
+        write_results(out_dir, result, run_config_dict(prep), extra)
         plot_coverage(cov, Path(out_dir) / "coverage.png")
     return result

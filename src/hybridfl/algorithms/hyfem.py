@@ -293,6 +293,44 @@ class HyFEMServer:
         )
         self.last_stats = res.stats
 
+    # ------------------------------------------------------------------ checkpoints
+    def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """Everything the server carries from round to round: ``(arrays, json_meta)`` with the
+        extractors of all blocks, the server classifier, each client's assignment and the
+        matching order's random state."""
+        arrays: dict[str, np.ndarray] = {}
+        for b in self.block_names:
+            arrays.update(pack_arrays(f"ext.{b}.", self.model.extractor_arrays(b)))
+        for k in ("W1", "b1", "W2", "b2"):
+            arrays[f"clf.{k}"] = getattr(self.classifier, k)
+        meta = {
+            "clients": {
+                cid: {"blocks": i["blocks"], "n_samples": i["n_samples"], "class_counts": np.asarray(i["class_counts"]).tolist(), "assignment": i["assignment"].tolist()}
+                for cid, i in self.clients.items()
+            },
+            "rng": self.rng.bit_generator.state,
+        }
+        return arrays, meta
+
+    def set_state(self, arrays: Mapping[str, np.ndarray], meta: dict) -> None:
+        """Restore what :meth:`get_state` returned (on a server built with the same config)."""
+        for b in self.block_names:
+            self.model.load_extractor_arrays(b, unpack_arrays(f"ext.{b}.", dict(arrays)))
+        self.classifier = ServerClassifier(*(np.asarray(arrays[f"clf.{k}"]) for k in ("W1", "b1", "W2", "b2")))
+        c = self.classifier
+        self.model.load_classifier_arrays({"fc1.weight": c.W1, "fc1.bias": c.b1, "fc2.weight": c.W2, "fc2.bias": c.b2})
+        self.clients = {
+            cid: {
+                "blocks": i["blocks"],
+                "n_samples": int(i["n_samples"]),
+                "class_counts": np.asarray(i["class_counts"]),
+                "columns": block_columns(i["blocks"], self.block_names, self.config.extractor_dim),
+                "assignment": np.asarray(i["assignment"], dtype=np.int64),
+            }
+            for cid, i in meta["clients"].items()
+        }
+        self.rng.bit_generator.state = meta["rng"]
+
     # ------------------------------------------------------------------ models for inference
     def client_model(self, cid: str) -> HybridModel:
         """The model client ``cid`` receives: ``P_m Theta_0`` and ``Pi_m w_0`` (local inference)."""

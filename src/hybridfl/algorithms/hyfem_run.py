@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
@@ -23,8 +24,10 @@ from hybridfl.algorithms.hyfem import HyFEMClient, HyFEMConfig, HyFEMServer
 from hybridfl.algorithms.registry import AlgorithmSpec, register
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.partition import Partition
-from hybridfl.errors import PartitionError
+from hybridfl.errors import HybridFLError, PartitionError
 from hybridfl.models.hybrid import ExtractorFactory, default_extractor
+from hybridfl.runtime.checkpoint import load_checkpoint, save_checkpoint
+from hybridfl.runtime.messages import pack_arrays, unpack_arrays
 from hybridfl.runtime.simulation import ProgressFn, RunResult, simulate
 from hybridfl.runtime.transport import InProcessTransport
 
@@ -64,11 +67,40 @@ def run_hyfem(
     progress: ProgressFn | None = None,
     extractor_factory: ExtractorFactory | None = None,
     recorder: Callable[[bytes], None] | None = None,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
 ) -> RunResult:
-    """HyFEM for ``cfg.rounds`` rounds, then (if ``cfg.baselines``) the two baselines."""
+    """HyFEM for ``cfg.rounds`` rounds, then (if ``cfg.baselines``) the two baselines.
+
+    Args:
+        checkpoint: file to write the run's state to after every round (atomically).
+        resume: continue from ``checkpoint`` (written by an interrupted run with the same config
+            and seed) after its last completed round; the result equals an uninterrupted run's.
+    """
     t_start = time.perf_counter()
     server, clients, transport = build_hyfem(split, partition, cfg, seed, extractor_factory, recorder)
     test = split.test
+    start, history0 = 1, []
+    if resume:
+        if checkpoint is None:
+            raise HybridFLError("resuming needs a checkpoint file.")
+        done, arrays, meta = load_checkpoint(checkpoint)
+        if meta.get("algorithm") != "hyfem" or set(meta["server"]["clients"]) != set(clients):
+            raise HybridFLError(f"checkpoint {str(checkpoint)!r} is not from a HyFEM run with these clients.")
+        server.set_state(unpack_arrays("server.", arrays), meta["server"])
+        for cid, c in clients.items():
+            c.set_state(unpack_arrays(f"client.{cid}.", arrays))
+        transport.set_state(meta["transport"])
+        start, history0 = done + 1, meta["history"]
+
+    def after_round(rnd: int, history: list[dict[str, float]]) -> None:
+        if checkpoint is None:
+            return
+        s_arrays, s_meta = server.get_state()
+        arrays = pack_arrays("server.", s_arrays)
+        for cid, c in clients.items():
+            arrays.update(pack_arrays(f"client.{cid}.", c.get_state()))
+        save_checkpoint(checkpoint, rnd, arrays, {"algorithm": "hyfem", "server": s_meta, "transport": transport.get_state(), "history": history})
 
     def evaluate(rnd: int) -> dict[str, float]:
         row = {"server_accuracy": accuracy(server.model, test)}
@@ -80,7 +112,7 @@ def run_hyfem(
             row[f"client_accuracy[{cid}]"] = v
         return row
 
-    history = simulate(server, transport, cfg.rounds, evaluate, cfg.eval_every, progress)
+    history = simulate(server, transport, cfg.rounds, evaluate, cfg.eval_every, progress, start, history0, after_round)
     last = history[-1]
     train_seconds = float(sum(r["seconds"] for r in history))
     summary: dict = {
@@ -117,8 +149,11 @@ def run_hyfem(
     return RunResult(summary=summary, history=history, comm=transport.log)
 
 
-def _run(split: DatasetSplit, partition: Partition, cfg: HyFEMConfig, seed: int, progress: ProgressFn | None = None) -> RunResult:
-    return run_hyfem(split, partition, cfg, seed, progress)
+def _run(
+    split: DatasetSplit, partition: Partition, cfg: HyFEMConfig, seed: int, progress: ProgressFn | None = None,
+    checkpoint: str | Path | None = None, resume: bool = False,
+) -> RunResult:
+    return run_hyfem(split, partition, cfg, seed, progress, checkpoint=checkpoint, resume=resume)
 
 
 register(AlgorithmSpec("hyfem", HyFEMConfig, _run, "HyFEM-Avg / HyFEM-Prox: hybrid FL for deep models with classifier matching"))

@@ -45,6 +45,21 @@ def _load(config: Optional[Path], dataset: Optional[str], data_dir: Optional[Pat
     return parse_config(data, where=config.name if config else "default config")
 
 
+def _resume_config(run_dir: Path):
+    import json
+
+    from hybridfl.config import parse_config
+
+    p = run_dir / "config.json"
+    if not p.is_file():
+        raise HybridFLError(f"{str(run_dir)!r} holds no config.json: it is not the output directory of a run.")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError:
+        raise HybridFLError(f"{str(p)!r} is not valid JSON.") from None
+    return parse_config(data, where=str(p))
+
+
 def _fmt(v, fmt: str = "percent") -> str:
     if v is None:
         return "-"
@@ -78,13 +93,20 @@ def run(
     seed: Optional[int] = typer.Option(None, help="Override the seed."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
     strict: bool = typer.Option(False, "--strict", help="Treat coverage warnings (a block or class held by nobody) as errors."),
+    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this output directory from its last completed round."),
 ) -> None:
     """Train a federated model and write results.json, metrics.csv and plots."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
     from hybridfl.experiment import execute, prepare
 
-    cfg = _load(config, dataset, data_dir, rounds, seed)
+    if resume is not None:
+        if any(v is not None for v in (config, out, dataset, data_dir, rounds, seed)):
+            raise HybridFLError("--resume takes the run directory only: its config.json fixes every setting.")
+        cfg = _resume_config(resume)
+        out = resume
+    else:
+        cfg = _load(config, dataset, data_dir, rounds, seed)
     algo_name = cfg.algorithm.get("name", "hyfem")
     out_dir = out or Path("runs") / f"{cfg.dataset.name}-{algo_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     prep = prepare(cfg, out_dir, strict=strict)
@@ -94,7 +116,7 @@ def run(
         console.print(f"[bold]{algo_name}[/] on [bold]{prep.split.name}[/]: {prep.partition.description}; "
                       f"{prep.split.train.n_samples} train / {prep.split.test.n_samples} test samples, blocks {', '.join(prep.split.train.block_names)}")
     if quiet:
-        result = execute(prep, out_dir)
+        result = execute(prep, out_dir, resume=resume is not None)
     else:
         with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
                       TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console) as bar:
@@ -104,7 +126,7 @@ def run(
                 info = "  ".join(f"{k}={v:.3f}" for k, v in row.items() if k in ("server_accuracy", "client_accuracy_mean", "accuracy", "relative_suboptimality", "auc"))
                 bar.update(task, completed=done, total=total, info=info)
 
-            result = execute(prep, out_dir, progress)
+            result = execute(prep, out_dir, progress, resume=resume is not None)
     s = result.summary
     table = Table(title=f"{algo_name} on {prep.split.name}: final results after {s.get('rounds')} rounds")
     table.add_column("model / quantity")

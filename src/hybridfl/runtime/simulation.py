@@ -77,16 +77,24 @@ def simulate(
     evaluate: Callable[[int], dict[str, float]] | None = None,
     eval_every: int = 1,
     progress: ProgressFn | None = None,
+    start_round: int = 1,
+    history: list[dict[str, float]] | None = None,
+    after_round: Callable[[int, list[dict[str, float]]], None] | None = None,
 ) -> list[dict[str, float]]:
-    """Run ``rounds`` rounds; return the per-round metrics rows.
+    """Run rounds ``start_round..rounds``; return the per-round metrics rows.
 
     Each row has ``round`` (1-based), the server's round metrics, ``bytes`` and ``messages`` of
     that round, cumulative ``bytes_total``, ``seconds`` (wall time of the round without
     evaluation) and, on evaluated rounds, what ``evaluate(round)`` returned.
+
+    Resuming (``start_round > 1``): the server, clients and transport must already hold the state
+    after round ``start_round - 1`` and ``history`` its rows; the one-off ``setup`` is skipped.
+    ``after_round(rnd, history)`` is called after every completed round (e.g. to checkpoint).
     """
-    server.setup(transport, transport.client_ids)
-    history: list[dict[str, float]] = []
-    for rnd in range(1, rounds + 1):
+    history = list(history or [])
+    if start_round <= 1:
+        server.setup(transport, transport.client_ids)
+    for rnd in range(start_round, rounds + 1):
         n_before = len(transport.log.entries)
         t0 = time.perf_counter()
         metrics = dict(server.run_round(rnd, transport))
@@ -100,6 +108,8 @@ def simulate(
         if evaluate is not None and ((eval_every and rnd % eval_every == 0) or rnd == rounds):
             row.update(evaluate(rnd))
         history.append(row)
+        if after_round is not None:
+            after_round(rnd, history)
         if progress is not None:
             progress(rnd, rounds, row)
     return history

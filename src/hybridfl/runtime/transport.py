@@ -106,6 +106,22 @@ class InProcessTransport:
         self._failed: dict[tuple[int, str], bool] = {}
         self.failures: list[tuple[int, str]] = []
 
+    def get_state(self) -> dict:
+        """JSON-able state for checkpoints: the log and the failure draws so far."""
+        return {
+            "log": [[e.round, e.kind, e.sender, e.receiver, e.nbytes] for e in self.log.entries],
+            "failed": [[r, c, v] for (r, c), v in self._failed.items()],
+            "failures": [list(f) for f in self.failures],
+            "failure_rng": self._failure_rng.bit_generator.state,
+        }
+
+    def set_state(self, state: dict) -> None:
+        """Restore what :meth:`get_state` returned."""
+        self.log = CommLog([LogEntry(*e) for e in state["log"]])
+        self._failed = {(int(r), str(c)): bool(v) for r, c, v in state["failed"]}
+        self.failures = [(int(r), str(c)) for r, c in state["failures"]]
+        self._failure_rng.bit_generator.state = state["failure_rng"]
+
     def fails(self, rnd: int, client_id: str) -> bool:
         """Whether ``client_id`` fails in round ``rnd`` (drawn once, then remembered)."""
         if self.failure_rate == 0.0 or rnd < 1:
