@@ -71,7 +71,7 @@ def test_cli_bad_input_one_sentence(tmp_path, mfeat_dir, credit_dir):
     cfg.write_text(f"dataset: {{name: mfeat, data_dir: {mfeat_dir}}}\n"
                    "partition: {kind: grid, sample_groups: 2, block_groups: 2}\nalgorithm: {name: hyfdca, rounds: 1}\n")
     _one_sentence(cli("run", "--config", str(cfg), "--out", str(tmp_path / "o"), tmp=tmp_path), "needs binary labels")
-    assert not (tmp_path / "o").exists()
+    assert not (tmp_path / "o" / "results.json").exists()  # checked before training: no results
     cfg2 = tmp_path / "l.yaml"
     cfg2.write_text(CREDIT.format(data=credit_dir, algo="hyfdca", extra="lambda: 0"))
     _one_sentence(cli("run", "--config", str(cfg2), "--out", str(tmp_path / "o2"), tmp=tmp_path), "greater than 0")
