@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from hybridfl.algorithms.hyfem import HyFEMConfig
@@ -82,7 +83,7 @@ def test_rebuilt_clients_equal_simulation(tmp_path):
         r = decode(client_step(encode(Message(HELLO, SERVER, "node-x", 0, hello)), t.dirs[c], t.stores[c]))
         assert r.payload["client_id"] == c
     dep = deployable("hyfem")
-    server = dep.build_server(sd, cfg, seed)
+    server = dep.build_server(sd, cfg, seed, {})
     with single_threaded():
         hist = simulate(server, t, cfg.rounds, lambda rnd: dep.evaluate(server, sd, rnd), 1)
     assert _strip(hist) == _strip(ref.history)
@@ -99,7 +100,7 @@ def test_rebuilt_clients_equal_simulation(tmp_path):
 
     client_step.__globals__["deployable"] = forgetful
     try:
-        server2 = dep.build_server(sd, cfg, seed)
+        server2 = dep.build_server(sd, cfg, seed, {})
         with single_threaded():
             hist2 = simulate(server2, t2, cfg.rounds, lambda rnd: dep.evaluate(server2, sd, rnd), 1)
     finally:
@@ -154,14 +155,15 @@ def _no_leftovers(fed, pids):
 
 
 def test_loopback_hyfem_equals_simulation(tmp_path):
-    """A real SuperLink + 3 SuperNodes on 127.0.0.1, HyFEM for 2 rounds over Flower; the metrics
-    equal the in-process simulation with the same seed. Processes are killed in ``finally``."""
+    """A real SuperLink + 3 SuperNodes on 127.0.0.1 over TLS (certificates made with openssl),
+    HyFEM for 2 rounds over Flower; the metrics equal the in-process simulation with the same
+    seed. Processes are killed in ``finally``."""
     from hybridfl.runtime.flower.local import LocalFederation
 
     prep, dirs, server_dir = _setup(tmp_path)
     with single_threaded():
         ref = run_hyfem(prep.split, prep.partition, HyFEMConfig(**{k: v for k, v in HYFEM.items() if k != "name"}), 3)
-    fed = LocalFederation(dirs, fast=True, work_dir=tmp_path / "fed", start_timeout=120)
+    fed = LocalFederation(dirs, fast=True, work_dir=tmp_path / "fed", start_timeout=120, tls=True)
     pids = []
     try:
         fed.start()
@@ -170,6 +172,7 @@ def test_loopback_hyfem_equals_simulation(tmp_path):
         fed.run({"server-dir": str(server_dir), "out-dir": str(tmp_path / "res")}, timeout=420)
         hist = json.loads((tmp_path / "res" / "history.json").read_text())
         summary = json.loads((tmp_path / "res" / "summary.json").read_text())
+        assert "Uvicorn running on https://127.0.0.1:" in (tmp_path / "fed" / "superlink.log").read_text()
         # a failing ServerApp (no such server directory) fails `flwr run` with its one sentence
         with pytest.raises(RuntimeError, match="does not exist"):
             fed.run({"server-dir": str(tmp_path / "no-such-dir")}, timeout=300)
@@ -184,4 +187,96 @@ def test_loopback_hyfem_equals_simulation(tmp_path):
     assert summary["messages_total"] == ref.summary["messages_total"] == 3 * 2 * 3
     # Flower's serialized objects carry our bytes plus a small overhead per message
     assert summary["bytes_total"] < summary["wire_bytes_total"] < summary["bytes_total"] + 3000 * summary["messages_total"]
+    fed.close()
+
+
+# -------------------------------------------------------------------------------------- HyFDCA
+HYFDCA = {"name": "hyfdca", "loss": "hinge", "lam": 1e-3, "rounds": 5, "positive_classes": [0, 1, 2, 3, 4],
+          "encryption": "none", "reference": False, "local_fraction": 0.5}
+
+
+def _hyfdca_reference(prep, cfg_dict, dealer=None):
+    from hybridfl.algorithms.hyfdca import HyFDCAConfig
+    from hybridfl.algorithms.hyfdca_run import build_hyfdca
+
+    cfg = HyFDCAConfig(**{k: v for k, v in cfg_dict.items() if k != "name"})
+    server, clients, transport, _ = build_hyfdca(prep.split, prep.partition, cfg, prep.config.seed, dealer=dealer)
+    simulate(server, transport, cfg.rounds)
+    return server.w.copy(), transport.log
+
+
+def _run_steps(dirs, server_dir):
+    sd, cfg, seed = algorithm_from(server_dir)
+    dep = deployable(cfg.name)
+    t = StepTransport(dirs)
+    hello = {"algorithm": cfg.name, "config": cfg.model_dump_json(), "seed": seed}
+    payloads = {}
+    for c in t.client_ids:
+        payloads[c] = decode(client_step(encode(Message(HELLO, SERVER, "node-x", 0, hello)), t.dirs[c], t.stores[c])).payload
+    server = dep.build_server(sd, cfg, seed, payloads)
+    hist = simulate(server, t, cfg.rounds, lambda rnd: dep.evaluate(server, sd, rnd), 1)
+    return server, hist, t, payloads
+
+
+def test_hyfdca_rebuilt_clients_equal_simulation(tmp_path):
+    prep, dirs, server_dir = _setup(tmp_path, HYFDCA)
+    w_ref, log_ref = _hyfdca_reference(prep, HYFDCA)
+    server, hist, t, _ = _run_steps(dirs, server_dir)
+    assert np.linalg.norm(w_ref) > 0
+    np.testing.assert_allclose(server.w, w_ref, rtol=1e-9, atol=1e-12)
+    assert t.log.messages_total == log_ref.messages_total
+    # replies carry the client's wall seconds as JSON floats, whose printed length varies
+    assert abs(t.log.bytes_total - log_ref.bytes_total) <= 2 * 24 * t.log.messages_total
+    assert 0.5 < hist[-1]["accuracy"] <= 1.0
+
+
+def test_hyfdca_paillier_keys_stay_on_clients(tmp_path):
+    from hybridfl.privacy.he import KeyDealer
+    from hybridfl.runtime.flower.keys import SECRET_FILE, write_secret
+
+    algo = {**HYFDCA, "encryption": "paillier", "paillier_bits": 512, "rounds": 2}
+    prep, dirs, server_dir = _setup(tmp_path, algo)
+    with pytest.raises(HybridFLError, match="does not exist"):
+        _run_steps(dirs, server_dir)
+    dealer = KeyDealer("paillier", paillier_bits=512)
+    for d in dirs:
+        write_secret(dealer, d / SECRET_FILE)
+    w_ref, _ = _hyfdca_reference(prep, algo, dealer)
+    server, _, t, payloads = _run_steps(dirs, server_dir)
+    np.testing.assert_allclose(server.w, w_ref, rtol=1e-9, atol=1e-12)
+    # the server got only the public modulus; no secret prime is in any message it saw
+    sk = dealer._secret[1]
+    p_bytes = sk.p.to_bytes((sk.p.bit_length() + 7) // 8, "big")
+    assert all(bytes(p["he_public"]) == dealer.public_material() for p in payloads.values())
+    assert not list(server_dir.rglob(SECRET_FILE))
+    for c in t.client_ids:
+        for raw in t.stores[c].values():  # node-local state holds no key either (read from the file)
+            assert p_bytes not in raw
+
+
+@pytest.mark.slow
+def test_loopback_hyfdca_equals_simulation(tmp_path):
+    """A real SuperLink + 3 SuperNodes on 127.0.0.1, HyFDCA for 5 rounds (3 setup + 3 exchanges
+    per round): ``w`` equals the in-process simulation within 1e-9 relative. Slow: 19 Flower
+    exchanges, each starting a new ClientApp process per client."""
+    from hybridfl.runtime.flower.local import LocalFederation
+
+    prep, dirs, server_dir = _setup(tmp_path, HYFDCA)
+    w_ref, log_ref = _hyfdca_reference(prep, HYFDCA)
+    fed = LocalFederation(dirs, fast=True, work_dir=tmp_path / "fed", start_timeout=120)
+    pids = []
+    try:
+        fed.start()
+        pids = [p.pid for _, p in fed.procs]
+        fed.run({"server-dir": str(server_dir), "out-dir": str(tmp_path / "res")}, timeout=900)
+        w = np.load(tmp_path / "res" / "final.npz")["w"]
+        summary = json.loads((tmp_path / "res" / "summary.json").read_text())
+    except BaseException:
+        print(fed.logs())
+        raise
+    finally:
+        fed.stop()
+    _no_leftovers(fed, pids)
+    np.testing.assert_allclose(w, w_ref, rtol=1e-9, atol=1e-12)
+    assert summary["messages_total"] == log_ref.messages_total == 3 * 2 * (3 + 3 * 5)
     fed.close()

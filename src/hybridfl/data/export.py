@@ -50,6 +50,7 @@ class ClientData:
         block_shapes: the public block schema: every block name -> per-sample shape, global order.
         classes: class names (public schema).
         meta: the rest of ``client.json``.
+        path: the directory it was read from (other node-local files live there, e.g. HE keys).
     """
 
     client_id: str
@@ -59,6 +60,7 @@ class ClientData:
     block_shapes: dict[str, tuple[int, ...]]
     classes: list[str]
     meta: dict = field(default_factory=dict)
+    path: Path | None = None
 
     @property
     def n_classes(self) -> int:
@@ -201,7 +203,7 @@ def load_client_dir(path: str | Path) -> ClientData:
         classes = [str(c) for c in meta["classes"]]
         schema = {str(b): tuple(int(v) for v in s) for b, s in meta["block_shapes"].items()}
         data = _read_dataset_dir(p, str(meta["dataset"]), classes, bool(meta["has_labels"]))
-        out = ClientData(str(meta["client_id"]), int(meta["index"]), data, bool(meta["has_labels"]), schema, classes, meta)
+        out = ClientData(str(meta["client_id"]), int(meta["index"]), data, bool(meta["has_labels"]), schema, classes, meta, p)
     except KeyError as e:
         raise DataError(f"{str(p / 'client.json')!r} is missing the field {e}.") from None
     unknown = [b for b in data.block_names if b not in schema]

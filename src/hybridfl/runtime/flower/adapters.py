@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -33,20 +34,26 @@ class Deployable:
     Attributes:
         name: the algorithm name (``algorithm.name`` of a run config).
         config_model: its pydantic config class.
-        build_server: ``(server_data, config, seed) -> server`` with ``setup``/``run_round``.
+        build_server: ``(server_data, config, seed, hello) -> server`` with ``setup``/``run_round``;
+            ``hello`` maps client ID -> the payload of its hello reply (e.g. HE public material).
         build_client: ``(client_data, config, seed) -> client`` with ``handle(msg) -> msg``.
-        get_state: ``client -> {name: array}``: what must survive until the next message.
+        get_state: ``client -> {name: value}`` (codec-encodable values): what must survive until
+            the next message.
         set_state: ``(client, state) -> None``: restore it into a freshly built client.
         evaluate: optional ``(server, server_data, round) -> metrics`` on the server's test set.
+        hello_payload: optional ``(client_data, config) -> dict`` a client adds to its hello reply.
+        final_arrays: optional ``server -> {name: array}`` written to ``final.npz`` after the run.
     """
 
     name: str
     config_model: type[BaseModel]
-    build_server: Callable[[ServerData, Any, int], Any]
+    build_server: Callable[[ServerData, Any, int, dict[str, dict]], Any]
     build_client: Callable[[ClientData, Any, int], Any]
     get_state: Callable[[Any], StateDict]
     set_state: Callable[[Any, Mapping[str, np.ndarray]], None]
     evaluate: Callable[[Any, ServerData, int], dict[str, float]] | None = None
+    hello_payload: Callable[[ClientData, Any], dict] | None = None
+    final_arrays: Callable[[Any], dict[str, np.ndarray]] | None = None
 
 
 _REGISTRY: dict[str, Deployable] = {}
@@ -63,7 +70,7 @@ def deployable(name: str) -> Deployable:
     Raises:
         ConfigError: the algorithm has no Flower deployment (lists those that do).
     """
-    _load_builtin()
+    _load_builtin(name)
     if name not in _REGISTRY:
         raise ConfigError(f"algorithm {name!r} cannot be deployed on Flower yet (deployable: {', '.join(sorted(_REGISTRY))}).")
     return _REGISTRY[name]
@@ -79,7 +86,7 @@ def _hyfem() -> Deployable:
     from hybridfl.algorithms.hyfem import HyFEMClient, HyFEMConfig, HyFEMServer
     from hybridfl.models.hybrid import default_extractor
 
-    def build_server(sd: ServerData, cfg: HyFEMConfig, seed: int) -> HyFEMServer:
+    def build_server(sd: ServerData, cfg: HyFEMConfig, seed: int, hello: dict) -> HyFEMServer:
         return HyFEMServer(sd.block_shapes, sd.n_classes, cfg, seed, default_extractor(cfg.extractor))
 
     def build_client(cd: ClientData, cfg: HyFEMConfig, seed: int) -> HyFEMClient:
@@ -106,13 +113,86 @@ def _hyfem() -> Deployable:
                       lambda c: c.get_state(), lambda c, s: c.set_state(s), evaluate)
 
 
-_BUILTIN: tuple[Callable[[], Deployable], ...] = (_hyfem,)
-_loaded = False
+# --------------------------------------------------------------------------------------- HyFDCA
+def _hyfdca() -> Deployable:
+    from hybridfl.algorithms.convex.problem import features, positive_set, signed_labels
+    from hybridfl.algorithms.hyfdca import HyFDCAClient, HyFDCAConfig, HyFDCAServer
+    from hybridfl.errors import DataError
+    from hybridfl.privacy.he import PlainBackend, server_backend
+    from hybridfl.runtime.flower.keys import SECRET_FILE, load_secret
+
+    def _backend(cd: ClientData, cfg: HyFDCAConfig):
+        if cfg.encryption == "none":
+            return PlainBackend(), b""
+        scheme, be, public = load_secret((cd.path or Path(".")) / SECRET_FILE)
+        if scheme != cfg.encryption:
+            raise DataError(f"client {cd.client_id!r} holds a {scheme} key but the run uses {cfg.encryption} encryption.")
+        return be, public
+
+    def hello_payload(cd: ClientData, cfg: HyFDCAConfig) -> dict:
+        # only the public material leaves the client; the secret key stays in its directory
+        return {"he_scheme": cfg.encryption, "he_public": _backend(cd, cfg)[1]}
+
+    def build_server(sd: ServerData, cfg: HyFDCAConfig, seed: int, hello: dict) -> HyFDCAServer:
+        publics = {bytes(h.get("he_public", b"")) for h in hello.values()}
+        if len(publics) != 1:
+            raise DataError("the clients hold different HE keys (every client needs the same he_secret.key).")
+        return HyFDCAServer(sd.block_shapes, cfg, server_backend(cfg.encryption, publics.pop(), cfg.precision_bits), seed)
+
+    def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int) -> HyFDCAClient:
+        if not cd.has_labels:
+            raise PartitionError(f"client {cd.client_id!r} has no labels, but HyFDCA needs the labels of every sample at its holders.")
+        pos = positive_set(cd.data, cfg.positive_classes, cfg.loss, "HyFDCA")
+        # the seeds of hybridfl.algorithms.hyfdca_run.build_hyfdca: client i gets seed + 1 + i
+        return HyFDCAClient(cd.client_id, cd.data, pos, _backend(cd, cfg)[0], seed + 1 + cd.index, cfg.sparse)
+
+    _ARR = ("alpha", "u", "q", "w", "own_sq")
+
+    def get_state(c: HyFDCAClient) -> dict:
+        # everything HyFDCAClient.init/handle set after construction (its constructor rebuilds the rest)
+        st: dict = {k: np.asarray(getattr(c, k)) for k in _ARR if hasattr(c, k)}
+        if c.params:
+            import json
+
+            st["params"] = json.dumps(c.params)
+            st["seg_scale"] = np.asarray(c.seg_scale, dtype=np.float64)
+            for s, rows in enumerate(c.seg_rows):
+                st[f"seg_rows.{s}"] = np.asarray(rows, dtype=np.int64)
+                if c.seg_colw[s] is not None:
+                    st[f"seg_colw.{s}"] = np.asarray(c.seg_colw[s], dtype=np.float64)
+        return st
+
+    def set_state(c: HyFDCAClient, st: Mapping[str, Any]) -> None:
+        import json
+
+        for k in _ARR:
+            if k in st:
+                setattr(c, k, np.asarray(st[k], dtype=np.float64).copy())
+        if "params" in st:
+            c.params = json.loads(str(st["params"]))
+            scale = np.asarray(st["seg_scale"], dtype=np.float64)
+            c.seg_scale = [float(v) for v in scale]
+            c.seg_rows = [np.asarray(st[f"seg_rows.{s}"], dtype=np.int64) for s in range(scale.size)]
+            c.seg_colw = [np.asarray(st[f"seg_colw.{s}"]) if f"seg_colw.{s}" in st else None for s in range(scale.size)]
+
+    def evaluate(server: HyFDCAServer, sd: ServerData, rnd: int) -> dict[str, float]:
+        # test accuracy of the public model w (hyfdca_run's primal metrics need all training data)
+        if sd.test is None:
+            return {}
+        cfg = server.config
+        pos = positive_set(sd.test, cfg.positive_classes, cfg.loss, "HyFDCA")
+        z = np.asarray(features(sd.test) @ server.w).ravel()
+        return {"accuracy": float(np.mean(np.where(z >= 0, 1.0, -1.0) == signed_labels(sd.test.y, pos)))}
+
+    return Deployable("hyfdca", HyFDCAConfig, build_server, build_client, get_state, set_state, evaluate,
+                      hello_payload, lambda s: {"w": np.asarray(s.w)})
 
 
-def _load_builtin() -> None:
-    global _loaded
-    if not _loaded:
-        _loaded = True
-        for make in _BUILTIN:
+_BUILTIN: dict[str, Callable[[], Deployable]] = {"hyfem": _hyfem, "hyfdca": _hyfdca}
+
+
+def _load_builtin(name: str | None = None) -> None:
+    """Build the recipes lazily (a ClientApp process imports only its algorithm's modules)."""
+    for n, make in _BUILTIN.items():
+        if n not in _REGISTRY and (name is None or n == name):
             register(make())

@@ -12,10 +12,12 @@ Both work on our encoded message bytes only, so they are tested without Flower p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
+import sys
 import time
-from collections.abc import MutableMapping
+from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +39,25 @@ def _load(data_dir: str | None) -> ClientData:
             "(a directory written by `hybridfl export-clients`)."
         )
     return load_client_dir(data_dir)
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """One compute thread for NumPy's BLAS and (if the algorithm uses it) torch, like
+    :func:`hybridfl.runtime.simulation.single_threaded`, without importing torch for algorithms
+    that do not need it (a ClientApp process lives for one message)."""
+    from threadpoolctl import threadpool_limits
+
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    if torch is not None:
+        torch.set_num_threads(1)
+    try:
+        with threadpool_limits(limits=1):
+            yield
+    finally:
+        if torch is not None and before is not None:
+            torch.set_num_threads(before)
 
 
 def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, bytes]) -> bytes:
@@ -62,21 +83,20 @@ def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, byt
     if msg.kind == HELLO:
         p = msg.payload
         dep = deployable(str(p["algorithm"]))
-        dep.config_model.model_validate_json(str(p["config"]))  # fail here, not at the first round
+        cfg = dep.config_model.model_validate_json(str(p["config"]))  # fail here, not at the first round
+        extra = dep.hello_payload(cd, cfg) if dep.hello_payload else {}
         store["setup"] = encode(Message("setup", cd.client_id, cd.client_id, 0, {k: p[k] for k in ("algorithm", "config", "seed")}))
         store.pop("state", None)
         return encode(msg.reply(client_id=cd.client_id, n_samples=cd.data.n_samples, blocks=cd.data.block_names,
-                                has_labels=cd.has_labels))
+                                has_labels=cd.has_labels, **extra))
     if "setup" not in store:
         raise RuntimeError(f"client {cd.client_id!r} got {msg.kind!r} before the {HELLO!r} exchange of its run.")
     if msg.receiver != cd.client_id:
         raise HybridFLError(f"a message for client {msg.receiver!r} reached the node holding client {cd.client_id!r}.")
-    from hybridfl.runtime.simulation import single_threaded
-
     setup = decode(store["setup"]).payload
     dep = deployable(str(setup["algorithm"]))
     cfg = dep.config_model.model_validate_json(str(setup["config"]))
-    with single_threaded():  # as `hybridfl run` does in process: one compute thread
+    with _one_thread():  # as `hybridfl run` does in process: one compute thread
         client = dep.build_client(cd, cfg, int(setup["seed"]))
         if "state" in store:
             dep.set_state(client, decode(store["state"]).payload)
@@ -132,7 +152,8 @@ def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, 
     Args:
         grid: the ServerApp's Flower ``Grid``.
         server_dir: the export's ``server/`` directory (schema, client names, run config, test set).
-        out_dir: where to write ``history.json`` and ``summary.json`` (not written if ``None``).
+        out_dir: where to write ``history.json``, ``summary.json``, ``wire.json`` and (for
+            algorithms with a final model vector, e.g. HyFDCA's ``w``) ``final.npz``; ``None``: nowhere.
         rounds: override the config's number of rounds.
         poll_interval: seconds between pulls for replies.
         reply_timeout: seconds one exchange may take before the run fails.
@@ -170,7 +191,8 @@ def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, 
         pt.send_and_receive([Message(PING, SERVER, c, 0, {"echo": b""}) for c in nodes])
         ping_seconds.append(time.perf_counter() - t0)
     transport = FlowerTransport(grid, nodes, poll_interval, reply_timeout)
-    server = dep.build_server(sd, cfg, seed)
+    by_node = dict(zip(node_ids, replies))
+    server = dep.build_server(sd, cfg, seed, {c: by_node[n].payload for c, n in nodes.items()})
     evaluate = (lambda rnd: dep.evaluate(server, sd, rnd)) if dep.evaluate and sd.test is not None else None
 
     def progress(done: int, total: int, row: dict) -> None:
@@ -203,4 +225,8 @@ def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, 
         (out / "history.json").write_text(json.dumps(history, indent=1))
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         (out / "wire.json").write_text(json.dumps([e.__dict__ for e in transport.wire.entries]))
+        if dep.final_arrays is not None:
+            import numpy as np
+
+            np.savez(out / "final.npz", **dep.final_arrays(server))
     return summary

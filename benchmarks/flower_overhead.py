@@ -1,0 +1,103 @@
+"""Benchmark: HyFEM over Flower on loopback vs the in-process simulation, same work.
+
+For one set-up (digits, 3 clients, HyFEM, same seed) it measures
+
+- in process: seconds per round of ``run_hyfem`` (no Flower);
+- over Flower on 127.0.0.1 (a real SuperLink + 3 SuperNodes + ``flwr run``), twice:
+  ``default``: stock ``flower-supernode`` (sleeps 3 s when a pull finds nothing) and the ServerApp
+  pulling every 3 s (what Flower's ``grid.send_and_receive`` does); ``tuned``: the fast-polling
+  SuperNode launcher (0.05 s) and the ServerApp pulling every 0.02 s;
+  per run: seconds per round, seconds of an empty exchange (``deploy.ping``: Flower's own cost of
+  one server -> 3 clients -> server exchange: polling + one new ClientApp process per message),
+  our counted bytes vs Flower's serialized bytes;
+- and checks the Flower runs' metrics equal the in-process run.
+
+Writes ``benchmarks/results/flower_overhead.json`` and ``.md``. Usage:
+``python benchmarks/flower_overhead.py [--rounds 3] [--pings 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from hybridfl.algorithms.hyfem import HyFEMConfig
+from hybridfl.algorithms.hyfem_run import run_hyfem
+from hybridfl.config import parse_config
+from hybridfl.data.export import export_clients
+from hybridfl.experiment import prepare
+from hybridfl.runtime.flower.local import LocalFederation
+from hybridfl.runtime.simulation import single_threaded
+
+OUT = Path(__file__).resolve().parent / "results"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--pings", type=int, default=3)
+    ap.add_argument("--local-steps", type=int, default=20)
+    args = ap.parse_args()
+    algo = {"name": "hyfem", "rounds": args.rounds, "local_steps": args.local_steps, "batch_size": 32, "lr": 0.05, "momentum": 0.9, "baselines": False}
+    cfg = parse_config({"seed": 0, "dataset": {"name": "digits"},
+                        "partition": {"kind": "class_block", "num_clients": 3, "classes_per_client": [5, 7], "blocks_per_client": 2},
+                        "algorithm": algo})
+    prep = prepare(cfg)
+    result: dict = {"setup": {"dataset": "digits", "clients": 3, "algorithm": algo, "cores": os.cpu_count()},
+                    "load_average_start": os.getloadavg()}
+    with single_threaded():
+        ref = run_hyfem(prep.split, prep.partition, HyFEMConfig(**{k: v for k, v in algo.items() if k != "name"}), 0)
+    strip = lambda h: [{k: v for k, v in r.items() if k not in ("seconds", "client_accuracy_local_mean")} for r in h]  # noqa: E731
+    result["in_process"] = {"round_seconds": [r["seconds"] for r in ref.history], "bytes_total": ref.summary["bytes_total"],
+                            "messages_total": ref.summary["messages_total"]}
+    with tempfile.TemporaryDirectory(prefix="hybridfl-bench-") as tmp:
+        tmp = Path(tmp)
+        dirs = export_clients(prep.split, prep.partition, tmp / "export", seed=0, run_config=cfg.model_dump(mode="json"))
+        for name, fast, poll in (("tuned", True, 0.02), ("default", False, 3.0)):
+            fed = LocalFederation(dirs, fast=fast, poll_interval=0.05, work_dir=tmp / name, start_timeout=180)
+            t0 = time.perf_counter()
+            try:
+                fed.start()
+                fed.run({"server-dir": str(tmp / "export" / "server"), "out-dir": str(tmp / name / "res"),
+                         "poll-interval": poll, "pings": args.pings}, timeout=1800)
+            finally:
+                fed.stop()
+            s = json.loads((tmp / name / "res" / "summary.json").read_text())
+            hist = json.loads((tmp / name / "res" / "history.json").read_text())
+            result[name] = {
+                "supernode": "hybridfl.runtime.flower.supernode --poll-interval 0.05" if fast else "flower-supernode (stock, 3 s)",
+                "serverapp_poll_interval": poll,
+                "ping_exchange_seconds": s["ping_seconds"],
+                "round_seconds": s["round_seconds"],
+                "exchange_seconds": s["exchange_seconds"],
+                "hello_exchange_seconds": s["setup_exchange_seconds"],
+                "bytes_total": s["bytes_total"], "wire_bytes_total": s["wire_bytes_total"], "messages_total": s["messages_total"],
+                "metrics_equal_in_process": strip(hist) == strip(ref.history),
+                "wall_seconds_incl_startup": time.perf_counter() - t0,
+            }
+    result["load_average_end"] = os.getloadavg()
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "flower_overhead.json").write_text(json.dumps(result, indent=1))
+    ip = result["in_process"]
+    rows = ["| | in process | Flower loopback, tuned | Flower loopback, default |", "|---|---|---|---|"]
+    med = lambda xs: f"{statistics.median(xs):.2f}" if xs else "-"  # noqa: E731
+    t, d = result["tuned"], result["default"]
+    rows.append(f"| seconds per round (median) | {med(ip['round_seconds'])} | {med(t['round_seconds'])} | {med(d['round_seconds'])} |")
+    rows.append(f"| seconds per empty exchange, 3 clients (median) | - | {med(t['ping_exchange_seconds'])} | {med(d['ping_exchange_seconds'])} |")
+    rows.append(f"| counted bytes (our codec) | {ip['bytes_total']} | {t['bytes_total']} | {d['bytes_total']} |")
+    rows.append(f"| Flower serialized bytes | - | {t['wire_bytes_total']} | {d['wire_bytes_total']} |")
+    rows.append(f"| messages | {ip['messages_total']} | {t['messages_total']} | {d['messages_total']} |")
+    rows.append(f"| metrics equal to in process | - | {t['metrics_equal_in_process']} | {d['metrics_equal_in_process']} |")
+    la = f"load average (1 min) {result['load_average_start'][0]:.1f} at start, {result['load_average_end'][0]:.1f} at end, {os.cpu_count()} cores"
+    (OUT / "flower_overhead.md").write_text(
+        f"HyFEM, digits, 3 clients, {args.rounds} rounds x {args.local_steps} local steps, seed 0; {la}.\n\n" + "\n".join(rows) + "\n")
+    print((OUT / "flower_overhead.md").read_text())
+
+
+if __name__ == "__main__":
+    main()
