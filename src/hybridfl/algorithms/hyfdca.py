@@ -24,9 +24,9 @@ Setup (once, 3 exchanges):
 Round ``t`` with available clients ``K^t`` (Alg. 1; the practical variant of Sec. 5 that omits the
 second SecureInnerProduct, line 18; 3 exchanges):
 
-1. ``hyfdca.ip`` (SecureInnerProduct, Alg. 2): server -> client ``w`` on its features, and, for a
-   client that did not take part in round ``t-1``, fresh ``enc(alpha)`` of its segments
-   (Alg. 1 lines 4-7); client -> server ``enc(x_{k,i}^T w_k)`` per segment. The server adds, per
+1. ``hyfdca.ip`` (SecureInnerProduct, Alg. 2): server -> client ``w`` on its features (always, so a
+   returning client is never stale in ``w``), and, in consensus mode for a client that did not take
+   part in round ``t-1``, fresh ``enc(alpha)`` of its segments (Alg. 1 lines 4-7); client -> server ``enc(x_{k,i}^T w_k)`` per segment. The server adds, per
    segment, the newest share of every client of ``B_i`` (an absent client's share is its last one:
    stale under partial participation, exact with full participation).
 2. ``hyfdca.dual`` (LocalDualMethod, Alg. 3 / 5): server -> client ``enc(x_i^T w)`` of its
@@ -34,11 +34,11 @@ second SecureInnerProduct, line 18; 3 exchanges):
    without replacement (:meth:`RowData.dot_and_add`; the step is SPEC.md's closed form for hinge
    with the CoCoA+ safety factor ``sigma'``); client -> server ``enc((nu / |B_i|) dalpha_{k,i})``.
    Server: ``enc(alpha_i) += sum_{k in B_i and K^t} enc(...)`` (Alg. 1 lines 13-15).
-3. ``hyfdca.primal`` (PrimalAggregation, Alg. 4): server -> client the new ``enc(alpha)`` of its
-   segments; client -> server ``sum_{i in I_k} alpha_i x_{k,i,f} / c(s_i, b_f)`` per feature
+3. ``hyfdca.primal`` (PrimalAggregation, Alg. 4): server -> client (consensus mode) the new
+   ``enc(alpha)`` of its segments; client -> server ``sum_{i in I_k} alpha_i x_{k,i,f} / c(s_i, b_f)`` per feature
    (plaintext: ``w`` is public, HyFDCA Sec. 3.1). Server: ``w_f = (1/(lambda N)) sum_k share_{k,f}``
-   (an absent client's share is its last one). With every (sample, block) cell held by exactly one
-   client this is exactly ``w(alpha)``.
+   (an absent client's share is its last one). In consensus mode, with every (sample, block) cell
+   held by exactly one client, this is exactly ``w(alpha)``.
 
 LocalDualMethod variants (the extracted paper text garbles the closed form; SPEC.md asks to pick
 one and prove it by convergence to the centralised optimum):
