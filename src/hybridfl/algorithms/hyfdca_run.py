@@ -9,7 +9,8 @@ Per-round metrics (evaluated outside the protocol, like Flower's server-side ``e
 - ``relative_suboptimality``: ``(P(w) - P*) / P*`` with ``P*`` the cached centralised reference
   (:func:`hybridfl.algorithms.convex.reference.reference_optimum`);
 - HyFDCA only: ``dual`` ``D(alpha)``, ``duality_gap`` ``P(w(alpha)) - D(alpha)`` (>= 0, a certificate:
-  ``P(w(alpha)) - P* <= gap``), ``relative_duality_gap`` (gap / ``P(w(alpha))``);
+  ``P(w(alpha)) - P* <= gap``), ``relative_duality_gap`` (gap / ``P(w(alpha))``), ``model_gap``
+  ``P(w) - D(alpha)`` (certifies the server's model: ``P(w) - P* <= model_gap``);
 - ``accuracy``: share of test samples with ``sign(x^T w) = y``;
 - time: ``encryption_seconds`` (measured), ``model_seconds`` (clients in parallel + server +
   ``latency`` per exchange), cumulative ``time_model`` and ``time_model_no_encryption``.
@@ -213,7 +214,9 @@ class Monitor:
         a = self.alpha(server)
         D = dual(p.X, p.y, a, p.lam, p.loss)
         Pa = primal(p.X, p.y, w_of_alpha(p.X, a, p.lam), p.lam, p.loss)
-        row.update({"dual": D, "primal_of_alpha": Pa, "duality_gap": Pa - D, "relative_duality_gap": (Pa - D) / abs(Pa)})
+        row.update({"dual": D, "primal_of_alpha": Pa, "duality_gap": Pa - D, "relative_duality_gap": (Pa - D) / abs(Pa),
+                    # also a certificate for the server's model: P(w) - P* <= P(w) - D(alpha)
+                    "model_gap": row["primal"] - D})
         return row
 
 
@@ -249,6 +252,7 @@ def run_hyfdca(split: DatasetSplit, partition: Partition, cfg: HyFDCAConfig, see
         "dual_objective": last["dual"],
         "duality_gap": last["duality_gap"],
         "relative_duality_gap": last["relative_duality_gap"],
+        "model_gap": last["model_gap"],
         "reference_objective": ref.objective if ref else None,
         "reference_solver": ref.solver if ref else None,
         "reference": ref.meta() if ref else None,
