@@ -272,3 +272,22 @@ def test_unknown_encryption_rejected_by_config():
     with pytest.raises(Exception, match="encryption"):
         HyFDCAConfig(encryption="rsa")
     assert KeyDealer("none").public_material() == b""
+
+
+@pytest.mark.parametrize("mode,p", [("cyclic", 1.0), ("fraction", 0.5), ("probability", 0.5)])
+def test_participation_modes(mode, p):
+    from hybridfl.algorithms.hyfdca import HyFDCAServer
+    from hybridfl.privacy import PlainBackend
+
+    srv = HyFDCAServer({"a": (2,)}, HyFDCAConfig(participation=p, participation_mode=mode, cyclic_groups=3), PlainBackend(), seed=1)
+    srv.client_ids = [f"c{i}" for i in range(9)]
+    picks = [srv.select(r) for r in range(1, 61)]
+    assert all(picks)  # never an empty round
+    if mode == "cyclic":  # Assumption 7: groups B_1, B_2, B_3, B_1, ...
+        assert picks[0] == ["c0", "c3", "c6"] and picks[1] == ["c1", "c4", "c7"] and picks[3] == picks[0]
+    elif mode == "fraction":
+        assert all(len(k) == 4 for k in picks)  # round(0.5 * 9)
+        assert len({tuple(k) for k in picks}) > 10
+    else:
+        counts = np.array([len(k) for k in picks])
+        assert 3 <= counts.mean() <= 6 and counts.std() > 0
