@@ -12,8 +12,11 @@ For one set-up (digits, 3 clients, HyFEM, same seed) it measures
   our counted bytes vs Flower's serialized bytes;
 - and checks the Flower runs' metrics equal the in-process run.
 
-Writes ``benchmarks/results/flower_overhead.json`` and ``.md``. Usage:
-``python benchmarks/flower_overhead.py [--rounds 3] [--pings 3]``.
+``--part ping``: one client only, ``--pings`` empty exchanges per setting (default and tuned), to
+separate Flower's per-exchange overhead from CPU contention between several ClientApp processes.
+
+Writes ``benchmarks/results/flower_overhead.json`` and ``.md`` (parts are merged). Usage:
+``python benchmarks/flower_overhead.py [--part hyfem|ping|all] [--rounds 3] [--pings 3]``.
 """
 
 from __future__ import annotations
@@ -42,13 +45,50 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pings", type=int, default=3)
     ap.add_argument("--local-steps", type=int, default=20)
+    ap.add_argument("--part", choices=("hyfem", "ping", "all"), default="all")
     args = ap.parse_args()
+    old = json.loads((OUT / "flower_overhead.json").read_text()) if (OUT / "flower_overhead.json").is_file() else {}
+    if args.part in ("ping", "all"):
+        old["ping_1_client"] = ping_part(max(args.pings, 5))
+        (OUT / "flower_overhead.json").write_text(json.dumps(old, indent=1))
+    if args.part in ("hyfem", "all"):
+        old.update(hyfem_part(args))
+        (OUT / "flower_overhead.json").write_text(json.dumps(old, indent=1))
+    write_md(old)
+
+
+def ping_part(pings: int) -> dict:
+    """One SuperNode, ``pings`` empty exchanges, stock vs fast polling (then a 1-round HyFEM run)."""
+    algo = {"name": "hyfem", "rounds": 1, "local_steps": 1, "baselines": False}
+    cfg = parse_config({"seed": 0, "dataset": {"name": "digits"}, "partition": {"kind": "iid", "num_clients": 1}, "algorithm": algo})
+    prep = prepare(cfg)
+    res: dict = {"load_average_start": os.getloadavg(), "pings": pings}
+    with tempfile.TemporaryDirectory(prefix="hybridfl-ping-") as tmp:
+        tmp = Path(tmp)
+        dirs = export_clients(prep.split, prep.partition, tmp / "export", seed=0, run_config=cfg.model_dump(mode="json"))
+        for name, fast, poll in (("tuned", True, 0.02), ("default", False, 3.0)):
+            fed = LocalFederation(dirs, fast=fast, poll_interval=0.05, work_dir=tmp / name, start_timeout=180)
+            try:
+                fed.start()
+                fed.run({"server-dir": str(tmp / "export" / "server"), "out-dir": str(tmp / name / "res"),
+                         "poll-interval": poll, "pings": pings}, timeout=1800)
+            finally:
+                fed.stop()
+            s = json.loads((tmp / name / "res" / "summary.json").read_text())
+            res[name] = {"ping_exchange_seconds": s["ping_seconds"], "serverapp_poll_interval": poll,
+                         "supernode": "fast 0.05 s" if fast else "stock 3 s"}
+    res["load_average_end"] = os.getloadavg()
+    return res
+
+
+def hyfem_part(args) -> dict:
     algo = {"name": "hyfem", "rounds": args.rounds, "local_steps": args.local_steps, "batch_size": 32, "lr": 0.05, "momentum": 0.9, "baselines": False}
     cfg = parse_config({"seed": 0, "dataset": {"name": "digits"},
                         "partition": {"kind": "class_block", "num_clients": 3, "classes_per_client": [5, 7], "blocks_per_client": 2},
                         "algorithm": algo})
     prep = prepare(cfg)
-    result: dict = {"setup": {"dataset": "digits", "clients": 3, "algorithm": algo, "cores": os.cpu_count()},
+    result: dict = {"setup": {"dataset": "digits", "clients": 3, "algorithm": algo, "cores": os.cpu_count(), "rounds": args.rounds,
+                              "local_steps": args.local_steps},
                     "load_average_start": os.getloadavg()}
     with single_threaded():
         ref = run_hyfem(prep.split, prep.partition, HyFEMConfig(**{k: v for k, v in algo.items() if k != "name"}), 0)
@@ -81,21 +121,32 @@ def main() -> None:
                 "wall_seconds_incl_startup": time.perf_counter() - t0,
             }
     result["load_average_end"] = os.getloadavg()
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "flower_overhead.json").write_text(json.dumps(result, indent=1))
-    ip = result["in_process"]
-    rows = ["| | in process | Flower loopback, tuned | Flower loopback, default |", "|---|---|---|---|"]
+    return result
+
+
+def write_md(r: dict) -> None:
     med = lambda xs: f"{statistics.median(xs):.2f}" if xs else "-"  # noqa: E731
-    t, d = result["tuned"], result["default"]
-    rows.append(f"| seconds per round (median) | {med(ip['round_seconds'])} | {med(t['round_seconds'])} | {med(d['round_seconds'])} |")
-    rows.append(f"| seconds per empty exchange, 3 clients (median) | - | {med(t['ping_exchange_seconds'])} | {med(d['ping_exchange_seconds'])} |")
-    rows.append(f"| counted bytes (our codec) | {ip['bytes_total']} | {t['bytes_total']} | {d['bytes_total']} |")
-    rows.append(f"| Flower serialized bytes | - | {t['wire_bytes_total']} | {d['wire_bytes_total']} |")
-    rows.append(f"| messages | {ip['messages_total']} | {t['messages_total']} | {d['messages_total']} |")
-    rows.append(f"| metrics equal to in process | - | {t['metrics_equal_in_process']} | {d['metrics_equal_in_process']} |")
-    la = f"load average (1 min) {result['load_average_start'][0]:.1f} at start, {result['load_average_end'][0]:.1f} at end, {os.cpu_count()} cores"
-    (OUT / "flower_overhead.md").write_text(
-        f"HyFEM, digits, 3 clients, {args.rounds} rounds x {args.local_steps} local steps, seed 0; {la}.\n\n" + "\n".join(rows) + "\n")
+    out = []
+    if "in_process" in r:
+        ip, t, d, st = r["in_process"], r["tuned"], r["default"], r["setup"]
+        rows = ["| | in process | Flower loopback, tuned | Flower loopback, default |", "|---|---|---|---|"]
+        rows.append(f"| seconds per round (median) | {med(ip['round_seconds'])} | {med(t['round_seconds'])} | {med(d['round_seconds'])} |")
+        rows.append(f"| seconds per empty exchange, 3 clients (median) | - | {med(t['ping_exchange_seconds'])} | {med(d['ping_exchange_seconds'])} |")
+        rows.append(f"| counted bytes (our codec) | {ip['bytes_total']} | {t['bytes_total']} | {d['bytes_total']} |")
+        rows.append(f"| Flower serialized bytes | - | {t['wire_bytes_total']} | {d['wire_bytes_total']} |")
+        rows.append(f"| messages | {ip['messages_total']} | {t['messages_total']} | {d['messages_total']} |")
+        rows.append(f"| metrics equal to in process | - | {t['metrics_equal_in_process']} | {d['metrics_equal_in_process']} |")
+        la = f"load average (1 min) {r['load_average_start'][0]:.1f} at start, {r['load_average_end'][0]:.1f} at end, {st['cores']} cores"
+        rounds = st.get("rounds", st["algorithm"]["rounds"])
+        out.append(f"HyFEM, digits, 3 clients, {rounds} rounds x {st['algorithm']['local_steps']} local steps, seed 0; {la}.\n\n" + "\n".join(rows))
+    if "ping_1_client" in r:
+        p = r["ping_1_client"]
+        out.append(
+            f"One SuperNode, {p['pings']} empty exchanges (deploy.ping) per setting; load average {p['load_average_start'][0]:.1f} -> {p['load_average_end'][0]:.1f}.\n\n"
+            "| | tuned (fast SuperNode 0.05 s, ServerApp pulls every 0.02 s) | default (stock SuperNode 3 s, pulls every 3 s) |\n|---|---|---|\n"
+            f"| seconds per empty exchange (median) | {med(p['tuned']['ping_exchange_seconds'])} | {med(p['default']['ping_exchange_seconds'])} |\n"
+            f"| all | {', '.join(f'{x:.2f}' for x in p['tuned']['ping_exchange_seconds'])} | {', '.join(f'{x:.2f}' for x in p['default']['ping_exchange_seconds'])} |")
+    (OUT / "flower_overhead.md").write_text("\n\n".join(out) + "\n")
     print((OUT / "flower_overhead.md").read_text())
 
 

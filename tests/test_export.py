@@ -96,3 +96,30 @@ def test_export_clients_command(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "hybridfl.cli.main", "export-clients", "--config", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "x")],
                          capture_output=True, text=True, timeout=600)
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error:") and "does not exist" in bad.stderr
+
+
+def test_export_writes_he_keys_to_clients_only(tmp_path):
+    import subprocess
+    import sys
+
+    from hybridfl.runtime.flower.keys import SECRET_FILE, load_secret
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "seed: 0\ndataset: {name: digits}\n"
+        "partition: {kind: class_block, num_clients: 2, classes_per_client: [5, 7], blocks_per_client: 2}\n"
+        "algorithm: {name: hyfdca, positive_classes: [0, 1, 2, 3, 4], encryption: paillier, paillier_bits: 512, reference: false}\n"
+    )
+    p = subprocess.run([sys.executable, "-m", "hybridfl.cli.main", "export-clients", "--config", str(cfg), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    keys = [load_secret(tmp_path / "o" / f"client-{i}" / SECRET_FILE) for i in range(2)]
+    assert keys[0][0] == "paillier" and keys[0][2] == keys[1][2]  # one shared key pair
+    assert not list((tmp_path / "o" / "server").rglob("*.key"))
+    be = keys[0][1]
+    assert np.allclose(keys[1][1].decrypt(be.encrypt(np.array([1.5, -2.0]))), [1.5, -2.0])
+    k = subprocess.run([sys.executable, "-m", "hybridfl.cli.main", "he-keys", "--scheme", "ckks", "--out", str(tmp_path / "s.key")],
+                       capture_output=True, text=True, timeout=600)
+    assert k.returncode == 0, k.stderr
+    assert load_secret(tmp_path / "s.key")[0] == "ckks"
+    assert (tmp_path / "s.key").stat().st_mode & 0o077 == 0

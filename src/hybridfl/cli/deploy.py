@@ -2,6 +2,9 @@
 
 - ``hybridfl export-clients --config FILE --out DIR``: one directory per client (its data only)
   plus ``server/`` (schema, run config, test set), ready for one SuperNode per client;
+- ``hybridfl he-keys --scheme paillier --out FILE``: the clients' shared HE key pair, made on a
+  client machine; copy the file into every client directory as ``he_secret.key`` (never to the
+  server: the server receives only the public material, from the clients, in the hello exchange);
 - ``hybridfl flower-app [--out DIR]``: print (or copy) the Flower app directory for ``flwr run``;
 - ``hybridfl deploy-local --config FILE --out DIR``: export, start a SuperLink and one SuperNode
   per client on 127.0.0.1, run the algorithm over Flower, stop everything, print the results.
@@ -37,9 +40,40 @@ def export_clients_cmd(
     data = cfg.model_dump(mode="json")
     data["algorithm"] = prep.algorithm.model_dump(mode="json")
     dirs = export_clients(prep.split, prep.partition, out, seed=cfg.seed, include_test=not no_test, run_config=data)
+    enc = getattr(prep.algorithm, "encryption", "none")
+    if enc != "none":
+        # a simulated set-up deploys as it is: the export plays the client organisation that makes
+        # the shared key; it goes into the client directories only, never into server/
+        from hybridfl.privacy.he import KeyDealer
+        from hybridfl.runtime.flower.keys import SECRET_FILE, write_secret
+
+        a = prep.algorithm
+        dealer = KeyDealer(enc, a.paillier_bits, a.precision_bits, a.ckks_degree, a.ckks_scale_bits)  # type: ignore[attr-defined]
+        for d in dirs:
+            write_secret(dealer, d / SECRET_FILE)
+        console.print(f"{enc} key pair written to every client directory as {SECRET_FILE} (not to server/)")
     for d, c in zip(dirs, prep.partition.clients):
         console.print(f"{d}  ({c.n_samples} samples, blocks {', '.join(c.blocks)}, labels {'yes' if c.has_labels else 'no'})")
     console.print(f"{out / 'server'}  (schema, run config{'' if no_test else ', test set'})")
+
+
+def he_keys_cmd(
+    scheme: str = typer.Option(..., help="paillier or ckks (the run config's algorithm.encryption)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Secret key file to write (mode 0600)."),
+    paillier_bits: int = typer.Option(2048, help="Paillier modulus bits (algorithm.paillier_bits)."),
+    precision_bits: int = typer.Option(40, help="Paillier fixed-point fraction bits (algorithm.precision_bits)."),
+    ckks_degree: int = typer.Option(8192, help="CKKS polynomial modulus degree (algorithm.ckks_degree)."),
+    ckks_scale_bits: int = typer.Option(40, help="CKKS scale bits (algorithm.ckks_scale_bits)."),
+) -> None:
+    """Make the clients' shared HE key pair on a client machine (copy it to every client directory as he_secret.key; never to the server)."""
+    from hybridfl.errors import ConfigError
+    from hybridfl.privacy.he import KeyDealer
+    from hybridfl.runtime.flower.keys import write_secret
+
+    if scheme not in ("paillier", "ckks"):
+        raise ConfigError(f"--scheme must be paillier or ckks, got {scheme!r}.")
+    write_secret(KeyDealer(scheme, paillier_bits, precision_bits, ckks_degree, ckks_scale_bits), out)
+    console.print(f"{scheme} key pair written to {out}: copy it to every client directory as he_secret.key, never to the server")
 
 
 def flower_app_cmd(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Copy the app's pyproject.toml into this directory.")) -> None:
@@ -86,5 +120,6 @@ def deploy_local_cmd(
 def register(app: typer.Typer) -> None:
     """Add the deployment commands to the ``hybridfl`` app."""
     app.command("export-clients")(export_clients_cmd)
+    app.command("he-keys")(he_keys_cmd)
     app.command("flower-app")(flower_app_cmd)
     app.command("deploy-local")(deploy_local_cmd)
