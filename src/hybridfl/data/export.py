@@ -170,7 +170,10 @@ def export_clients(
         dirs.append(d)
     srv = out / "server"
     srv.mkdir(exist_ok=True)
-    smeta = {**common, "client_ids": ids, "seed": int(seed), "has_test": bool(include_test)}
+    smeta = {**common, "client_ids": ids, "seed": int(seed), "has_test": bool(include_test),
+             # public structure (no sample IDs): which block names each client holds, labels yes/no
+             "client_blocks": {c.client_id: list(c.blocks) for c in partition.clients},
+             "client_labels": {c.client_id: bool(c.has_labels) for c in partition.clients}}
     if run_config is not None:
         smeta["run_config"] = run_config
     if include_test:

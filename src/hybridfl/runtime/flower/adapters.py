@@ -36,7 +36,9 @@ class Deployable:
         config_model: its pydantic config class.
         build_server: ``(server_data, config, seed, hello) -> server`` with ``setup``/``run_round``;
             ``hello`` maps client ID -> the payload of its hello reply (e.g. HE public material).
-        build_client: ``(client_data, config, seed) -> client`` with ``handle(msg) -> msg``.
+        build_client: ``(client_data, config, seed, layout) -> client`` with ``handle(msg) -> msg``;
+            ``layout`` is the public structure of the export, ``[(client_id, blocks, has_labels)]``
+            in partition order (FedBCD replays the model initialisation of every party from it).
         get_state: ``client -> {name: value}`` (codec-encodable values): what must survive until
             the next message.
         set_state: ``(client, state) -> None``: restore it into a freshly built client.
@@ -48,7 +50,7 @@ class Deployable:
     name: str
     config_model: type[BaseModel]
     build_server: Callable[[ServerData, Any, int, dict[str, dict]], Any]
-    build_client: Callable[[ClientData, Any, int], Any]
+    build_client: Callable[[ClientData, Any, int, list], Any]
     get_state: Callable[[Any], StateDict]
     set_state: Callable[[Any, Mapping[str, np.ndarray]], None]
     evaluate: Callable[[Any, ServerData, int], dict[str, float]] | None = None
@@ -89,7 +91,7 @@ def _hyfem() -> Deployable:
     def build_server(sd: ServerData, cfg: HyFEMConfig, seed: int, hello: dict) -> HyFEMServer:
         return HyFEMServer(sd.block_shapes, sd.n_classes, cfg, seed, default_extractor(cfg.extractor))
 
-    def build_client(cd: ClientData, cfg: HyFEMConfig, seed: int) -> HyFEMClient:
+    def build_client(cd: ClientData, cfg: HyFEMConfig, seed: int, layout: list) -> HyFEMClient:
         if not cd.has_labels:
             raise PartitionError(f"HyFEM needs labels at every client, but client {cd.client_id!r} has none.")
         # the seeds of hybridfl.algorithms.hyfem_run.build_hyfem: client i gets seed + 1 + i
@@ -139,7 +141,7 @@ def _hyfdca() -> Deployable:
             raise DataError("the clients hold different HE keys (every client needs the same he_secret.key).")
         return HyFDCAServer(sd.block_shapes, cfg, server_backend(cfg.encryption, publics.pop(), cfg.precision_bits), seed)
 
-    def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int) -> HyFDCAClient:
+    def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list) -> HyFDCAClient:
         if not cd.has_labels:
             raise PartitionError(f"client {cd.client_id!r} has no labels, but HyFDCA needs the labels of every sample at its holders.")
         pos = positive_set(cd.data, cfg.positive_classes, cfg.loss, "HyFDCA")
@@ -188,7 +190,52 @@ def _hyfdca() -> Deployable:
                       hello_payload, lambda s: {"w": np.asarray(s.w)})
 
 
-_BUILTIN: dict[str, Callable[[], Deployable]] = {"hyfem": _hyfem, "hyfdca": _hyfdca}
+# --------------------------------------------------------------------------------------- FedBCD
+def _fedbcd() -> Deployable:
+    import torch
+
+    from hybridfl.algorithms.fedbcd import FedBCDConfig, FedBCDCoordinator, FedBCDParty
+    from hybridfl.algorithms.fedbcd_run import party_input
+    from hybridfl.models.towers import bottom_factory, bottom_out_dim, make_top
+
+    def build_server(sd: ServerData, cfg: FedBCDConfig, seed: int, hello: dict) -> FedBCDCoordinator:
+        return FedBCDCoordinator(cfg, seed)
+
+    def _shape(schema: Mapping[str, tuple[int, ...]], blocks: list[str]) -> tuple[int, ...]:
+        # the shape party_input gives: one block as is; several flattened and concatenated
+        if len(blocks) == 1:
+            return tuple(schema[blocks[0]])
+        return (int(sum(int(np.prod(schema[b])) for b in blocks)),)
+
+    def build_client(cd: ClientData, cfg: FedBCDConfig, seed: int, layout: list) -> FedBCDParty:
+        # replay hybridfl.algorithms.fedbcd_run.build_fedbcd's initialisation: torch.manual_seed(seed),
+        # one bottom per party in partition order (shapes from the public layout), then the top
+        order = [str(e[0]) for e in layout]
+        if cd.client_id not in order:
+            raise PartitionError(f"client {cd.client_id!r} is not in the run's party layout ({', '.join(order)}).")
+        factory = bottom_factory(cfg.model, cfg.representation_dim, cfg.hidden, cfg.channels)
+        out_dim = bottom_out_dim(cfg.model, cfg.representation_dim)
+        torch.manual_seed(seed)
+        bottoms, shapes = {}, {}
+        for i, (cid, blocks, _) in enumerate(layout):
+            shapes[cid] = _shape(cd.block_shapes, list(blocks))
+            bottoms[cid] = factory(i, shapes[cid], out_dim)
+        x = party_input(cd.data, list(cd.data.block_names))
+        if tuple(x.shape[1:]) != shapes[cd.client_id]:
+            raise PartitionError(f"client {cd.client_id!r} holds input of shape {tuple(x.shape[1:])}, the layout says {shapes[cd.client_id]}.")
+        if not cd.has_labels:
+            return FedBCDParty(cd.client_id, cd.data.ids, x, bottoms[cd.client_id], cd.data.block_names)
+        with torch.no_grad():
+            dims = [int(bottoms[c](torch.zeros((1, *shapes[c]))).shape[1]) for c in order]
+        top = make_top(cfg.model, dims)
+        return FedBCDParty(cd.client_id, cd.data.ids, x, bottoms[cd.client_id], cd.data.block_names,
+                           labels=cd.data.y, top=top, party_order=order)
+
+    return Deployable("fedbcd", FedBCDConfig, build_server, build_client,
+                      lambda c: c.state_dict(), lambda c, s: c.load_state_dict(s))
+
+
+_BUILTIN: dict[str, Callable[[], Deployable]] = {"hyfem": _hyfem, "hyfdca": _hyfdca, "fedbcd": _fedbcd}
 
 
 def _load_builtin(name: str | None = None) -> None:

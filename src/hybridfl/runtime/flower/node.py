@@ -85,7 +85,7 @@ def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, byt
         dep = deployable(str(p["algorithm"]))
         cfg = dep.config_model.model_validate_json(str(p["config"]))  # fail here, not at the first round
         extra = dep.hello_payload(cd, cfg) if dep.hello_payload else {}
-        store["setup"] = encode(Message("setup", cd.client_id, cd.client_id, 0, {k: p[k] for k in ("algorithm", "config", "seed")}))
+        store["setup"] = encode(Message("setup", cd.client_id, cd.client_id, 0, {k: p[k] for k in ("algorithm", "config", "seed", "layout") if k in p}))
         store.pop("state", None)
         return encode(msg.reply(client_id=cd.client_id, n_samples=cd.data.n_samples, blocks=cd.data.block_names,
                                 has_labels=cd.has_labels, **extra))
@@ -97,7 +97,8 @@ def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, byt
     dep = deployable(str(setup["algorithm"]))
     cfg = dep.config_model.model_validate_json(str(setup["config"]))
     with _one_thread():  # as `hybridfl run` does in process: one compute thread
-        client = dep.build_client(cd, cfg, int(setup["seed"]))
+        layout = [tuple(e) for e in json.loads(str(setup.get("layout", "[]")))]
+        client = dep.build_client(cd, cfg, int(setup["seed"]), layout)
         if "state" in store:
             dep.set_state(client, decode(store["state"]).payload)
         reply = client.handle(msg)
@@ -178,7 +179,8 @@ def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, 
         time.sleep(0.2)
     log.info("hybridfl: %d SuperNodes connected; %s for %d rounds", len(node_ids), cfg.name, cfg.rounds)
     # hello: every node says which client it holds and learns the algorithm settings
-    hello = {"algorithm": cfg.name, "config": cfg.model_dump_json(), "seed": seed}
+    layout = [[c, sd.meta.get("client_blocks", {}).get(c, []), sd.meta.get("client_labels", {}).get(c, True)] for c in sd.client_ids]
+    hello = {"algorithm": cfg.name, "config": cfg.model_dump_json(), "seed": seed, "layout": json.dumps(layout)}
     t0 = time.perf_counter()
     probe = FlowerTransport(grid, {f"node-{nid}": nid for nid in node_ids}, poll_interval, reply_timeout)
     replies = probe.send_and_receive([Message(HELLO, SERVER, f"node-{nid}", 0, hello) for nid in node_ids], check_sender=False)
