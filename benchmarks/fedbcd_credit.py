@@ -142,7 +142,7 @@ def main():
     ap.add_argument("--quick", action="store_true", help="one seed, two step sizes, fewer rounds")
     args = ap.parse_args()
     seeds = [0] if args.quick else [0, 1, 2]
-    lrs = [0.1, 0.5] if args.quick else [0.05, 0.1, 0.2, 0.5, 1.0]
+    lrs = [0.1, 0.5] if args.quick else [0.1, 0.2, 0.5, 1.0]
     rounds = 200 if args.quick else 600
     targets = [0.70, 0.71]
     split = standardize(load_credit_default(DATA))
@@ -155,7 +155,7 @@ def main():
     t0 = time.time()
     with single_threaded():
         a = part_a(split, seeds, lrs, rounds, targets)
-        rounds_b = 60 if args.quick else 150
+        rounds_b = 60 if args.quick else 100
         b = part_b(split, seeds, {"mlp": 0.5, "linear": 1.0}, rounds_b, [25, 50, 100], 0.1)
     meta = {"seeds": seeds, "lrs": lrs, "rounds": rounds, "targets": targets, "central_auc": central,
             "rounds_b": rounds_b, "seeds_b": seeds, "mu": 0.1, "seconds": time.time() - t0,

@@ -102,8 +102,17 @@ def report(args) -> None:
         rt = r["rounds_to_target"]
         ratio = f"{rt / sgd['rounds_to_target']:.2f}" if (sgd and rt and sgd["rounds_to_target"]) else "-"
         rt_s = str(rt) if rt is not None else f"not reached in {r['rounds_run']}"
+        if rt is None and sgd is not None and r is not sgd and sgd["rounds_to_target"] is None:
+            ratio = "-"
+        elif rt is not None and sgd is not None and sgd["rounds_to_target"] is None:
+            ratio = f"< {rt / sgd['rounds_run']:.2f}"  # FedSGD did not reach the target in rounds_run rounds
+        mb = "-" if r["bytes_total"] is None else f"{r['bytes_total'] / 1e6:.1f}"
+        secs = "-" if r["train_seconds"] is None else f"{r['train_seconds']:.0f}"
         lines.append(f"| {r['method']} | {r['Q']} | {r['lr']:g} | {rt_s} | {r['paper_rounds'] or '-'} | {ratio} | "
-                     f"{100 * r['final_auc']:.2f} % | {r['bytes_total'] / 1e6:.1f} | {r['train_seconds']:.0f} |")
+                     f"{100 * r['final_auc']:.2f} % | {mb} | {secs} |")
+    notes = [f"- {r['method']} Q={r['Q']} eta_0={r['lr']:g}: {r['note']}." for r in runs if r.get("note")]
+    if notes:
+        lines += [""] + notes
     all_rows = ["", "All runs (every eta_0 tried):", "", "| method | Q | eta_0 | seed | rounds to target | rounds run |", "|---|---|---|---|---|---|"]
     for r in sorted(runs, key=lambda r: (r["variant"], r["Q"], r["lr"])):
         all_rows.append(f"| {r['method']} | {r['Q']} | {r['lr']:g} | {r['seed']} | {r['rounds_to_target']} | {r['rounds_run']} |")
