@@ -81,11 +81,15 @@ def part_a(split, seeds, lrs, rounds, targets):
                         "rounds_per_seed": {str(t): per_seed[t] for t in targets},
                         "best_auc_mean": float(np.mean(aucs)), "_key": key}
                 print(f"K={K} {NAMES[variant]} Q={Q} lr={lr}: {cand['rounds_median']}", flush=True)
+                ALL.append({k: v for k, v in cand.items() if k != "_key"})
                 if best is None or key < best["_key"]:
                     best = cand
             best.pop("_key")
             rows.append(best)
     return rows
+
+
+ALL: list[dict] = []  # every (K, method, Q, eta_0) tried in part A
 
 
 def part_b(split, seeds, lr_by_model, rounds, Qs, mu):
@@ -111,6 +115,10 @@ def part_b(split, seeds, lr_by_model, rounds, Qs, mu):
     return rows
 
 
+def pct(x):
+    return "diverged" if x is None or not np.isfinite(x) else f"{100 * x:.2f} %"
+
+
 def fmt_r(x):
     return "not reached" if x is None else (f"{x:g}")
 
@@ -132,15 +140,21 @@ def write_md(a, b, meta, path):
         for Q in dict.fromkeys(r["Q"] for r in b if r["model"] == model):
             p = next(r for r in b if r["model"] == model and r["Q"] == Q and r["method"] == "FedBCD-p")
             x = next(r for r in b if r["model"] == model and r["Q"] == Q and r["method"] == "FedPBCD-p")
-            lines.append(f"| {model} | {Q} | {100*p['final_auc_mean']:.2f} % | {100*x['final_auc_mean']:.2f} % | "
-                         f"{100*p['best_auc_mean']:.2f} % | {100*x['best_auc_mean']:.2f} % |")
+            lines.append(f"| {model} | {Q} | {pct(p['final_auc_mean'])} | {pct(x['final_auc_mean'])} | "
+                         f"{pct(p['best_auc_mean'])} | {pct(x['best_auc_mean'])} |")
     path.write_text("\n".join(lines) + "\n")
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true", help="one seed, two step sizes, fewer rounds")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json")
     args = ap.parse_args()
+    if args.report_only:
+        d = json.loads((OUT / "fedbcd_credit.json").read_text())
+        write_md(d["rounds_to_target"], d["large_q"], d["meta"], OUT / "fedbcd_credit.md")
+        print((OUT / "fedbcd_credit.md").read_text())
+        return
     seeds = [0] if args.quick else [0, 1, 2]
     lrs = [0.1, 0.5] if args.quick else [0.1, 0.2, 0.5, 1.0]
     rounds = 200 if args.quick else 600
@@ -161,7 +175,7 @@ def main():
             "rounds_b": rounds_b, "seeds_b": seeds, "mu": 0.1, "seconds": time.time() - t0,
             "command": "python benchmarks/fedbcd_credit.py" + (" --quick" if args.quick else "")}
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "fedbcd_credit.json").write_text(json.dumps({"meta": meta, "rounds_to_target": a, "large_q": b}, indent=1))
+    (OUT / "fedbcd_credit.json").write_text(json.dumps({"meta": meta, "rounds_to_target": a, "large_q": b, "all_step_sizes": ALL}, indent=1))
     write_md(a, b, meta, OUT / "fedbcd_credit.md")
     print((OUT / "fedbcd_credit.md").read_text())
 
