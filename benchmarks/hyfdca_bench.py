@@ -192,14 +192,15 @@ def main() -> None:
     ap.add_argument("--lrs", type=str, default="0.003,0.03,0.3")
     ap.add_argument("--dual-mode", choices=["block", "consensus"], default="block")
     ap.add_argument("--local-fraction", type=float, default=1.0)
+    ap.add_argument("--local-epochs", type=int, default=1)
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    tag = (f"_sigma{a.sigma:g}" if a.sigma else "") + ("_consensus" if a.dual_mode == "consensus" else "") + (f"_H{a.local_fraction:g}" if a.local_fraction != 1.0 else "")
+    tag = (f"_sigma{a.sigma:g}" if a.sigma else "") + ("_consensus" if a.dual_mode == "consensus" else "") + (f"_H{a.local_fraction:g}" if a.local_fraction != 1.0 else "") + (f"_E{a.local_epochs}" if a.local_epochs != 1 else "")
     with single_threaded():
         if a.part in ("mnist", "credit", "adult"):
             res = convergence(a.part, a.rounds, [float(x) for x in a.lrs.split(",")], a.eval_every, a.sigma,
-                              {"dual_mode": a.dual_mode, "local_fraction": a.local_fraction}, tag)
+                              {"dual_mode": a.dual_mode, "local_fraction": a.local_fraction, "local_epochs": a.local_epochs}, tag)
         elif a.part == "encryption":
             res = encryption(a.rounds)
         elif a.part == "encryption_plot":
@@ -209,7 +210,8 @@ def main() -> None:
     res["benchmark_seconds"] = time.perf_counter() - t
     res["command"] = (f".venv/bin/python benchmarks/hyfdca_bench.py --part {a.part} --rounds {a.rounds} --eval-every {a.eval_every} --lrs {a.lrs}"
                       + (f" --sigma {a.sigma:g}" if a.sigma else "") + (f" --dual-mode {a.dual_mode}" if a.dual_mode != "block" else "")
-                      + (f" --local-fraction {a.local_fraction:g}" if a.local_fraction != 1.0 else ""))
+                      + (f" --local-fraction {a.local_fraction:g}" if a.local_fraction != 1.0 else "")
+                      + (f" --local-epochs {a.local_epochs}" if a.local_epochs != 1 else ""))
     (OUT / f"hyfdca_{a.part}{tag}.json").write_text(json.dumps(res, indent=1, default=float))
     print(json.dumps({k: v for k, v in res.items() if k not in ("runs",)}, indent=1, default=float)[:3000])
 

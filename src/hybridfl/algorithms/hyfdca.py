@@ -104,6 +104,7 @@ class HyFDCAConfig(BaseModel):
     rounds: int = Field(100, ge=1, description="outer iterations T")
     local_steps: int | None = Field(None, ge=1, description="H: SDCA steps per client per round (default: local_fraction of its samples)")
     local_fraction: float = Field(1.0, gt=0, le=1, description="H as a share of the client's samples when local_steps is not set")
+    local_epochs: int = Field(1, ge=1, description="passes over the H chosen samples per round (each in a fresh random order)")
     dual_mode: Literal["block", "consensus"] = Field("block", description="block: each client keeps the dual variables of its own cell; consensus: one alpha per sample, averaged over its holders (paper Alg. 1)")
     sigma: float | None = Field(None, gt=0, description="CoCoA+ safety factor sigma' (default: clients (block) or segments (consensus))")
     cross: Literal["own", "energy", "none"] = Field("own", description="how a client's own dual changes enter its inner-product estimate")
@@ -197,6 +198,7 @@ class HyFDCAClient:
     def init(self, p: dict) -> list[bytes]:
         """Store the problem constants and segment layout; return encrypted partial norms."""
         self.params = {k: p[k] for k in ("N", "lam", "loss", "H", "sigma", "cross", "nu", "dual_mode")}
+        self.params["epochs"] = int(p.get("epochs", 1))
         seg = np.asarray(p["segment"], dtype=np.int64)
         holders = np.asarray(p["holders"], dtype=np.float64)
         bw = np.asarray(p["block_weight"], dtype=np.float64).reshape(holders.size, len(self.blocks))
@@ -239,6 +241,8 @@ class HyFDCAClient:
         H = min(int(prm["H"]), n)
         rng = np.random.default_rng([self.seed, rnd])
         order = rng.choice(n, size=H, replace=False) if H < n else rng.permutation(n)
+        if int(prm.get("epochs", 1)) > 1:  # further passes over the same H samples, fresh orders
+            order = np.concatenate([order] + [rng.permutation(order) for _ in range(int(prm["epochs"]) - 1)])
         lam_n = float(prm["lam"]) * float(prm["N"])
         sigma = float(prm["sigma"])
         cross = {"own": sigma, "none": 0.0}.get(str(prm["cross"]))
@@ -366,7 +370,7 @@ class HyFDCAServer:
             n_k = len(client_ids_order[cid])
             H = cfg.local_steps if cfg.local_steps is not None else max(1, math.ceil(cfg.local_fraction * n_k))
             init_msgs.append(Message("hyfdca.init", SERVER, cid, 0, {
-                "N": self.N, "lam": cfg.lam, "loss": cfg.loss, "H": int(H), "sigma": self.sigma, "cross": cfg.cross, "nu": cfg.nu, "dual_mode": cfg.dual_mode,
+                "N": self.N, "lam": cfg.lam, "loss": cfg.loss, "H": int(H), "sigma": self.sigma, "cross": cfg.cross, "nu": cfg.nu, "dual_mode": cfg.dual_mode, "epochs": cfg.local_epochs,
                 "segment": seg_arr, "holders": np.array([len(self.seg_holders[g]) for g in segs], dtype=np.int64),
                 "block_weight": bw.ravel(),
             }))
