@@ -291,3 +291,12 @@ def test_participation_modes(mode, p):
     else:
         counts = np.array([len(k) for k in picks])
         assert 3 <= counts.mean() <= 6 and counts.std() > 0
+
+
+def test_more_local_epochs_more_progress_per_round(credit_small):
+    """local_epochs = 3 repeats the pass over the chosen samples: more progress per round
+    (measured after 15 rounds: 6.7e-2 with 1 epoch, 2.2e-2 with 3)."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    one = run_hyfdca(credit_small, part, _cfg(rounds=15))
+    three = run_hyfdca(credit_small, part, _cfg(rounds=15, local_epochs=3))
+    assert three.summary["relative_suboptimality"] < 0.5 * one.summary["relative_suboptimality"]
