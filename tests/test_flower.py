@@ -234,7 +234,7 @@ def test_hyfdca_paillier_keys_stay_on_clients(tmp_path):
     from hybridfl.privacy.he import KeyDealer
     from hybridfl.runtime.flower.keys import SECRET_FILE, write_secret
 
-    algo = {**HYFDCA, "encryption": "paillier", "paillier_bits": 512, "rounds": 2}
+    algo = {**HYFDCA, "encryption": "paillier", "paillier_bits": 512, "rounds": 2, "local_epochs": 2}
     prep, dirs, server_dir = _setup(tmp_path, algo)
     with pytest.raises(HybridFLError, match="does not exist"):
         _run_steps(dirs, server_dir)
