@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--pings", type=int, default=3)
     ap.add_argument("--local-steps", type=int, default=20)
-    ap.add_argument("--part", choices=("hyfem", "ping", "all"), default="all")
+    ap.add_argument("--part", choices=("hyfem", "ping", "hyfdca", "all"), default="all")
     args = ap.parse_args()
     old = json.loads((OUT / "flower_overhead.json").read_text()) if (OUT / "flower_overhead.json").is_file() else {}
     if args.part in ("ping", "all"):
@@ -53,6 +53,9 @@ def main() -> None:
         (OUT / "flower_overhead.json").write_text(json.dumps(old, indent=1))
     if args.part in ("hyfem", "all"):
         old.update(hyfem_part(args))
+        (OUT / "flower_overhead.json").write_text(json.dumps(old, indent=1))
+    if args.part in ("hyfdca", "all"):
+        old["hyfdca"] = hyfdca_part()
         (OUT / "flower_overhead.json").write_text(json.dumps(old, indent=1))
     write_md(old)
 
@@ -77,6 +80,43 @@ def ping_part(pings: int) -> dict:
             s = json.loads((tmp / name / "res" / "summary.json").read_text())
             res[name] = {"ping_exchange_seconds": s["ping_seconds"], "serverapp_poll_interval": poll,
                          "supernode": "fast 0.05 s" if fast else "stock 3 s"}
+    res["load_average_end"] = os.getloadavg()
+    return res
+
+
+def hyfdca_part(rounds: int = 5) -> dict:
+    """HyFDCA (plaintext, 3 exchanges per round), 3 clients: in process vs loopback (tuned)."""
+    import numpy as np
+
+    from hybridfl.algorithms.hyfdca import HyFDCAConfig
+    from hybridfl.algorithms.hyfdca_run import build_hyfdca
+    from hybridfl.runtime.simulation import simulate
+
+    algo = {"name": "hyfdca", "loss": "hinge", "lam": 1e-3, "rounds": rounds, "positive_classes": [0, 1, 2, 3, 4],
+            "encryption": "none", "reference": False, "local_fraction": 0.5}
+    cfg = parse_config({"seed": 0, "dataset": {"name": "digits"},
+                        "partition": {"kind": "class_block", "num_clients": 3, "classes_per_client": [5, 7], "blocks_per_client": 2},
+                        "algorithm": algo})
+    prep = prepare(cfg)
+    res: dict = {"algorithm": algo, "load_average_start": os.getloadavg()}
+    with single_threaded():
+        server, _, tr, _ = build_hyfdca(prep.split, prep.partition, HyFDCAConfig(**{k: v for k, v in algo.items() if k != "name"}), 0)
+        hist = simulate(server, tr, rounds)
+    res["in_process"] = {"round_seconds": [r["seconds"] for r in hist], "bytes_total": tr.log.bytes_total, "messages_total": tr.log.messages_total}
+    with tempfile.TemporaryDirectory(prefix="hybridfl-bench-d-") as tmp:
+        tmp = Path(tmp)
+        dirs = export_clients(prep.split, prep.partition, tmp / "export", seed=0, run_config=cfg.model_dump(mode="json"))
+        fed = LocalFederation(dirs, fast=True, poll_interval=0.05, work_dir=tmp / "fed", start_timeout=180)
+        try:
+            fed.start()
+            fed.run({"server-dir": str(tmp / "export" / "server"), "out-dir": str(tmp / "res")}, timeout=1800)
+        finally:
+            fed.stop()
+        s = json.loads((tmp / "res" / "summary.json").read_text())
+        w = np.load(tmp / "res" / "final.npz")["w"]
+    res["tuned"] = {"round_seconds": s["round_seconds"], "exchange_seconds": s["exchange_seconds"], "bytes_total": s["bytes_total"],
+                    "wire_bytes_total": s["wire_bytes_total"], "messages_total": s["messages_total"],
+                    "w_max_relative_difference": float(np.max(np.abs(w - server.w)) / max(float(np.max(np.abs(server.w))), 1e-300))}
     res["load_average_end"] = os.getloadavg()
     return res
 
@@ -146,6 +186,18 @@ def write_md(r: dict) -> None:
             "| | tuned (fast SuperNode 0.05 s, ServerApp pulls every 0.02 s) | default (stock SuperNode 3 s, pulls every 3 s) |\n|---|---|---|\n"
             f"| seconds per empty exchange (median) | {med(p['tuned']['ping_exchange_seconds'])} | {med(p['default']['ping_exchange_seconds'])} |\n"
             f"| all | {', '.join(f'{x:.2f}' for x in p['tuned']['ping_exchange_seconds'])} | {', '.join(f'{x:.2f}' for x in p['default']['ping_exchange_seconds'])} |")
+    if "hyfdca" in r:
+        d = r["hyfdca"]
+        ip, t = d["in_process"], d["tuned"]
+        out.append(
+            f"HyFDCA (plaintext), digits, 3 clients, {d['algorithm']['rounds']} rounds of 3 exchanges (+3 setup); load average "
+            f"{d['load_average_start'][0]:.1f} -> {d['load_average_end'][0]:.1f}.\n\n"
+            "| | in process | Flower loopback, tuned |\n|---|---|---|\n"
+            f"| seconds per round (median) | {med(ip['round_seconds'])} | {med(t['round_seconds'])} |\n"
+            f"| seconds per exchange (median) | - | {med(t['exchange_seconds'])} |\n"
+            f"| counted bytes ({ip['messages_total']} messages) | {ip['bytes_total']} | {t['bytes_total']} |\n"
+            f"| Flower serialized bytes | - | {t['wire_bytes_total']} |\n"
+            f"| max relative difference of w | - | {t['w_max_relative_difference']:.1e} |")
     (OUT / "flower_overhead.md").write_text("\n\n".join(out) + "\n")
     print((OUT / "flower_overhead.md").read_text())
 
