@@ -83,7 +83,13 @@ import scipy.sparse as sp
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
 from hybridfl.algorithms.convex.losses import RowData
-from hybridfl.algorithms.convex.problem import block_offsets, feature_index, features, signed_labels
+from hybridfl.algorithms.convex.problem import (
+    block_offsets,
+    feature_index,
+    features,
+    signed_labels,
+)
+from hybridfl.algorithms.participation import select_participants
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.errors import PartitionError
 from hybridfl.privacy.he import HEBackend
@@ -414,18 +420,7 @@ class HyFDCAServer:
     def select(self, rnd: int) -> list[str]:
         """Available clients ``K^t`` (HyFDCA Assumption 5 random subsets or Assumption 7 cyclic groups)."""
         cfg = self.config
-        ids = self.client_ids
-        if cfg.participation >= 1.0 and cfg.participation_mode != "cyclic":
-            return list(ids)
-        if cfg.participation_mode == "cyclic":
-            g = (rnd - 1) % cfg.cyclic_groups
-            return [c for i, c in enumerate(ids) if i % cfg.cyclic_groups == g]
-        if cfg.participation_mode == "probability":
-            pick = [c for c in ids if self.rng.random() < cfg.participation]
-            return pick or [ids[int(self.rng.integers(len(ids)))]]
-        k = max(1, int(round(cfg.participation * len(ids))))
-        chosen = set(self.rng.choice(len(ids), size=k, replace=False).tolist())
-        return [c for i, c in enumerate(ids) if i in chosen]
+        return select_participants(rnd, self.client_ids, cfg.participation, cfg.participation_mode, cfg.cyclic_groups, self.rng)
 
     # -- one round
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:

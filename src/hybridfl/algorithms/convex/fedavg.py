@@ -21,7 +21,13 @@ from typing import Literal
 import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from hybridfl.algorithms.convex.problem import block_offsets, feature_index, features, signed_labels
+from hybridfl.algorithms.convex.problem import (
+    block_offsets,
+    feature_index,
+    features,
+    signed_labels,
+)
+from hybridfl.algorithms.participation import select_participants
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.transport import Transport
@@ -108,17 +114,8 @@ class HybridFedAvgServer:
             self.feat[r.sender] = feature_index([str(b) for b in r.payload["blocks"]], self.offsets)
 
     def select(self, rnd: int) -> list[str]:
-        cfg, ids = self.config, self.client_ids
-        if cfg.participation_mode == "cyclic":
-            return [c for i, c in enumerate(ids) if i % cfg.cyclic_groups == (rnd - 1) % cfg.cyclic_groups]
-        if cfg.participation >= 1.0:
-            return list(ids)
-        if cfg.participation_mode == "probability":
-            pick = [c for c in ids if self.rng.random() < cfg.participation]
-            return pick or [ids[int(self.rng.integers(len(ids)))]]
-        k = max(1, int(round(cfg.participation * len(ids))))
-        chosen = set(self.rng.choice(len(ids), size=k, replace=False).tolist())
-        return [c for i, c in enumerate(ids) if i in chosen]
+        cfg = self.config
+        return select_participants(rnd, self.client_ids, cfg.participation, cfg.participation_mode, cfg.cyclic_groups, self.rng)
 
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
         cfg = self.config
