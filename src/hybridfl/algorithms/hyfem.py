@@ -262,8 +262,8 @@ class HyFEMServer:
                 continue
             weights = np.array([float(r.payload["n_samples"]) for r in holders])
             weights /= weights.sum()
-            keys = unpack_arrays(f"ext.{b}.", holders[0].payload).keys()
-            avg = {k: sum(w * unpack_arrays(f"ext.{b}.", r.payload)[k].astype(np.float64) for w, r in zip(weights, holders)) for k in keys}
+            params = [unpack_arrays(f"ext.{b}.", r.payload) for r in holders]
+            avg = {k: sum(w * p[k].astype(np.float64) for w, p in zip(weights, params)) for k in params[0]}
             self.model.load_extractor_arrays(b, {k: v.astype(np.float32) for k, v in avg.items()})
 
     def match(self, replies: Sequence[Message], absent: Sequence[str] = ()) -> None:
