@@ -1,16 +1,20 @@
 """Checkpoint and resume: a run killed mid-way (SIGKILL) and resumed with `hybridfl run --resume`
-ends with the same model metrics and results as an uninterrupted run with the same seed."""
+ends with the same model metrics and results as an uninterrupted run with the same seed (HyFEM
+and FedBCD, both with client failures)."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 from hybridfl.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint
 
@@ -19,6 +23,15 @@ seed: 3
 dataset: {name: digits}
 partition: {kind: class_block, num_clients: 4, classes_per_client: [5, 7], blocks_per_client: 3}
 algorithm: {name: hyfem, rounds: 12, local_steps: 40, lr: 0.05, momentum: 0.9, eval_every: 4, failure_rate: 0.2}
+"""
+# FedBCD-p with MLP towers on UCI credit default, 3 parties, 20 % failures (rounds skipped):
+# 20-40 ms per round with its checkpoint, so a kill lands mid-run
+FEDBCD_CONFIG = """
+seed: 2
+dataset: {{name: credit_default, data_dir: {data_dir}, standardize: true}}
+partition: {{kind: vertical, parties: [[demographic], [repayment], [bill, payment]], label_party: 1}}
+algorithm: {{name: fedbcd, variant: p, local_steps: 5, rounds: 60, batch_size: 512, lr: 0.3, model: mlp,
+            representation_dim: 8, hidden: 64, eval_every: 10, eval_subset: 2000, failure_rate: 0.2}}
 """
 TIMING = {"seconds", "train_seconds", "centralized_seconds", "wall_seconds", "seconds_total"}
 
@@ -34,14 +47,16 @@ def results(d: Path) -> tuple[dict, list[dict]]:
     return res, rows
 
 
-def test_killed_run_resumes_to_the_same_result(tmp_path):
+def kill_and_resume(tmp_path: Path, config: str, rounds: int, kill_after: int) -> tuple[dict, dict]:
+    """Run ``config`` uninterrupted; run it again, SIGKILL it once its checkpoint is at round
+    ``kill_after`` or later, resume it; check both runs' results agree; return both results.json."""
     cfg = tmp_path / "c.yaml"
-    cfg.write_text(CONFIG)
+    cfg.write_text(config)
     full, part = tmp_path / "full", tmp_path / "part"
     done = subprocess.run(cli("run", "--config", str(cfg), "--out", str(full), "-q"), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
 
-    proc = subprocess.Popen(cli("run", "--config", str(cfg), "--out", str(part), "-q"), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(cli("run", "--config", str(cfg), "--out", str(part), "-q"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         killed_after = None
@@ -49,7 +64,7 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
             ck = part / CHECKPOINT_NAME
             if ck.exists():
                 rnd = load_checkpoint(ck)[0]
-                if rnd >= 3:
+                if rnd >= kill_after:
                     os.killpg(proc.pid, signal.SIGKILL)
                     killed_after = rnd
                     break
@@ -61,16 +76,85 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
             proc.wait()
     assert killed_after is not None, "the run ended before it could be interrupted"
     stopped_at = load_checkpoint(part / CHECKPOINT_NAME)[0]
-    assert 3 <= stopped_at < 12
+    assert kill_after <= stopped_at < rounds
     assert not (part / "results.json").exists()  # killed: no results yet, nothing half-written
 
     resumed = subprocess.run(cli("run", "--resume", str(part), "-q"), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
     res_full, rows_full = results(full)
     res_part, rows_part = results(part)
+    assert len(rows_part) == rounds
     assert rows_part == rows_full
     assert res_part == res_full
-    assert res_full["client_failures"] > 0
+    return res_full, res_part
+
+
+def test_killed_run_resumes_to_the_same_result(tmp_path):
+    res, _ = kill_and_resume(tmp_path, CONFIG, rounds=12, kill_after=3)
+    assert res["client_failures"] > 0
+
+
+def test_killed_fedbcd_run_resumes_to_the_same_result(tmp_path, credit_dir):
+    res, _ = kill_and_resume(tmp_path, FEDBCD_CONFIG.format(data_dir=credit_dir), rounds=60, kill_after=5)
+    assert res["algorithm"] == "fedbcd" and res["rounds"] == 60
+    assert res["skipped_rounds"] > 0 and len(res["skipped"]) == res["skipped_rounds"] and res["client_failures"] >= res["skipped_rounds"]
+    assert res["auc"] > 0.7
+
+
+@pytest.mark.parametrize("variant,crash", [("p", False), ("s", False), ("p", True)])
+def test_fedbcd_resumes_from_any_round_in_process(tmp_path, monkeypatch, variant, crash):
+    """In process, from the checkpoint of every round of a short run with failures (skipped rounds,
+    parties still owing an undo): the resumed run has the same metrics, the same summary and the
+    same final state (every party's parameters and snapshot, the coordinator, the transport), bit
+    for bit, as the uninterrupted run. With ``crash``, a failed party also misses the round's
+    ``fedbcd.undo``, so it still owes it (and needs its snapshot) when the checkpoint is written."""
+    import numpy as np
+
+    from hybridfl.algorithms import fedbcd_run
+    from hybridfl.algorithms.fedbcd import FedBCDConfig
+    from hybridfl.algorithms.fedbcd_run import run_fedbcd
+    from hybridfl.runtime.transport import InProcessTransport
+    from tests.test_fedbcd_reliability import synthetic, vertical
+
+    class CrashTransport(InProcessTransport):
+        def send_and_receive(self, messages):
+            messages = list(messages)
+            lost = [m for m in messages if m.kind == "fedbcd.undo" and self.fails(m.round, m.receiver)]
+            for m in lost:
+                self._cross(m)
+            return super().send_and_receive([m for m in messages if m not in lost])
+
+    if crash:
+        monkeypatch.setattr(fedbcd_run, "InProcessTransport", CrashTransport)
+
+    split = synthetic()
+    part = vertical(split)
+    cfg = FedBCDConfig(variant=variant, local_steps=3, rounds=10, batch_size=40, lr=0.3, model="mlp", representation_dim=3,
+                       hidden=6, failure_rate=0.3, eval_every=3)
+    ck = tmp_path / CHECKPOINT_NAME
+    copies = {}
+
+    def keep(rnd, total, row):
+        copies[rnd] = tmp_path / f"after-{rnd}.hfl"
+        shutil.copy(ck, copies[rnd])
+
+    full = run_fedbcd(split, part, cfg, seed=1, progress=keep, checkpoint=ck)
+    assert full.summary["skipped_rounds"] >= 2
+
+    def strip(summary):
+        return {k: v for k, v in summary.items() if k not in TIMING and k != "report"}
+
+    def rows(history):
+        return [{k: v for k, v in r.items() if k != "seconds"} for r in history]
+
+    _, final, final_meta = load_checkpoint(ck)
+    for rnd in range(1, cfg.rounds):
+        res = run_fedbcd(split, part, cfg, seed=1, checkpoint=copies[rnd], resume=True)  # continues in copies[rnd]
+        assert rows(res.history) == rows(full.history), rnd
+        assert strip(res.summary) == strip(full.summary), rnd
+        _, arrays, meta = load_checkpoint(copies[rnd])
+        assert arrays.keys() == final.keys() and all(np.array_equal(arrays[k], final[k]) for k in final), rnd
+        assert meta["server"] == final_meta["server"] and meta["transport"]["failed"] == final_meta["transport"]["failed"]
 
 
 def test_resume_errors(tmp_path):

@@ -48,10 +48,31 @@ Variants (one communication round = one exchange on one mini-batch):
 
 With ``Q = 1`` FedBCD-p is exactly FedSGD, and FedSGD is exactly mini-batch SGD on the joint
 model (tested against a centrally trained copy in ``tests/test_fedbcd.py``).
+
+A missing party (``failure_rate`` > 0 in the simulation: a party receives the round's messages and
+does its work, but its replies never arrive). Vertical FL cannot form the joint prediction, the
+loss or any ``dL/dH_k`` without every party's ``H_k``, so a round in which any reply is missing --
+the label party's or a passive party's -- cannot be completed, and ``on_missing_party`` decides:
+
+- ``skip`` (default): the round makes no update for anybody. The coordinator stops the round at
+  the first missing reply, keeps its own batch, ``H_k`` and batch sampler state from before the
+  round, and sends
+  ``fedbcd.undo`` to every party that received a message in the round; each party restores the
+  snapshot of its state (parameters, current batch, stored ``H_j``) it took at its first message
+  of the round. A party whose ``fedbcd.undo`` reply is lost too gets ``undo`` again in its next
+  message (restoring the same snapshot twice is harmless). The round still counts towards
+  ``rounds`` and the step-size schedule; its metrics row has ``skipped = 1`` and ``missing`` (the
+  parties without a reply, space-separated), no ``train_loss``; a warning is logged; the run's
+  summary counts ``skipped_rounds``. The next round works on the mini-batch the skipped one would
+  have used. So the models after a run with skipped rounds are those of a run in which nobody
+  received any message in those rounds (``tests/test_fedbcd_reliability.py``).
+- ``error``: the run stops with :class:`PartyMissingError`, one sentence naming the round and the
+  missing party (or parties).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from typing import Literal
 
@@ -60,11 +81,17 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from torch import nn
 
+from hybridfl.errors import HybridFLError
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.transport import Transport
 
 SERVER = "server"
 MIN_PARTIES, MAX_PARTIES = 2, 8
+log = logging.getLogger(__name__)
+
+
+class PartyMissingError(HybridFLError):
+    """A party sent no reply in a round and ``on_missing_party`` is ``error``."""
 
 
 class FedBCDConfig(BaseModel):
@@ -72,7 +99,8 @@ class FedBCDConfig(BaseModel):
 
     ``variant``: ``sgd`` (FedSGD, ``local_steps`` must be 1), ``p`` (FedBCD-p), ``s``
     (FedBCD-s), ``prox`` (FedPBCD-p, ``mu`` > 0, default 0.1 as in paper Fig. 4b).
-    ``local_steps`` defaults to 1 for ``sgd`` and 5 otherwise.
+    ``local_steps`` defaults to 1 for ``sgd`` and 5 otherwise. ``failure_rate`` and
+    ``on_missing_party``: see the module docstring ("A missing party").
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -94,6 +122,13 @@ class FedBCDConfig(BaseModel):
     eval_every: int = Field(1, ge=1, description="evaluate every k rounds (and after the last)")
     eval_subset: int | None = Field(None, ge=10, description="evaluate on a fixed random subset of this many test samples")
     eval_dense_from: float | None = Field(None, gt=0, lt=1, description="evaluate every round once the test AUC has reached this")
+    failure_rate: float = Field(0.0, ge=0, lt=1, description="simulated: probability that a party fails in a round (it works, but its replies never arrive)")
+    on_missing_party: Literal["skip", "error"] = Field(
+        "skip",
+        description="a round with a missing reply (any party, the label party included) cannot be completed in vertical FL: "
+        "skip = roll every party back to its state before the round, count the round as skipped and go on; "
+        "error = stop with an error naming the party and the round",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> FedBCDConfig:
@@ -162,7 +197,9 @@ class FedBCDParty:
         party_order: all party IDs in the order the top model takes them (label party only).
 
     State (plain tensors/arrays, see :meth:`state_dict`): model parameters, the aligned positions,
-    the current batch, and (label party) the last ``H_j`` received for it.
+    the current batch, and (label party) the last ``H_j`` received for it; plus a snapshot of that
+    state (without the aligned positions) taken at the party's first message of each round, which
+    ``undo`` restores when the coordinator skips the round (module docstring, "A missing party").
     """
 
     def __init__(
@@ -191,11 +228,22 @@ class FedBCDParty:
         self.rows: np.ndarray | None = None  # aligned position -> own row
         self.batch: np.ndarray | None = None  # aligned positions of the current batch
         self.others: dict[str, torch.Tensor] = {}  # label party: H_j of the current batch
+        self._snap: dict[str, np.ndarray] | None = None  # state at the first message of round _snap_round
+        self._snap_round: int | None = None
+        self._snap_lost = False  # loaded from a state_dict without the snapshot
         with torch.no_grad():
             self.out_dim = int(self.bottom(self.x[:1]).shape[1])
 
     # ------------------------------------------------------------------ protocol
     def handle(self, msg: Message) -> Message:
+        if msg.round >= 1:
+            if "undo" in msg.payload:
+                self.undo(int(msg.payload["undo"]))
+            if msg.kind == "fedbcd.undo":
+                self.undo(int(msg.payload["round"]))
+                return msg.reply(undone=int(msg.payload["round"]))
+            if self._snap_round != msg.round:
+                self._snap, self._snap_round = self._core_state(), msg.round
         if msg.kind == "fedbcd.properties":
             return msg.reply(ids=[str(s) for s in self.ids], blocks=self.blocks, out_dim=self.out_dim, has_labels=self.is_label)
         if msg.kind == "fedbcd.align":
@@ -313,30 +361,80 @@ class FedBCDParty:
         """Label party: logits ``(n,)`` from every party's ``H_j`` ``(n, r_j)`` (for evaluation)."""
         return self.top([torch.from_numpy(np.asarray(hs[j], dtype=np.float32)) for j in self.party_order]).numpy()
 
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """All state needed between messages as arrays: parameters (``bottom.*``, ``top.*``),
-        the aligned rows, the current batch, and (label party) the stored ``H_j`` (``h.*``)."""
+    def undo(self, rnd: int) -> None:
+        """Discard round ``rnd`` and everything after it (the coordinator skipped it): restore the
+        snapshot if it was taken in round ``rnd`` or later. A snapshot of a later round was taken
+        after this same ``undo`` had been applied (the coordinator repeats it in every message
+        until a reply confirms it), so it holds the state before round ``rnd``; restoring it
+        again is harmless. Nothing to do if the party received no message since round ``rnd``
+        (its snapshot is older, or it has none because it never received a message of a round).
+
+        Raises:
+            RuntimeError: the party was loaded from a :meth:`state_dict` without its snapshot.
+        """
+        if self._snap is None or self._snap_round is None:
+            if self._snap_lost:
+                raise RuntimeError(f"FedBCD party {self.party_id!r} cannot undo round {rnd}: it was loaded without the snapshot of its state.")
+            return
+        if self._snap_round >= rnd:
+            self._load_core({k: np.array(v, copy=True) for k, v in self._snap.items()})
+
+    def _core_state(self) -> dict[str, np.ndarray]:
         sd = {f"bottom.{k}": v.detach().numpy().copy() for k, v in self.bottom.state_dict().items()}
         if self.is_label:
             sd.update({f"top.{k}": v.detach().numpy().copy() for k, v in self.top.state_dict().items()})
             sd.update({f"h.{j}": v.detach().numpy().copy() for j, v in self.others.items()})
-        if self.rows is not None:
-            sd["rows"] = self.rows.copy()
         if self.batch is not None:
             sd["batch"] = self.batch.copy()
         return sd
 
-    def load_state_dict(self, sd: Mapping[str, np.ndarray]) -> None:
-        """Inverse of :meth:`state_dict`."""
+    def _load_core(self, sd: Mapping[str, np.ndarray]) -> None:
         self.bottom.load_state_dict({k[7:]: torch.from_numpy(np.asarray(v)) for k, v in sd.items() if k.startswith("bottom.")})
         if self.is_label:
             self.top.load_state_dict({k[4:]: torch.from_numpy(np.asarray(v)) for k, v in sd.items() if k.startswith("top.")})
             self.others = {k[2:]: torch.from_numpy(np.asarray(v)) for k, v in sd.items() if k.startswith("h.")}
-        self.rows = np.asarray(sd["rows"]) if "rows" in sd else None
         self.batch = np.asarray(sd["batch"]) if "batch" in sd else None
+
+    def state_dict(self, snapshot: bool = False) -> dict[str, np.ndarray]:
+        """All state needed between messages as arrays: parameters (``bottom.*``, ``top.*``),
+        the aligned rows, the current batch, and (label party) the stored ``H_j`` (``h.*``).
+        With ``snapshot`` (for checkpoints), also the round snapshot that ``undo`` restores
+        (``snap.*``, ``snap_round``; -1: none taken yet)."""
+        sd = self._core_state()
+        if self.rows is not None:
+            sd["rows"] = self.rows.copy()
+        if snapshot:
+            sd.update({f"snap.{k}": v.copy() for k, v in (self._snap or {}).items()})
+            sd["snap_round"] = np.array([-1 if self._snap_round is None else self._snap_round], dtype=np.int64)
+        return sd
+
+    def load_state_dict(self, sd: Mapping[str, np.ndarray]) -> None:
+        """Inverse of :meth:`state_dict`."""
+        self._load_core({k: v for k, v in sd.items() if not k.startswith("snap")})
+        self.rows = np.asarray(sd["rows"]) if "rows" in sd else None
+        if "snap_round" in sd:
+            r = int(np.asarray(sd["snap_round"]).reshape(-1)[0])
+            self._snap = {k[5:]: np.asarray(v) for k, v in sd.items() if k.startswith("snap.")} if r >= 0 else None
+            self._snap_round = r if r >= 0 else None
+            self._snap_lost = False
+        else:
+            self._snap, self._snap_round, self._snap_lost = None, None, True
 
 
 # ---------------------------------------------------------------------------------- coordinator
+
+
+class _Missing(Exception):
+    """Internal: replies missing in the current round (the round cannot be completed)."""
+
+    def __init__(self, parties: list[str]):
+        super().__init__(", ".join(parties))
+        self.parties = parties
+
+
+def _names(parties: Sequence[str]) -> str:
+    quoted = [repr(p) for p in parties]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
 
 
 class FedBCDCoordinator:
@@ -345,6 +443,9 @@ class FedBCDCoordinator:
     Args:
         config: FedBCD settings.
         seed: seeds the mini-batch sampling (IDs only).
+
+    A round with a missing reply is handled as ``config.on_missing_party`` says (module docstring,
+    "A missing party"); ``skipped`` lists ``(round, missing parties)`` of every skipped round.
     """
 
     def __init__(self, config: FedBCDConfig, seed: int = 0):
@@ -356,6 +457,58 @@ class FedBCDCoordinator:
         self.n = 0
         self.batch: np.ndarray | None = None
         self.h: dict[str, np.ndarray] = {}  # H_k of the current batch (passive parties)
+        self.undo: dict[str, int] = {}  # party -> skipped round it has not yet confirmed undoing
+        self.skipped: list[tuple[int, list[str]]] = []
+        self._touched: set[str] = set()  # parties that received a message in the current round
+
+    # ------------------------------------------------------------------ state (checkpoints)
+    def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """Everything carried from round to round: ``(arrays, json_meta)`` with the current batch,
+        the stored ``H_k``, the roles, the aligned sample count, the batch sampler's random state,
+        the pending ``undo`` per party and the skipped rounds."""
+        arrays = {f"h.{k}": np.asarray(v) for k, v in self.h.items()}
+        if self.batch is not None:
+            arrays["batch"] = np.asarray(self.batch)
+        meta = {
+            "parties": self.parties,
+            "label_party": self.label_party,
+            "passive": self.passive,
+            "n": self.n,
+            "rng": self.rng.bit_generator.state,
+            "undo": self.undo,
+            "skipped": [[r, list(m)] for r, m in self.skipped],
+        }
+        return arrays, meta
+
+    def set_state(self, arrays: Mapping[str, np.ndarray], meta: dict) -> None:
+        """Restore what :meth:`get_state` returned (on a coordinator built with the same config)."""
+        self.parties = [str(p) for p in meta["parties"]]
+        self.label_party = str(meta["label_party"])
+        self.passive = [str(p) for p in meta["passive"]]
+        self.n = int(meta["n"])
+        self.rng.bit_generator.state = meta["rng"]
+        self.undo = {str(k): int(v) for k, v in meta["undo"].items()}
+        self.skipped = [(int(r), [str(x) for x in m]) for r, m in meta["skipped"]]
+        self.batch = np.asarray(arrays["batch"], dtype=np.int64) if "batch" in arrays else None
+        self.h = {k[2:]: np.asarray(v) for k, v in arrays.items() if k.startswith("h.")}
+
+    # ------------------------------------------------------------------ exchanges
+    def _exchange(self, transport: Transport, messages: list[Message]) -> list[Message]:
+        """Send; every reply must arrive. A party with a pending ``undo`` gets it in its message
+        (its reply confirms it). Raises :class:`_Missing` with the parties whose reply is missing."""
+        for m in messages:
+            if m.receiver in self.undo:
+                m.payload["undo"] = self.undo[m.receiver]
+            self._touched.add(m.receiver)
+        replies = transport.send_and_receive(messages)
+        arrived = {r.sender for r in replies}
+        for m in messages:
+            if m.receiver in arrived:
+                self.undo.pop(m.receiver, None)
+        missing = [m.receiver for m in messages if m.receiver not in arrived]
+        if missing:
+            raise _Missing(missing)
+        return replies
 
     def setup(self, transport: Transport, client_ids: Sequence[str]) -> None:
         """Ask every party for its sample IDs and role; send the aligned ID order (intersection
@@ -389,18 +542,48 @@ class FedBCDCoordinator:
         return {"local_steps": c.Q, "lr": float(c.step_size(rnd - 1)), "mu": float(c.mu or 0.0), "l2": float(c.l2)}
 
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
-        """One communication round: one exchange on a fresh mini-batch and the local steps."""
-        if self.batch is None:  # first round: H_k of the first batch
-            self.batch = self.sample_batch()
-            replies = transport.send_and_receive(
-                [Message("fedbcd.forward", SERVER, k, rnd, {"batch": self.batch}) for k in self.passive]
+        """One communication round: one exchange on a fresh mini-batch and the local steps.
+
+        Returns ``train_loss`` and ``lr``; for a skipped round ``skipped`` (1), ``missing`` and
+        ``lr``.
+
+        Raises:
+            PartyMissingError: a reply is missing and ``on_missing_party`` is ``error``.
+        """
+        lr = float(self.config.step_size(rnd - 1))
+        before = (self.batch, self.h, self.rng.bit_generator.state)
+        self._touched = set()
+        try:
+            if self.batch is None:  # first round: H_k of the first batch
+                self.batch = self.sample_batch()
+                replies = self._exchange(transport, [Message("fedbcd.forward", SERVER, k, rnd, {"batch": self.batch}) for k in self.passive])
+                self.h = {r.sender: r.payload["h"] for r in replies}
+            if self.config.variant == "s":
+                loss = self._sequential(rnd, transport)
+            else:
+                loss = self._parallel(rnd, transport)
+        except _Missing as e:  # the round never happened for the coordinator either
+            self.batch, self.h, self.rng.bit_generator.state = before
+            return self._skip(rnd, e.parties, lr, transport)
+        return {"train_loss": loss, "lr": lr}
+
+    def _skip(self, rnd: int, missing: list[str], lr: float, transport: Transport) -> dict:
+        """A reply of round ``rnd`` is missing: raise (``error``) or undo the round everywhere (``skip``)."""
+        who = ("party " if len(missing) == 1 else "parties ") + _names(missing) + (" (the label party)" if self.label_party in missing else "")
+        if self.config.on_missing_party == "error":
+            raise PartyMissingError(
+                f"FedBCD {who} sent no reply in round {rnd}, and a vertical FL round needs every party "
+                "(set algorithm.on_missing_party: skip to skip such rounds)."
             )
-            self.h = {r.sender: r.payload["h"] for r in replies}
-        if self.config.variant == "s":
-            loss = self._sequential(rnd, transport)
-        else:
-            loss = self._parallel(rnd, transport)
-        return {"train_loss": loss, "lr": float(self.config.step_size(rnd - 1))}
+        touched = [p for p in self.parties if p in self._touched]
+        for p in touched:  # the earliest unconfirmed skipped round: its undo also undoes the later ones
+            self.undo[p] = min(self.undo.get(p, rnd), rnd)
+        replies = transport.send_and_receive([Message("fedbcd.undo", SERVER, p, rnd, {"round": self.undo[p]}) for p in touched])
+        for r in replies:
+            self.undo.pop(r.sender, None)
+        self.skipped.append((rnd, list(missing)))
+        log.warning("FedBCD round %d skipped: no reply from %s; the round's updates are undone at every party.", rnd, who)
+        return {"skipped": 1, "missing": " ".join(missing), "lr": lr}
 
     def _parallel(self, rnd: int, transport: Transport) -> float:
         """FedSGD / FedBCD-p / FedPBCD-p round (Alg. 1, Alg. 2): the label party returns every
@@ -409,10 +592,11 @@ class FedBCDCoordinator:
         assert self.batch is not None
         payload = {"batch": self.batch, "grads_for": list(self.passive), **common}
         payload.update({f"h.{k}": self.h[k] for k in self.passive})
-        (lab,) = transport.send_and_receive([Message("fedbcd.label", SERVER, self.label_party, rnd, payload)])
+        (lab,) = self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)])
         nxt = self.sample_batch()
-        replies = transport.send_and_receive(
-            [Message("fedbcd.party_step", SERVER, k, rnd, {"grad": lab.payload[f"grad.{k}"], "next_batch": nxt, **common}) for k in self.passive]
+        replies = self._exchange(
+            transport,
+            [Message("fedbcd.party_step", SERVER, k, rnd, {"grad": lab.payload[f"grad.{k}"], "next_batch": nxt, **common}) for k in self.passive],
         )
         self.batch = nxt
         self.h = {r.sender: r.payload["h_next"] for r in replies}
@@ -433,17 +617,17 @@ class FedBCDCoordinator:
             if i == 0:
                 payload["batch"] = self.batch
             payload.update({f"h.{j}": v for j, v in fresh.items()})
-            (lab,) = transport.send_and_receive([Message("fedbcd.label", SERVER, self.label_party, rnd, payload)])
+            (lab,) = self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)])
             if first_loss is None:
                 first_loss = float(lab.payload["loss"])
-            (rep,) = transport.send_and_receive(
-                [Message("fedbcd.party_step", SERVER, k, rnd, {"grad": lab.payload[f"grad.{k}"], "next_batch": nxt, "return_current": True, **common})]
+            (rep,) = self._exchange(
+                transport, [Message("fedbcd.party_step", SERVER, k, rnd, {"grad": lab.payload[f"grad.{k}"], "next_batch": nxt, "return_current": True, **common})]
             )
             fresh = {k: rep.payload["h"]}
             new_h[k] = rep.payload["h_next"]
         payload = {"grads_for": [], **common}
         payload.update({f"h.{j}": v for j, v in fresh.items()})
-        transport.send_and_receive([Message("fedbcd.label", SERVER, self.label_party, rnd, payload)])
+        self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)])
         self.batch = nxt
         self.h = new_h
         return float(first_loss if first_loss is not None else 0.0)

@@ -7,7 +7,17 @@ them into logits): ``auc`` (test ROC AUC, ``sklearn.metrics.roc_auc_score``), ``
 ``results.json`` has the final ``auc``/``accuracy``, ``best_auc`` and, when ``target_auc`` is set,
 ``rounds_to_target`` (the first *evaluated* round whose test AUC reaches it, ``None`` if none did;
 with ``eval_every`` > 1 it is a multiple of ``eval_every`` unless ``eval_dense_from`` switched to
-evaluating every round once the AUC reached that value).
+evaluating every round once the AUC reached that value). With ``failure_rate`` > 0 it also has
+``client_failures`` (failed (round, party) draws), ``skipped_rounds`` and ``skipped`` (each skipped
+round with the parties whose reply was missing; see :mod:`hybridfl.algorithms.fedbcd`, "A missing
+party"); a skipped round's row in ``metrics.csv`` has ``skipped = 1`` and ``missing``.
+
+Checkpoint and resume (like HyFEM): with ``checkpoint``, the state after every round is written
+atomically (the coordinator's batch, ``H_k``, batch sampler state, pending undos and skipped rounds;
+every party's parameters, current batch, stored ``H_j`` and, while it owes an undo, its round
+snapshot; torch's global random
+state; the transport's log and failure draws; the metrics history); ``resume`` continues from it and
+ends with the same model and metrics as an uninterrupted run.
 """
 
 from __future__ import annotations
@@ -17,14 +27,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import torch
 from sklearn.metrics import roc_auc_score
 
 from hybridfl.algorithms.fedbcd import MAX_PARTIES, MIN_PARTIES, FedBCDConfig, FedBCDCoordinator, FedBCDParty
 from hybridfl.algorithms.registry import AlgorithmSpec, register
 from hybridfl.data.dataset import DatasetSplit, HybridDataset
 from hybridfl.data.partition import Partition
-from hybridfl.errors import ConfigError, DataError, PartitionError
+from hybridfl.errors import ConfigError, DataError, HybridFLError, PartitionError
 from hybridfl.models.towers import TowerFactory, bottom_factory, bottom_out_dim, make_top
+from hybridfl.runtime.checkpoint import load_checkpoint, save_checkpoint
+from hybridfl.runtime.messages import pack_arrays, unpack_arrays
 from hybridfl.runtime.simulation import ProgressFn, RunResult
 from hybridfl.runtime.transport import InProcessTransport
 
@@ -90,9 +103,8 @@ def build_fedbcd(
 
     Passive parties receive their blocks and IDs only (no labels). ``tower_factory`` /
     ``top_factory`` replace the built-in bottom/top models (see :mod:`hybridfl.models.towers`).
+    The transport fails parties with ``cfg.failure_rate`` (draws seeded with ``seed``).
     """
-    import torch
-
     check_inputs(split, partition, cfg)
     factory = tower_factory or bottom_factory(cfg.model, cfg.representation_dim, cfg.hidden, cfg.channels)
     out_dim = bottom_out_dim(cfg.model, cfg.representation_dim)
@@ -113,7 +125,7 @@ def build_fedbcd(
             parties[c.client_id] = FedBCDParty(c.client_id, ds.ids, x, bottoms[c.client_id], c.blocks, labels=ds.y, top=top, party_order=order)  # type: ignore[arg-type]
         else:
             parties[c.client_id] = FedBCDParty(c.client_id, ds.ids, x, bottoms[c.client_id], c.blocks)
-    return FedBCDCoordinator(cfg, seed), parties, InProcessTransport(parties, recorder)  # type: ignore[arg-type]
+    return FedBCDCoordinator(cfg, seed), parties, InProcessTransport(parties, recorder, cfg.failure_rate, seed)  # type: ignore[arg-type]
 
 
 def joint_logits(parties: dict[str, FedBCDParty], partition: Partition, test: HybridDataset) -> np.ndarray:
@@ -131,8 +143,20 @@ def run_fedbcd(
     progress: ProgressFn | None = None,
     tower_factory: TowerFactory | None = None,
     recorder: Callable[[bytes], None] | None = None,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
 ) -> RunResult:
-    """FedSGD / FedBCD for ``cfg.rounds`` rounds (or until ``target_auc`` with ``stop_at_target``)."""
+    """FedSGD / FedBCD for ``cfg.rounds`` rounds (or until ``target_auc`` with ``stop_at_target``).
+
+    Args:
+        checkpoint: file to write the run's state to after every round (atomically).
+        resume: continue from ``checkpoint`` (written by an interrupted run with the same config
+            and seed) after its last completed round; the result equals an uninterrupted run's.
+
+    Raises:
+        PartyMissingError: a party's reply is missing and ``on_missing_party`` is ``error``.
+        HybridFLError: ``resume`` without a checkpoint, or a checkpoint of another run.
+    """
     t_start = time.perf_counter()
     server, parties, transport = build_fedbcd(split, partition, cfg, seed, tower_factory, recorder=recorder)
     test = split.test
@@ -146,11 +170,43 @@ def run_fedbcd(
             return {"auc": float("nan"), "accuracy": float("nan"), "diverged": 1.0}
         return {"auc": float(roc_auc_score(test.y, z)), "accuracy": float(np.mean((z > 0).astype(np.int64) == test.y))}
 
-    server.setup(transport, transport.client_ids)
     history: list[dict[str, float]] = []
     rounds_to_target = None
     dense = False  # evaluate every round from now on (eval_dense_from reached)
-    for rnd in range(1, cfg.rounds + 1):
+    start, finished = 1, False
+    if resume:
+        if checkpoint is None:
+            raise HybridFLError("resuming needs a checkpoint file.")
+        done, arrays, meta = load_checkpoint(checkpoint)
+        if meta.get("algorithm") != "fedbcd" or set(meta["server"]["parties"]) != set(parties):
+            raise HybridFLError(f"checkpoint {str(checkpoint)!r} is not from a FedBCD run with these parties.")
+        server.set_state(unpack_arrays("server.", arrays), meta["server"])
+        for cid, p in parties.items():
+            p.load_state_dict(unpack_arrays(f"party.{cid}.", arrays))
+        transport.set_state(meta["transport"])
+        torch.set_rng_state(torch.from_numpy(np.ascontiguousarray(arrays["torch_rng"], dtype=np.uint8)))
+        history, rounds_to_target, dense, finished = meta["history"], meta["rounds_to_target"], meta["dense"], meta["finished"]
+        start = done + 1
+    else:
+        server.setup(transport, transport.client_ids)
+
+    def save(rnd: int, stop: bool) -> None:
+        s_arrays, s_meta = server.get_state()
+        arrays = pack_arrays("server.", s_arrays)
+        for cid, p in parties.items():
+            # a party's round snapshot can only be restored while it owes an undo: otherwise any
+            # later undo is for a round it has not yet snapshotted (saves a copy of every model)
+            sd = p.state_dict(snapshot=cid in server.undo)
+            sd.setdefault("snap_round", np.array([-1], dtype=np.int64))
+            arrays.update(pack_arrays(f"party.{cid}.", sd))
+        arrays["torch_rng"] = torch.get_rng_state().numpy().copy()
+        meta = {"algorithm": "fedbcd", "server": s_meta, "transport": transport.get_state(), "history": history,
+                "rounds_to_target": rounds_to_target, "dense": dense, "finished": stop}
+        save_checkpoint(checkpoint, rnd, arrays, meta)  # type: ignore[arg-type]
+
+    for rnd in range(start, cfg.rounds + 1):
+        if finished:
+            break
         n_before = len(transport.log.entries)
         t0 = time.perf_counter()
         row: dict[str, float] = {"round": rnd, **server.run_round(rnd, transport)}
@@ -166,10 +222,11 @@ def run_fedbcd(
             if rounds_to_target is None and cfg.target_auc is not None and row["auc"] >= cfg.target_auc:
                 rounds_to_target = rnd
         history.append(row)
+        finished = bool((cfg.stop_at_target and rounds_to_target is not None) or row.get("diverged") or not np.isfinite(row.get("train_loss", 0.0)))
+        if checkpoint is not None:
+            save(rnd, finished)
         if progress is not None:
             progress(rnd, cfg.rounds, row)
-        if (cfg.stop_at_target and rounds_to_target is not None) or row.get("diverged") or not np.isfinite(row["train_loss"]):
-            break
     if "auc" not in history[-1]:
         history[-1].update(evaluate())
     final = history[-1]
@@ -188,10 +245,15 @@ def run_fedbcd(
         "auc": final["auc"],
         "accuracy": final["accuracy"],
         "best_auc": max(aucs, default=float("nan")),
-        "diverged": bool(final.get("diverged", 0.0)) or not np.isfinite(final["train_loss"]),
+        "diverged": bool(final.get("diverged", 0.0)) or not np.isfinite(final.get("train_loss", 0.0)),
         "target_auc": cfg.target_auc,
         "rounds_to_target": rounds_to_target,
         "eval_samples": test.n_samples,
+        "failure_rate": cfg.failure_rate,
+        "on_missing_party": cfg.on_missing_party,
+        "client_failures": len(transport.failures),
+        "skipped_rounds": len(server.skipped),
+        "skipped": [{"round": r, "missing": m} for r, m in server.skipped],
         "messages_total": transport.log.messages_total,
         "bytes_total": transport.log.bytes_total,
         "bytes_per_client": transport.log.per_client(),
@@ -205,6 +267,8 @@ def run_fedbcd(
     ]
     if cfg.target_auc is not None:
         report.append([f"rounds to test AUC {100 * cfg.target_auc:g} %", rounds_to_target, "plain"])
+    if cfg.failure_rate or server.skipped:
+        report.append(["rounds skipped (a party's reply missing)", len(server.skipped), "plain"])
     summary["report"] = report
     return RunResult(summary=summary, history=history, comm=transport.log, plots=[lambda out: plot_auc(history, cfg, Path(out) / "auc.png")])
 
@@ -236,8 +300,11 @@ def plot_auc(history: list[dict[str, float]], cfg: FedBCDConfig, path: Path) -> 
     return path
 
 
-def _run(split: DatasetSplit, partition: Partition, cfg: FedBCDConfig, seed: int, progress: ProgressFn | None = None) -> RunResult:
-    return run_fedbcd(split, partition, cfg, seed, progress)
+def _run(
+    split: DatasetSplit, partition: Partition, cfg: FedBCDConfig, seed: int, progress: ProgressFn | None = None,
+    checkpoint: str | Path | None = None, resume: bool = False,
+) -> RunResult:
+    return run_fedbcd(split, partition, cfg, seed, progress, checkpoint=checkpoint, resume=resume)
 
 
 register(AlgorithmSpec("fedbcd", FedBCDConfig, _run, "FedSGD / FedBCD-p / FedBCD-s / FedPBCD-p: vertical FL with K parties and one label party"))
