@@ -10,10 +10,21 @@ ServerApp through the SuperLink to the SuperNode of the receiving client and bac
 message: our counted bytes (``log``, a :class:`CommLog` exactly like the simulation's) and Flower's
 serialized object bytes (``wire``: the sum of the deflated Message/RecordDict/ConfigRecord objects
 Flower pushes and pulls, without gRPC/HTTP framing and TLS).
+
+Node failures (see ``docs/deploy.md``, "Node failures"): a SuperNode that is killed and started
+again with the same ``data-dir`` comes back under a *new* Flower node ID (Flower 1.41 registers a
+fresh key pair per SuperNode process) while the SuperLink keeps reporting the old ID online until
+its heartbeat expires (up to 2 x 30 s), after which replies to it are Flower ``NODE_UNAVAILABLE``
+errors. :class:`FlowerTransport` therefore maps our client IDs to node IDs by asking every node it
+has not seen yet which client it holds (the hello), remaps a client to the new node that holds it
+and re-sends the messages that node's predecessor did not answer, with the same per-client
+sequence number, so the ClientApp (whose state survives on the node's disk) answers it exactly
+once.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -27,11 +38,27 @@ from hybridfl.runtime.transport import CommLog
 MESSAGE_TYPE = "query.hybridfl"
 RECORD = "hybridfl"
 KEY = "msg"
+SEQ = "seq"
+HELLO = "deploy.hello"
+SERVER = "server"
+NODE_UNAVAILABLE = 5  # flwr.common.constant.ErrorCode.NODE_UNAVAILABLE
+log = logging.getLogger("hybridfl.flower")
 
 
-def pack(raw: bytes) -> RecordDict:
-    """Our encoded message bytes -> the content of a Flower Message."""
-    return RecordDict({RECORD: ConfigRecord({KEY: raw})})
+def pack(raw: bytes, seq: int | None = None) -> RecordDict:
+    """Our encoded message bytes (and the per-client sequence number of an algorithm message,
+    outside our counted bytes) -> the content of a Flower Message."""
+    rec = ConfigRecord({KEY: raw})
+    if seq is not None:
+        rec[SEQ] = int(seq)
+    return RecordDict({RECORD: rec})
+
+
+def unpack_seq(content: RecordDict) -> tuple[bytes, int | None]:
+    """Inverse of :func:`pack`: ``(our bytes, sequence number or None)``."""
+    raw = unpack(content)
+    seq = content[RECORD].get(SEQ)
+    return raw, (int(seq) if seq is not None else None)
 
 
 def unpack(content: RecordDict) -> bytes:
@@ -64,6 +91,7 @@ class WireEntry:
     receiver: str
     counted: int
     wire: int
+    retry: bool = False
 
 
 @dataclass
@@ -82,76 +110,259 @@ class WireLog:
         return sum(e.wire for e in self.entries)
 
 
+@dataclass
+class _Out:
+    """One of our messages in flight: where it was pushed and what came back."""
+
+    msg: HMessage
+    raw: bytes
+    seq: int | None
+    node: int = 0
+    mid: str = ""  # Flower message ID of its latest push; "" = not delivered, waiting for its client's node
+    deadline: float = 0.0
+    lost: str = ""  # why it waits (its node went offline, or the SuperLink refused it)
+    reply: Message | None = None
+
+
 class FlowerTransport:
     """Our ``Transport`` on a Flower ``Grid``: push one Flower message per our message, pull replies.
 
+    Survives a SuperNode that is killed and started again (with the same ``data-dir``) during the
+    run: while it waits for replies it looks for nodes it has not seen (every ``node_check``
+    seconds), sends each the hello and, when one turns out to hold a client of the run, maps that
+    client to it and re-sends the messages of the exchange the client has not answered yet. Every
+    algorithm message carries the client's next sequence number (outside our counted bytes), so
+    the ClientApp answers a re-sent message it had already handled with its saved reply instead of
+    applying it twice (:func:`hybridfl.runtime.flower.node.serve`).
+
     Args:
         grid: the ServerApp's ``Grid``.
-        nodes: client ID -> Flower node ID (from the hello exchange).
+        nodes: client ID -> Flower node ID (from the hello); or set later with :meth:`attach`.
         poll_interval: seconds between pulls for replies (Flower's own ``grid.send_and_receive``
             sleeps 3 s between pulls; the default here is 0.02 s).
-        timeout: seconds to wait for all replies of one exchange before giving up.
+        timeout: seconds to wait for the reply to one message (counted again from a re-send).
+        sequenced: attach per-client sequence numbers (False for stateless pings).
+        node_check: seconds between two looks at the SuperLink's node list while waiting.
 
     Raises (from :meth:`send_and_receive`):
         KeyError: a message for a client that is not connected.
-        TimeoutError: some client did not answer within ``timeout`` (names them).
+        TimeoutError: some client did not answer within ``timeout`` (names them, and whether their
+            node went offline without a replacement).
         RuntimeError: a ClientApp failed (carries Flower's error reason).
+        HybridFLError: a client came back without the state of the messages it had answered.
     """
 
-    def __init__(self, grid, nodes: Mapping[str, int], poll_interval: float = 0.02, timeout: float = 600.0):
+    def __init__(self, grid, nodes: Mapping[str, int] | None = None, poll_interval: float = 0.02,
+                 timeout: float = 600.0, sequenced: bool = True, node_check: float = 1.0):
         self.grid = grid
-        self.nodes = dict(nodes)
         self.poll_interval = float(poll_interval)
         self.timeout = float(timeout)
+        self.sequenced = bool(sequenced)
+        self.node_check = float(node_check)
         self.log = CommLog()
         self.wire = WireLog()
+        self.hello: dict | None = None
+        self.rejoins: list[dict] = []
+        self.nodes: dict[str, int] = {}
+        self.seq: dict[str, int] = {}
+        self.acked: dict[str, int] = {}
+        self._seen: set[int] = set()
+        self._online: set[int] = set()
+        self._probes: dict[str, int] = {}  # Flower message ID of a hello -> its node
+        self._found: dict[int, HMessage] | None = None
+        self._inflight: list[_Out] = []
+        self._next_check = 0.0
+        self.attach(nodes or {})
 
     @property
     def client_ids(self) -> list[str]:
         return list(self.nodes)
 
+    def attach(self, nodes: Mapping[str, int]) -> None:
+        """Client ID -> node ID; every client's sequence starts after its hello (number 0)."""
+        self.nodes = {str(c): int(n) for c, n in nodes.items()}
+        self.seq = {c: 0 for c in self.nodes}
+        self.acked = {c: 0 for c in self.nodes}
+        self._seen |= set(self.nodes.values())
+
+    # ------------------------------------------------------------------ hello / node discovery
+    def hello_all(self, hello: Mapping, expected: Iterable[str], wait: float) -> dict[int, HMessage]:
+        """Send the hello (``deploy.hello``, payload ``hello``) to every connected node and to every
+        node that connects later, until the nodes that answered hold all ``expected`` clients.
+
+        A node that never answers (e.g. a killed SuperNode the SuperLink still lists for up to a
+        minute) is left behind. The payload is kept: nodes that connect during the run get it too.
+
+        Returns:
+            Node ID -> hello reply of every node that answered.
+
+        Raises:
+            TimeoutError: no node holding some expected client answered within ``wait`` seconds.
+            RuntimeError: a ClientApp failed on the hello (e.g. a SuperNode without data-dir).
+        """
+        self.hello = dict(hello)
+        want = {str(c) for c in expected}
+        found: dict[int, HMessage] = {}
+        self._found = found
+        deadline = time.monotonic() + float(wait)
+        self._next_check = 0.0
+        try:
+            while not want <= {str(r.payload.get("client_id")) for r in found.values()}:
+                self._discover(min(self.node_check, 0.2))
+                self._pull([])
+                if want <= {str(r.payload.get("client_id")) for r in found.values()}:
+                    break
+                if time.monotonic() > deadline:
+                    have = {str(r.payload.get("client_id")) for r in found.values()}
+                    raise TimeoutError(
+                        f"no SuperNode holding client(s) {', '.join(sorted(want - have))} answered within {wait:g} s "
+                        f"({len(self._online)} SuperNodes connected, {len(found)} answered)."
+                    )
+                time.sleep(self.poll_interval)
+        finally:
+            self._found = None
+        return found
+
+    def _probe(self, nid: int) -> None:
+        assert self.hello is not None
+        raw = encode(HMessage(HELLO, SERVER, f"node-{nid}", 0, self.hello))
+        ids = list(self.grid.push_messages([Message(pack(raw), dst_node_id=nid, message_type=MESSAGE_TYPE, group_id="0")]))
+        if ids and ids[0]:
+            self._probes[ids[0]] = nid
+
+    def _discover(self, interval: float) -> None:
+        """At most every ``interval`` s: hello to nodes not seen yet; re-send messages whose node
+        is listed online again (a node that lost its connection and kept its ID)."""
+        now = time.monotonic()
+        if now < self._next_check:
+            return
+        self._next_check = now + interval
+        self._online = {int(n) for n in self.grid.get_node_ids()}
+        if self.hello is not None:
+            for nid in sorted(self._online - self._seen):
+                self._seen.add(nid)
+                self._probe(nid)
+        back = [o for o in self._inflight if o.reply is None and not o.mid and self.nodes[o.msg.receiver] in self._online]
+        if back:
+            self._push(back, retry=True)
+
+    def _on_hello(self, nid: int, r: Message) -> None:
+        if r.has_error():
+            if r.error.code == NODE_UNAVAILABLE:  # a node that went away before answering
+                return
+            if self._found is not None:
+                raise RuntimeError(f"the ClientApp of node {nid} failed on {HELLO!r}: {r.error.reason}")
+            log.warning("hybridfl: node %d failed on %r (ignored): %s", nid, HELLO, r.error.reason)
+            return
+        h = decode(unpack(r.content))
+        if self._found is not None:
+            self._found[nid] = h
+            return
+        cid = str(h.payload.get("client_id"))
+        if cid not in self.nodes:
+            log.warning("hybridfl: node %d holds client %r, which is not in this run (ignored)", nid, cid)
+            return
+        old = self.nodes[cid]
+        if nid == old:
+            return
+        state = int(h.payload.get("seq", -1))
+        if not self.acked[cid] <= state <= self.seq[cid]:
+            from hybridfl.errors import HybridFLError
+
+            raise HybridFLError(
+                f"client {cid!r} came back as node {nid} with its saved state after message #{state}, but the server "
+                f"already has its reply to message #{self.acked[cid]}: the node's state directory was lost or replaced, "
+                "so the run cannot continue exactly."
+            )
+        self.nodes[cid] = nid
+        resend = [o for o in self._inflight if o.msg.receiver == cid and o.reply is None]
+        self.rejoins.append({"client": cid, "old_node": old, "node": nid, "state_seq": state, "acked_seq": self.acked[cid],
+                             "resent": len(resend), "time": time.time()})
+        log.warning("hybridfl: client %s rejoined as node %d (was node %d; its saved state is after message #%d); "
+                    "re-sending %d message(s)", cid, nid, old, state, len(resend))
+        self._push(resend, retry=True)
+
+    # ------------------------------------------------------------------ messages
+    def _push(self, outs: list[_Out], retry: bool = False) -> None:
+        if not outs:
+            return
+        fms = []
+        for o in outs:
+            o.node = self.nodes[o.msg.receiver]
+            fm = Message(pack(o.raw, o.seq), dst_node_id=o.node, message_type=MESSAGE_TYPE, group_id=str(o.msg.round))
+            m = o.msg
+            self.wire.entries.append(WireEntry(m.round, m.kind, m.sender, m.receiver, len(o.raw), flower_nbytes(fm), retry))
+            fms.append(fm)
+        ids = list(self.grid.push_messages(fms))
+        now = time.monotonic()
+        for i, o in enumerate(outs):
+            o.mid = str(ids[i]) if i < len(ids) and ids[i] else ""
+            o.deadline = now + self.timeout
+            o.lost = "" if o.mid else f"the SuperLink refused it for node {o.node}, which left the federation"
+
+    def _pull(self, outs: list[_Out]) -> None:
+        by_mid = {o.mid: o for o in outs if o.mid and o.reply is None}
+        ids = [*by_mid, *self._probes]
+        if not ids:
+            return
+        for r in self.grid.pull_messages(ids):
+            mid = r.metadata.reply_to_message_id
+            if mid in self._probes:
+                self._on_hello(self._probes.pop(mid), r)
+            elif mid in by_mid:
+                o = by_mid.pop(mid)
+                if r.has_error() and r.error.code == NODE_UNAVAILABLE:
+                    o.mid, o.lost = "", f"its node {o.node} went offline (Flower: node unavailable)"
+                    log.warning("hybridfl: client %s: node %d went offline; waiting for a node holding it", o.msg.receiver, o.node)
+                    continue
+                o.reply = r
+                if o.seq is not None and not r.has_error():
+                    self.acked[o.msg.receiver] = max(self.acked[o.msg.receiver], o.seq)
+
     def send_and_receive(self, messages: Iterable[HMessage], check_sender: bool = True) -> list[HMessage]:
         """Deliver ``messages`` (one Flower message each) and return the replies in the same order."""
         msgs = list(messages)
         t0 = time.perf_counter()
-        out = []
         for m in msgs:
             if m.receiver not in self.nodes:
                 raise KeyError(f"no connected client named {m.receiver!r} (connected: {', '.join(self.nodes)})")
+        if self.sequenced and len({m.receiver for m in msgs}) < len(msgs):
+            raise ValueError("one exchange holds two messages for the same client; the sequenced transport sends one per client.")
+        outs = []
+        for m in msgs:
             raw = encode(m)
-            fm = Message(pack(raw), dst_node_id=self.nodes[m.receiver], message_type=MESSAGE_TYPE, group_id=str(m.round))
+            seq = None
+            if self.sequenced:
+                self.seq[m.receiver] += 1
+                seq = self.seq[m.receiver]
             self.log.add(m, len(raw))
-            self.wire.entries.append(WireEntry(m.round, m.kind, m.sender, m.receiver, len(raw), flower_nbytes(fm)))
-            out.append(fm)
-        ids = list(self.grid.push_messages(out))
-        if len(ids) != len(msgs) or any(not i for i in ids):
-            raise RuntimeError("the SuperLink did not accept every message (a destination node may have disconnected).")
-        index = {mid: k for k, mid in enumerate(ids)}
-        replies: list[Message | None] = [None] * len(msgs)
-        pending = set(ids)
-        deadline = time.monotonic() + self.timeout
-        while pending:
-            for r in self.grid.pull_messages(list(pending)):
-                k = index.get(r.metadata.reply_to_message_id)
-                if k is None:
-                    continue
-                replies[k] = r
-                pending.discard(r.metadata.reply_to_message_id)
-            if not pending:
-                break
-            if time.monotonic() > deadline:
-                late = [msgs[index[i]].receiver for i in pending]
-                raise TimeoutError(f"no reply within {self.timeout:g} s from client(s) {', '.join(late)}.")
-            time.sleep(self.poll_interval)
+            outs.append(_Out(m, raw, seq))
+        self._inflight = outs
+        try:
+            self._push(outs)
+            while any(o.reply is None for o in outs):
+                self._pull(outs)
+                if all(o.reply is not None for o in outs):
+                    break
+                self._discover(self.node_check)
+                now = time.monotonic()
+                late = [o for o in outs if o.reply is None and now > o.deadline]
+                if late:
+                    names = [f"{o.msg.receiver} ({o.lost}; no node holding it came back)" if o.lost else o.msg.receiver for o in late]
+                    raise TimeoutError(f"no reply within {self.timeout:g} s from client(s) {', '.join(names)}.")
+                time.sleep(self.poll_interval)
+        finally:
+            self._inflight = []
         result = []
-        for m, r in zip(msgs, replies):
+        for o in outs:
+            r, m = o.reply, o.msg
             assert r is not None
             if r.has_error():
                 raise RuntimeError(f"the ClientApp of client {m.receiver!r} failed on {m.kind!r}: {r.error.reason}")
             raw = unpack(r.content)
             h = decode(raw)
             if check_sender and h.sender != m.receiver:
-                raise RuntimeError(f"node {self.nodes[m.receiver]} answered as {h.sender!r}, expected {m.receiver!r}.")
+                raise RuntimeError(f"node {o.node} answered as {h.sender!r}, expected {m.receiver!r}.")
             self.log.add(h, len(raw))
             self.wire.entries.append(WireEntry(h.round, h.kind, h.sender, h.receiver, len(raw), flower_nbytes(r)))
             result.append(h)

@@ -1,40 +1,101 @@
 """The Flower ClientApp of hybridfl (``hybridfl.runtime.flower.clientapp:app``).
 
 Handles ``query.hybridfl`` messages: unwraps our encoded message, answers it with
-:func:`hybridfl.runtime.flower.node.client_step` as the client whose exported directory is the
-node config ``data-dir``, and keeps the client's state in ``context.state`` (which stays on the
-node) between messages.
+:func:`hybridfl.runtime.flower.node.serve` as the client whose exported directory is the node
+config ``data-dir``, and keeps the client's state between messages in two places on the node:
+
+- Flower's ``context.state`` (the SuperNode keeps it in memory, so it dies with the SuperNode
+  process);
+- a file in the node's state directory, ``<state-dir>/run-<Flower run ID>.state`` (node config
+  ``state-dir``, default ``<data-dir>/.hybridfl-state``; mode 0600), written atomically at the end
+  of every message that changed the state. A SuperNode that is killed and started again with the
+  same node config continues from it (:func:`hybridfl.runtime.flower.node.serve` makes a re-sent
+  message safe). A hello of a new run removes the files of earlier runs.
+
+The state never leaves the node (no secret key is in it: HE keys are read from ``data-dir``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, MutableMapping
+from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from hybridfl.runtime.flower.bridge import pack, unpack
+from hybridfl.runtime.flower.bridge import HELLO, pack, unpack_seq
 
 STATE = "hybridfl.state"
+STATE_DIR = ".hybridfl-state"
+FILE_KIND = "hybridfl.node-state"
 app = ClientApp()
 
 
-class _StateStore(MutableMapping[str, bytes]):
-    """``context.state[STATE]`` (a ConfigRecord of bytes) as a mutable mapping."""
+def state_path(node_config, run_id: int) -> Path | None:
+    """The state file of run ``run_id`` on a node with ``node_config`` (None: no directory known)."""
+    d = str(node_config.get("state-dir", "") or "")
+    if not d:
+        data = str(node_config.get("data-dir", "") or "")
+        if not data:
+            return None
+        d = str(Path(data) / STATE_DIR)
+    return Path(d) / f"run-{int(run_id)}.state"
 
-    def __init__(self, context: Context):
+
+def read_state(path: Path) -> dict[str, bytes]:
+    """The saved state of one run (the bytes the store held after the last message)."""
+    from hybridfl.runtime.messages import decode
+
+    m = decode(path.read_bytes())
+    if m.kind != FILE_KIND:
+        raise ValueError(f"{str(path)!r} is not a hybridfl node state file.")
+    return {str(k): bytes(v) for k, v in m.payload.items()}
+
+
+def write_state(path: Path, state: dict[str, bytes]) -> None:
+    """Write ``state`` atomically (temporary file, fsync, rename), readable by the owner only."""
+    from hybridfl.runtime.messages import Message as HMessage
+    from hybridfl.runtime.messages import encode
+
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(encode(HMessage(FILE_KIND, "node", "node", 0, dict(state))))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class _StateStore(MutableMapping[str, bytes]):
+    """``context.state[STATE]`` (a ConfigRecord of bytes) as a mutable mapping, backed by the run's
+    state file: loaded from it when it exists (it is written last, so it is never behind
+    ``context.state``; after a SuperNode restart ``context.state`` is empty), saved by :meth:`save`."""
+
+    def __init__(self, context: Context, path: Path | None):
         if STATE not in context.state:
             context.state[STATE] = ConfigRecord()
         self.rec = context.state[STATE]
+        self.path = path
+        self.dirty = False
+        if path is not None and path.is_file():
+            disk = read_state(path)
+            for k in list(self.rec):
+                del self.rec[k]
+            for k, v in disk.items():
+                self.rec[k] = v
 
     def __getitem__(self, k: str) -> bytes:
         return self.rec[k]  # type: ignore[return-value]
 
     def __setitem__(self, k: str, v: bytes) -> None:
         self.rec[k] = v
+        self.dirty = True
 
     def __delitem__(self, k: str) -> None:
         del self.rec[k]
+        self.dirty = True
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.rec)
@@ -42,11 +103,25 @@ class _StateStore(MutableMapping[str, bytes]):
     def __len__(self) -> int:
         return len(self.rec)
 
+    def save(self) -> None:
+        if self.dirty and self.path is not None:
+            write_state(self.path, {k: bytes(v) for k, v in self.rec.items()})  # type: ignore[arg-type]
+            self.dirty = False
+
 
 @app.query("hybridfl")
 def query(msg: Message, context: Context) -> Message:
-    from hybridfl.runtime.flower.node import client_step
+    from hybridfl.runtime.flower.node import serve
+    from hybridfl.runtime.messages import decode
 
     data_dir = context.node_config.get("data-dir")
-    raw = client_step(unpack(msg.content), str(data_dir) if data_dir else None, _StateStore(context))
-    return Message(pack(raw), reply_to=msg)
+    raw, seq = unpack_seq(msg.content)
+    path = state_path(context.node_config, context.run_id)
+    store = _StateStore(context, path)
+    reply = serve(raw, seq, str(data_dir) if data_dir else None, store)
+    store.save()
+    if path is not None and seq is None and decode(raw).kind == HELLO:
+        for old in path.parent.glob("run-*.state"):  # earlier runs' state: no longer needed
+            if old != path:
+                old.unlink(missing_ok=True)
+    return Message(pack(reply), reply_to=msg)

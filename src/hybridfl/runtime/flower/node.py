@@ -3,8 +3,10 @@
 - :func:`client_step`: what a SuperNode's ClientApp does with one message: load the node's own
   data directory, rebuild the algorithm's client object, restore its state, call its ``handle``,
   save its state, return the encoded reply.
-- :func:`run_server`: what the ServerApp does: wait for the SuperNodes, learn which client each
-  node holds (``deploy.hello``), then run the algorithm's own ``setup``/``run_round`` through
+- :func:`serve`: :func:`client_step` made safe to repeat: a message the server re-sends after a
+  node failure (same sequence number, same bytes) gets the reply already given.
+- :func:`run_server`: what the ServerApp does: learn which client each SuperNode holds
+  (``deploy.hello``), then run the algorithm's own ``setup``/``run_round`` through
   :func:`hybridfl.runtime.simulation.simulate` over a :class:`FlowerTransport`, and write results.
 
 Both work on our encoded message bytes only, so they are tested without Flower processes too.
@@ -13,8 +15,10 @@ Both work on our encoded message bytes only, so they are tested without Flower p
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Iterator, MutableMapping
@@ -24,11 +28,11 @@ from typing import Any
 from hybridfl.data.export import ClientData, load_client_dir, load_server_dir
 from hybridfl.errors import ConfigError, HybridFLError
 from hybridfl.runtime.flower.adapters import deployable
+from hybridfl.runtime.flower.bridge import HELLO, SERVER
 from hybridfl.runtime.messages import Message, decode, encode
 
-HELLO = "deploy.hello"
 PING = "deploy.ping"
-SERVER = "server"
+SETUP_KEYS = ("algorithm", "config", "seed", "layout", "session")
 log = logging.getLogger("hybridfl.flower")
 
 
@@ -85,10 +89,17 @@ def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, byt
         dep = deployable(str(p["algorithm"]))
         cfg = dep.config_model.model_validate_json(str(p["config"]))  # fail here, not at the first round
         extra = dep.hello_payload(cd, cfg) if dep.hello_payload else {}
-        store["setup"] = encode(Message("setup", cd.client_id, cd.client_id, 0, {k: p[k] for k in ("algorithm", "config", "seed", "layout") if k in p}))
-        store.pop("state", None)
+        setup = {k: p[k] for k in SETUP_KEYS if k in p}
+        # the same run's hello again (a restarted SuperNode whose state survived on disk): keep the
+        # state and tell the server how far it got; otherwise a new run starts here
+        resumed = "session" in setup and "setup" in store and "seq" in store and decode(store["setup"]).payload == setup
+        if not resumed:
+            store["setup"] = encode(Message("setup", cd.client_id, cd.client_id, 0, setup))
+            for k in ("state", "request", "reply"):
+                store.pop(k, None)
+            store["seq"] = b"0"
         return encode(msg.reply(client_id=cd.client_id, n_samples=cd.data.n_samples, blocks=cd.data.block_names,
-                                has_labels=cd.has_labels, **extra))
+                                has_labels=cd.has_labels, seq=int(store["seq"]), **extra))
     if "setup" not in store:
         raise RuntimeError(f"client {cd.client_id!r} got {msg.kind!r} before the {HELLO!r} exchange of its run.")
     if msg.receiver != cd.client_id:
@@ -104,6 +115,40 @@ def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, byt
         reply = client.handle(msg)
         store["state"] = encode(Message("state", cd.client_id, cd.client_id, msg.round, dep.get_state(client)))
     return encode(reply)
+
+
+def serve(raw: bytes, seq: int | None, data_dir: str | None, store: MutableMapping[str, bytes]) -> bytes:
+    """What the ClientApp does with one Flower message: :func:`client_step`, made safe to repeat.
+
+    The server's :class:`~hybridfl.runtime.flower.bridge.FlowerTransport` numbers the algorithm
+    messages of each client 1, 2, ... after its hello (0) and re-sends a message, with the same
+    number, when the node it went to failed before the reply arrived. ``store`` (the node's
+    saved state) keeps the number of the last message handled, a digest of it and its reply:
+
+    - ``seq`` is None (hello, ping): :func:`client_step`;
+    - ``seq`` is the next number: :func:`client_step`, then remember number, digest and reply;
+    - ``seq`` is the last number and the bytes are the same: the reply already given (the node
+      had handled the message and saved its state but its reply was lost), state untouched.
+
+    Raises:
+        RuntimeError: any other number: the saved state does not belong with this message.
+    """
+    if seq is None or "setup" not in store:
+        return client_step(raw, data_dir, store)
+    last = int(store.get("seq", b"0"))
+    digest = hashlib.sha256(raw).digest()
+    if seq == last and store.get("request") == digest and "reply" in store:
+        return bytes(store["reply"])
+    if seq != last + 1:
+        raise RuntimeError(
+            f"client got message #{seq} but its saved state is after message #{last}: the node's state (Flower's "
+            "context.state and the state-dir) was lost or belongs to another run."
+        )
+    reply = client_step(raw, data_dir, store)
+    store["seq"] = str(seq).encode()
+    store["request"] = digest
+    store["reply"] = reply
+    return reply
 
 
 def algorithm_from(server_dir: str | Path, rounds: int | None = None) -> tuple[Any, Any, int]:
@@ -147,7 +192,7 @@ def assign_clients(hello_replies: dict[int, Message], expected: list[str]) -> di
 
 def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, rounds: int | None = None,
                poll_interval: float = 0.02, reply_timeout: float = 600.0, node_wait: float = 300.0,
-               pings: int = 0) -> dict:
+               pings: int = 0, node_check: float = 1.0) -> dict:
     """The ServerApp's work: one run of the exported set-up's algorithm over Flower.
 
     Args:
@@ -157,10 +202,13 @@ def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, 
             algorithms with a final model vector, e.g. HyFDCA's ``w``) ``final.npz``; ``None``: nowhere.
         rounds: override the config's number of rounds.
         poll_interval: seconds between pulls for replies.
-        reply_timeout: seconds one exchange may take before the run fails.
-        node_wait: seconds to wait until as many SuperNodes as clients are connected.
+        reply_timeout: seconds a client may take to answer one message (also: to come back after
+            its SuperNode failed) before the run fails.
+        node_wait: seconds to wait until a node holding every client has answered the hello.
         pings: before the algorithm, this many ``deploy.ping`` exchanges with every client (no
             algorithm work: measures Flower's own seconds per exchange; not in the byte counts).
+        node_check: seconds between two looks at the SuperLink's node list while waiting for
+            replies (how fast a restarted SuperNode is noticed).
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).
@@ -172,33 +220,36 @@ def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, 
     sd, cfg, seed = algorithm_from(server_dir, rounds)
     dep = deployable(cfg.name)
     n = len(sd.client_ids)
-    deadline = time.monotonic() + node_wait
-    while len(node_ids := list(grid.get_node_ids())) < n:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(node_ids)} of {n} SuperNodes connected within {node_wait:g} s.")
-        time.sleep(0.2)
-    log.info("hybridfl: %d SuperNodes connected; %s for %d rounds", len(node_ids), cfg.name, cfg.rounds)
-    # hello: every node says which client it holds and learns the algorithm settings
+    # hello: every node says which client it holds and learns the algorithm settings; "session"
+    # tells a restarted node of this run (its state kept on disk) from a node of another run
     layout = [[c, sd.meta.get("client_blocks", {}).get(c, []), sd.meta.get("client_labels", {}).get(c, True)] for c in sd.client_ids]
-    hello = {"algorithm": cfg.name, "config": cfg.model_dump_json(), "seed": seed, "layout": json.dumps(layout)}
+    hello = {"algorithm": cfg.name, "config": cfg.model_dump_json(), "seed": seed, "layout": json.dumps(layout),
+             "session": os.urandom(12).hex()}
+    transport = FlowerTransport(grid, None, poll_interval, reply_timeout, node_check=node_check)
     t0 = time.perf_counter()
-    probe = FlowerTransport(grid, {f"node-{nid}": nid for nid in node_ids}, poll_interval, reply_timeout)
-    replies = probe.send_and_receive([Message(HELLO, SERVER, f"node-{nid}", 0, hello) for nid in node_ids], check_sender=False)
+    found = transport.hello_all(hello, sd.client_ids, node_wait)
     hello_seconds = time.perf_counter() - t0
-    nodes = assign_clients(dict(zip(node_ids, replies)), sd.client_ids)
+    nodes = assign_clients(found, sd.client_ids)
+    transport.attach(nodes)
+    log.info("hybridfl: %d SuperNodes hold the %d clients; %s for %d rounds", len(found), n, cfg.name, cfg.rounds)
     ping_seconds = []
     for _ in range(int(pings)):
-        pt = FlowerTransport(grid, nodes, poll_interval, reply_timeout)
+        pt = FlowerTransport(grid, nodes, poll_interval, reply_timeout, sequenced=False)
         t0 = time.perf_counter()
         pt.send_and_receive([Message(PING, SERVER, c, 0, {"echo": b""}) for c in nodes])
         ping_seconds.append(time.perf_counter() - t0)
-    transport = FlowerTransport(grid, nodes, poll_interval, reply_timeout)
-    by_node = dict(zip(node_ids, replies))
-    server = dep.build_server(sd, cfg, seed, {c: by_node[n].payload for c, n in nodes.items()})
+    server = dep.build_server(sd, cfg, seed, {c: found[n].payload for c, n in nodes.items()})
     evaluate = (lambda rnd: dep.evaluate(server, sd, rnd)) if dep.evaluate and sd.test is not None else None
+    out = Path(out_dir) if out_dir is not None else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
 
     def progress(done: int, total: int, row: dict) -> None:
         log.info("hybridfl: round %d/%d %s", done, total, {k: round(v, 6) for k, v in row.items() if "[" not in k})
+        if out is not None:  # for whoever watches the run (tests, operators): rounds done so far
+            tmp = out / "progress.json.tmp"
+            tmp.write_text(json.dumps({"round": done, "rounds": total, "rejoins": transport.rejoins}))
+            os.replace(tmp, out / "progress.json")
 
     with single_threaded():
         history = simulate(server, transport, cfg.rounds, evaluate, getattr(cfg, "eval_every", 1), progress)
@@ -207,7 +258,7 @@ def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, 
         "algorithm": cfg.name,
         "rounds": cfg.rounds,
         "clients": n,
-        "nodes": {c: int(v) for c, v in nodes.items()},
+        "nodes": {c: int(v) for c, v in transport.nodes.items()},  # at the end (after any rejoin)
         "messages_total": transport.log.messages_total,
         "bytes_total": transport.log.bytes_total,
         "wire_bytes_total": transport.wire.wire_total,
@@ -219,11 +270,11 @@ def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, 
         "round_seconds": [r["seconds"] for r in history],
         "wall_seconds": time.perf_counter() - t_start,
         "poll_interval": poll_interval,
+        "rejoins": transport.rejoins,
+        "retried_messages": sum(1 for e in transport.wire.entries if e.retry),
         "final": {k: v for k, v in history[-1].items()},
     }
-    if out_dir is not None:
-        out = Path(out_dir)
-        out.mkdir(parents=True, exist_ok=True)
+    if out is not None:
         (out / "history.json").write_text(json.dumps(history, indent=1))
         (out / "summary.json").write_text(json.dumps(summary, indent=1))
         (out / "wire.json").write_text(json.dumps([e.__dict__ for e in transport.wire.entries]))

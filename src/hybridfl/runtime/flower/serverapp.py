@@ -6,8 +6,10 @@ Run config (``flwr run APP FEDERATION --run-config "server-dir='...' rounds=2"``
 - ``out-dir``: where to write ``history.json``, ``summary.json``, ``wire.json`` ("" = nowhere);
 - ``rounds``: override the exported config's rounds (0 = keep);
 - ``poll-interval``: seconds between pulls for replies (default 0.02);
-- ``reply-timeout``: seconds one exchange may take (default 600);
-- ``node-wait``: seconds to wait for all SuperNodes (default 300);
+- ``reply-timeout``: seconds a client may take to answer one message, or to come back after its
+  SuperNode failed (default 600);
+- ``node-wait``: seconds to wait until a node holding every client answered the hello (default 300);
+- ``node-check``: seconds between looks for restarted SuperNodes while waiting for replies (1);
 - ``pings``: empty exchanges with every client before the run, to measure Flower's overhead (0).
 """
 
@@ -41,5 +43,6 @@ def main(grid: Grid, context: Context) -> None:
         reply_timeout=float(rc.get("reply-timeout", 600.0)),
         node_wait=float(rc.get("node-wait", 300.0)),
         pings=int(rc.get("pings", 0) or 0),
+        node_check=float(rc.get("node-check", 1.0)),
     )
     logging.getLogger("hybridfl.flower").info("hybridfl: done %s", {k: v for k, v in summary.items() if k not in ("exchange_seconds", "final")})
