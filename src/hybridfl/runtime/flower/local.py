@@ -124,6 +124,7 @@ class LocalFederation:
     tls: bool = False
     procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
     stopped: list[subprocess.Popen] = field(default_factory=list)
+    node_cmds: list[list[str]] = field(default_factory=list)
     _tmp: tempfile.TemporaryDirectory | None = None
 
     def __post_init__(self) -> None:
@@ -182,6 +183,7 @@ class LocalFederation:
                     cmd = [sys.executable, "-m", "hybridfl.runtime.flower.supernode", "--poll-interval", str(self.poll_interval), *args]
                 else:
                     cmd = [str(self.bin / "flower-supernode"), *args]
+                self.node_cmds.append(cmd)
                 self._spawn(f"supernode-{i}", cmd)
             (self.flwr_home / "config.toml").write_text(
                 '[superlink]\ndefault = "local"\n\n'
@@ -191,6 +193,36 @@ class LocalFederation:
             self.stop()
             raise
         return self
+
+    def node_proc(self, i: int) -> subprocess.Popen:
+        """The live process of SuperNode ``i`` (the latest one started for it)."""
+        for name, p in reversed(self.procs):
+            if name == f"supernode-{i}" and p.poll() is None:
+                return p
+        raise LookupError(f"SuperNode {i} is not running.")
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL SuperNode ``i`` with its whole process group (its SuperExec and ClientApp
+        processes): a crash, nothing is deregistered at the SuperLink."""
+        p = self.node_proc(i)
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        p.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while group_members(p.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def restart_node(self, i: int) -> subprocess.Popen:
+        """Start SuperNode ``i`` again with the command and node config it was started with (its
+        log continues in ``supernode-<i>.log``)."""
+        logf = open(self.work_dir / f"supernode-{i}.log", "ab")  # noqa: SIM115 (closed with the process)
+        p = subprocess.Popen(self.node_cmds[i], stdout=logf, stderr=subprocess.STDOUT, env=self.env(), cwd=self.work_dir,
+                             start_new_session=True)
+        logf.close()
+        self.procs.append((f"supernode-{i}", p))
+        return p
 
     def stop(self, grace: float = 10.0) -> None:
         """Terminate every process group started here (SIGTERM, SIGKILL after ``grace`` s)."""
@@ -234,6 +266,12 @@ class LocalFederation:
         self.close()
 
     # ------------------------------------------------------------------ runs
+    def _run_cmd(self, run_config: dict[str, object], app_dir: Path | None) -> list[str]:
+        parts = []
+        for k, v in run_config.items():
+            parts.append(f'{k}="{v}"' if isinstance(v, (str, Path)) else f"{k}={v}")
+        return [str(self.bin / "flwr"), "run", str(app_dir or self.app_dir()), "local", "--stream", "--run-config", " ".join(parts)]
+
     def run(self, run_config: dict[str, object], timeout: float = 600.0, app_dir: Path | None = None) -> subprocess.CompletedProcess:
         """``flwr run APP local --stream --run-config ...``; returns the finished process.
 
@@ -241,12 +279,42 @@ class LocalFederation:
             RuntimeError: ``flwr run`` failed (its output's last lines are in the message).
             subprocess.TimeoutExpired: the run took longer than ``timeout`` seconds.
         """
-        parts = []
-        for k, v in run_config.items():
-            parts.append(f'{k}="{v}"' if isinstance(v, (str, Path)) else f"{k}={v}")
-        cmd = [str(self.bin / "flwr"), "run", str(app_dir or self.app_dir()), "local", "--stream", "--run-config", " ".join(parts)]
+        cmd = self._run_cmd(run_config, app_dir)
         p = subprocess.run(cmd, capture_output=True, text=True, env=self.env(), cwd=self.work_dir, timeout=timeout, start_new_session=True)
-        (self.work_dir / "flwr-run.log").write_text(p.stdout + "\n--- stderr ---\n" + p.stderr)
+        return self._check_run(p)
+
+    def start_run(self, run_config: dict[str, object], app_dir: Path | None = None) -> subprocess.Popen:
+        """Start ``flwr run`` without waiting (its own process group, output to ``flwr-run.log``);
+        finish with :meth:`finish_run`. Used to act on the federation during a run."""
+        logf = open(self.work_dir / "flwr-run.log", "w")  # noqa: SIM115 (closed with the process)
+        p = subprocess.Popen(self._run_cmd(run_config, app_dir), stdout=logf, stderr=subprocess.STDOUT, text=True,
+                             env=self.env(), cwd=self.work_dir, start_new_session=True)
+        logf.close()
+        self.procs.append(("flwr-run", p))
+        return p
+
+    def finish_run(self, p: subprocess.Popen, timeout: float = 600.0) -> subprocess.CompletedProcess:
+        """Wait for a run started with :meth:`start_run` and check it like :meth:`run`.
+
+        Raises:
+            RuntimeError: ``flwr run`` failed.
+            subprocess.TimeoutExpired: it took longer than ``timeout`` seconds (it is killed).
+        """
+        try:
+            p.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=10)
+            raise
+        out = (self.work_dir / "flwr-run.log").read_text(errors="replace")
+        return self._check_run(subprocess.CompletedProcess(p.args, p.returncode, out, ""), write=False)
+
+    def _check_run(self, p: subprocess.CompletedProcess, write: bool = True) -> subprocess.CompletedProcess:
+        if write:
+            (self.work_dir / "flwr-run.log").write_text(p.stdout + "\n--- stderr ---\n" + p.stderr)
         text = p.stdout + p.stderr
         # `flwr run --stream` exits 0 even when the ServerApp raised: look for Flower's report
         if p.returncode != 0 or "ServerApp raised an exception" in text:

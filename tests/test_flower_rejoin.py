@@ -1,0 +1,325 @@
+"""A SuperNode killed and restarted rejoins and the run completes (the reliability issue).
+
+What Flower 1.41 does (its source; measured with ``test_loopback_supernode_killed_and_restarted``):
+a SuperNode process registers a fresh key pair and so gets a *new* node ID when it is started
+again; the SuperLink keeps listing the killed node online until its heartbeat expires (2 x 30 s)
+and then answers every message to it with a ``NODE_UNAVAILABLE`` error; ``context.state`` lived in
+the killed SuperNode's memory. Our runtime re-identifies nodes by the client they hold, re-sends
+the unanswered message to the new node, and the ClientApp continues from its state file.
+
+- Without processes (fast): :class:`FakeGrid` plays the SuperLink and runs the real ClientApp
+  handler for each node, kills a node when a given message reaches it (before or after it handled
+  it) and restarts it under a new ID; HyFDCA's ``w`` equals the uninterrupted simulation.
+- With processes: a real SuperLink + 2 SuperNodes, HyFEM, one SuperNode SIGKILLed during round 2
+  and started again; the metrics equal the in-process simulation (about 70-95 s here).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+from hybridfl.algorithms.hyfem import HyFEMConfig
+from hybridfl.algorithms.hyfem_run import run_hyfem
+from hybridfl.errors import HybridFLError
+from hybridfl.runtime.flower.bridge import NODE_UNAVAILABLE, unpack_seq
+from hybridfl.runtime.flower.clientapp import STATE_DIR, query
+from hybridfl.runtime.flower.node import HELLO, SERVER, run_server, serve
+from hybridfl.runtime.messages import Message as HMessage
+from hybridfl.runtime.messages import decode, encode
+from hybridfl.runtime.simulation import single_threaded
+from tests.test_flower import (
+    HYFDCA,
+    HYFEM,
+    _hyfdca_reference,
+    _no_leftovers,
+    _setup,
+    _strip,
+)
+
+HYFDCA3 = {**HYFDCA, "rounds": 3}
+
+
+class FakeGrid:
+    """The ServerApp's view of a SuperLink (``get_node_ids``, ``push_messages``,
+    ``pull_messages``) whose SuperNodes run the real ClientApp handler in this process.
+
+    ``kill_at = (client index, sequence number, "before" | "after")``: the node holding that client
+    dies when that message reaches it, before handling it or after (state file written, reply
+    lost). A dead node loses its ``context.state``; it stays listed online for ``stale`` more node
+    listings, after which messages to it are answered with Flower's NODE_UNAVAILABLE error (its
+    heartbeat expired); ``restart_after`` listings after the kill it is started again with the same
+    node config under a new node ID (None: never)."""
+
+    def __init__(self, dirs, kill_at=None, stale=3, restart_after=2, run_id=7):
+        self.dirs = list(dirs)
+        self.kill_at = kill_at
+        self.stale = stale
+        self.restart_after = restart_after
+        self.run_id = run_id
+        self.alive: dict[int, tuple[int, Context]] = {}
+        self.dead: dict[int, int] = {}  # node -> listings left before the SuperLink reports it offline
+        self.msgs: dict[str, Message] = {}
+        self.answered: set[str] = set()
+        self.pending_restart: list[list[int]] = []  # [client index, listings left]
+        self.next = 1000
+        self.killed: list[int] = []
+        self.started: list[int] = []
+        self.on_restart = None
+        for i in range(len(self.dirs)):
+            self.start(i)
+
+    def start(self, i: int) -> int:
+        nid = self.next
+        self.next += 1
+        ctx = Context(run_id=self.run_id, node_id=nid, node_config={"data-dir": str(self.dirs[i])}, state=RecordDict(), run_config={})
+        self.alive[nid] = (i, ctx)
+        self.started.append(nid)
+        return nid
+
+    def kill(self, nid: int) -> None:
+        i, _ = self.alive.pop(nid)
+        self.dead[nid] = self.stale
+        self.killed.append(nid)
+        if self.restart_after is not None:
+            self.pending_restart.append([i, self.restart_after])
+
+    def get_node_ids(self):
+        for p in list(self.pending_restart):
+            p[1] -= 1
+            if p[1] <= 0:
+                self.pending_restart.remove(p)
+                if self.on_restart:
+                    self.on_restart(p[0])
+                self.start(p[0])
+        listed = [n for n, left in self.dead.items() if left > 0]
+        for n in listed:
+            self.dead[n] -= 1
+        return [*self.alive, *listed]
+
+    def push_messages(self, msgs):
+        ids = []
+        for m in msgs:
+            if m.metadata.dst_node_id not in self.alive and m.metadata.dst_node_id not in self.dead:
+                ids.append("")
+                continue
+            mid = f"m{self.next}"
+            self.next += 1
+            m.metadata.__dict__["_message_id"] = mid
+            self.msgs[mid] = m
+            ids.append(mid)
+        return ids
+
+    def pull_messages(self, ids):
+        out = []
+        for mid in ids:
+            if mid in self.answered:
+                continue
+            m = self.msgs[mid]
+            dst = m.metadata.dst_node_id
+            if dst in self.alive:
+                i, ctx = self.alive[dst]
+                _, seq = unpack_seq(m.content)
+                if self.kill_at is not None and self.kill_at[:2] == (i, seq):
+                    if self.kill_at[2] == "after":
+                        query(m, ctx)  # handled and saved; the reply never leaves the node
+                    self.kill_at = None
+                    self.kill(dst)
+                    continue
+                out.append(query(m, ctx))
+                self.answered.add(mid)
+            elif dst in self.dead and self.dead[dst] <= 0:
+                out.append(Message(Error(NODE_UNAVAILABLE, "Error: Node Unavailable"), reply_to=m))
+                self.answered.add(mid)
+        return out
+
+
+@pytest.fixture
+def run_id(monkeypatch):
+    monkeypatch.setattr(TaskIdentity, "_run_id", 7)  # what Flower sets in a ServerApp process
+    monkeypatch.setattr(TaskIdentity, "_node_id", 0)
+    monkeypatch.setattr(TaskIdentity, "_task_id", 1)
+    return 7
+
+
+@pytest.fixture(scope="module")
+def hyfdca_setup(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hyfdca")
+    prep, dirs, server_dir = _setup(tmp, HYFDCA3)
+    w_ref, log_ref = _hyfdca_reference(prep, HYFDCA3)
+    return dirs, server_dir, w_ref, log_ref
+
+
+def _clean_state(dirs):
+    import shutil
+
+    for d in dirs:
+        shutil.rmtree(d / STATE_DIR, ignore_errors=True)
+
+
+# HyFDCA: message 1-3 are the setup exchanges, then 3 per round (ip, dual, primal)
+@pytest.mark.parametrize("kill_at,stale,restart_after", [
+    ((1, 5, "before"), 5, 2),  # dies on receiving round 1's dual message; back before the SuperLink notices
+    ((2, 7, "after"), 1, 6),  # dies after handling round 2's ip message, before its reply left; Flower reports
+                              # the node unavailable first, then it comes back; the re-sent message gets the saved reply
+    ((0, 1, "before"), 2, 2),  # dies on the algorithm's first message (right after the hello)
+])
+def test_killed_node_rejoins_and_w_equals_simulation(tmp_path, run_id, hyfdca_setup, kill_at, stale, restart_after):
+    dirs, server_dir, w_ref, log_ref = hyfdca_setup
+    _clean_state(dirs)
+    grid = FakeGrid(dirs, kill_at, stale, restart_after)
+    summary = run_server(grid, server_dir, tmp_path / "res", poll_interval=0, reply_timeout=30, node_check=0)
+    assert len(grid.killed) == 1 and len(grid.started) == 4
+    w = np.load(tmp_path / "res" / "final.npz")["w"]
+    np.testing.assert_allclose(w, w_ref, rtol=1e-9, atol=1e-12)
+    # the algorithm's messages are counted once; the re-sent one only in Flower's bytes
+    assert summary["messages_total"] == log_ref.messages_total
+    assert summary["retried_messages"] == 1
+    (rj,) = summary["rejoins"]
+    i, seq, when = kill_at
+    assert rj["client"] == f"client-{i}" and rj["old_node"] == grid.killed[0] and rj["node"] == grid.started[-1]
+    assert rj["state_seq"] == (seq if when == "after" else seq - 1) and rj["acked_seq"] == seq - 1 and rj["resent"] == 1
+    assert summary["nodes"][f"client-{i}"] == grid.started[-1]
+    assert json.loads((tmp_path / "res" / "progress.json").read_text())["round"] == 3
+
+
+def test_node_that_never_comes_back_times_out(tmp_path, run_id, hyfdca_setup):
+    dirs, server_dir, _, _ = hyfdca_setup
+    _clean_state(dirs)
+    grid = FakeGrid(dirs, (1, 4, "before"), stale=1, restart_after=None)
+    with pytest.raises(TimeoutError, match=r"client-1 \(its node 1001 went offline \(Flower: node unavailable\); no node holding it came back\)"):
+        run_server(grid, server_dir, None, poll_interval=0.01, reply_timeout=1.0, node_check=0)
+
+
+def test_node_back_without_its_state_stops_the_run(tmp_path, run_id, hyfdca_setup):
+    """A node that comes back without the state of messages the server already has replies to
+    (its state directory wiped) cannot continue exactly: the run stops with one sentence."""
+    dirs, server_dir, _, _ = hyfdca_setup
+    _clean_state(dirs)
+    grid = FakeGrid(dirs, (1, 5, "before"), stale=5, restart_after=2)
+    grid.on_restart = lambda i: _clean_state([dirs[i]])
+    with pytest.raises(HybridFLError, match=r"client 'client-1' came back as node \d+ with its saved state after message #0.*state directory was lost"):
+        run_server(grid, server_dir, None, poll_interval=0, reply_timeout=30, node_check=0)
+
+
+def test_serve_answers_a_resent_message_once(tmp_path, hyfdca_setup):
+    """The ClientApp side without Flower: a message re-sent with the same number gets the saved
+    reply and leaves the state alone; a number out of sequence is refused; the hello of the same
+    run keeps the state (and says how far it got), another run's hello starts afresh."""
+    dirs, server_dir, _, _ = hyfdca_setup
+    from hybridfl.runtime.flower.node import algorithm_from
+
+    _, cfg, seed = algorithm_from(server_dir)
+    d = str(dirs[0])
+    hello = {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": seed, "session": "s1"}
+    store: dict = {}
+    r = decode(serve(encode(HMessage(HELLO, SERVER, "node-1", 0, hello)), None, d, store))
+    assert r.payload["client_id"] == "client-0" and r.payload["seq"] == 0
+    m1 = encode(HMessage("hyfdca.hello", SERVER, "client-0", 0, {}))
+    first = serve(m1, 1, d, store)
+    state = dict(store)
+    assert serve(m1, 1, d, store) == first and dict(store) == state  # re-sent: same reply, state untouched
+    with pytest.raises(RuntimeError, match=r"got message #3 but its saved state is after message #1"):
+        serve(encode(HMessage("hyfdca.x", SERVER, "client-0", 1, {})), 3, d, store)
+    r = decode(serve(encode(HMessage(HELLO, SERVER, "node-2", 0, hello)), None, d, store))
+    assert r.payload["seq"] == 1 and dict(store) == state  # the same run: resumed
+    r = decode(serve(encode(HMessage(HELLO, SERVER, "node-2", 0, {**hello, "session": "s2"})), None, d, store))
+    assert r.payload["seq"] == 0 and "reply" not in store  # another run: afresh
+
+
+def test_clientapp_state_file_survives_the_supernode(tmp_path, run_id, hyfdca_setup):
+    """``context.state`` dies with the SuperNode; the state file in the node's state directory
+    (mode 0600) does not, and a hello of a new run removes the files of earlier runs."""
+    dirs, server_dir, _, _ = hyfdca_setup
+    _clean_state(dirs)
+    grid = FakeGrid(dirs[:1])
+    from hybridfl.runtime.flower.node import algorithm_from
+
+    _, cfg, seed = algorithm_from(server_dir)
+    hello = {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": seed, "session": "s1"}
+    from hybridfl.runtime.flower.bridge import pack
+
+    def send(nid, raw, seq=None):
+        m = Message(pack(raw, seq), dst_node_id=nid, message_type="query.hybridfl", group_id="0")
+        (mid,) = grid.push_messages([m])
+        (r,) = grid.pull_messages([mid])
+        return decode(r.content["hybridfl"]["msg"])
+
+    nid = grid.started[0]
+    send(nid, encode(HMessage(HELLO, SERVER, "n", 0, hello)))
+    send(nid, encode(HMessage("hyfdca.hello", SERVER, "client-0", 0, {})), 1)
+    f = dirs[0] / STATE_DIR / "run-7.state"
+    assert f.is_file() and (f.stat().st_mode & 0o777) == 0o600
+    stale = dirs[0] / STATE_DIR / "run-3.state"
+    stale.write_bytes(f.read_bytes())
+    grid.kill(nid)
+    nid2 = grid.start(0)
+    assert send(nid2, encode(HMessage(HELLO, SERVER, "n", 0, hello))).payload["seq"] == 1
+    assert not stale.exists()
+
+
+# -------------------------------------------------------------------------------------------
+def test_loopback_supernode_killed_and_restarted(tmp_path):
+    """The issue's test: a real SuperLink + 2 SuperNodes on 127.0.0.1 (TLS), HyFEM for 2 rounds;
+    when round 1 is done and SuperNode 1 has received its round-2 message, the SuperNode is
+    SIGKILLed with its process group and started again with the same command and node config.
+    The run completes both rounds with metrics equal to the uninterrupted in-process simulation
+    (the killed node's message is re-sent to its new node ID, its client continues from the
+    state file). Every process group is gone afterwards."""
+    from hybridfl.runtime.flower.local import LocalFederation
+
+    algo = {**HYFEM, "rounds": 2}
+    prep, dirs, server_dir = _setup(tmp_path, algo, num_clients=2)
+    with single_threaded():
+        ref = run_hyfem(prep.split, prep.partition, HyFEMConfig(**{k: v for k, v in algo.items() if k != "name"}), 3)
+    fed = LocalFederation(dirs, fast=True, work_dir=tmp_path / "fed", start_timeout=120, tls=True)
+    res = tmp_path / "res"
+    pids = []
+    t0 = time.monotonic()
+    try:
+        fed.start()
+        run = fed.start_run({"server-dir": str(server_dir), "out-dir": str(res), "reply-timeout": 240, "node-check": 0.5})
+        pids = [p.pid for _, p in fed.procs]
+        victim_log = fed.work_dir / "supernode-1.log"
+        deadline = time.monotonic() + 300
+        while not (res / "progress.json").is_file():  # round 1 done
+            assert run.poll() is None, "the run ended before round 1 was done"
+            assert time.monotonic() < deadline, "round 1 did not finish in time"
+            time.sleep(0.1)
+        while "ROUND 2]" not in victim_log.read_text(errors="replace") and time.monotonic() < deadline:
+            time.sleep(0.05)  # its round-2 message reached it: it dies with the message in hand
+        old = fed.node_proc(1)
+        fed.kill_node(1)
+        t_kill, wall_kill = time.monotonic(), time.time()
+        assert old.poll() is not None
+        new = fed.restart_node(1)
+        pids.append(new.pid)
+        fed.finish_run(run, timeout=300)
+        t_done = time.monotonic()
+    except BaseException:
+        print(fed.logs(40))
+        raise
+    finally:
+        fed.stop()
+    _no_leftovers(fed, pids)
+    hist = json.loads((res / "history.json").read_text())
+    summary = json.loads((res / "summary.json").read_text())
+    print(f"\nkill {t_kill - t0:.1f} s after start; client-1 remapped {summary['rejoins'][0]['time'] - wall_kill:.1f} s "
+          f"after the kill; run done {t_done - t_kill:.1f} s after the kill; rejoins {summary['rejoins']}")
+    assert len(hist) == 2
+    assert _strip(hist) == _strip(ref.history)
+    assert summary["messages_total"] == ref.summary["messages_total"]
+    assert summary["bytes_total"] == ref.summary["bytes_total"]
+    (rj,) = summary["rejoins"]
+    assert rj["client"] == "client-1" and rj["node"] != rj["old_node"] and rj["acked_seq"] == 2  # properties, fit 1
+    assert rj["state_seq"] in (2, 3) and rj["resent"] == 1 and summary["retried_messages"] == 1
+    assert summary["nodes"]["client-1"] == rj["node"]
+    # Flower gave the restarted SuperNode a new ID (both IDs are in its log)
+    ids = [ln.split("SuperNode ID:")[1].strip() for ln in (fed.work_dir / "supernode-1.log").read_text().splitlines() if "SuperNode ID:" in ln]
+    assert len(ids) == 2 and ids[0] != ids[1] and int(ids[1]) == rj["node"]
+    fed.close()
