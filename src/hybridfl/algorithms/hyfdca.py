@@ -118,6 +118,7 @@ class HyFDCAConfig(BaseModel):
     participation: float = Field(1.0, gt=0, le=1, description="share (or probability) of clients per round")
     participation_mode: Literal["fraction", "probability", "cyclic"] = "fraction"
     cyclic_groups: int = Field(2, ge=2, description="number of cyclic client groups (participation_mode: cyclic)")
+    failure_rate: float = Field(0.0, ge=0, lt=1, description="probability that a selected client fails mid-round (does its work, its replies never arrive)")
     positive_classes: list[int] | None = Field(None, description="class indices labelled +1 (required with more than 2 classes)")
     sparse: Literal["auto", "dense", "sparse"] = Field("auto", description="client feature storage (auto: CSR below 25 % non-zeros)")
     encryption: Literal["none", "paillier", "ckks"] = "none"
@@ -165,6 +166,7 @@ class HyFDCAClient:
         self.u = np.zeros(n)
         self.q = np.zeros(n)
         self.w = np.zeros(d)
+        self.pending: np.ndarray | None = None  # block mode: new own duals awaiting the server's commit
         self.params: dict = {}
         self.seg_rows: list[np.ndarray] = []
         self.seg_colw: list[np.ndarray | None] = []
@@ -200,6 +202,18 @@ class HyFDCAClient:
         if msg.kind == "hyfdca.primal":
             return self._reply(msg, t0, he0, share=self.primal_share(p))
         raise ValueError(f"HyFDCA client got unknown message kind {msg.kind!r}")
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """What changes from round to round (checkpoints): ``alpha``, ``u`` ``(n_k,)``, ``w`` ``(d_k,)``.
+        The rest (``q``, segment layout, constants) is rebuilt by the setup exchanges."""
+        return {"alpha": self.alpha.copy(), "u": self.u.copy(), "w": self.w.copy()}
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore what :meth:`get_state` returned, after the setup exchanges."""
+        self.alpha = np.asarray(state["alpha"], dtype=np.float64).copy()
+        self.u = np.asarray(state["u"], dtype=np.float64).copy()
+        self.w = np.asarray(state["w"], dtype=np.float64).copy()
+        self.pending = None
 
     def init(self, p: dict) -> list[bytes]:
         """Store the problem constants and segment layout; return encrypted partial norms."""
@@ -255,19 +269,27 @@ class HyFDCAClient:
         if cross is None:  # energy: extrapolate own-block overlaps to all blocks
             own = float(self.own_sq.sum())
             cross = sigma * (float(self.q.sum()) / own if own > 0 else 1.0)
-        # block mode: the client's own cell duals persist (updated in place); consensus: start
-        # from the shared alpha received from the server
-        alpha = self.alpha if prm["dual_mode"] == "block" else self.alpha.copy()
+        # block mode: the client's own cell duals persist, but only once the server confirms it
+        # received this round's changes (PrimalAggregation's ``commit``; a reply lost to a failure
+        # must not leave the client and the server with different duals); consensus: start from the
+        # shared alpha received from the server
+        alpha = self.alpha.copy()
         dw = np.zeros(self.X.shape[1])
         delta = self.rows.dot_and_add(order, alpha, self.y, self.u, self.q, str(prm["loss"]), lam_n, sigma, cross, dw)
+        self.pending = alpha if prm["dual_mode"] == "block" else None
         return [self.he.encrypt(delta[rows] * self.seg_scale[s]) for s, rows in enumerate(self.seg_rows)]
 
     def primal_share(self, p: dict) -> np.ndarray:
         """PrimalAggregation, client part (Alg. 4 lines 2-4): ``sum_i alpha_i x_{k,i,f} / c``, ``(d_k,)``.
 
-        Consensus mode first decrypts the new shared ``alpha``; block mode uses its own cell duals."""
+        Consensus mode first decrypts the new shared ``alpha``; block mode first commits its
+        pending cell duals if the server says it received them (``commit``), else drops them."""
         if "alpha" in p:
             self._decrypt_segments(p["alpha"], self.alpha)
+        if self.pending is not None:
+            if bool(p.get("commit", True)):
+                self.alpha = self.pending
+            self.pending = None
         share = np.zeros(self.X.shape[1])
         for s, rows in enumerate(self.seg_rows):
             v = np.asarray(self._seg_matrix(s).T @ self.alpha[rows]).ravel()
@@ -426,7 +448,7 @@ class HyFDCAServer:
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
         t0, he0 = time.perf_counter(), self.he.seconds
         stats: dict = defaultdict(float)
-        K = self.select(rnd)
+        K = selected = self.select(rnd)
         # 1. SecureInnerProduct (with fresh alpha for returning clients)
         msgs = []
         for cid in K:
@@ -437,34 +459,77 @@ class HyFDCAServer:
         for r in self._exchange(transport, msgs, stats):
             for j, c in enumerate(r.payload["ip"]):
                 self.ip_cache[(r.sender, self.client_segs[r.sender][j])] = c
+        # a segment's inner products are complete once every holder has sent a share (its newest,
+        # possibly stale); a client with an incomplete segment (a holder that has never answered:
+        # absent or failed since the start) sits this round out rather than step on wrong ``x_i^T w``
         active = sorted({g for cid in K for g in self.client_segs[cid]})
         enc_ip = {}
         for g in active:
-            shares = [self.ip_cache[(h, g)] for h in self.seg_holders[g] if (h, g) in self.ip_cache]
-            enc_ip[g] = self.he.add(shares)
+            if all((h, g) in self.ip_cache for h in self.seg_holders[g]):
+                enc_ip[g] = self.he.add([self.ip_cache[(h, g)] for h in self.seg_holders[g]])
+        K = [cid for cid in K if all(g in enc_ip for g in self.client_segs[cid])]
         # 2. LocalDualMethod at the clients; dual aggregation here
         msgs = [Message("hyfdca.dual", SERVER, cid, rnd, {"ip": [enc_ip[g] for g in self.client_segs[cid]]}) for cid in K]
         parts: dict[int, list[bytes]] = defaultdict(list)
+        got_dual: set[str] = set()
         for r in self._exchange(transport, msgs, stats):
+            got_dual.add(r.sender)
             for j, c in enumerate(r.payload["dalpha"]):
                 parts[self.client_segs[r.sender][j]].append(c)
         for g, v in parts.items():
             self.enc_alpha[g] = self.he.add([self.enc_alpha[g], *v])
-        # 3. PrimalAggregation
+        # 3. PrimalAggregation (``commit``: whether the client's dual changes arrived; a client
+        # whose reply was lost drops them, so its duals stay those the server aggregated)
         consensus = self.config.dual_mode == "consensus"
-        msgs = [Message("hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]} if consensus else {})
+        msgs = [Message("hyfdca.primal", SERVER, cid, rnd,
+                        {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]} if consensus else {"commit": cid in got_dual})
                 for cid in K]
+        answered: set[str] = set()
         for r in self._exchange(transport, msgs, stats):
+            answered.add(r.sender)
             self.share_cache[r.sender] = np.asarray(r.payload["share"], dtype=np.float64)
         w = np.zeros(self.d)
         for cid, share in self.share_cache.items():
             w[self.feat[cid]] += share
         self.w = w / (self.config.lam * self.N)
-        for cid in K:
+        for cid in answered:  # a failed client counts as absent: it gets fresh alpha next time
             self.last_round[cid] = rnd
         out = self._finish(stats, t0, he0)
-        out["participants"] = len(K)
+        out["participants"] = len(selected)
+        out["failed"] = len(K) - len(answered)
         return out
+
+    def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """What changes from round to round (checkpoints): ``(arrays, json_meta)`` with ``w``, the
+        ``enc(alpha)`` and cached inner-product ciphertexts (as uint8 arrays), the clients' last
+        primal shares, and in ``meta`` each client's last round and the participation RNG state.
+        The segment layout is rebuilt by :meth:`setup`."""
+        arrays: dict[str, np.ndarray] = {"w": self.w.copy()}
+        for g, c in enumerate(self.enc_alpha):
+            arrays[f"alpha.{g}"] = np.frombuffer(c, dtype=np.uint8).copy()
+        ip_keys = sorted(self.ip_cache)
+        for j, key in enumerate(ip_keys):
+            arrays[f"ip.{j}"] = np.frombuffer(self.ip_cache[key], dtype=np.uint8).copy()
+        share_keys = sorted(self.share_cache)
+        for j, cid in enumerate(share_keys):
+            arrays[f"share.{j}"] = self.share_cache[cid].copy()
+        meta = {"ip_keys": [[c, int(g)] for c, g in ip_keys], "share_keys": share_keys, "last_round": self.last_round,
+                "rng": self.rng.bit_generator.state, "segments": len(self.enc_alpha)}
+        return arrays, meta
+
+    def set_state(self, arrays: Mapping[str, np.ndarray], meta: dict) -> None:
+        """Restore what :meth:`get_state` returned, after :meth:`setup` on the same clients.
+
+        Raises:
+            PartitionError: the checkpoint's segment layout differs from this federation's."""
+        if int(meta["segments"]) != len(self.seg_ids):
+            raise PartitionError(f"the checkpoint has {meta['segments']} sample segments, this federation {len(self.seg_ids)}.")
+        self.w = np.asarray(arrays["w"], dtype=np.float64).copy()
+        self.enc_alpha = [np.asarray(arrays[f"alpha.{g}"], dtype=np.uint8).tobytes() for g in range(len(self.seg_ids))]
+        self.ip_cache = {(str(c), int(g)): np.asarray(arrays[f"ip.{j}"], dtype=np.uint8).tobytes() for j, (c, g) in enumerate(meta["ip_keys"])}
+        self.share_cache = {str(c): np.asarray(arrays[f"share.{j}"], dtype=np.float64).copy() for j, c in enumerate(meta["share_keys"])}
+        self.last_round = {str(c): int(r) for c, r in meta["last_round"].items()}
+        self.rng.bit_generator.state = meta["rng"]
 
     def alpha_ciphertexts(self) -> list[tuple[np.ndarray, bytes]]:
         """(segment sample IDs, ``enc(alpha)``) per segment: for an outside monitor with the key."""

@@ -40,8 +40,10 @@ from hybridfl.algorithms.hyfdca import HyFDCAClient, HyFDCAConfig, HyFDCAServer
 from hybridfl.algorithms.registry import AlgorithmSpec, register
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.partition import Partition
-from hybridfl.errors import PartitionError
+from hybridfl.errors import HybridFLError, PartitionError
 from hybridfl.privacy.he import KeyDealer, server_backend
+from hybridfl.runtime.checkpoint import load_checkpoint, save_checkpoint
+from hybridfl.runtime.messages import pack_arrays, unpack_arrays
 from hybridfl.runtime.simulation import ProgressFn, RunResult, simulate
 from hybridfl.runtime.transport import InProcessTransport
 
@@ -183,7 +185,21 @@ def build_hyfdca(split: DatasetSplit, partition: Partition, cfg: HyFDCAConfig, s
         c.client_id: HyFDCAClient(c.client_id, split.train.subset(c.sample_ids, c.blocks), pos, dealer.client_backend(), seed + 1 + i, cfg.sparse)
         for i, c in enumerate(partition.clients)
     }
-    return server, clients, InProcessTransport(clients, recorder), dealer
+    return server, clients, InProcessTransport(clients, recorder, cfg.failure_rate, seed), dealer
+
+
+def _load_for_resume(checkpoint: str | Path | None, algorithm: str, clients) -> tuple[int, dict, dict]:
+    """``(last completed round, arrays, meta)`` of ``checkpoint``, checked to be from ``algorithm``
+    with these clients.
+
+    Raises:
+        HybridFLError: no checkpoint path, or a checkpoint of another algorithm or federation."""
+    if checkpoint is None:
+        raise HybridFLError("resuming needs a checkpoint file.")
+    done, arrays, meta = load_checkpoint(checkpoint)
+    if meta.get("algorithm") != algorithm or set(meta.get("clients", [])) != set(clients):
+        raise HybridFLError(f"checkpoint {str(checkpoint)!r} is not from a {algorithm} run with these clients.")
+    return done, arrays, meta
 
 
 class Monitor:
@@ -221,17 +237,58 @@ class Monitor:
 
 
 def run_hyfdca(split: DatasetSplit, partition: Partition, cfg: HyFDCAConfig, seed: int = 0, progress: ProgressFn | None = None,
-               recorder: Callable[[bytes], None] | None = None, dealer: KeyDealer | None = None) -> RunResult:
-    """HyFDCA for ``cfg.rounds`` rounds with per-round objective, gap, accuracy, bytes and time."""
+               recorder: Callable[[bytes], None] | None = None, dealer: KeyDealer | None = None,
+               checkpoint: str | Path | None = None, resume: bool = False) -> RunResult:
+    """HyFDCA for ``cfg.rounds`` rounds with per-round objective, gap, accuracy, bytes and time.
+
+    Args:
+        checkpoint: file to write the run's state to after every round (atomically): server
+            (``w``, ``enc(alpha)``, cached shares), clients (duals, inner products), transport log
+            and failure draws, history, and with encryption the clients' shared key pair (a
+            simulated run holds every party's state: protect the file like the data).
+        resume: continue from ``checkpoint`` after its last completed round; the setup exchanges
+            are repeated (they are deterministic) and the result equals an uninterrupted run's.
+
+    Raises:
+        HybridFLError: ``resume`` without a readable checkpoint of a HyFDCA run with these clients.
+    """
     t_start = time.perf_counter()
+    start, history0 = 1, []
+    if resume:
+        names = [c.client_id for c in partition.clients]
+        done, ck_arrays, ck_meta = _load_for_resume(checkpoint, "hyfdca", names)
+        if ck_meta.get("encryption", "none") != cfg.encryption:
+            raise HybridFLError(f"checkpoint {str(checkpoint)!r} was written with encryption {ck_meta.get('encryption')!r}, the config says {cfg.encryption!r}.")
+        if "dealer" in ck_arrays:
+            dealer = KeyDealer.from_bytes(np.asarray(ck_arrays["dealer"], dtype=np.uint8).tobytes())
     server, clients, transport, dealer = build_hyfdca(split, partition, cfg, seed, recorder, dealer)
+    if resume:
+        server.setup(transport, transport.client_ids)
+        server.set_state(unpack_arrays("server.", ck_arrays), ck_meta["server"])
+        for cid, c in clients.items():
+            c.set_state(unpack_arrays(f"client.{cid}.", ck_arrays))
+        transport.set_state(ck_meta["transport"])
+        start, history0 = done + 1, ck_meta["history"]
+
+    def after_round(rnd: int, history: list[dict]) -> None:
+        if checkpoint is None:
+            return
+        s_arrays, s_meta = server.get_state()
+        arrays = pack_arrays("server.", s_arrays)
+        for cid, c in clients.items():
+            arrays.update(pack_arrays(f"client.{cid}.", c.get_state()))
+        if cfg.encryption != "none":
+            arrays["dealer"] = np.frombuffer(dealer.to_bytes(), dtype=np.uint8).copy()
+        save_checkpoint(checkpoint, rnd, arrays, {"algorithm": "hyfdca", "clients": list(clients), "encryption": cfg.encryption,
+                                                  "server": s_meta, "transport": transport.get_state(), "history": history})
+
     pos = clients[next(iter(clients))].y  # noqa: F841 (labels already checked)
     prob = build_problem(split, partition, cfg.loss, cfg.lam, positive_set(split.train, cfg.positive_classes, cfg.loss, "HyFDCA"))
     t_ref = time.perf_counter()
     ref = _reference(prob, cfg)
     ref_seconds = time.perf_counter() - t_ref
     monitor = Monitor(prob, ref, dealer)
-    history = simulate(server, transport, cfg.rounds, lambda rnd: monitor(server), cfg.eval_every, progress)
+    history = simulate(server, transport, cfg.rounds, lambda rnd: monitor(server), cfg.eval_every, progress, start, history0, after_round)
     _time_columns(history, cfg.bandwidth_mbps)
     last = history[-1]
     rounds_s = [r["seconds"] for r in history]
@@ -246,6 +303,8 @@ def run_hyfdca(split: DatasetSplit, partition: Partition, cfg: HyFDCAConfig, see
         "features": int(prob.X.shape[1]),
         "participation": cfg.participation,
         "participation_mode": cfg.participation_mode,
+        "failure_rate": cfg.failure_rate,
+        "client_failures": len(transport.failures),
         "sigma": server.sigma,
         "local_steps_per_client": {cid: int(c.params["H"]) for cid, c in clients.items()},
         "primal_objective": last["primal"],
@@ -287,17 +346,40 @@ def run_hyfdca(split: DatasetSplit, partition: Partition, cfg: HyFDCAConfig, see
 
 # --------------------------------------------------------------------------------------------- hybrid FedAvg
 def run_hybrid_fedavg(split: DatasetSplit, partition: Partition, cfg: HybridFedAvgConfig, seed: int = 0,
-                      progress: ProgressFn | None = None) -> RunResult:
-    """Hybrid FedAvg (SPEC.md baseline) with the same metrics as HyFDCA (no dual, no encryption)."""
+                      progress: ProgressFn | None = None, recorder: Callable[[bytes], None] | None = None,
+                      checkpoint: str | Path | None = None, resume: bool = False) -> RunResult:
+    """Hybrid FedAvg (SPEC.md baseline) with the same metrics as HyFDCA (no dual, no encryption).
+
+    Args:
+        recorder: receives the raw bytes of every message (audits).
+        checkpoint, resume: as :func:`run_hyfdca` (the state is the server's ``w`` and sampling
+            RNG, the transport's, and the history: clients keep nothing between rounds).
+    """
     pos = check_inputs(split, partition, cfg.loss, cfg.positive_classes, "hybrid FedAvg")
     server = HybridFedAvgServer(split.train.block_shapes, cfg, seed)
     clients = {c.client_id: HybridFedAvgClient(c.client_id, split.train.subset(c.sample_ids, c.blocks), pos, seed + 1 + i)
                for i, c in enumerate(partition.clients)}
-    transport = InProcessTransport(clients)
+    transport = InProcessTransport(clients, recorder, cfg.failure_rate, seed)
+    start, history0 = 1, []
+    if resume:
+        done, ck_arrays, ck_meta = _load_for_resume(checkpoint, "hybrid_fedavg", clients)
+        server.setup(transport, transport.client_ids)
+        server.w = np.asarray(ck_arrays["server.w"], dtype=np.float64).copy()
+        server.rng.bit_generator.state = ck_meta["rng"]
+        transport.set_state(ck_meta["transport"])
+        start, history0 = done + 1, ck_meta["history"]
+
+    def after_round(rnd: int, history: list[dict]) -> None:
+        if checkpoint is not None:
+            save_checkpoint(checkpoint, rnd, {"server.w": server.w.copy()},
+                            {"algorithm": "hybrid_fedavg", "clients": list(clients), "rng": server.rng.bit_generator.state,
+                             "transport": transport.get_state(), "history": history})
+
     prob = build_problem(split, partition, cfg.loss, cfg.lam, pos)
     ref = _reference(prob, cfg)
     monitor = Monitor(prob, ref)
-    history = simulate(server, transport, cfg.rounds, lambda rnd: monitor.primal_metrics(server.w), cfg.eval_every, progress)
+    history = simulate(server, transport, cfg.rounds, lambda rnd: monitor.primal_metrics(server.w), cfg.eval_every, progress,
+                       start, history0, after_round)
     _time_columns(history, None)
     last = history[-1]
     summary = {
@@ -306,7 +388,7 @@ def run_hybrid_fedavg(split: DatasetSplit, partition: Partition, cfg: HybridFedA
         "reference_objective": ref.objective if ref else None, "relative_suboptimality": last.get("relative_suboptimality"),
         "accuracy": last["accuracy"], "duality_gap": None, "encryption_seconds": 0.0,
         "messages_total": transport.log.messages_total, "bytes_total": transport.log.bytes_total,
-        "bytes_per_client": transport.log.per_client(),
+        "bytes_per_client": transport.log.per_client(), "failure_rate": cfg.failure_rate, "client_failures": len(transport.failures),
     }
     summary["report"] = [
         ["test accuracy (server model, all blocks)", summary["accuracy"], "percent"],
@@ -366,8 +448,8 @@ def run_centralized(split: DatasetSplit, partition: Partition, cfg: CentralizedC
     return RunResult(summary=summary, history=[row], comm=None)
 
 
-def _run_hyfdca(split, partition, cfg, seed, progress=None):
-    return run_hyfdca(split, partition, cfg, seed, progress)
+def _run_hyfdca(split, partition, cfg, seed, progress=None, checkpoint=None, resume=False):
+    return run_hyfdca(split, partition, cfg, seed, progress, checkpoint=checkpoint, resume=resume)
 
 
 register(AlgorithmSpec("hyfdca", HyFDCAConfig, _run_hyfdca, "HyFDCA: secure primal-dual hybrid FL for convex models (hinge, logistic, squared)"))

@@ -370,6 +370,48 @@ class KeyDealer:
         """What the server may hold: the Paillier modulus ``n`` or the public CKKS context."""
         return self._public
 
+    def to_bytes(self) -> bytes:
+        """The key pair, secret included (for client machines and simulation checkpoints only):
+        message-codec bytes with ``scheme``, ``precision_bits``, ``public`` and the secret
+        (Paillier ``p``, ``q``; CKKS the TenSEAL context with its secret key and ``slots``)."""
+        from hybridfl.runtime.messages import Message, encode
+
+        p: dict = {"scheme": self.scheme, "precision_bits": int(self.precision_bits), "public": self._public}
+        if self.scheme == "paillier":
+            _, sk = self._secret
+            p["p"] = int(sk.p).to_bytes((int(sk.p).bit_length() + 7) // 8, "big")
+            p["q"] = int(sk.q).to_bytes((int(sk.q).bit_length() + 7) // 8, "big")
+        elif self.scheme == "ckks":
+            p["context"], p["slots"] = self._secret, int(self._slots)
+        return encode(Message("hybridfl.he-key-pair", "client", "client", 0, p))
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> KeyDealer:
+        """Rebuild a dealer from :meth:`to_bytes` (no new keys are generated).
+
+        Raises:
+            ConfigError: the bytes are not a key pair written by :meth:`to_bytes`."""
+        from hybridfl.runtime.messages import decode
+
+        try:
+            m = decode(bytes(data))
+            p = m.payload
+            scheme = str(p["scheme"])
+        except Exception:  # noqa: BLE001
+            raise ConfigError("the stored HE key pair is unreadable.") from None
+        if m.kind != "hybridfl.he-key-pair" or scheme not in SCHEMES:
+            raise ConfigError("the stored HE key pair is unreadable.")
+        d = cls("none", precision_bits=int(p["precision_bits"]))
+        d.scheme, d._public = scheme, bytes(p["public"])
+        if scheme == "paillier":
+            from phe import paillier
+
+            pk = paillier.PaillierPublicKey(int.from_bytes(d._public, "big"))
+            d._secret = (pk, paillier.PaillierPrivateKey(pk, int.from_bytes(p["p"], "big"), int.from_bytes(p["q"], "big")))
+        elif scheme == "ckks":
+            d._secret, d._slots = bytes(p["context"]), int(p["slots"])
+        return d
+
 
 def server_backend(scheme: str, public: bytes, precision_bits: int = 40) -> HEBackend:
     """The server's backend from public material only (can add, cannot decrypt).

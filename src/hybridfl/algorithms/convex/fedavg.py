@@ -49,6 +49,7 @@ class HybridFedAvgConfig(BaseModel):
     participation: float = Field(1.0, gt=0, le=1)
     participation_mode: Literal["fraction", "probability", "cyclic"] = "fraction"
     cyclic_groups: int = Field(2, ge=2)
+    failure_rate: float = Field(0.0, ge=0, lt=1, description="probability that a selected client fails mid-round (its reply never arrives; the server averages the replies that did)")
     positive_classes: list[int] | None = None
     latency: float = Field(0.2575, ge=0)
     eval_every: int = Field(1, ge=0)
@@ -137,5 +138,5 @@ class HybridFedAvgServer:
         held = wsum > 0
         self.w[held] = acc[held] / wsum[held]
         server_s = max(0.0, time.perf_counter() - t0 - csum)
-        return {"participants": len(K), "exchanges": 1, "latency_seconds": cfg.latency, "encryption_seconds": 0.0,
+        return {"participants": len(K), "failed": len(K) - len(replies), "exchanges": 1, "latency_seconds": cfg.latency, "encryption_seconds": 0.0,
                 "model_seconds": server_s + cmax + cfg.latency, "model_seconds_no_encryption": server_s + cmax + cfg.latency}

@@ -153,6 +153,8 @@ def _hyfdca() -> Deployable:
     def get_state(c: HyFDCAClient) -> dict:
         # everything HyFDCAClient.init/handle set after construction (its constructor rebuilds the rest)
         st: dict = {k: np.asarray(getattr(c, k)) for k in _ARR if hasattr(c, k)}
+        if getattr(c, "pending", None) is not None:  # block-mode duals awaiting the server's commit
+            st["pending"] = np.asarray(c.pending)
         if c.params:
             import json
 
@@ -170,6 +172,7 @@ def _hyfdca() -> Deployable:
         for k in _ARR:
             if k in st:
                 setattr(c, k, np.asarray(st[k], dtype=np.float64).copy())
+        c.pending = np.asarray(st["pending"], dtype=np.float64).copy() if "pending" in st else None
         if "params" in st:
             c.params = json.loads(str(st["params"]))
             scale = np.asarray(st["seg_scale"], dtype=np.float64)
