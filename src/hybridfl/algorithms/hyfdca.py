@@ -40,6 +40,13 @@ second SecureInnerProduct, line 18; 3 exchanges):
    (an absent client's share is its last one). In consensus mode, with every (sample, block) cell
    held by exactly one client, this is exactly ``w(alpha)``.
 
+Failures (``failure_rate``; a client that does its work but whose replies never arrive): the
+server adds only the dual changes that arrived and tells each client in PrimalAggregation whether
+its changes arrived (``commit``); a block-mode client keeps its new duals only then. A client that
+did not answer PrimalAggregation counts as absent (fresh ``alpha`` next time in consensus mode),
+and a selected client whose segment lacks an inner-product share from some holder (one that has
+never answered) sits the round out.
+
 LocalDualMethod variants (the extracted paper text garbles the closed form; SPEC.md asks to pick
 one and prove it by convergence to the centralised optimum):
 
