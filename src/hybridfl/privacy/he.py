@@ -311,6 +311,9 @@ class CKKSBackend(HEBackend):
         return np.asarray(vals[:n], dtype=np.float64)
 
 
+KEY_PAIR_KIND = "hybridfl.he-secret"  # message kind of a serialised key pair (also the deployments' key file)
+
+
 class KeyDealer:
     """Generates the one key pair that all clients share (not the server; see module docstring).
 
@@ -383,7 +386,7 @@ class KeyDealer:
             p["q"] = int(sk.q).to_bytes((int(sk.q).bit_length() + 7) // 8, "big")
         elif self.scheme == "ckks":
             p["context"], p["slots"] = self._secret, int(self._slots)
-        return encode(Message("hybridfl.he-key-pair", "client", "client", 0, p))
+        return encode(Message(KEY_PAIR_KIND, "client", "client", 0, p))
 
     @classmethod
     def from_bytes(cls, data: bytes) -> KeyDealer:
@@ -399,7 +402,7 @@ class KeyDealer:
             scheme = str(p["scheme"])
         except Exception:  # noqa: BLE001
             raise ConfigError("the stored HE key pair is unreadable.") from None
-        if m.kind != "hybridfl.he-key-pair" or scheme not in SCHEMES:
+        if m.kind != KEY_PAIR_KIND or scheme not in SCHEMES:
             raise ConfigError("the stored HE key pair is unreadable.")
         d = cls("none", precision_bits=int(p["precision_bits"]))
         d.scheme, d._public = scheme, bytes(p["public"])

@@ -20,27 +20,16 @@ import os
 from pathlib import Path
 
 from hybridfl.errors import DataError
-from hybridfl.privacy.he import CKKSBackend, HEBackend, KeyDealer, PaillierBackend, PlainBackend
-from hybridfl.runtime.messages import Message, decode, encode
+from hybridfl.privacy.he import KEY_PAIR_KIND, HEBackend, KeyDealer
+from hybridfl.runtime.messages import decode
 
 SECRET_FILE = "he_secret.key"
-KIND = "hybridfl.he-secret"
-
-
-def _int_bytes(v: int) -> bytes:
-    return int(v).to_bytes((int(v).bit_length() + 7) // 8, "big")
+KIND = KEY_PAIR_KIND
 
 
 def dealer_to_bytes(dealer: KeyDealer) -> bytes:
     """Serialise a key dealer's key pair (the secret included): for client machines only."""
-    p: dict = {"scheme": dealer.scheme, "precision_bits": int(dealer.precision_bits), "public": dealer.public_material()}
-    secret = dealer._secret  # noqa: SLF001 (KeyDealer has no export API yet)
-    if dealer.scheme == "paillier":
-        _, sk = secret
-        p["p"], p["q"] = _int_bytes(sk.p), _int_bytes(sk.q)
-    elif dealer.scheme == "ckks":
-        p["context"], p["slots"] = secret, int(dealer._slots)  # noqa: SLF001
-    return encode(Message(KIND, "client", "client", 0, p))
+    return dealer.to_bytes()
 
 
 def write_secret(dealer: KeyDealer, path: str | Path) -> Path:
@@ -60,22 +49,12 @@ def load_secret(path: str | Path) -> tuple[str, HEBackend, bytes]:
     f = Path(path)
     if not f.is_file():
         raise DataError(f"HE secret key file {str(f)!r} does not exist (make it with `hybridfl he-keys` on a client machine).")
+    data = f.read_bytes()
     try:
-        m = decode(f.read_bytes())
+        m = decode(data)
     except Exception:  # noqa: BLE001
         raise DataError(f"{str(f)!r} is not a hybridfl HE secret key file.") from None
     if m.kind != KIND:
         raise DataError(f"{str(f)!r} is not a hybridfl HE secret key file.")
-    p = m.payload
-    scheme, prec, public = str(p["scheme"]), int(p["precision_bits"]), bytes(p["public"])
-    if scheme == "paillier":
-        from phe import paillier
-
-        pk = paillier.PaillierPublicKey(int.from_bytes(public, "big"))
-        sk = paillier.PaillierPrivateKey(pk, int.from_bytes(p["p"], "big"), int.from_bytes(p["q"], "big"))
-        return scheme, PaillierBackend(pk, sk, prec), public
-    if scheme == "ckks":
-        import tenseal as ts
-
-        return scheme, CKKSBackend(ts.context_from(bytes(p["context"])), int(p["slots"])), public
-    return scheme, PlainBackend(), public
+    dealer = KeyDealer.from_bytes(data)
+    return dealer.scheme, dealer.client_backend(), dealer.public_material()
