@@ -218,9 +218,11 @@ def _run_steps(dirs, server_dir):
     return server, hist, t, payloads
 
 
-def test_hyfdca_rebuilt_clients_equal_simulation(tmp_path):
-    prep, dirs, server_dir = _setup(tmp_path, HYFDCA)
-    w_ref, log_ref = _hyfdca_reference(prep, HYFDCA)
+@pytest.mark.parametrize("mode", ["block", "segment"])
+def test_hyfdca_rebuilt_clients_equal_simulation(tmp_path, mode):
+    algo = {**HYFDCA, "dual_mode": mode, **({"batch_size": 64} if mode == "segment" else {})}
+    prep, dirs, server_dir = _setup(tmp_path, algo)
+    w_ref, log_ref = _hyfdca_reference(prep, algo)
     server, hist, t, _ = _run_steps(dirs, server_dir)
     assert np.linalg.norm(w_ref) > 0
     np.testing.assert_allclose(server.w, w_ref, rtol=1e-9, atol=1e-12)

@@ -68,6 +68,23 @@ one and prove it by convergence to the centralised optimum):
   overshoots (measured: divergence on MNIST and credit with full local passes); it needs small
   ``H`` and a large ``sigma'``, and converges slowly.
 
+- ``dual_mode: segment``: one ``alpha`` per sample, like consensus, but the holders of a segment
+  make the **same exact** SDCA steps, so averaging them changes nothing and no client ever acts on
+  a wrong inner product. The segment is cut once into fixed mini-batches of ``batch_size`` samples
+  (the same random split at every holder); at setup the holders' partial Gram matrices
+  ``X_{k,B} X_{k,B}^T`` of each batch are added under encryption and returned, so every holder
+  knows the batch's full Gram ``X_B X_B^T`` (all blocks; a leak the other modes do not have: the
+  holders learn the inner products between pairs of their own samples in a batch). Each round
+  (``hyfdca.segstart``, then one ``hyfdca.sweep`` per batch, then ``hyfdca.primal``) the holders
+  walk the batches in a common random order; before each batch the server adds their encrypted
+  shares ``x_{k,i}^T (w_k + sigma' dw_k)`` (their block with the segment's changes so far) and
+  every holder decrypts the exact inner products; inside the batch the Gram matrix supplies the
+  changes (:func:`~hybridfl.algorithms.convex.losses.gram_steps`). A segment is thus one CoCoA+
+  worker with an exact local SDCA solver, ``sigma'`` = number of segments, and the dual ascends
+  every round (tested). A segment steps only when all its holders are selected and answer (a
+  failed holder costs the segment its round; nothing partial is added). Cost: ``2 + n_s / b``
+  exchanges per round instead of 3.
+
 ``cross = "energy"`` (experimental) scales the own-block correction by
 ``sum_i q_i / sum_i ||x_{k,i}||^2``; ``cross = "none"`` drops it (paper Alg. 5: fixed ``u``).
 
@@ -89,7 +106,7 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from hybridfl.algorithms.convex.losses import RowData
+from hybridfl.algorithms.convex.losses import RowData, gram_steps
 from hybridfl.algorithms.convex.problem import (
     block_offsets,
     feature_index,
@@ -118,10 +135,14 @@ class HyFDCAConfig(BaseModel):
     local_steps: int | None = Field(None, ge=1, description="H: SDCA steps per client per round (default: local_fraction of its samples)")
     local_fraction: float = Field(1.0, gt=0, le=1, description="H as a share of the client's samples when local_steps is not set")
     local_epochs: int = Field(1, ge=1, description="passes over the H chosen samples per round (each in a fresh random order)")
-    dual_mode: Literal["block", "consensus"] = Field("block", description="block: each client keeps the dual variables of its own cell; consensus: one alpha per sample, averaged over its holders (paper Alg. 1)")
+    dual_mode: Literal["block", "consensus", "segment"] = Field("block", description="block: each client keeps the dual variables of its own cell; consensus: one alpha per sample, averaged over its holders (paper Alg. 1); segment: one alpha per sample, the holders of a segment step together with exact inner products (mini-batch exchanges and batch Gram matrices)")
+    batch_size: int = Field(512, ge=1, description="segment mode: samples per mini-batch (one inner-product exchange per batch and round; the batch Gram is summed once at setup)")
     sigma: float | None = Field(None, gt=0, description="CoCoA+ safety factor sigma' (default: clients (block) or segments (consensus))")
     cross: Literal["own", "energy", "none"] = Field("own", description="how a client's own dual changes enter its inner-product estimate")
     nu: float = Field(1.0, gt=0, description="dual aggregation weight nu (1 averages over the clients of a sample)")
+    smoothing: float = Field(0.0, ge=0, description="hinge only: gamma of the smoothed hinge the local steps solve in round 1 (0: the plain hinge)")
+    smoothing_decay: float = Field(1.0, gt=0, le=1, description="gamma is multiplied by this every round ...")
+    smoothing_min: float = Field(0.0, ge=0, description="... down to this floor")
     participation: float = Field(1.0, gt=0, le=1, description="share (or probability) of clients per round")
     participation_mode: Literal["fraction", "probability", "cyclic"] = "fraction"
     cyclic_groups: int = Field(2, ge=2, description="number of cyclic client groups (participation_mode: cyclic)")
@@ -178,6 +199,10 @@ class HyFDCAClient:
         self.seg_rows: list[np.ndarray] = []
         self.seg_colw: list[np.ndarray | None] = []
         self.seg_scale: list[float] = []
+        self.seg_global: list[int] = []  # segment mode: global segment ids (to agree on orders with the other holders)
+        self.seg_batches: list[list[np.ndarray]] = []  # segment mode: row positions of each fixed mini-batch
+        self.gram: list[list[np.ndarray]] = []  # segment mode: full Gram matrix of each mini-batch (all blocks)
+        self.sweep: dict[int, dict] = {}  # segment mode: this round's pass over each active segment
 
     # -- helpers
     def _reply(self, msg: Message, t0: float, he0: float, **payload) -> Message:
@@ -198,10 +223,17 @@ class HyFDCAClient:
         if msg.kind == "hyfdca.hello":
             return self._reply(msg, t0, he0, ids=self.ids.tolist(), blocks=self.blocks, n_samples=int(self.ids.size))
         if msg.kind == "hyfdca.init":
-            return self._reply(msg, t0, he0, norms=self.init(p))
+            norms = self.init(p)
+            return self._reply(msg, t0, he0, norms=norms, **({"gram": self.gram_parts} if self.gram_parts else {}))
         if msg.kind == "hyfdca.norms":
             self._decrypt_segments(p["norms"], self.q)
+            if "gram" in p:
+                self._store_gram(p["gram"])
             return self._reply(msg, t0, he0)
+        if msg.kind == "hyfdca.segstart":
+            return self._reply(msg, t0, he0, **self.segment_start(p))
+        if msg.kind == "hyfdca.sweep":
+            return self._reply(msg, t0, he0, **self.segment_sweep(p))
         if msg.kind == "hyfdca.ip":
             return self._reply(msg, t0, he0, ip=self.inner_product_shares(p))
         if msg.kind == "hyfdca.dual":
@@ -246,7 +278,98 @@ class HyFDCAClient:
             out.append(self.he.encrypt(norms))
         own = np.asarray(self.X.multiply(self.X).sum(axis=1)).ravel() if sp.issparse(self.X) else np.einsum("ij,ij->i", self.X, self.X)
         self.own_sq = own
+        self.gram_parts: list[bytes] = []
+        if self.params["dual_mode"] == "segment":
+            b = int(p["batch_size"])
+            self.seg_global = [int(g) for g in p["seg_global"]]
+            # fixed mini-batches: a random split of the segment, the same at every holder (the
+            # permutation is drawn from the global segment id and a seed the server sends)
+            self.seg_batches = []
+            for g, rows in zip(self.seg_global, self.seg_rows):
+                perm = rows[np.random.default_rng([int(p["batch_seed"]), g]).permutation(rows.size)]
+                self.seg_batches.append([perm[m:m + b] for m in range(0, rows.size, b)])
+            for s in range(holders.size):
+                colw = self.seg_colw[s]
+                for rows in self.seg_batches[s]:
+                    Xb = self.X[rows]
+                    Xw = Xb if colw is None else (Xb.multiply(colw[None, :]).tocsr() if sp.issparse(Xb) else Xb * colw)
+                    G = Xb @ Xw.T
+                    G = G.toarray() if sp.issparse(G) else np.asarray(G)
+                    self.gram_parts.append(self.he.encrypt(G[np.triu_indices(rows.size)]))
         return out
+
+    def _store_gram(self, cts: list[bytes]) -> None:
+        """Segment mode: decrypt the holders' summed batch Gram matrices (upper triangles)."""
+        it = iter(cts)
+        self.gram = []
+        for batches in self.seg_batches:
+            mats = []
+            for rows in batches:
+                b = rows.size
+                G = np.zeros((b, b))
+                iu = np.triu_indices(b)
+                G[iu] = self.he.decrypt(next(it))
+                G = G + np.triu(G, 1).T
+                mats.append(G)
+            self.gram.append(mats)
+
+    def _batch_share(self, s: int, rows: np.ndarray) -> bytes:
+        """``enc(x_{k,i}^T (w_k + sigma' dw_k))`` for one mini-batch of segment ``s`` (its own
+        block's part of the exact inner products, with the segment's changes this round)."""
+        colw = self.seg_colw[s]
+        ww = self.w + float(self.params["sigma"]) * self.sweep[s]["dw"]
+        if colw is not None:
+            ww = ww * colw
+        return self.he.encrypt(np.asarray(self.X[rows] @ ww).ravel())
+
+    def segment_start(self, p: dict) -> dict:
+        """Segment mode, round start: take ``w`` (and fresh ``alpha`` if returning); for each
+        active segment (every holder present) set up this round's batch order and return the
+        share of the first batch's inner products."""
+        self.w = np.asarray(p["w"], dtype=np.float64)
+        if "alpha" in p:
+            self._decrypt_segments(p["alpha"], self.alpha)
+        segs = [int(v) for v in p["segs"]]
+        counts = [int(v) for v in p["count"]]
+        flat = [int(v) for v in p["order"]]
+        self.sweep = {}
+        out, pos = [], 0
+        for s, c in zip(segs, counts):
+            self.sweep[s] = {"order": flat[pos:pos + c], "j": 0, "dw": np.zeros(self.X.shape[1]), "delta": np.zeros(self.ids.size),
+                             "seed": int(p["seed"])}
+            pos += c
+            out.append(self._batch_share(s, self.seg_batches[s][self.sweep[s]["order"][0]]))
+        return {"ip": out}
+
+    def segment_sweep(self, p: dict) -> dict:
+        """Segment mode: exact SDCA steps on the current mini-batch of each listed segment (the
+        decrypted inner products ``u`` are exact: every holder's block with the segment's changes
+        so far; the batch Gram gives the changes within the batch). Every holder of a segment
+        makes the same steps. Returns the next batch's shares, or ``enc((nu/|B|) dalpha)`` of the
+        segment once its pass is done."""
+        prm = self.params
+        lam_n = float(prm["lam"]) * float(prm["N"])
+        sigma = float(prm["sigma"])
+        nxt, nxt_segs, dal, dal_segs = [], [], [], []
+        for s, ct in zip([int(v) for v in p["segs"]], p["u"]):
+            st = self.sweep[s]
+            m = st["order"][st["j"]]
+            rows = self.seg_batches[s][m]
+            u0 = self.he.decrypt(ct)
+            a = self.alpha[rows] + st["delta"][rows]
+            rng = np.random.default_rng([st["seed"], self.seg_global[s], st["j"]])
+            d = gram_steps(rng.permutation(rows.size), a, self.y[rows], u0, self.gram[s][m], str(prm["loss"]), lam_n, sigma,
+                           float(p.get("gamma", 0.0)))
+            st["delta"][rows] += d
+            st["dw"] += np.asarray(self.X[rows].T @ d).ravel() / lam_n
+            st["j"] += 1
+            if st["j"] < len(st["order"]):
+                nxt.append(self._batch_share(s, self.seg_batches[s][st["order"][st["j"]]]))
+                nxt_segs.append(s)
+            else:
+                dal.append(self.he.encrypt(st["delta"][self.seg_rows[s]] * self.seg_scale[s]))
+                dal_segs.append(s)
+        return {"ip": nxt, "ip_segs": nxt_segs, "dalpha": dal, "dalpha_segs": dal_segs}
 
     def inner_product_shares(self, p: dict) -> list[bytes]:
         """SecureInnerProduct, client part (Alg. 2 lines 2-6): ``enc(x_{k,i}^T w_k)`` per segment."""
@@ -282,7 +405,8 @@ class HyFDCAClient:
         # shared alpha received from the server
         alpha = self.alpha.copy()
         dw = np.zeros(self.X.shape[1])
-        delta = self.rows.dot_and_add(order, alpha, self.y, self.u, self.q, str(prm["loss"]), lam_n, sigma, cross, dw)
+        delta = self.rows.dot_and_add(order, alpha, self.y, self.u, self.q, str(prm["loss"]), lam_n, sigma, cross, dw,
+                                      float(p.get("gamma", 0.0)))
         self.pending = alpha if prm["dual_mode"] == "block" else None
         return [self.he.encrypt(delta[rows] * self.seg_scale[s]) for s, rows in enumerate(self.seg_rows)]
 
@@ -323,6 +447,7 @@ class HyFDCAServer:
         self.offsets = block_offsets(block_shapes)
         self.d = sum(b - a for a, b in self.offsets.values())
         self.w = np.zeros(self.d)
+        self.seed = seed
         self.rng = np.random.default_rng([seed, 7])
         self.client_ids: list[str] = []
         self.feat: dict[str, np.ndarray] = {}
@@ -390,6 +515,9 @@ class HyFDCAServer:
         self.seg_ids = [np.array(sorted(m)) for m in seg_members]
         self.N = len(holders)
         default_sigma = len(self.client_ids) if cfg.dual_mode == "block" else len(self.seg_ids)
+        segment = cfg.dual_mode == "segment"
+        self.seg_batches = [math.ceil(len(ids) / cfg.batch_size) for ids in self.seg_ids]
+        batch_seed = int(np.random.default_rng([self.seed, 11]).integers(2**31))
         self.sigma = float(cfg.sigma) if cfg.sigma is not None else float(default_sigma)
         # per-client messages: local segment indices, holder counts, block weights 1/c(s, b)
         init_msgs = []
@@ -408,6 +536,7 @@ class HyFDCAServer:
                 "N": self.N, "lam": cfg.lam, "loss": cfg.loss, "H": int(H), "sigma": self.sigma, "cross": cfg.cross, "nu": cfg.nu, "dual_mode": cfg.dual_mode, "epochs": cfg.local_epochs,
                 "segment": seg_arr, "holders": np.array([len(self.seg_holders[g]) for g in segs], dtype=np.int64),
                 "block_weight": bw.ravel(),
+                **({"batch_size": cfg.batch_size, "seg_global": list(segs), "batch_seed": batch_seed} if segment else {}),
             }))
         replies = self._exchange(transport, init_msgs, stats)
         parts: dict[int, list[bytes]] = defaultdict(list)
@@ -415,8 +544,19 @@ class HyFDCAServer:
             for j, c in enumerate(r.payload["norms"]):
                 parts[self.client_segs[r.sender][j]].append(c)
         enc_q = {g: self.he.add(v) for g, v in parts.items()}
-        self._exchange(transport, [Message("hyfdca.norms", SERVER, cid, 0, {"norms": [enc_q[g] for g in self.client_segs[cid]]})
-                                   for cid in self.client_ids], stats)
+        gram: dict[tuple[int, int], bytes] = {}
+        if segment:  # batch Gram matrices: the holders' partial (own-block) Grams added per batch
+            gparts: dict[tuple[int, int], list[bytes]] = defaultdict(list)
+            for r in replies:
+                it = iter(r.payload["gram"])
+                for g in self.client_segs[r.sender]:
+                    for m in range(self.seg_batches[g]):
+                        gparts[(g, m)].append(next(it))
+            gram = {key: self.he.add(v) for key, v in gparts.items()}
+        self._exchange(transport, [Message("hyfdca.norms", SERVER, cid, 0, {
+            "norms": [enc_q[g] for g in self.client_segs[cid]],
+            **({"gram": [gram[(g, m)] for g in self.client_segs[cid] for m in range(self.seg_batches[g])]} if segment else {})})
+            for cid in self.client_ids], stats)
         zeros = [self.he.encrypt(np.zeros(len(ids))) for ids in self.seg_ids]
         self.enc_alpha = zeros
         self.last_round = {c: -10 for c in self.client_ids}
@@ -451,11 +591,21 @@ class HyFDCAServer:
         cfg = self.config
         return select_participants(rnd, self.client_ids, cfg.participation, cfg.participation_mode, cfg.cyclic_groups, self.rng)
 
+    def smoothing(self, rnd: int) -> float:
+        """``gamma`` of the smoothed hinge for round ``rnd`` (1-based): ``max(smoothing_min,
+        smoothing * smoothing_decay^(rnd-1))``; 0 for other losses or without smoothing."""
+        cfg = self.config
+        if cfg.loss != "hinge" or cfg.smoothing <= 0:
+            return 0.0
+        return float(max(cfg.smoothing_min, cfg.smoothing * cfg.smoothing_decay ** (rnd - 1)))
+
     # -- one round
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
         t0, he0 = time.perf_counter(), self.he.seconds
         stats: dict = defaultdict(float)
         K = selected = self.select(rnd)
+        if self.config.dual_mode == "segment":
+            return self._run_round_segment(rnd, transport, selected, stats, t0, he0)
         # 1. SecureInnerProduct (with fresh alpha for returning clients)
         msgs = []
         for cid in K:
@@ -476,7 +626,9 @@ class HyFDCAServer:
                 enc_ip[g] = self.he.add([self.ip_cache[(h, g)] for h in self.seg_holders[g]])
         K = [cid for cid in K if all(g in enc_ip for g in self.client_segs[cid])]
         # 2. LocalDualMethod at the clients; dual aggregation here
-        msgs = [Message("hyfdca.dual", SERVER, cid, rnd, {"ip": [enc_ip[g] for g in self.client_segs[cid]]}) for cid in K]
+        gamma = self.smoothing(rnd)
+        msgs = [Message("hyfdca.dual", SERVER, cid, rnd, {"ip": [enc_ip[g] for g in self.client_segs[cid]], **({"gamma": gamma} if gamma else {})})
+                for cid in K]
         parts: dict[int, list[bytes]] = defaultdict(list)
         got_dual: set[str] = set()
         for r in self._exchange(transport, msgs, stats):
@@ -504,6 +656,83 @@ class HyFDCAServer:
         out = self._finish(stats, t0, he0)
         out["participants"] = len(selected)
         out["failed"] = len(K) - len(answered)
+        return out
+
+    def _run_round_segment(self, rnd: int, transport: Transport, selected: list[str], stats: dict, t0: float, he0: float) -> dict[str, float]:
+        """One round of ``dual_mode: segment``. A segment takes part when all its holders are
+        selected; its holders walk its mini-batches in the same order, one exchange per batch: the
+        server adds their encrypted shares of the batch's inner products (each holder's block with
+        the segment's changes so far) and returns the sum, so every holder makes the same exact SDCA
+        steps (CoCoA+ over segments, ``sigma'`` = number of segments). A segment loses its round if
+        any holder's reply is missing (nothing of it is added). Then dual aggregation and
+        PrimalAggregation as in consensus mode (``w = w(alpha)``)."""
+        cfg = self.config
+        chosen = set(selected)
+        active = [g for g in range(len(self.seg_ids)) if all(h in chosen for h in self.seg_holders[g])]
+        orders: dict[int, list[int]] = {}
+        for g in active:
+            nb = self.seg_batches[g]
+            count = max(1, math.ceil(cfg.local_fraction * nb))
+            orders[g] = [int(m) for _ in range(cfg.local_epochs) for m in self.rng.permutation(nb)[:count]]
+        seed = int(self.rng.integers(2**31))
+        K = [cid for cid in selected if any(g in orders for g in self.client_segs[cid])]
+        local = {cid: {g: j for j, g in enumerate(self.client_segs[cid])} for cid in K}
+        msgs = []
+        for cid in K:
+            gs = [g for g in self.client_segs[cid] if g in orders]
+            payload: dict = {"w": self.w[self.feat[cid]], "segs": [local[cid][g] for g in gs], "count": [len(orders[g]) for g in gs],
+                             "order": [m for g in gs for m in orders[g]], "seed": seed}
+            if self.last_round[cid] != rnd - 1:
+                payload["alpha"] = [self.enc_alpha[g] for g in self.client_segs[cid]]
+            msgs.append(Message("hyfdca.segstart", SERVER, cid, rnd, payload))
+        shares: dict[int, list[bytes]] = defaultdict(list)
+        for r in self._exchange(transport, msgs, stats):
+            gs = [g for g in self.client_segs[r.sender] if g in orders]
+            for g, c in zip(gs, r.payload["ip"]):
+                shares[g].append(c)
+        running = {g: self.he.add(shares[g]) for g in orders if len(shares[g]) == len(self.seg_holders[g])}
+        gamma = self.smoothing(rnd)
+        done: set[int] = set()
+        while running:
+            msgs = []
+            for cid in K:
+                gs = [g for g in self.client_segs[cid] if g in running]
+                if gs:
+                    msgs.append(Message("hyfdca.sweep", SERVER, cid, rnd, {"segs": [local[cid][g] for g in gs], "u": [running[g] for g in gs],
+                                                                            **({"gamma": gamma} if gamma else {})}))
+            nxt: dict[int, list[bytes]] = defaultdict(list)
+            dal: dict[int, list[bytes]] = defaultdict(list)
+            for r in self._exchange(transport, msgs, stats):
+                segs = self.client_segs[r.sender]
+                for j, c in zip(r.payload["ip_segs"], r.payload["ip"]):
+                    nxt[segs[int(j)]].append(c)
+                for j, c in zip(r.payload["dalpha_segs"], r.payload["dalpha"]):
+                    dal[segs[int(j)]].append(c)
+            new_running = {}
+            for g in running:
+                n_h = len(self.seg_holders[g])
+                if len(dal[g]) == n_h:  # pass complete at every holder: add (nu/|B|) dalpha of each
+                    self.enc_alpha[g] = self.he.add([self.enc_alpha[g], *dal[g]])
+                    done.add(g)
+                elif len(nxt[g]) == n_h:
+                    new_running[g] = self.he.add(nxt[g])
+            running = new_running
+        # PrimalAggregation with the new alpha (every client that was sent a segment start)
+        msgs = [Message("hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]}) for cid in K]
+        answered: set[str] = set()
+        for r in self._exchange(transport, msgs, stats):
+            answered.add(r.sender)
+            self.share_cache[r.sender] = np.asarray(r.payload["share"], dtype=np.float64)
+        w = np.zeros(self.d)
+        for cid, share in self.share_cache.items():
+            w[self.feat[cid]] += share
+        self.w = w / (cfg.lam * self.N)
+        for cid in answered:
+            self.last_round[cid] = rnd
+        out = self._finish(stats, t0, he0)
+        out["participants"] = len(selected)
+        out["failed"] = len(K) - len(answered)
+        out["segments_updated"] = len(done)
         return out
 
     def get_state(self) -> tuple[dict[str, np.ndarray], dict]:

@@ -87,17 +87,20 @@ def row_norms_sq(X) -> np.ndarray:
     return np.einsum("ij,ij->i", X, X)
 
 
-def coordinate_step(loss: str, a: float, y: float, u: float, s: float) -> float:
+def coordinate_step(loss: str, a: float, y: float, u: float, s: float, gamma: float = 0.0) -> float:
     """The maximiser ``a_new`` of the SDCA coordinate subproblem (module docstring).
 
     Args:
         a: current ``alpha_i``; y: label in {-1, +1}; u: estimate of ``x_i^T w``;
-        s: curvature ``sigma' q_i / (lambda N)`` (> 0; ``q_i = 0`` gives ``s = 0``).
+        s: curvature ``sigma' q_i / (lambda N)`` (> 0; ``q_i = 0`` gives ``s = 0``);
+        gamma: hinge only: step for the smoothed hinge ``l_gamma`` (SDCA paper Sec. 5.3:
+            ``l*(-a) = -b + gamma b^2 / 2``, ``b = y a`` in ``[0, 1]``), which gives
+            ``b = y a + (1 - y u - gamma y a) / (s + gamma)``; 0 is the plain hinge.
     """
     if loss == "hinge":
-        if s <= 0:
+        if s + gamma <= 0:
             return y if y * u < 1 else 0.0 if y * u > 1 else a
-        b = y * a + (1.0 - y * u) / s
+        b = y * a + (1.0 - y * u - gamma * y * a) / (s + gamma)
         return y * (0.0 if b < 0 else 1.0 if b > 1 else b)
     if loss == "squared":
         return a + (y - u - a) / (1.0 + s)
@@ -140,7 +143,7 @@ class RowData:
         self.shape = self.X.shape
 
     def dot_and_add(self, order: np.ndarray, alpha: np.ndarray, y: np.ndarray, u0: np.ndarray, q: np.ndarray,
-                    loss: str, lam_n: float, sigma: float, cross: float, dw: np.ndarray) -> np.ndarray:
+                    loss: str, lam_n: float, sigma: float, cross: float, dw: np.ndarray, gamma: float = 0.0) -> np.ndarray:
         """Sequential SDCA steps over local rows ``order`` (HyFDCA Alg. 3; SPEC.md LocalDualMethod).
 
         For each row ``i``: ``u = u0[i] + cross * x_i^T dw`` (the client's own changes since the
@@ -150,7 +153,8 @@ class RowData:
         Args:
             order: ``(H,)`` row positions; alpha: ``(n,)`` (updated in place); y, u0, q: ``(n,)``;
             lam_n: ``lambda * N``; sigma: ``sigma'``; cross: weight of own changes in ``u``;
-            dw: ``(d,)`` accumulated own change of ``w`` (updated in place).
+            dw: ``(d,)`` accumulated own change of ``w`` (updated in place);
+            gamma: smoothing of the hinge (:func:`coordinate_step`).
 
         Returns:
             ``(n,)`` change of ``alpha`` (zero outside ``order``).
@@ -164,7 +168,7 @@ class RowData:
                 val = data[s0:e0]
                 u = u0[i] + (cross * float(val @ dw[idx]) if cross else 0.0)
                 a = alpha[i]
-                new = coordinate_step(loss, a, y[i], u, sigma * q[i] / lam_n)
+                new = coordinate_step(loss, a, y[i], u, sigma * q[i] / lam_n, gamma)
                 d = new - a
                 if d != 0.0:
                     alpha[i] = new
@@ -176,7 +180,7 @@ class RowData:
                 x = X[i]
                 u = u0[i] + (cross * float(x @ dw) if cross else 0.0)
                 a = alpha[i]
-                new = coordinate_step(loss, a, y[i], u, sigma * q[i] / lam_n)
+                new = coordinate_step(loss, a, y[i], u, sigma * q[i] / lam_n, gamma)
                 d = new - a
                 if d != 0.0:
                     alpha[i] = new
@@ -213,3 +217,33 @@ def sdca(X, y: np.ndarray, lam: float, loss: str, epochs: int = 50, seed: int = 
             break
     w = w_of_alpha(rows.X, alpha, lam)
     return w, alpha, ep
+
+
+def gram_steps(order: np.ndarray, alpha: np.ndarray, y: np.ndarray, u0: np.ndarray, G: np.ndarray, loss: str,
+               lam_n: float, sigma: float, gamma: float = 0.0) -> np.ndarray:
+    """Exact sequential SDCA steps on a mini-batch whose Gram matrix ``G = X_B X_B^T`` is known
+    (HyFDCA ``dual_mode: segment``; SPEC.md LocalDualMethod with the inner products kept exact).
+
+    For each position ``i`` in ``order``: ``u = u0[i] + (sigma / lam_n) sum_j dalpha_j G[i, j]``
+    (the batch's own changes so far, with the CoCoA+ factor ``sigma'``), new ``alpha_i`` by
+    :func:`coordinate_step` with ``s = sigma G[i, i] / lam_n``.
+
+    Args:
+        order: positions ``0..b-1``; alpha: ``(b,)`` (updated in place); y, u0: ``(b,)``;
+        G: ``(b, b)`` symmetric; lam_n: ``lambda * N``; sigma: ``sigma'``; gamma: hinge smoothing.
+
+    Returns:
+        ``(b,)`` change of ``alpha``.
+    """
+    c = sigma / lam_n
+    corr = np.zeros(len(u0))
+    delta = np.zeros(len(u0))
+    for i in order.tolist():
+        a = alpha[i]
+        new = coordinate_step(loss, a, y[i], u0[i] + corr[i], c * G[i, i], gamma)
+        d = new - a
+        if d != 0.0:
+            alpha[i] = new
+            delta[i] += d
+            corr += (c * d) * G[i]
+    return delta

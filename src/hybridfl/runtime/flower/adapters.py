@@ -150,7 +150,12 @@ def _hyfdca() -> Deployable:
 
     _ARR = ("alpha", "u", "q", "w", "own_sq")
 
+    def _count(st: Mapping[str, Any], prefix: str) -> int:
+        return sum(1 for k in st if k.startswith(prefix))
+
     def get_state(c: HyFDCAClient) -> dict:
+        import json
+
         # everything HyFDCAClient.init/handle set after construction (its constructor rebuilds the rest)
         st: dict = {k: np.asarray(getattr(c, k)) for k in _ARR if hasattr(c, k)}
         if getattr(c, "pending", None) is not None:  # block-mode duals awaiting the server's commit
@@ -164,6 +169,17 @@ def _hyfdca() -> Deployable:
                 st[f"seg_rows.{s}"] = np.asarray(rows, dtype=np.int64)
                 if c.seg_colw[s] is not None:
                     st[f"seg_colw.{s}"] = np.asarray(c.seg_colw[s], dtype=np.float64)
+        if c.seg_global:  # segment mode: fixed mini-batches, their Gram matrices, this round's pass
+            st["seg_global"] = np.asarray(c.seg_global, dtype=np.int64)
+            for s, batches in enumerate(c.seg_batches):
+                for m, rows in enumerate(batches):
+                    st[f"batch.{s}.{m}"] = np.asarray(rows, dtype=np.int64)
+                    if c.gram:
+                        st[f"gram.{s}.{m}"] = c.gram[s][m]
+            sweep = {str(k): {"order": v["order"], "j": v["j"], "seed": v["seed"]} for k, v in c.sweep.items()}
+            st["sweep"] = json.dumps(sweep)
+            for k, v in c.sweep.items():
+                st[f"sweep_dw.{k}"], st[f"sweep_delta.{k}"] = v["dw"], v["delta"]
         return st
 
     def set_state(c: HyFDCAClient, st: Mapping[str, Any]) -> None:
@@ -179,6 +195,15 @@ def _hyfdca() -> Deployable:
             c.seg_scale = [float(v) for v in scale]
             c.seg_rows = [np.asarray(st[f"seg_rows.{s}"], dtype=np.int64) for s in range(scale.size)]
             c.seg_colw = [np.asarray(st[f"seg_colw.{s}"]) if f"seg_colw.{s}" in st else None for s in range(scale.size)]
+        if "seg_global" in st:
+            c.seg_global = [int(g) for g in np.asarray(st["seg_global"])]
+            c.seg_batches = [[np.asarray(st[f"batch.{s}.{m}"], dtype=np.int64) for m in range(_count(st, f"batch.{s}."))]
+                             for s in range(len(c.seg_global))]
+            if f"gram.0.0" in st:
+                c.gram = [[np.asarray(st[f"gram.{s}.{m}"], dtype=np.float64) for m in range(len(b))] for s, b in enumerate(c.seg_batches)]
+            c.sweep = {int(k): {**v, "dw": np.asarray(st[f"sweep_dw.{k}"], dtype=np.float64).copy(),
+                                "delta": np.asarray(st[f"sweep_delta.{k}"], dtype=np.float64).copy()}
+                       for k, v in json.loads(str(st["sweep"])).items()}
 
     def evaluate(server: HyFDCAServer, sd: ServerData, rnd: int) -> dict[str, float]:
         # test accuracy of the public model w (hyfdca_run's primal metrics need all training data)
