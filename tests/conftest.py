@@ -58,8 +58,22 @@ def digits_split():
 
 # CI runs the property tests derandomized (the same examples every run, so a red CI is
 # reproducible); local runs explore new random examples each time.
-from hypothesis import settings as _hsettings  # noqa: E402
+from hypothesis import settings as _hsettings
 
 _hsettings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     _hsettings.load_profile("ci")
+
+
+@pytest.fixture(scope="module")
+def credit_small(credit_dir):
+    """1,200 training / 400 test rows of the real UCI credit default data, z-scored (HyFDCA tests)."""
+    import numpy as np
+
+    from hybridfl.data import load_credit_default, standardize
+    from hybridfl.data.dataset import DatasetSplit
+
+    s = standardize(load_credit_default(credit_dir))
+    rng = np.random.default_rng(0)
+    tr = s.train.take(np.sort(rng.choice(s.train.n_samples, 1200, replace=False)))
+    return DatasetSplit(tr, s.test.take(np.arange(400)))

@@ -6,12 +6,24 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybridfl.algorithms.convex.losses import LOSSES, conjugate_values, coordinate_step, dual, primal, sdca, w_of_alpha
+from hybridfl.algorithms.convex.losses import (
+    LOSSES,
+    conjugate_values,
+    coordinate_step,
+    dual,
+    primal,
+    sdca,
+    w_of_alpha,
+)
 from hybridfl.algorithms.convex.problem import features
 from hybridfl.algorithms.convex.reference import liblinear_solve, reference_optimum
 from hybridfl.algorithms.hyfdca import HyFDCAConfig
-from hybridfl.algorithms.hyfdca_run import Monitor, build_hyfdca, build_problem, run_hyfdca
-from hybridfl.data import load_credit_default, standardize
+from hybridfl.algorithms.hyfdca_run import (
+    Monitor,
+    build_hyfdca,
+    build_problem,
+    run_hyfdca,
+)
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.partition import ClientShard, Partition
 from hybridfl.data.partitioners import GridPartitioner
@@ -23,15 +35,6 @@ from hybridfl.privacy import KeyDealer
 def _cache(tmp_path, monkeypatch):
     # the reference cache must not leak between tests or from earlier runs
     monkeypatch.setenv("HYBRIDFL_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture(scope="module")
-def credit_small(credit_dir) -> DatasetSplit:
-    """1,200 training / 400 test rows of the real UCI credit default data, z-scored."""
-    s = standardize(load_credit_default(credit_dir))
-    rng = np.random.default_rng(0)
-    tr = s.train.take(np.sort(rng.choice(s.train.n_samples, 1200, replace=False)))
-    return DatasetSplit(tr, s.test.take(np.arange(400)))
 
 
 def _objective_1d(loss, a, y, u, s, alpha):

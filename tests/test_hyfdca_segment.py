@@ -4,15 +4,25 @@ sample, ``w = w(alpha)`` and the duality gap is a real certificate. Real UCI cre
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
-from hybridfl.algorithms.convex.losses import RowData, dual, gram_steps, primal, row_norms_sq, w_of_alpha
+from hybridfl.algorithms.convex.losses import (
+    RowData,
+    gram_steps,
+    row_norms_sq,
+    w_of_alpha,
+)
 from hybridfl.algorithms.convex.reference import reference_optimum
 from hybridfl.algorithms.hyfdca import HyFDCAConfig
-from hybridfl.algorithms.hyfdca_run import Monitor, build_hyfdca, build_problem, run_hyfdca
-from hybridfl.data import load_credit_default, standardize
-from hybridfl.data.dataset import DatasetSplit
+from hybridfl.algorithms.hyfdca_run import (
+    Monitor,
+    build_hyfdca,
+    build_problem,
+    run_hyfdca,
+)
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.simulation import simulate
 
@@ -20,14 +30,6 @@ from hybridfl.runtime.simulation import simulate
 @pytest.fixture(autouse=True)
 def _cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HYBRIDFL_CACHE", str(tmp_path / "cache"))
-
-
-@pytest.fixture(scope="module")
-def credit_small(credit_dir) -> DatasetSplit:
-    s = standardize(load_credit_default(credit_dir))
-    rng = np.random.default_rng(0)
-    tr = s.train.take(np.sort(rng.choice(s.train.n_samples, 1200, replace=False)))
-    return DatasetSplit(tr, s.test.take(np.arange(400)))
 
 
 def _cfg(**kw) -> HyFDCAConfig:
@@ -82,7 +84,7 @@ def test_grid_holders_agree_and_w_is_w_of_alpha_and_dual_ascends(credit_small):
     for c in clients.values():
         np.testing.assert_allclose(c.alpha, alpha[[prob.row[s] for s in c.ids]], atol=1e-12)
     duals = [h["dual"] for h in hist]
-    assert all(b >= a - 1e-12 for a, b in zip(duals, duals[1:])), duals
+    assert all(b >= a - 1e-12 for a, b in itertools.pairwise(duals)), duals
     assert all(h["primal"] - ref.objective <= h["duality_gap"] + 1e-12 for h in hist)
     assert hist[-1]["duality_gap"] < 0.05 * hist[0]["duality_gap"], (hist[0]["duality_gap"], hist[-1]["duality_gap"])
     assert hist[-1]["relative_suboptimality"] < 5e-3, hist[-1]
@@ -93,17 +95,12 @@ def test_segment_waits_for_all_its_holders(credit_small):
     dual still never decreases and no partial segment update is ever added."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     cfg = _cfg(rounds=20, participation=0.5, eval_every=1)
-    server, clients, transport, dealer = build_hyfdca(credit_small, part, cfg)
+    server, _, transport, dealer = build_hyfdca(credit_small, part, cfg)
     prob = build_problem(credit_small, part, "hinge", cfg.lam, [1])
     mon = Monitor(prob, None, dealer)
-    updated = []
-
-    def ev(r):
-        return mon(server)
-
-    hist = simulate(server, transport, cfg.rounds, ev, 1)
+    hist = simulate(server, transport, cfg.rounds, lambda r: mon(server), 1)
     duals = [h["dual"] for h in hist]
-    assert all(b >= a - 1e-12 for a, b in zip(duals, duals[1:]))
+    assert all(b >= a - 1e-12 for a, b in itertools.pairwise(duals))
     updated = [h.get("segments_updated", 0) for h in hist]
     assert sum(updated) > 0 and max(updated) < 3  # 5 of 9 clients never cover all 3 segments
     np.testing.assert_allclose(server.w, w_of_alpha(prob.X, mon.alpha(server), cfg.lam), atol=1e-10)

@@ -643,6 +643,17 @@ class HyFDCAServer:
         msgs = [Message("hyfdca.primal", SERVER, cid, rnd,
                         {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]} if consensus else {"commit": cid in got_dual})
                 for cid in K]
+        answered = self._primal_aggregation(rnd, transport, msgs, stats)
+        out = self._finish(stats, t0, he0)
+        out["participants"] = len(selected)
+        out["failed"] = len(K) - len(answered)
+        return out
+
+    def _primal_aggregation(self, rnd: int, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
+        """PrimalAggregation, server part (Alg. 4 lines 5-6): ``w_f = (1/(lambda N)) sum_k share_{k,f}``
+        (an absent client's share is its last one). Returns the clients that answered; they count
+        as having taken part in round ``rnd`` (a failed client counts as absent: fresh ``alpha``
+        next time)."""
         answered: set[str] = set()
         for r in self._exchange(transport, msgs, stats):
             answered.add(r.sender)
@@ -651,12 +662,9 @@ class HyFDCAServer:
         for cid, share in self.share_cache.items():
             w[self.feat[cid]] += share
         self.w = w / (self.config.lam * self.N)
-        for cid in answered:  # a failed client counts as absent: it gets fresh alpha next time
+        for cid in answered:
             self.last_round[cid] = rnd
-        out = self._finish(stats, t0, he0)
-        out["participants"] = len(selected)
-        out["failed"] = len(K) - len(answered)
-        return out
+        return answered
 
     def _run_round_segment(self, rnd: int, transport: Transport, selected: list[str], stats: dict, t0: float, he0: float) -> dict[str, float]:
         """One round of ``dual_mode: segment``. A segment takes part when all its holders are
@@ -719,16 +727,7 @@ class HyFDCAServer:
             running = new_running
         # PrimalAggregation with the new alpha (every client that was sent a segment start)
         msgs = [Message("hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]}) for cid in K]
-        answered: set[str] = set()
-        for r in self._exchange(transport, msgs, stats):
-            answered.add(r.sender)
-            self.share_cache[r.sender] = np.asarray(r.payload["share"], dtype=np.float64)
-        w = np.zeros(self.d)
-        for cid, share in self.share_cache.items():
-            w[self.feat[cid]] += share
-        self.w = w / (cfg.lam * self.N)
-        for cid in answered:
-            self.last_round[cid] = rnd
+        answered = self._primal_aggregation(rnd, transport, msgs, stats)
         out = self._finish(stats, t0, he0)
         out["participants"] = len(selected)
         out["failed"] = len(K) - len(answered)

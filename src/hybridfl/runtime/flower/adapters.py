@@ -199,7 +199,7 @@ def _hyfdca() -> Deployable:
             c.seg_global = [int(g) for g in np.asarray(st["seg_global"])]
             c.seg_batches = [[np.asarray(st[f"batch.{s}.{m}"], dtype=np.int64) for m in range(_count(st, f"batch.{s}."))]
                              for s in range(len(c.seg_global))]
-            if f"gram.0.0" in st:
+            if "gram.0.0" in st:
                 c.gram = [[np.asarray(st[f"gram.{s}.{m}"], dtype=np.float64) for m in range(len(b))] for s, b in enumerate(c.seg_batches)]
             c.sweep = {int(k): {**v, "dw": np.asarray(st[f"sweep_dw.{k}"], dtype=np.float64).copy(),
                                 "delta": np.asarray(st[f"sweep_delta.{k}"], dtype=np.float64).copy()}
