@@ -223,8 +223,8 @@ class HyFDCAClient:
         if msg.kind == "hyfdca.hello":
             return self._reply(msg, t0, he0, ids=self.ids.tolist(), blocks=self.blocks, n_samples=int(self.ids.size))
         if msg.kind == "hyfdca.init":
-            norms = self.init(p)
-            return self._reply(msg, t0, he0, norms=norms, **({"gram": self.gram_parts} if self.gram_parts else {}))
+            norms, gram = self.init(p)
+            return self._reply(msg, t0, he0, norms=norms, **({"gram": gram} if gram else {}))
         if msg.kind == "hyfdca.norms":
             self._decrypt_segments(p["norms"], self.q)
             if "gram" in p:
@@ -254,8 +254,10 @@ class HyFDCAClient:
         self.w = np.asarray(state["w"], dtype=np.float64).copy()
         self.pending = None
 
-    def init(self, p: dict) -> list[bytes]:
-        """Store the problem constants and segment layout; return encrypted partial norms."""
+    def init(self, p: dict) -> tuple[list[bytes], list[bytes]]:
+        """Store the problem constants and segment layout; return the encrypted partial norms per
+        segment and (segment mode) the encrypted partial Gram matrix of each mini-batch (upper
+        triangles, segment by segment); the client keeps neither."""
         self.params = {k: p[k] for k in ("N", "lam", "loss", "H", "sigma", "cross", "nu", "dual_mode")}
         self.params["epochs"] = int(p.get("epochs", 1))
         seg = np.asarray(p["segment"], dtype=np.int64)
@@ -278,7 +280,7 @@ class HyFDCAClient:
             out.append(self.he.encrypt(norms))
         own = np.asarray(self.X.multiply(self.X).sum(axis=1)).ravel() if sp.issparse(self.X) else np.einsum("ij,ij->i", self.X, self.X)
         self.own_sq = own
-        self.gram_parts: list[bytes] = []
+        gram: list[bytes] = []
         if self.params["dual_mode"] == "segment":
             b = int(p["batch_size"])
             self.seg_global = [int(g) for g in p["seg_global"]]
@@ -295,8 +297,8 @@ class HyFDCAClient:
                     Xw = Xb if colw is None else (Xb.multiply(colw[None, :]).tocsr() if sp.issparse(Xb) else Xb * colw)
                     G = Xb @ Xw.T
                     G = G.toarray() if sp.issparse(G) else np.asarray(G)
-                    self.gram_parts.append(self.he.encrypt(G[np.triu_indices(rows.size)]))
-        return out
+                    gram.append(self.he.encrypt(G[np.triu_indices(rows.size)]))
+        return out, gram
 
     def _store_gram(self, cts: list[bytes]) -> None:
         """Segment mode: decrypt the holders' summed batch Gram matrices (upper triangles)."""
@@ -516,7 +518,7 @@ class HyFDCAServer:
         self.N = len(holders)
         default_sigma = len(self.client_ids) if cfg.dual_mode == "block" else len(self.seg_ids)
         segment = cfg.dual_mode == "segment"
-        self.seg_batches = [math.ceil(len(ids) / cfg.batch_size) for ids in self.seg_ids]
+        self.seg_batch_counts = [math.ceil(len(ids) / cfg.batch_size) for ids in self.seg_ids]
         batch_seed = int(np.random.default_rng([self.seed, 11]).integers(2**31))
         self.sigma = float(cfg.sigma) if cfg.sigma is not None else float(default_sigma)
         # per-client messages: local segment indices, holder counts, block weights 1/c(s, b)
@@ -550,12 +552,12 @@ class HyFDCAServer:
             for r in replies:
                 it = iter(r.payload["gram"])
                 for g in self.client_segs[r.sender]:
-                    for m in range(self.seg_batches[g]):
+                    for m in range(self.seg_batch_counts[g]):
                         gparts[(g, m)].append(next(it))
             gram = {key: self.he.add(v) for key, v in gparts.items()}
         self._exchange(transport, [Message("hyfdca.norms", SERVER, cid, 0, {
             "norms": [enc_q[g] for g in self.client_segs[cid]],
-            **({"gram": [gram[(g, m)] for g in self.client_segs[cid] for m in range(self.seg_batches[g])]} if segment else {})})
+            **({"gram": [gram[(g, m)] for g in self.client_segs[cid] for m in range(self.seg_batch_counts[g])]} if segment else {})})
             for cid in self.client_ids], stats)
         zeros = [self.he.encrypt(np.zeros(len(ids))) for ids in self.seg_ids]
         self.enc_alpha = zeros
@@ -679,7 +681,7 @@ class HyFDCAServer:
         active = [g for g in range(len(self.seg_ids)) if all(h in chosen for h in self.seg_holders[g])]
         orders: dict[int, list[int]] = {}
         for g in active:
-            nb = self.seg_batches[g]
+            nb = self.seg_batch_counts[g]
             count = max(1, math.ceil(cfg.local_fraction * nb))
             orders[g] = [int(m) for _ in range(cfg.local_epochs) for m in self.rng.permutation(nb)[:count]]
         seed = int(self.rng.integers(2**31))
