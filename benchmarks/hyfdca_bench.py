@@ -62,13 +62,23 @@ def first_round_below(history: list[dict], target: float):
     return None
 
 
-def convergence(name: str, rounds: int, lrs: list[float], eval_every: int, sigma: float | None, extra: dict | None = None, tag: str = "") -> dict:
+def first_certified(history: list[dict], target: float):
+    """First evaluated round with relative suboptimality and (absolute) duality gap both <= target."""
+    for h in history:
+        v, g = h.get("relative_suboptimality"), h.get("duality_gap")
+        if v is not None and g is not None and v <= target and g <= target:
+            return h
+    return None
+
+
+def convergence(name: str, rounds: int, lrs: list[float], eval_every: int, sigma: float | None, extra: dict | None = None, tag: str = "",
+                participation_mode: str = "fraction") -> dict:
     split, pos, lam = dataset(name)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
     out: dict = {"dataset": name, "lambda": lam, "grid": "3 sample groups x 3 block groups = 9 clients", "rounds": rounds,
                  "samples": split.train.n_samples, "runs": {}}
     hist_for_plot = {}
-    for label, kw in (("hyfdca_full", {}), ("hyfdca_random50", {"participation": 0.5})):
+    for label, kw in (("hyfdca_full", {}), ("hyfdca_random50", {"participation": 0.5, "participation_mode": participation_mode})):
         cfg = HyFDCAConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=eval_every, sigma=sigma, **kw, **(extra or {}))
         t = time.perf_counter()
         res = run_hyfdca(split, part, cfg, seed=0)
@@ -101,6 +111,15 @@ def convergence(name: str, rounds: int, lrs: list[float], eval_every: int, sigma
         common = [r for r in sorted(hy) if r >= 10 and r in fa]
         out["runs"][label]["below_fedavg_every_round_from_10"] = bool(common) and all(hy[r] < fa[r] for r in common)
         out["runs"][label]["rounds_compared"] = len(common)
+        hist = hist_for_plot[label]
+        tail = [h for h in hist if "relative_suboptimality" in h][-10:]
+        out["runs"][label]["last_10_evaluations_max"] = {"relative_suboptimality": max(h["relative_suboptimality"] for h in tail),
+                                                          "duality_gap": max(h["duality_gap"] for h in tail)} if tail else None
+        for target in (1e-3, 1e-4):
+            h = first_certified(hist, target)
+            out["runs"][label][f"certified_{target:g}"] = None if h is None else {
+                "round": h["round"], "relative_suboptimality": h["relative_suboptimality"], "duality_gap": h["duality_gap"],
+                "wall_seconds": float(sum(x["seconds"] for x in hist[: h["round"]])), "time_model": h["time_model"]}
         h = first_round_below(hist_for_plot[label], 1e-3)
         out["runs"][label]["reach_1e-3"] = None if h is None else {"round": h["round"], "wall_seconds": float(sum(x["seconds"] for x in hist_for_plot[label][: h["round"]])),
                                                                    "time_model": h["time_model"], "time_model_no_encryption": h["time_model_no_encryption"]}
@@ -190,17 +209,25 @@ def main() -> None:
     ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--sigma", type=float, default=None)
     ap.add_argument("--lrs", type=str, default="0.003,0.03,0.3")
-    ap.add_argument("--dual-mode", choices=["block", "consensus"], default="block")
+    ap.add_argument("--dual-mode", choices=["block", "consensus", "segment"], default="block")
+    ap.add_argument("--segment-schedule", choices=["sequential", "parallel"], default="sequential")
+    ap.add_argument("--batch-size", type=int, default=512, help="segment mode: samples per mini-batch")
+    ap.add_argument("--participation-mode", choices=["fraction", "probability"], default="fraction",
+                    help="the 50 %% run: a fixed half of the clients (fraction; 4 of 9) or each client with probability 0.5")
     ap.add_argument("--local-fraction", type=float, default=1.0)
     ap.add_argument("--local-epochs", type=int, default=1)
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
-    tag = (f"_sigma{a.sigma:g}" if a.sigma else "") + ("_consensus" if a.dual_mode == "consensus" else "") + (f"_H{a.local_fraction:g}" if a.local_fraction != 1.0 else "") + (f"_E{a.local_epochs}" if a.local_epochs != 1 else "")
+    tag = (f"_sigma{a.sigma:g}" if a.sigma else "") + ("" if a.dual_mode == "block" else f"_{a.dual_mode}")
+    tag += f"_{a.segment_schedule}_b{a.batch_size}" if a.dual_mode == "segment" else ""
+    tag += "_prob" if a.participation_mode == "probability" else "" + (f"_H{a.local_fraction:g}" if a.local_fraction != 1.0 else "") + (f"_E{a.local_epochs}" if a.local_epochs != 1 else "")
     with single_threaded():
         if a.part in ("mnist", "credit", "adult"):
             res = convergence(a.part, a.rounds, [float(x) for x in a.lrs.split(",")], a.eval_every, a.sigma,
-                              {"dual_mode": a.dual_mode, "local_fraction": a.local_fraction, "local_epochs": a.local_epochs}, tag)
+                              {"dual_mode": a.dual_mode, "local_fraction": a.local_fraction, "local_epochs": a.local_epochs,
+                               **({"segment_schedule": a.segment_schedule, "batch_size": a.batch_size} if a.dual_mode == "segment" else {})},
+                              tag, a.participation_mode)
         elif a.part == "encryption":
             res = encryption(a.rounds)
         elif a.part == "encryption_plot":
@@ -210,6 +237,8 @@ def main() -> None:
     res["benchmark_seconds"] = time.perf_counter() - t
     res["command"] = (f".venv/bin/python benchmarks/hyfdca_bench.py --part {a.part} --rounds {a.rounds} --eval-every {a.eval_every} --lrs {a.lrs}"
                       + (f" --sigma {a.sigma:g}" if a.sigma else "") + (f" --dual-mode {a.dual_mode}" if a.dual_mode != "block" else "")
+                      + (f" --segment-schedule {a.segment_schedule} --batch-size {a.batch_size}" if a.dual_mode == "segment" else "")
+                      + (f" --participation-mode {a.participation_mode}" if a.participation_mode != "fraction" else "")
                       + (f" --local-fraction {a.local_fraction:g}" if a.local_fraction != 1.0 else "")
                       + (f" --local-epochs {a.local_epochs}" if a.local_epochs != 1 else ""))
     (OUT / f"hyfdca_{a.part}{tag}.json").write_text(json.dumps(res, indent=1, default=float))

@@ -16,7 +16,7 @@ from hybridfl.algorithms.convex.losses import (
     w_of_alpha,
 )
 from hybridfl.algorithms.convex.reference import reference_optimum
-from hybridfl.algorithms.hyfdca import HyFDCAConfig
+from hybridfl.algorithms.hyfdca import HyFDCAClient, HyFDCAConfig
 from hybridfl.algorithms.hyfdca_run import (
     Monitor,
     build_hyfdca,
@@ -68,12 +68,13 @@ def test_vertical_split_with_one_batch_is_centralised_sdca(credit_small):
     assert -1e-9 <= s["primal_objective"] - s["reference_objective"] <= s["duality_gap"] + 1e-12
 
 
-def test_grid_holders_agree_and_w_is_w_of_alpha_and_dual_ascends(credit_small):
-    """3 x 3 grid: every holder of a sample keeps the same alpha, w = w(alpha) exactly, the dual
-    never decreases (exact steps with the CoCoA+ factor sigma' = 3 segments), and the duality gap
-    of the shared alpha certifies the model and shrinks."""
+@pytest.mark.parametrize("schedule", ["sequential", "parallel"])
+def test_grid_holders_agree_and_w_is_w_of_alpha_and_dual_ascends(credit_small, schedule):
+    """3 x 3 grid, both schedules: every holder of a sample keeps the same alpha, w = w(alpha)
+    exactly, the dual never decreases (exact steps; parallel with the CoCoA+ factor sigma' = 3
+    segments), and the duality gap of the shared alpha certifies the model and shrinks."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    cfg = _cfg(rounds=30, eval_every=1)
+    cfg = _cfg(rounds=30, eval_every=1, segment_schedule=schedule)
     server, clients, transport, dealer = build_hyfdca(credit_small, part, cfg)
     prob = build_problem(credit_small, part, "hinge", cfg.lam, [1])
     ref = reference_optimum(prob.X, prob.y, cfg.lam, "hinge", sdca_epochs=100)
@@ -88,6 +89,37 @@ def test_grid_holders_agree_and_w_is_w_of_alpha_and_dual_ascends(credit_small):
     assert all(h["primal"] - ref.objective <= h["duality_gap"] + 1e-12 for h in hist)
     assert hist[-1]["duality_gap"] < 0.05 * hist[0]["duality_gap"], (hist[0]["duality_gap"], hist[-1]["duality_gap"])
     assert hist[-1]["relative_suboptimality"] < 5e-3, hist[-1]
+
+
+def test_sequential_schedule_uses_the_exact_centralised_inner_products(credit_small, monkeypatch):
+    """segment_schedule: sequential is centralised SDCA: before every mini-batch, the inner
+    products a holder decrypts equal x_i^T w(alpha) of the whole problem at that moment (the other
+    segments' committed alpha plus this segment's changes so far), on a 3 x 3 grid where no client
+    holds more than a third of the samples and a third of the features."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    cfg = _cfg(rounds=3, batch_size=100, segment_schedule="sequential")
+    server, _, transport, dealer = build_hyfdca(credit_small, part, cfg)
+    prob = build_problem(credit_small, part, "hinge", cfg.lam, [1])
+    mon = Monitor(prob, None, dealer)
+    original = HyFDCAClient.segment_sweep
+    checked = []
+
+    def checking_sweep(self, p):
+        for s, ct in zip([int(v) for v in p["segs"]], p["u"]):
+            st = self.sweep[s]
+            alpha = mon.alpha(server)  # committed alpha of every segment
+            rows = self.seg_rows[s]
+            alpha[[prob.row[i] for i in self.ids[rows]]] = self.alpha[rows] + st["delta"][rows]
+            batch = self.seg_batches[s][st["order"][st["j"]]]
+            exact = prob.X[[prob.row[i] for i in self.ids[batch]]] @ w_of_alpha(prob.X, alpha, cfg.lam)
+            np.testing.assert_allclose(self.he.decrypt(ct), exact, rtol=0, atol=1e-9)
+            checked.append(len(batch))
+        return original(self, p)
+
+    monkeypatch.setattr(HyFDCAClient, "segment_sweep", checking_sweep)
+    hist = simulate(server, transport, cfg.rounds, lambda r: {}, 0)
+    assert all(h["sigma"] == 1.0 and h["segments_updated"] == 3 for h in hist)
+    assert sum(checked) == 9 * prob.X.shape[0]  # 3 rounds x 3 holders x every sample once
 
 
 def test_segment_waits_for_all_its_holders(credit_small):

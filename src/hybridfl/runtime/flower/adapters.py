@@ -176,7 +176,7 @@ def _hyfdca() -> Deployable:
                     st[f"batch.{s}.{m}"] = np.asarray(rows, dtype=np.int64)
                     if c.gram:
                         st[f"gram.{s}.{m}"] = c.gram[s][m]
-            sweep = {str(k): {"order": v["order"], "j": v["j"], "seed": v["seed"]} for k, v in c.sweep.items()}
+            sweep = {str(k): {f: x for f, x in v.items() if f not in ("dw", "delta")} for k, v in c.sweep.items()}  # order, j, seed, sigma
             st["sweep"] = json.dumps(sweep)
             for k, v in c.sweep.items():
                 st[f"sweep_dw.{k}"], st[f"sweep_delta.{k}"] = v["dw"], v["delta"]
