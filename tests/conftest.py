@@ -77,3 +77,10 @@ def credit_small(credit_dir):
     rng = np.random.default_rng(0)
     tr = s.train.take(np.sort(rng.choice(s.train.n_samples, 1200, replace=False)))
     return DatasetSplit(tr, s.test.take(np.arange(400)))
+
+
+@pytest.fixture
+def isolated_cache(tmp_path, monkeypatch):
+    """A fresh reference-optimum cache for one test (the cache must not leak between tests or
+    from earlier runs)."""
+    monkeypatch.setenv("HYBRIDFL_CACHE", str(tmp_path / "cache"))

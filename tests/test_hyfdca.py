@@ -31,10 +31,7 @@ from hybridfl.errors import ConfigError, DataError, PartitionError
 from hybridfl.privacy import KeyDealer
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    # the reference cache must not leak between tests or from earlier runs
-    monkeypatch.setenv("HYBRIDFL_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def _objective_1d(loss, a, y, u, s, alpha):

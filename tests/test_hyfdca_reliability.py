@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +19,7 @@ from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import HybridFLError
 from hybridfl.privacy.he import KeyDealer
 from hybridfl.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from tests.cli_helpers import cli, kill_after
 
 HYFDCA = """
 seed: 5
@@ -46,35 +43,11 @@ TIME_COLUMNS = {"seconds", "bytes", "bytes_total", "encryption_seconds", "model_
                 "server_seconds", "client_max_seconds", "client_encryption_seconds", "server_encryption_seconds"}
 
 
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "hybridfl.cli.main", *args]
-
-
 def outcome(d: Path) -> tuple[dict, list[dict]]:
     res = json.loads((d / "results.json").read_text())
     with open(d / "metrics.csv") as f:
         rows = [{k: v for k, v in r.items() if k not in TIME_COLUMNS} for r in csv.DictReader(f)]
     return {k: res.get(k) for k in SAME}, rows
-
-
-def kill_after(cmd: list[str], out: Path, after: int, timeout: float = 300) -> int:
-    """Start ``cmd``, SIGKILL it once its checkpoint holds round >= ``after``; the round reached."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and proc.poll() is None:
-            ck = out / CHECKPOINT_NAME
-            if ck.exists() and load_checkpoint(ck)[0] >= after:
-                os.killpg(proc.pid, signal.SIGKILL)
-                break
-            time.sleep(0.02)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be interrupted"
-    return load_checkpoint(out / CHECKPOINT_NAME)[0]
 
 
 @pytest.mark.parametrize("template,rounds", [(HYFDCA, 8), (FEDAVG, 10)], ids=["hyfdca", "hybrid-fedavg"])

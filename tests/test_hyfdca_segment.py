@@ -27,9 +27,7 @@ from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.simulation import simulate
 
 
-@pytest.fixture(autouse=True)
-def _cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("HYBRIDFL_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def _cfg(**kw) -> HyFDCAConfig:

@@ -6,17 +6,14 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import shutil
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from hybridfl.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from tests.cli_helpers import cli, kill_after
 
 CONFIG = """
 seed: 3
@@ -36,10 +33,6 @@ algorithm: {{name: fedbcd, variant: p, local_steps: 5, rounds: 60, batch_size: 5
 TIMING = {"seconds", "train_seconds", "centralized_seconds", "wall_seconds", "seconds_total"}
 
 
-def cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "hybridfl.cli.main", *args]
-
-
 def results(d: Path) -> tuple[dict, list[dict]]:
     res = {k: v for k, v in json.loads((d / "results.json").read_text()).items() if k not in TIMING}
     with open(d / "metrics.csv") as f:
@@ -47,36 +40,17 @@ def results(d: Path) -> tuple[dict, list[dict]]:
     return res, rows
 
 
-def kill_and_resume(tmp_path: Path, config: str, rounds: int, kill_after: int) -> tuple[dict, dict]:
+def kill_and_resume(tmp_path: Path, config: str, rounds: int, kill_after_round: int) -> tuple[dict, dict]:
     """Run ``config`` uninterrupted; run it again, SIGKILL it once its checkpoint is at round
-    ``kill_after`` or later, resume it; check both runs' results agree; return both results.json."""
+    ``kill_after_round`` or later, resume it; check both runs' results agree; return both results.json."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(config)
     full, part = tmp_path / "full", tmp_path / "part"
     done = subprocess.run(cli("run", "--config", str(cfg), "--out", str(full), "-q"), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr
 
-    proc = subprocess.Popen(cli("run", "--config", str(cfg), "--out", str(part), "-q"), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + 300
-        killed_after = None
-        while time.monotonic() < deadline and proc.poll() is None:
-            ck = part / CHECKPOINT_NAME
-            if ck.exists():
-                rnd = load_checkpoint(ck)[0]
-                if rnd >= kill_after:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    killed_after = rnd
-                    break
-            time.sleep(0.02)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert killed_after is not None, "the run ended before it could be interrupted"
-    stopped_at = load_checkpoint(part / CHECKPOINT_NAME)[0]
-    assert kill_after <= stopped_at < rounds
+    stopped_at = kill_after(cli("run", "--config", str(cfg), "--out", str(part), "-q"), part, kill_after_round)
+    assert kill_after_round <= stopped_at < rounds
     assert not (part / "results.json").exists()  # killed: no results yet, nothing half-written
 
     resumed = subprocess.run(cli("run", "--resume", str(part), "-q"), capture_output=True, text=True, timeout=600)
@@ -90,12 +64,12 @@ def kill_and_resume(tmp_path: Path, config: str, rounds: int, kill_after: int) -
 
 
 def test_killed_run_resumes_to_the_same_result(tmp_path):
-    res, _ = kill_and_resume(tmp_path, CONFIG, rounds=12, kill_after=3)
+    res, _ = kill_and_resume(tmp_path, CONFIG, rounds=12, kill_after_round=3)
     assert res["client_failures"] > 0
 
 
 def test_killed_fedbcd_run_resumes_to_the_same_result(tmp_path, credit_dir):
-    res, _ = kill_and_resume(tmp_path, FEDBCD_CONFIG.format(data_dir=credit_dir), rounds=60, kill_after=5)
+    res, _ = kill_and_resume(tmp_path, FEDBCD_CONFIG.format(data_dir=credit_dir), rounds=60, kill_after_round=5)
     assert res["algorithm"] == "fedbcd" and res["rounds"] == 60
     assert res["skipped_rounds"] > 0 and len(res["skipped"]) == res["skipped_rounds"] and res["client_failures"] >= res["skipped_rounds"]
     assert res["auc"] > 0.7

@@ -526,8 +526,10 @@ class HyFDCAServer:
             sample_seg[s] = j
         self.seg_ids = [np.array(sorted(m)) for m in seg_members]
         self.N = len(holders)
-        default_sigma = len(self.client_ids) if cfg.dual_mode == "block" else len(self.seg_ids)
         segment = cfg.dual_mode == "segment"
+        default_sigma = len(self.client_ids) if cfg.dual_mode == "block" else len(self.seg_ids)
+        if segment and cfg.segment_schedule == "sequential":
+            default_sigma = 1  # one segment at a time (each pass sends its own sigma')
         self.seg_batch_counts = [math.ceil(len(ids) / cfg.batch_size) for ids in self.seg_ids]
         batch_seed = int(np.random.default_rng([self.seed, 11]).integers(2**31))
         self.sigma = float(cfg.sigma) if cfg.sigma is not None else float(default_sigma)
