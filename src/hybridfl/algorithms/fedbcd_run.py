@@ -30,14 +30,29 @@ import numpy as np
 import torch
 from sklearn.metrics import roc_auc_score
 
-from hybridfl.algorithms.fedbcd import MAX_PARTIES, MIN_PARTIES, FedBCDConfig, FedBCDCoordinator, FedBCDParty
+from hybridfl.algorithms.fedbcd import (
+    MAX_PARTIES,
+    MIN_PARTIES,
+    FedBCDConfig,
+    FedBCDCoordinator,
+    FedBCDParty,
+)
 from hybridfl.algorithms.registry import AlgorithmSpec, register
 from hybridfl.data.dataset import DatasetSplit, HybridDataset
 from hybridfl.data.partition import Partition
-from hybridfl.errors import ConfigError, DataError, HybridFLError, PartitionError
-from hybridfl.models.towers import TowerFactory, bottom_factory, bottom_out_dim, make_top
-from hybridfl.runtime.checkpoint import load_checkpoint, save_checkpoint
-from hybridfl.runtime.messages import pack_arrays, unpack_arrays
+from hybridfl.errors import ConfigError, DataError, PartitionError
+from hybridfl.models.towers import (
+    TowerFactory,
+    bottom_factory,
+    bottom_out_dim,
+    make_top,
+)
+from hybridfl.runtime.checkpoint import (
+    federation_state,
+    open_for_resume,
+    restore_federation,
+    save_checkpoint,
+)
 from hybridfl.runtime.simulation import ProgressFn, RunResult
 from hybridfl.runtime.transport import InProcessTransport
 
@@ -175,32 +190,25 @@ def run_fedbcd(
     dense = False  # evaluate every round from now on (eval_dense_from reached)
     start, finished = 1, False
     if resume:
-        if checkpoint is None:
-            raise HybridFLError("resuming needs a checkpoint file.")
-        done, arrays, meta = load_checkpoint(checkpoint)
-        if meta.get("algorithm") != "fedbcd" or set(meta["server"]["parties"]) != set(parties):
-            raise HybridFLError(f"checkpoint {str(checkpoint)!r} is not from a FedBCD run with these parties.")
-        server.set_state(unpack_arrays("server.", arrays), meta["server"])
-        for cid, p in parties.items():
-            p.load_state_dict(unpack_arrays(f"party.{cid}.", arrays))
-        transport.set_state(meta["transport"])
+        done, arrays, meta = open_for_resume(checkpoint, "fedbcd", parties, "parties")
+        restore_federation(arrays, meta, server, parties, transport, "party", lambda p, st: p.load_state_dict(st))
         torch.set_rng_state(torch.from_numpy(np.ascontiguousarray(arrays["torch_rng"], dtype=np.uint8)))
         history, rounds_to_target, dense, finished = meta["history"], meta["rounds_to_target"], meta["dense"], meta["finished"]
         start = done + 1
     else:
         server.setup(transport, transport.client_ids)
 
+    def party_state(cid: str, p: FedBCDParty) -> dict[str, np.ndarray]:
+        # a party's round snapshot can only be restored while it owes an undo: otherwise any
+        # later undo is for a round it has not yet snapshotted (saves a copy of every model)
+        sd = p.state_dict(snapshot=cid in server.undo)
+        sd.setdefault("snap_round", np.array([-1], dtype=np.int64))
+        return sd
+
     def save(rnd: int, stop: bool) -> None:
-        s_arrays, s_meta = server.get_state()
-        arrays = pack_arrays("server.", s_arrays)
-        for cid, p in parties.items():
-            # a party's round snapshot can only be restored while it owes an undo: otherwise any
-            # later undo is for a round it has not yet snapshotted (saves a copy of every model)
-            sd = p.state_dict(snapshot=cid in server.undo)
-            sd.setdefault("snap_round", np.array([-1], dtype=np.int64))
-            arrays.update(pack_arrays(f"party.{cid}.", sd))
+        arrays, s_meta = federation_state(server, parties, "party", party_state)
         arrays["torch_rng"] = torch.get_rng_state().numpy().copy()
-        meta = {"algorithm": "fedbcd", "server": s_meta, "transport": transport.get_state(), "history": history,
+        meta = {"algorithm": "fedbcd", "clients": list(parties), "server": s_meta, "transport": transport.get_state(), "history": history,
                 "rounds_to_target": rounds_to_target, "dense": dense, "finished": stop}
         save_checkpoint(checkpoint, rnd, arrays, meta)  # type: ignore[arg-type]
 

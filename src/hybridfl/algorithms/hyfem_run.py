@@ -19,15 +19,24 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridfl.algorithms.baselines import accuracy, make_model_factory, train_centralized, train_standalone
+from hybridfl.algorithms.baselines import (
+    accuracy,
+    make_model_factory,
+    train_centralized,
+    train_standalone,
+)
 from hybridfl.algorithms.hyfem import HyFEMClient, HyFEMConfig, HyFEMServer
 from hybridfl.algorithms.registry import AlgorithmSpec, register
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.partition import Partition
-from hybridfl.errors import HybridFLError, PartitionError
+from hybridfl.errors import PartitionError
 from hybridfl.models.hybrid import ExtractorFactory, default_extractor
-from hybridfl.runtime.checkpoint import load_checkpoint, save_checkpoint
-from hybridfl.runtime.messages import pack_arrays, unpack_arrays
+from hybridfl.runtime.checkpoint import (
+    federation_state,
+    open_for_resume,
+    restore_federation,
+    save_checkpoint,
+)
 from hybridfl.runtime.simulation import ProgressFn, RunResult, simulate
 from hybridfl.runtime.transport import InProcessTransport
 
@@ -82,25 +91,16 @@ def run_hyfem(
     test = split.test
     start, history0 = 1, []
     if resume:
-        if checkpoint is None:
-            raise HybridFLError("resuming needs a checkpoint file.")
-        done, arrays, meta = load_checkpoint(checkpoint)
-        if meta.get("algorithm") != "hyfem" or set(meta["server"]["clients"]) != set(clients):
-            raise HybridFLError(f"checkpoint {str(checkpoint)!r} is not from a HyFEM run with these clients.")
-        server.set_state(unpack_arrays("server.", arrays), meta["server"])
-        for cid, c in clients.items():
-            c.set_state(unpack_arrays(f"client.{cid}.", arrays))
-        transport.set_state(meta["transport"])
+        done, arrays, meta = open_for_resume(checkpoint, "hyfem", clients)
+        restore_federation(arrays, meta, server, clients, transport)
         start, history0 = done + 1, meta["history"]
 
     def after_round(rnd: int, history: list[dict[str, float]]) -> None:
         if checkpoint is None:
             return
-        s_arrays, s_meta = server.get_state()
-        arrays = pack_arrays("server.", s_arrays)
-        for cid, c in clients.items():
-            arrays.update(pack_arrays(f"client.{cid}.", c.get_state()))
-        save_checkpoint(checkpoint, rnd, arrays, {"algorithm": "hyfem", "server": s_meta, "transport": transport.get_state(), "history": history})
+        arrays, s_meta = federation_state(server, clients)
+        save_checkpoint(checkpoint, rnd, arrays, {"algorithm": "hyfem", "clients": list(clients), "server": s_meta,
+                                                  "transport": transport.get_state(), "history": history})
 
     def evaluate(rnd: int) -> dict[str, float]:
         row = {"server_accuracy": accuracy(server.model, test)}
