@@ -202,7 +202,7 @@ def _hyfdca_reference(prep, cfg_dict, dealer=None):
     cfg = HyFDCAConfig(**{k: v for k, v in cfg_dict.items() if k != "name"})
     server, clients, transport, _ = build_hyfdca(prep.split, prep.partition, cfg, prep.config.seed, dealer=dealer)
     simulate(server, transport, cfg.rounds)
-    return server.w.copy(), transport.log
+    return server.output_w().copy(), transport.log
 
 
 def _run_steps(dirs, server_dir):
@@ -220,12 +220,14 @@ def _run_steps(dirs, server_dir):
 
 @pytest.mark.parametrize("mode", ["block", "segment"])
 def test_hyfdca_rebuilt_clients_equal_simulation(tmp_path, mode):
-    algo = {**HYFDCA, "dual_mode": mode, **({"batch_size": 64} if mode == "segment" else {})}
+    # segment mode also averages the last 3 of 5 rounds into the output model (average_last)
+    algo = {**HYFDCA, "dual_mode": mode, **({"batch_size": 64, "average_last": 0.6} if mode == "segment" else {})}
     prep, dirs, server_dir = _setup(tmp_path, algo)
     w_ref, log_ref = _hyfdca_reference(prep, algo)
     server, hist, t, _ = _run_steps(dirs, server_dir)
     assert np.linalg.norm(w_ref) > 0
-    np.testing.assert_allclose(server.w, w_ref, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(server.output_w(), w_ref, rtol=1e-9, atol=1e-12)
+    assert server.avg_count == (3 if mode == "segment" else 0)
     assert t.log.messages_total == log_ref.messages_total
     # replies carry the client's wall seconds as JSON floats, whose printed length varies
     assert abs(t.log.bytes_total - log_ref.bytes_total) <= 2 * 24 * t.log.messages_total

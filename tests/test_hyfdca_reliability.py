@@ -26,7 +26,7 @@ seed: 5
 dataset: {{name: digits}}
 partition: {{kind: grid, sample_groups: 2, block_groups: 2}}
 algorithm: {{name: hyfdca, loss: hinge, lambda: 0.01, positive_classes: [5, 6, 7, 8, 9], rounds: {rounds},
-            failure_rate: 0.2, eval_every: 2}}
+            failure_rate: 0.2, eval_every: 2, average_last: 0.75}}
 """
 FEDAVG = """
 seed: 5
@@ -67,6 +67,8 @@ def test_killed_convex_run_resumes_to_the_same_result(tmp_path, template, rounds
     assert rows_part == rows_full
     assert res_part == res_full
     assert res_full["client_failures"] > 0  # the failure draws were restored too
+    if template is HYFDCA:  # the averaging sums (rounds 3-8) were in the checkpoint too
+        assert json.loads((part / "results.json").read_text())["averaged_rounds"] == 6
 
 
 class Interrupt(Exception):

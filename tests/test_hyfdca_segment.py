@@ -11,7 +11,9 @@ import pytest
 
 from hybridfl.algorithms.convex.losses import (
     RowData,
+    dual,
     gram_steps,
+    primal,
     row_norms_sq,
     w_of_alpha,
 )
@@ -137,11 +139,49 @@ def test_segment_waits_for_all_its_holders(credit_small):
 
 
 def test_ckks_segment_run_matches_plaintext(credit_small):
+    """Also with suffix averaging: the server's encrypted running sums of alpha decrypt to the
+    plaintext run's averaged dual (same gap)."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    plain = run_hyfdca(credit_small, part, _cfg(rounds=4, batch_size=200))
-    enc = run_hyfdca(credit_small, part, _cfg(rounds=4, batch_size=200, encryption="ckks"))
+    plain = run_hyfdca(credit_small, part, _cfg(rounds=4, batch_size=200, average_last=0.5, eval_every=1))
+    enc = run_hyfdca(credit_small, part, _cfg(rounds=4, batch_size=200, encryption="ckks", average_last=0.5, eval_every=1))
     w0, w1 = np.array(plain.summary["w"]), np.array(enc.summary["w"])
     assert np.linalg.norm(w1 - w0) <= 1e-6 * np.linalg.norm(w0)
+    assert plain.summary["averaged_rounds"] == enc.summary["averaged_rounds"] == 2
+    assert abs(enc.summary["dual_objective"] - plain.summary["dual_objective"]) <= 1e-6 * abs(plain.summary["dual_objective"])
+
+
+def test_suffix_average_is_the_mean_of_the_iterates_and_no_worse(credit_small):
+    """average_last: the output model and its dual are the means of the last rounds' w and alpha
+    (w_out = w(alpha_out), so the gap still certifies it), and by convexity P(w_out) <= mean P(w_t)
+    and D(alpha_out) >= mean D(alpha_t). Under 50 % participation, where the last iterate wanders."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    cfg = _cfg(rounds=16, participation=0.5, participation_mode="probability", average_last=0.5)
+    server, _, transport, dealer = build_hyfdca(credit_small, part, cfg)
+    prob = build_problem(credit_small, part, "hinge", cfg.lam, [1])
+    mon = Monitor(prob, None, dealer)
+    iterates = []
+
+    def record(rnd):
+        a = np.zeros(prob.ids.size)
+        for ids, c in server.alpha_ciphertexts():
+            a[[prob.row[s] for s in ids]] = dealer.client_backend().decrypt(c)
+        iterates.append((rnd, server.w.copy(), a))
+        return {}
+
+    simulate(server, transport, cfg.rounds, record, 1)
+    assert server.average_start == 9 and server.avg_count == 8
+    tail = [(w, a) for r, w, a in iterates if r >= 9]
+    w_mean = np.mean([w for w, _ in tail], axis=0)
+    a_mean = np.mean([a for _, a in tail], axis=0)
+    np.testing.assert_allclose(server.output_w(), w_mean, atol=1e-12)
+    np.testing.assert_allclose(mon.alpha(server), a_mean, atol=1e-12)
+    np.testing.assert_allclose(server.output_w(), w_of_alpha(prob.X, a_mean, cfg.lam), atol=1e-10)
+    assert not np.allclose(server.output_w(), server.w)  # something was averaged
+    P = [primal(prob.X, prob.y, w, cfg.lam, "hinge") for w, _ in tail]
+    D = [dual(prob.X, prob.y, a, cfg.lam, "hinge") for _, a in tail]
+    row = mon(server)
+    assert row["primal"] <= np.mean(P) + 1e-12 and row["dual"] >= np.mean(D) - 1e-12
+    assert row["averaged_rounds"] == 8 and row["duality_gap"] >= 0
 
 
 def test_failed_holder_loses_its_segment_round_not_the_run(credit_small):

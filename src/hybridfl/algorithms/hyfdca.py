@@ -99,6 +99,14 @@ one and prove it by convergence to the centralised optimum):
 ``cross = "energy"`` (experimental) scales the own-block correction by
 ``sum_i q_i / sum_i ||x_{k,i}||^2``; ``cross = "none"`` drops it (paper Alg. 5: fixed ``u``).
 
+Output model (``average_last``): the last iterate ``w`` (default), or the mean of the iterates of
+the final ``average_last`` share of the rounds (suffix averaging, as SDCA's averaged output for
+Lipschitz losses). The server keeps the running sums of the public ``w`` and of ``enc(alpha)`` (one
+ciphertext addition per segment and round, never decrypted); the protocol itself keeps stepping
+from the last iterate. The hinge's last iterate wanders around the optimum (measured on credit:
+relative suboptimality 1.6e-3 at round 300 under 50 % participation, 1.6e-4 for the average of
+rounds 151-300).
+
 Encryption (:mod:`hybridfl.privacy`): every ``enc(...)`` above is a real ciphertext of the
 configured scheme. The clients share one secret key given to them by a key dealer that is not the
 server; the server object holds only the public material. ``alpha`` is never in the clear at the
@@ -168,6 +176,7 @@ class HyFDCAConfig(BaseModel):
     ckks_scale_bits: int = Field(40, ge=20, le=50)
     latency: float = Field(PAPER_LATENCY, ge=0, description="modelled seconds per round trip (paper: 0.2575)")
     bandwidth_mbps: float | None = Field(None, gt=0, description="modelled link bandwidth; None: bytes cost no time")
+    average_last: float = Field(0.0, ge=0, lt=1, description="share of the final rounds whose iterates are averaged into the output model (suffix averaging of w and alpha, SDCA's averaged output for non-smooth losses; 0.5: the second half; 0: the last iterate)")
     eval_every: int = Field(1, ge=0)
     reference: bool = Field(True, description="compute (or load from the cache) the centralised reference optimum")
     reference_sdca_epochs: int = Field(200, ge=1)
@@ -474,6 +483,10 @@ class HyFDCAServer:
         self.N = 0
         self.sigma = 1.0
         self.setup_stats: dict = {}
+        # suffix averaging (``average_last``): running sums of w and enc(alpha) since avg_start
+        self.w_sum = np.zeros(self.d)
+        self.alpha_sum: list[bytes] = []
+        self.avg_count = 0
 
     # -- accounting
     def _exchange(self, transport: Transport, msgs: list[Message], stats: dict) -> list[Message]:
@@ -659,10 +672,52 @@ class HyFDCAServer:
                         {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]} if consensus else {"commit": cid in got_dual})
                 for cid in K]
         answered = self._primal_aggregation(rnd, transport, msgs, stats)
+        self._accumulate_average(rnd)
         out = self._finish(stats, t0, he0)
         out["participants"] = len(selected)
         out["failed"] = len(K) - len(answered)
         return out
+
+    @property
+    def average_start(self) -> int | None:
+        """First round whose iterate enters the averaged output model (``average_last`` of the
+        ``rounds``; at least the final round), or ``None`` when averaging is off."""
+        cfg = self.config
+        if cfg.average_last <= 0:
+            return None
+        return max(1, cfg.rounds - max(1, round(cfg.average_last * cfg.rounds)) + 1)
+
+    def _accumulate_average(self, rnd: int) -> None:
+        """Suffix averaging (``average_last``): add this round's ``w`` (public) and, under
+        encryption, ``enc(alpha)`` per segment to the running sums (the server never decrypts
+        them). With ``w = w(alpha)`` (segment and consensus modes) the averaged pair stays
+        consistent: ``mean_t w(alpha_t) = w(mean_t alpha_t)``; by convexity
+        ``P(mean w) <= mean P(w_t)`` and ``D(mean alpha) >= mean D(alpha_t)``, so the averaged gap is at
+        most the mean of the iterates' gaps (Shalev-Shwartz & Zhang 2013, SDCA, Thm. 2 averages
+        the second half of the iterates for Lipschitz losses such as the hinge)."""
+        start = self.average_start
+        if start is None or rnd < start:
+            return
+        if self.avg_count == 0:
+            self.w_sum = self.w.copy()
+            self.alpha_sum = list(self.enc_alpha)
+        else:
+            self.w_sum = self.w_sum + self.w
+            self.alpha_sum = [self.he.add([a, b]) for a, b in zip(self.alpha_sum, self.enc_alpha)]
+        self.avg_count += 1
+
+    def output_w(self) -> np.ndarray:
+        """The output model ``(d,)``: the mean of ``w`` over the averaged rounds once averaging has
+        started (``average_last``), else the last iterate ``w``."""
+        return self.w_sum / self.avg_count if self.avg_count else self.w
+
+    def output_alpha_ciphertexts(self) -> tuple[list[tuple[np.ndarray, bytes]], int]:
+        """The dual of the output model for an outside monitor with the key: ((segment sample IDs,
+        ciphertext) per segment, divisor): the encrypted sums of ``alpha`` over the averaged rounds
+        and their count, or ``enc(alpha)`` and 1 before averaging starts."""
+        if self.avg_count:
+            return list(zip(self.seg_ids, self.alpha_sum)), self.avg_count
+        return self.alpha_ciphertexts(), 1
 
     def _primal_aggregation(self, rnd: int, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
         """PrimalAggregation, server part (Alg. 4 lines 5-6): ``w_f = (1/(lambda N)) sum_k share_{k,f}``
@@ -708,6 +763,7 @@ class HyFDCAServer:
             done |= d
             sent |= k
             answered |= a
+        self._accumulate_average(rnd)
         out = self._finish(stats, t0, he0)
         out["participants"] = len(selected)
         out["failed"] = len(sent - answered)
@@ -786,7 +842,8 @@ class HyFDCAServer:
     def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
         """What changes from round to round (checkpoints): ``(arrays, json_meta)`` with ``w``, the
         ``enc(alpha)`` and cached inner-product ciphertexts (as uint8 arrays), the clients' last
-        primal shares, and in ``meta`` each client's last round and the participation RNG state.
+        primal shares, the averaging sums (``average_last``), and in ``meta`` each client's last
+        round, the participation RNG state and the number of averaged rounds.
         The segment layout is rebuilt by :meth:`setup`."""
         arrays: dict[str, np.ndarray] = {"w": self.w.copy()}
         for g, c in enumerate(self.enc_alpha):
@@ -797,8 +854,12 @@ class HyFDCAServer:
         share_keys = sorted(self.share_cache)
         for j, cid in enumerate(share_keys):
             arrays[f"share.{j}"] = self.share_cache[cid].copy()
+        if self.avg_count:
+            arrays["w_sum"] = self.w_sum.copy()
+            for g, c in enumerate(self.alpha_sum):
+                arrays[f"alpha_sum.{g}"] = np.frombuffer(c, dtype=np.uint8).copy()
         meta = {"ip_keys": [[c, int(g)] for c, g in ip_keys], "share_keys": share_keys, "last_round": self.last_round,
-                "rng": self.rng.bit_generator.state, "segments": len(self.enc_alpha)}
+                "rng": self.rng.bit_generator.state, "segments": len(self.enc_alpha), "avg_count": self.avg_count}
         return arrays, meta
 
     def set_state(self, arrays: Mapping[str, np.ndarray], meta: dict) -> None:
@@ -814,6 +875,10 @@ class HyFDCAServer:
         self.share_cache = {str(c): np.asarray(arrays[f"share.{j}"], dtype=np.float64).copy() for j, c in enumerate(meta["share_keys"])}
         self.last_round = {str(c): int(r) for c, r in meta["last_round"].items()}
         self.rng.bit_generator.state = meta["rng"]
+        self.avg_count = int(meta.get("avg_count", 0))
+        if self.avg_count:
+            self.w_sum = np.asarray(arrays["w_sum"], dtype=np.float64).copy()
+            self.alpha_sum = [np.asarray(arrays[f"alpha_sum.{g}"], dtype=np.uint8).tobytes() for g in range(len(self.seg_ids))]
 
     def alpha_ciphertexts(self) -> list[tuple[np.ndarray, bytes]]:
         """(segment sample IDs, ``enc(alpha)``) per segment: for an outside monitor with the key."""

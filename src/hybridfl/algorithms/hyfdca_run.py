@@ -5,7 +5,10 @@ Per-round metrics (evaluated outside the protocol, like Flower's server-side ``e
 *monitor* with the training data and, for HyFDCA, the shared secret key decrypts the server's
 ``enc(alpha)``; nothing it does is counted as communication):
 
-- ``primal``: ``P(w)`` of the server's model ``w``;
+- ``primal``: ``P(w)`` of the server's output model ``w`` (the last iterate, or with
+  ``average_last`` the mean of the averaged rounds' iterates, whose ``alpha`` is then also the
+  mean: every HyFDCA metric below is of that averaged pair; ``last_iterate_relative_suboptimality``
+  and ``averaged_rounds`` are added once averaging has started);
 - ``relative_suboptimality``: ``(P(w) - P*) / P*`` with ``P*`` the cached centralised reference
   (:func:`hybridfl.algorithms.convex.reference.reference_optimum`);
 - HyFDCA only: ``dual`` ``D(alpha)``, ``duality_gap`` ``P(w(alpha)) - D(alpha)`` (>= 0, a certificate:
@@ -32,18 +35,30 @@ import numpy as np
 import scipy.sparse as sp
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
-from hybridfl.algorithms.convex.fedavg import HybridFedAvgClient, HybridFedAvgConfig, HybridFedAvgServer
+from hybridfl.algorithms.convex.fedavg import (
+    HybridFedAvgClient,
+    HybridFedAvgConfig,
+    HybridFedAvgServer,
+)
 from hybridfl.algorithms.convex.losses import dual, primal, sdca, w_of_alpha
 from hybridfl.algorithms.convex.problem import features, positive_set, signed_labels
-from hybridfl.algorithms.convex.reference import Reference, liblinear_solve, reference_optimum
+from hybridfl.algorithms.convex.reference import (
+    Reference,
+    liblinear_solve,
+    reference_optimum,
+)
 from hybridfl.algorithms.hyfdca import HyFDCAClient, HyFDCAConfig, HyFDCAServer
 from hybridfl.algorithms.registry import AlgorithmSpec, register
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.partition import Partition
 from hybridfl.errors import HybridFLError, PartitionError
 from hybridfl.privacy.he import KeyDealer, server_backend
-from hybridfl.runtime.checkpoint import load_checkpoint, save_checkpoint
-from hybridfl.runtime.messages import pack_arrays, unpack_arrays
+from hybridfl.runtime.checkpoint import (
+    federation_state,
+    open_for_resume,
+    restore_federation,
+    save_checkpoint,
+)
 from hybridfl.runtime.simulation import ProgressFn, RunResult, simulate
 from hybridfl.runtime.transport import InProcessTransport
 
@@ -188,20 +203,6 @@ def build_hyfdca(split: DatasetSplit, partition: Partition, cfg: HyFDCAConfig, s
     return server, clients, InProcessTransport(clients, recorder, cfg.failure_rate, seed), dealer
 
 
-def _load_for_resume(checkpoint: str | Path | None, algorithm: str, clients) -> tuple[int, dict, dict]:
-    """``(last completed round, arrays, meta)`` of ``checkpoint``, checked to be from ``algorithm``
-    with these clients.
-
-    Raises:
-        HybridFLError: no checkpoint path, or a checkpoint of another algorithm or federation."""
-    if checkpoint is None:
-        raise HybridFLError("resuming needs a checkpoint file.")
-    done, arrays, meta = load_checkpoint(checkpoint)
-    if meta.get("algorithm") != algorithm or set(meta.get("clients", [])) != set(clients):
-        raise HybridFLError(f"checkpoint {str(checkpoint)!r} is not from a {algorithm} run with these clients.")
-    return done, arrays, meta
-
-
 class Monitor:
     """Evaluates the server's state against the problem in the clear (outside the protocol)."""
 
@@ -211,10 +212,12 @@ class Monitor:
         self.he = dealer.client_backend() if dealer is not None else None
 
     def alpha(self, server: HyFDCAServer) -> np.ndarray:
+        """The dual variables of the server's output model ``(N,)`` (averaged when ``average_last``)."""
         a = np.zeros(self.prob.ids.size)
-        for ids, c in server.alpha_ciphertexts():
+        cts, count = server.output_alpha_ciphertexts()
+        for ids, c in cts:
             a[[self.prob.row[s] for s in ids]] = self.he.decrypt(c)
-        return a
+        return a / count
 
     def primal_metrics(self, w: np.ndarray) -> dict[str, float]:
         p = self.prob
@@ -226,7 +229,11 @@ class Monitor:
 
     def __call__(self, server: HyFDCAServer) -> dict[str, float]:
         p = self.prob
-        row = self.primal_metrics(server.w)
+        row = self.primal_metrics(server.output_w())
+        if server.avg_count:  # averaging has started: also the last iterate's suboptimality
+            row["averaged_rounds"] = server.avg_count
+            if self.ref is not None:
+                row["last_iterate_relative_suboptimality"] = (primal(p.X, p.y, server.w, p.lam, p.loss) - self.ref.objective) / abs(self.ref.objective)
         a = self.alpha(server)
         D = dual(p.X, p.y, a, p.lam, p.loss)
         Pa = primal(p.X, p.y, w_of_alpha(p.X, a, p.lam), p.lam, p.loss)
@@ -256,7 +263,7 @@ def run_hyfdca(split: DatasetSplit, partition: Partition, cfg: HyFDCAConfig, see
     start, history0 = 1, []
     if resume:
         names = [c.client_id for c in partition.clients]
-        done, ck_arrays, ck_meta = _load_for_resume(checkpoint, "hyfdca", names)
+        done, ck_arrays, ck_meta = open_for_resume(checkpoint, "hyfdca", names)
         if ck_meta.get("encryption", "none") != cfg.encryption:
             raise HybridFLError(f"checkpoint {str(checkpoint)!r} was written with encryption {ck_meta.get('encryption')!r}, the config says {cfg.encryption!r}.")
         if "dealer" in ck_arrays:
@@ -264,19 +271,13 @@ def run_hyfdca(split: DatasetSplit, partition: Partition, cfg: HyFDCAConfig, see
     server, clients, transport, dealer = build_hyfdca(split, partition, cfg, seed, recorder, dealer)
     if resume:
         server.setup(transport, transport.client_ids)
-        server.set_state(unpack_arrays("server.", ck_arrays), ck_meta["server"])
-        for cid, c in clients.items():
-            c.set_state(unpack_arrays(f"client.{cid}.", ck_arrays))
-        transport.set_state(ck_meta["transport"])
+        restore_federation(ck_arrays, ck_meta, server, clients, transport)
         start, history0 = done + 1, ck_meta["history"]
 
     def after_round(rnd: int, history: list[dict]) -> None:
         if checkpoint is None:
             return
-        s_arrays, s_meta = server.get_state()
-        arrays = pack_arrays("server.", s_arrays)
-        for cid, c in clients.items():
-            arrays.update(pack_arrays(f"client.{cid}.", c.get_state()))
+        arrays, s_meta = federation_state(server, clients)
         if cfg.encryption != "none":
             arrays["dealer"] = np.frombuffer(dealer.to_bytes(), dtype=np.uint8).copy()
         save_checkpoint(checkpoint, rnd, arrays, {"algorithm": "hyfdca", "clients": list(clients), "encryption": cfg.encryption,
@@ -327,7 +328,9 @@ def run_hyfdca(split: DatasetSplit, partition: Partition, cfg: HyFDCAConfig, see
         "messages_total": transport.log.messages_total,
         "bytes_total": transport.log.bytes_total,
         "bytes_per_client": transport.log.per_client(),
-        "w": server.w.tolist() if server.w.size <= 2000 else None,
+        "averaged_rounds": server.avg_count,
+        "last_iterate_relative_suboptimality": last.get("last_iterate_relative_suboptimality", last.get("relative_suboptimality")),
+        "w": server.output_w().tolist() if server.w.size <= 2000 else None,
     }
     summary["report"] = [
         ["test accuracy (server model, all blocks)", summary["accuracy"], "percent"],
@@ -335,6 +338,8 @@ def run_hyfdca(split: DatasetSplit, partition: Partition, cfg: HyFDCAConfig, see
         [f"reference objective P* ({summary['reference_solver']})", summary["reference_objective"], "sci"],
         ["relative suboptimality (P(w) - P*) / P*", summary["relative_suboptimality"], "sci"],
         ["duality gap P(w(alpha)) - D(alpha)", summary["duality_gap"], "sci"],
+        *([[f"last iterate's rel. suboptimality (output: mean of the last {server.avg_count} rounds)",
+            summary["last_iterate_relative_suboptimality"], "sci"]] if server.avg_count else []),
         [f"encryption seconds ({cfg.encryption}, all rounds)", summary["encryption_seconds"], "plain"],
         ["mean wall seconds per round (clients simulated in sequence)", summary["round_seconds_mean"], "plain"],
     ]
@@ -362,7 +367,7 @@ def run_hybrid_fedavg(split: DatasetSplit, partition: Partition, cfg: HybridFedA
     transport = InProcessTransport(clients, recorder, cfg.failure_rate, seed)
     start, history0 = 1, []
     if resume:
-        done, ck_arrays, ck_meta = _load_for_resume(checkpoint, "hybrid_fedavg", clients)
+        done, ck_arrays, ck_meta = open_for_resume(checkpoint, "hybrid_fedavg", clients)
         server.setup(transport, transport.client_ids)
         server.w = np.asarray(ck_arrays["server.w"], dtype=np.float64).copy()
         server.rng.bit_generator.state = ck_meta["rng"]

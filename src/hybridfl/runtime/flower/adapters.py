@@ -206,16 +206,16 @@ def _hyfdca() -> Deployable:
                        for k, v in json.loads(str(st["sweep"])).items()}
 
     def evaluate(server: HyFDCAServer, sd: ServerData, rnd: int) -> dict[str, float]:
-        # test accuracy of the public model w (hyfdca_run's primal metrics need all training data)
+        # test accuracy of the public output model (hyfdca_run's primal metrics need all training data)
         if sd.test is None:
             return {}
         cfg = server.config
         pos = positive_set(sd.test, cfg.positive_classes, cfg.loss, "HyFDCA")
-        z = np.asarray(features(sd.test) @ server.w).ravel()
+        z = np.asarray(features(sd.test) @ server.output_w()).ravel()
         return {"accuracy": float(np.mean(np.where(z >= 0, 1.0, -1.0) == signed_labels(sd.test.y, pos)))}
 
     return Deployable("hyfdca", HyFDCAConfig, build_server, build_client, get_state, set_state, evaluate,
-                      hello_payload, lambda s: {"w": np.asarray(s.w)})
+                      hello_payload, lambda s: {"w": np.asarray(s.output_w())})
 
 
 # --------------------------------------------------------------------------------------- FedBCD
