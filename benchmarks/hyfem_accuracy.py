@@ -1,6 +1,6 @@
 """HyFEM must-show accuracy benchmark (issue "Foundation and the main job").
 
-Runs the example configs ``configs/hyfem_mfeat.yaml`` and ``configs/hyfem_mnist.yaml`` for
+Runs the example configs ``examples/configs/hyfem_mfeat.yaml`` and ``examples/configs/hyfem_mnist.yaml`` for
 several seeds (the seed changes the partition draw, the train/test split of mfeat, the model
 initialisation and the mini-batches) and checks, per run:
 
@@ -33,7 +33,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def run_one(dataset: str, seed: int, out: Path | None, min_cell_coverage: int | None = None) -> dict:
-    cfg = load_config(ROOT / "configs" / f"hyfem_{dataset}.yaml").model_dump(mode="json")
+    cfg = load_config(ROOT / "examples" / "configs" / f"hyfem_{dataset}.yaml").model_dump(mode="json")
     cfg["seed"] = seed
     if min_cell_coverage is not None:
         cfg["partition"]["min_cell_coverage"] = min_cell_coverage

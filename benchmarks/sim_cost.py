@@ -45,7 +45,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 
 
 def measure(dataset: str, rounds: int | None, repeats: int) -> dict:
-    prep = prepare(load_config(ROOT / "configs" / f"hyfem_{dataset}.yaml"))
+    prep = prepare(load_config(ROOT / "examples" / "configs" / f"hyfem_{dataset}.yaml"))
     cfg = prep.algorithm.model_copy(update={"baselines": False, **({"rounds": rounds} if rounds else {})})
     split, part, seed = prep.split, prep.partition, prep.config.seed
     make = make_model_factory(split, cfg.extractor_dim, cfg.hidden, default_extractor(cfg.extractor))

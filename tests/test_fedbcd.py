@@ -379,14 +379,14 @@ def test_dense_evaluation_locates_the_target_round():
 
 
 def test_credit_default_four_parties_cli_config(credit_dir, tmp_path):
-    """configs/fedbcd_credit.yaml end to end (fewer rounds): learns, writes rounds_to_target."""
+    """examples/configs/fedbcd_credit.yaml end to end (fewer rounds): learns, writes rounds_to_target."""
     import json
 
     from hybridfl.config import load_config
     from hybridfl.experiment import execute, prepare
     from tests.conftest import ROOT
 
-    cfg = load_config(ROOT / "configs" / "fedbcd_credit.yaml")
+    cfg = load_config(ROOT / "examples" / "configs" / "fedbcd_credit.yaml")
     data = cfg.model_dump(mode="json")
     data["dataset"]["data_dir"] = str(credit_dir)
     data["algorithm"].update(rounds=80, target_auc=0.69)
@@ -403,10 +403,10 @@ def test_example_configs_are_valid():
     from hybridfl.config import load_config
     from tests.conftest import ROOT
 
-    names = sorted(p.name for p in (ROOT / "configs").glob("fedbcd_*.yaml"))
+    names = sorted(p.name for p in (ROOT / "examples" / "configs").glob("fedbcd_*.yaml"))
     assert {"fedbcd_credit.yaml", "fedbcd_mnist.yaml"} <= set(names)
     for name in names:
-        cfg = load_config(ROOT / "configs" / name)
+        cfg = load_config(ROOT / "examples" / "configs" / name)
         assert cfg.algorithm_config().name == "fedbcd"  # type: ignore[attr-defined]
         assert cfg.partition.kind == "vertical" and "shared/data" in (cfg.dataset.data_dir or "")
 

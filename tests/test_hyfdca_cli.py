@@ -55,7 +55,7 @@ def test_example_configs_validate():
     from hybridfl.config import load_config
 
     for name in ("hyfdca_mnist.yaml", "hyfdca_credit_default.yaml", "hyfdca_adult.yaml"):
-        cfg = load_config(ROOT / "configs" / name)
+        cfg = load_config(ROOT / "examples" / "configs" / name)
         assert cfg.algorithm_config().name == "hyfdca"
 
 

@@ -54,7 +54,7 @@ def test_mnist_quadrants_small_run(mnist_dir):
 
 def test_example_configs_are_valid_and_point_at_shared_data():
     for name in ("hyfem_mfeat.yaml", "hyfem_mnist.yaml"):
-        cfg = load_config(ROOT / "configs" / name)
+        cfg = load_config(ROOT / "examples" / "configs" / name)
         assert cfg.algorithm_config().name == "hyfem"  # type: ignore[attr-defined]
         assert "shared/data" in (cfg.dataset.data_dir or "")
 
@@ -64,7 +64,7 @@ def test_mfeat_must_show(tmp_path, monkeypatch):
     """The issue's mfeat targets with the example config: server >= centralised - 2 points and
     mean client >= stand-alone + 15 points."""
     monkeypatch.chdir(ROOT)
-    prep = prepare(load_config(ROOT / "configs" / "hyfem_mfeat.yaml"))
+    prep = prepare(load_config(ROOT / "examples" / "configs" / "hyfem_mfeat.yaml"))
     s = execute(prep, tmp_path).summary
     assert s["server_accuracy"] >= s["centralized_accuracy"] - 0.02
     assert s["client_accuracy_mean"] >= s["standalone_accuracy_mean"] + 0.15

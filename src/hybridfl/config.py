@@ -1,6 +1,6 @@
 """Run configuration: a YAML or TOML file validated with pydantic.
 
-A run config has four sections (see ``configs/`` for complete, commented examples)::
+A run config has four sections (see ``examples/configs/`` for complete, commented examples)::
 
     seed: 0
     dataset:            # which data, from which directory, and how it is split into blocks
