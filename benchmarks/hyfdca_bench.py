@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 OUT = ROOT / "benchmarks" / "results"
 KEYS = ("round", "relative_suboptimality", "duality_gap", "relative_duality_gap", "accuracy", "seconds", "encryption_seconds",
-        "time_model", "time_model_no_encryption", "bytes", "participants")
+        "time_model", "time_model_no_encryption", "bytes", "participants", "last_iterate_relative_suboptimality", "averaged_rounds")
 
 
 def dataset(name: str):
@@ -72,21 +72,22 @@ def first_certified(history: list[dict], target: float):
 
 
 def convergence(name: str, rounds: int, lrs: list[float], eval_every: int, sigma: float | None, extra: dict | None = None, tag: str = "",
-                participation_mode: str = "fraction") -> dict:
+                participation_mode: str = "fraction", partial_extra: dict | None = None) -> dict:
     split, pos, lam = dataset(name)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
     out: dict = {"dataset": name, "lambda": lam, "grid": "3 sample groups x 3 block groups = 9 clients", "rounds": rounds,
                  "samples": split.train.n_samples, "runs": {}}
     hist_for_plot = {}
-    for label, kw in (("hyfdca_full", {}), ("hyfdca_random50", {"participation": 0.5, "participation_mode": participation_mode})):
-        cfg = HyFDCAConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=eval_every, sigma=sigma, **kw, **(extra or {}))
+    for label, kw in (("hyfdca_full", {}), ("hyfdca_random50", {"participation": 0.5, "participation_mode": participation_mode, **(partial_extra or {})})):
+        cfg = HyFDCAConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=eval_every, sigma=sigma, **{**(extra or {}), **kw})
         t = time.perf_counter()
         res = run_hyfdca(split, part, cfg, seed=0)
         s = res.summary
         out["runs"][label] = {
             "config": cfg.model_dump(mode="json"), "wall_seconds": time.perf_counter() - t,
             "final": {k: s[k] for k in ("relative_suboptimality", "duality_gap", "relative_duality_gap", "accuracy", "primal_objective",
-                                        "reference_objective", "reference_solver", "bytes_total", "round_seconds_mean", "time_model_total", "sigma")},
+                                        "reference_objective", "reference_solver", "bytes_total", "round_seconds_mean", "time_model_total", "sigma",
+                                        "averaged_rounds", "last_iterate_relative_suboptimality")},
             "reference": s["reference"],
             "history": slim(res.history),
         }
@@ -127,14 +128,15 @@ def convergence(name: str, rounds: int, lrs: list[float], eval_every: int, sigma
     return out
 
 
-def encryption(rounds: int) -> dict:
-    """MNIST binary, same seed: plaintext vs CKKS; final w and round times."""
+def encryption(rounds: int, extra: dict | None = None) -> dict:
+    """MNIST binary, same seed: plaintext vs CKKS; final w and round times (``extra``: further
+    HyFDCA settings, e.g. segment mode)."""
     split, pos, lam = dataset("mnist")
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
-    out: dict = {"dataset": "mnist", "rounds": rounds, "runs": {}}
+    out: dict = {"dataset": "mnist", "rounds": rounds, "settings": extra or {}, "runs": {}}
     ws = {}
     for scheme in ("none", "ckks"):
-        cfg = HyFDCAConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=rounds, encryption=scheme, reference=False)
+        cfg = HyFDCAConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=rounds, encryption=scheme, reference=False, **(extra or {}))
         res = run_hyfdca(split, part, cfg, seed=0)
         hist = res.history
         ws[scheme] = np.array(res.summary["w"])
@@ -216,20 +218,24 @@ def main() -> None:
                     help="the 50 %% run: a fixed half of the clients (fraction; 4 of 9) or each client with probability 0.5")
     ap.add_argument("--local-fraction", type=float, default=1.0)
     ap.add_argument("--local-epochs", type=int, default=1)
+    ap.add_argument("--partial-local-epochs", type=int, default=None, help="local_epochs of the 50 %% run only (default: --local-epochs)")
+    ap.add_argument("--average-last", type=float, default=0.0, help="HyFDCA average_last: share of the final rounds averaged into the output model")
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     tag = (f"_sigma{a.sigma:g}" if a.sigma else "") + ("" if a.dual_mode == "block" else f"_{a.dual_mode}")
     tag += f"_{a.segment_schedule}_b{a.batch_size}" if a.dual_mode == "segment" else ""
-    tag += "_prob" if a.participation_mode == "probability" else "" + (f"_H{a.local_fraction:g}" if a.local_fraction != 1.0 else "") + (f"_E{a.local_epochs}" if a.local_epochs != 1 else "")
+    tag += ("_prob" if a.participation_mode == "probability" else "") + (f"_H{a.local_fraction:g}" if a.local_fraction != 1.0 else "")
+    tag += (f"_E{a.local_epochs}" if a.local_epochs != 1 else "") + (f"_pE{a.partial_local_epochs}" if a.partial_local_epochs else "")
+    tag += f"_avg{a.average_last:g}" if a.average_last else ""
     with single_threaded():
         if a.part in ("mnist", "credit", "adult"):
             res = convergence(a.part, a.rounds, [float(x) for x in a.lrs.split(",")], a.eval_every, a.sigma,
-                              {"dual_mode": a.dual_mode, "local_fraction": a.local_fraction, "local_epochs": a.local_epochs,
+                              {"dual_mode": a.dual_mode, "local_fraction": a.local_fraction, "local_epochs": a.local_epochs, "average_last": a.average_last,
                                **({"segment_schedule": a.segment_schedule, "batch_size": a.batch_size} if a.dual_mode == "segment" else {})},
-                              tag, a.participation_mode)
+                              tag, a.participation_mode, {"local_epochs": a.partial_local_epochs} if a.partial_local_epochs else None)
         elif a.part == "encryption":
-            res = encryption(a.rounds)
+            res = encryption(a.rounds, {"dual_mode": a.dual_mode, **({"batch_size": a.batch_size} if a.dual_mode == "segment" else {})})
         elif a.part == "encryption_plot":
             res = encryption_plot(a.rounds)
         else:
@@ -240,7 +246,11 @@ def main() -> None:
                       + (f" --segment-schedule {a.segment_schedule} --batch-size {a.batch_size}" if a.dual_mode == "segment" else "")
                       + (f" --participation-mode {a.participation_mode}" if a.participation_mode != "fraction" else "")
                       + (f" --local-fraction {a.local_fraction:g}" if a.local_fraction != 1.0 else "")
-                      + (f" --local-epochs {a.local_epochs}" if a.local_epochs != 1 else ""))
+                      + (f" --local-epochs {a.local_epochs}" if a.local_epochs != 1 else "")
+                      + (f" --partial-local-epochs {a.partial_local_epochs}" if a.partial_local_epochs else "")
+                      + (f" --average-last {a.average_last:g}" if a.average_last else ""))
+    if a.part == "encryption":
+        tag = "" if a.dual_mode == "block" else f"_{a.dual_mode}_b{a.batch_size}"
     (OUT / f"hyfdca_{a.part}{tag}.json").write_text(json.dumps(res, indent=1, default=float))
     print(json.dumps({k: v for k, v in res.items() if k not in ("runs",)}, indent=1, default=float)[:3000])
 
