@@ -160,32 +160,23 @@ class RowData:
             ``(n,)`` change of ``alpha`` (zero outside ``order``).
         """
         delta = np.zeros_like(alpha)
-        if self.sparse:
+        sparse, X, everything = self.sparse, self.X, slice(None)
+        if sparse:
             indptr, indices, data = self.indptr, self.indices, self.data
-            for i in order.tolist():
+        for i in order.tolist():
+            if sparse:  # the row's non-zeros (inlined: the loop's hot path)
                 s0, e0 = indptr[i], indptr[i + 1]
-                idx = indices[s0:e0]
-                val = data[s0:e0]
-                u = u0[i] + (cross * float(val @ dw[idx]) if cross else 0.0)
-                a = alpha[i]
-                new = coordinate_step(loss, a, y[i], u, sigma * q[i] / lam_n, gamma)
-                d = new - a
-                if d != 0.0:
-                    alpha[i] = new
-                    delta[i] += d
-                    dw[idx] += (d / lam_n) * val
-        else:
-            X = self.X
-            for i in order.tolist():
-                x = X[i]
-                u = u0[i] + (cross * float(x @ dw) if cross else 0.0)
-                a = alpha[i]
-                new = coordinate_step(loss, a, y[i], u, sigma * q[i] / lam_n, gamma)
-                d = new - a
-                if d != 0.0:
-                    alpha[i] = new
-                    delta[i] += d
-                    dw += (d / lam_n) * x
+                idx, val = indices[s0:e0], data[s0:e0]
+            else:
+                idx, val = everything, X[i]
+            u = u0[i] + (cross * float(val @ dw[idx]) if cross else 0.0)
+            a = alpha[i]
+            new = coordinate_step(loss, a, y[i], u, sigma * q[i] / lam_n, gamma)
+            d = new - a
+            if d != 0.0:
+                alpha[i] = new
+                delta[i] += d
+                dw[idx] += (d / lam_n) * val
         return delta
 
 
