@@ -191,3 +191,36 @@ def test_failed_holder_loses_its_segment_round_not_the_run(credit_small):
     assert s["client_failures"] > 0
     assert s["relative_suboptimality"] < 2e-2, s["relative_suboptimality"]
     assert s["duality_gap"] >= s["primal_objective"] - s["reference_objective"] - 1e-12
+
+
+def test_segment_server_receives_only_ciphertexts(credit_small):
+    """Segment mode under CKKS: every inner-product share, dual change, squared norm and partial
+    Gram matrix a client sends the server is a ciphertext (the only plaintext array is the primal
+    share: w is public); the server holds no key; no dual value or batch Gram entry appears in the
+    clear in any message."""
+    from hybridfl.runtime.messages import decode
+
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    raw: list[bytes] = []
+    server, clients, transport, dealer = build_hyfdca(credit_small, part, _cfg(rounds=2, batch_size=100, encryption="ckks", average_last=0.5),
+                                                      recorder=raw.append)
+    assert not server.he.can_decrypt
+    simulate(server, transport, 2)
+    key = dealer.client_backend()
+    kinds = set()
+    for m in (decode(b) for b in raw):
+        if m.receiver != "server":
+            continue
+        for k in ("ip", "dalpha", "norms", "gram"):
+            for c in m.payload.get(k, []):
+                assert isinstance(c, bytes) and key.decrypt(c).size > 0
+                kinds.add(k)
+        arrays = {k for k, v in m.payload.items() if isinstance(v, np.ndarray)}
+        assert arrays <= {"share"}, (m.kind, arrays)
+    assert kinds == {"ip", "dalpha", "norms", "gram"}
+    blob = b"".join(raw)
+    c = next(iter(clients.values()))
+    G = c.gram[0][0]
+    secrets_ = np.concatenate([c.alpha[c.alpha != 0][:20], G[np.triu_indices(G.shape[0], 1)][:20]]).astype("<f8")
+    assert secrets_.size == 40
+    assert not any(v.tobytes() in blob for v in secrets_)
