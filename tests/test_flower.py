@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import numpy as np
@@ -154,6 +155,23 @@ def _no_leftovers(fed, pids):
     assert all(group_members(pid) == [] for pid in pids), "a SuperLink/SuperNode process (or a child) survived"
 
 
+@contextlib.contextmanager
+def _running(fed):
+    """Start ``fed`` and yield its process IDs; if the block fails, print the logs; always stop the
+    processes; after a block that succeeded, check that none of them (or their children) is left."""
+    pids: list[int] = []
+    try:
+        fed.start()
+        pids = [p.pid for _, p in fed.procs]
+        yield pids
+    except BaseException:
+        print(fed.logs())
+        raise
+    finally:
+        fed.stop()
+    _no_leftovers(fed, pids)
+
+
 def test_loopback_hyfem_equals_simulation(tmp_path):
     """A real SuperLink + 3 SuperNodes on 127.0.0.1 over TLS (certificates made with openssl),
     HyFEM for 2 rounds over Flower; the metrics equal the in-process simulation with the same
@@ -164,10 +182,7 @@ def test_loopback_hyfem_equals_simulation(tmp_path):
     with single_threaded():
         ref = run_hyfem(prep.split, prep.partition, HyFEMConfig(**{k: v for k, v in HYFEM.items() if k != "name"}), 3)
     fed = LocalFederation(dirs, fast=True, work_dir=tmp_path / "fed", start_timeout=120, tls=True)
-    pids = []
-    try:
-        fed.start()
-        pids = [p.pid for _, p in fed.procs]
+    with _running(fed) as pids:
         assert len(pids) == 4
         fed.run({"server-dir": str(server_dir), "out-dir": str(tmp_path / "res")}, timeout=420)
         hist = json.loads((tmp_path / "res" / "history.json").read_text())
@@ -176,12 +191,6 @@ def test_loopback_hyfem_equals_simulation(tmp_path):
         # a failing ServerApp (no such server directory) fails `flwr run` with its one sentence
         with pytest.raises(RuntimeError, match="does not exist"):
             fed.run({"server-dir": str(tmp_path / "no-such-dir")}, timeout=300)
-    except BaseException:
-        print(fed.logs())
-        raise
-    finally:
-        fed.stop()
-    _no_leftovers(fed, pids)
     assert _strip(hist) == _strip(ref.history)
     assert summary["bytes_total"] == ref.summary["bytes_total"]
     assert summary["messages_total"] == ref.summary["messages_total"] == 3 * 2 * 3
@@ -274,18 +283,9 @@ def test_loopback_hyfdca_and_hyfem_equal_simulation(tmp_path):
     with single_threaded():
         ref = run_hyfem(prep_f.split, prep_f.partition, HyFEMConfig(**{k: v for k, v in HYFEM.items() if k != "name"}), 3)
     fed = LocalFederation(dirs, fast=True, work_dir=tmp_path / "fed", start_timeout=120, tls=True)
-    pids = []
-    try:
-        fed.start()
-        pids = [p.pid for _, p in fed.procs]
+    with _running(fed):
         fed.run({"server-dir": str(server_d), "out-dir": str(tmp_path / "res-d")}, timeout=900)
         fed.run({"server-dir": str(server_f), "out-dir": str(tmp_path / "res-f")}, timeout=600)
-    except BaseException:
-        print(fed.logs())
-        raise
-    finally:
-        fed.stop()
-    _no_leftovers(fed, pids)
     w = np.load(tmp_path / "res-d" / "final.npz")["w"]
     np.testing.assert_allclose(w, w_ref, rtol=1e-9, atol=1e-12)
     sd = json.loads((tmp_path / "res-d" / "summary.json").read_text())
@@ -341,17 +341,8 @@ def test_loopback_fedbcd_equals_simulation(tmp_path):
     coord, _, tr = build_fedbcd(split, part, FedBCDConfig(**{k: v for k, v in algo.items() if k != "name"}), seed=2)
     ref = simulate(coord, tr, 3)
     fed = LocalFederation(dirs, fast=True, work_dir=tmp_path / "fed", start_timeout=120)
-    pids = []
-    try:
-        fed.start()
-        pids = [p.pid for _, p in fed.procs]
+    with _running(fed):
         fed.run({"server-dir": str(tmp_path / "export" / "server"), "out-dir": str(tmp_path / "res")}, timeout=900)
-    except BaseException:
-        print(fed.logs())
-        raise
-    finally:
-        fed.stop()
-    _no_leftovers(fed, pids)
     hist = json.loads((tmp_path / "res" / "history.json").read_text())
     assert _strip(hist) == _strip(ref)
     fed.close()
