@@ -29,8 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from hybridfl.algorithms.fedbcd import FedBCDConfig  # noqa: E402
-from hybridfl.algorithms.fedbcd_run import run_fedbcd  # noqa: E402
+from hybridfl.algorithms.fedbcd import FedBCDConfig, run_fedbcd  # noqa: E402
 from hybridfl.data import VerticalPartitioner, load_mnist  # noqa: E402
 from hybridfl.runtime.simulation import single_threaded  # noqa: E402
 
@@ -48,32 +47,59 @@ def run(args) -> None:
     for spec in args.methods:
         variant, q = spec.split(":")
         cfg = FedBCDConfig(
-            variant=variant, local_steps=int(q), rounds=args.rounds, batch_size=256, lr=args.lr, model="cnn",
-            representation_dim=256, channels=64, target_auc=args.target, stop_at_target=True,
-            eval_every=args.eval_every, eval_subset=args.eval_subset, eval_dense_from=args.dense_from,
+            variant=variant,
+            local_steps=int(q),
+            rounds=args.rounds,
+            batch_size=256,
+            lr=args.lr,
+            model="cnn",
+            representation_dim=256,
+            channels=64,
+            target_auc=args.target,
+            stop_at_target=True,
+            eval_every=args.eval_every,
+            eval_subset=args.eval_subset,
+            eval_dense_from=args.dense_from,
         )
         t0 = time.time()
 
         def progress(done, total, row):
             if "auc" in row:
-                print(f"  {spec} round {done}: auc {row['auc']:.4f} acc {row['accuracy']:.4f} loss {row['train_loss']:.4f}", flush=True)
+                print(
+                    f"  {spec} round {done}: auc {row['auc']:.4f} acc {row['accuracy']:.4f} loss {row['train_loss']:.4f}",
+                    flush=True,
+                )
 
         with single_threaded():
             res = run_fedbcd(split, part, cfg, seed=args.seed, progress=progress)
         s = res.summary
         out = {
-            "method": NAMES[variant], "variant": variant, "Q": int(q), "lr": args.lr, "seed": args.seed,
-            "target_auc": args.target, "rounds_to_target": s["rounds_to_target"], "rounds_run": s["rounds"],
-            "final_auc": s["auc"], "final_accuracy": s["accuracy"], "eval_samples": s["eval_samples"],
-            "eval_every": args.eval_every, "dense_from": args.dense_from,
-            "bytes_total": s["bytes_total"], "messages_total": s["messages_total"],
-            "train_seconds": s["train_seconds"], "wall_seconds": time.time() - t0,
+            "method": NAMES[variant],
+            "variant": variant,
+            "Q": int(q),
+            "lr": args.lr,
+            "seed": args.seed,
+            "target_auc": args.target,
+            "rounds_to_target": s["rounds_to_target"],
+            "rounds_run": s["rounds"],
+            "final_auc": s["auc"],
+            "final_accuracy": s["accuracy"],
+            "eval_samples": s["eval_samples"],
+            "eval_every": args.eval_every,
+            "dense_from": args.dense_from,
+            "bytes_total": s["bytes_total"],
+            "messages_total": s["messages_total"],
+            "train_seconds": s["train_seconds"],
+            "wall_seconds": time.time() - t0,
             "paper_rounds": PAPER.get((variant, int(q))),
             "curve": [[int(r["round"]), r["auc"]] for r in res.history if "auc" in r],
         }
         name = f"{variant}_q{q}_lr{args.lr:g}_seed{args.seed}.json"
         (RUNS / name).write_text(json.dumps(out, indent=1))
-        print(f"{spec} lr={args.lr}: rounds to {args.target}: {s['rounds_to_target']} ({out['wall_seconds']:.0f} s)", flush=True)
+        print(
+            f"{spec} lr={args.lr}: rounds to {args.target}: {s['rounds_to_target']} ({out['wall_seconds']:.0f} s)",
+            flush=True,
+        )
 
 
 def crossing(curve, target):
@@ -97,10 +123,12 @@ def report(args) -> None:
     rows = [best[k][1] for k in order if k in best] + [v[1] for k, v in best.items() if k not in order]
     sgd = best.get(("sgd", 1), (None, None))[1]
     lines = [
-        "### MNIST 3 vs 8, left/right halves, CNN towers: rounds to test AUC 99.7 %", "",
+        "### MNIST 3 vs 8, left/right halves, CNN towers: rounds to test AUC 99.7 %",
+        "",
         "Two parties, towers of two 2x2 convolutions (64 channels) and a 256-unit representation, logistic top model; "
         "batch 256; eta_t = eta_0/sqrt(t+1). AUC on a fixed subset of "
-        f"{rows[0]['eval_samples']} test samples. One seed per row.", "",
+        f"{rows[0]['eval_samples']} test samples. One seed per row.",
+        "",
         "| method | Q | eta_0 | rounds to AUC 99.7 % | paper (Table 1) | ratio to FedSGD | rounds to 99.5 % | rounds to 99.6 % | final AUC | MB sent | train time (s) |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -115,14 +143,24 @@ def report(args) -> None:
         mb = "-" if r["bytes_total"] is None else f"{r['bytes_total'] / 1e6:.1f}"
         secs = "-" if r["train_seconds"] is None else f"{r['train_seconds']:.0f}"
         lower = [crossing(r["curve"], t) for t in (0.995, 0.996)]
-        lines.append(f"| {r['method']} | {r['Q']} | {r['lr']:g} | {rt_s} | {r['paper_rounds'] or '-'} | {ratio} | "
-                     f"{lower[0] or '-'} | {lower[1] or '-'} | {100 * r['final_auc']:.2f} % | {mb} | {secs} |")
+        lines.append(
+            f"| {r['method']} | {r['Q']} | {r['lr']:g} | {rt_s} | {r['paper_rounds'] or '-'} | {ratio} | "
+            f"{lower[0] or '-'} | {lower[1] or '-'} | {100 * r['final_auc']:.2f} % | {mb} | {secs} |"
+        )
     notes = [f"- {r['method']} Q={r['Q']} eta_0={r['lr']:g}: {r['note']}." for r in runs if r.get("note")]
     if notes:
         lines += [""] + notes
-    all_rows = ["", "All runs (every eta_0 tried):", "", "| method | Q | eta_0 | seed | rounds to target | rounds run |", "|---|---|---|---|---|---|"]
+    all_rows = [
+        "",
+        "All runs (every eta_0 tried):",
+        "",
+        "| method | Q | eta_0 | seed | rounds to target | rounds run |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in sorted(runs, key=lambda r: (r["variant"], r["Q"], r["lr"])):
-        all_rows.append(f"| {r['method']} | {r['Q']} | {r['lr']:g} | {r['seed']} | {r['rounds_to_target']} | {r['rounds_run']} |")
+        all_rows.append(
+            f"| {r['method']} | {r['Q']} | {r['lr']:g} | {r['seed']} | {r['rounds_to_target']} | {r['rounds_run']} |"
+        )
     (OUT / "fedbcd_mnist.md").write_text("\n".join(lines + all_rows) + "\n")
     (OUT / "fedbcd_mnist.json").write_text(json.dumps({"best": rows, "runs": runs}, indent=1))
     import matplotlib

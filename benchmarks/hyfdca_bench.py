@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hybridfl.algorithms.convex.fedavg import HybridFedAvgConfig
-from hybridfl.algorithms.hyfdca import HyFDCAConfig
-from hybridfl.algorithms.hyfdca_run import plot_suboptimality, run_hybrid_fedavg, run_hyfdca
+from hybridfl.algorithms.convex.monitor import plot_suboptimality
+from hybridfl.algorithms.hybrid_fedavg import HybridFedAvgConfig, run_hybrid_fedavg
+from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
 from hybridfl.data import load_adult, load_credit_default, load_mnist, standardize
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.simulation import single_threaded
@@ -34,8 +34,21 @@ from hybridfl.runtime.simulation import single_threaded
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 OUT = ROOT / "benchmarks" / "results"
-KEYS = ("round", "relative_suboptimality", "duality_gap", "relative_duality_gap", "accuracy", "seconds", "encryption_seconds",
-        "time_model", "time_model_no_encryption", "bytes", "participants", "last_iterate_relative_suboptimality", "averaged_rounds")
+KEYS = (
+    "round",
+    "relative_suboptimality",
+    "duality_gap",
+    "relative_duality_gap",
+    "accuracy",
+    "seconds",
+    "encryption_seconds",
+    "time_model",
+    "time_model_no_encryption",
+    "bytes",
+    "participants",
+    "last_iterate_relative_suboptimality",
+    "averaged_rounds",
+)
 
 
 def dataset(name: str):
@@ -71,23 +84,59 @@ def first_certified(history: list[dict], target: float):
     return None
 
 
-def convergence(name: str, rounds: int, lrs: list[float], eval_every: int, sigma: float | None, extra: dict | None = None, tag: str = "",
-                participation_mode: str = "fraction", partial_extra: dict | None = None) -> dict:
+def convergence(
+    name: str,
+    rounds: int,
+    lrs: list[float],
+    eval_every: int,
+    sigma: float | None,
+    extra: dict | None = None,
+    tag: str = "",
+    participation_mode: str = "fraction",
+    partial_extra: dict | None = None,
+) -> dict:
     split, pos, lam = dataset(name)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
-    out: dict = {"dataset": name, "lambda": lam, "grid": "3 sample groups x 3 block groups = 9 clients", "rounds": rounds,
-                 "samples": split.train.n_samples, "runs": {}}
+    out: dict = {
+        "dataset": name,
+        "lambda": lam,
+        "grid": "3 sample groups x 3 block groups = 9 clients",
+        "rounds": rounds,
+        "samples": split.train.n_samples,
+        "runs": {},
+    }
     hist_for_plot = {}
-    for label, kw in (("hyfdca_full", {}), ("hyfdca_random50", {"participation": 0.5, "participation_mode": participation_mode, **(partial_extra or {})})):
-        cfg = HyFDCAConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=eval_every, sigma=sigma, **{**(extra or {}), **kw})
+    for label, kw in (
+        ("hyfdca_full", {}),
+        ("hyfdca_random50", {"participation": 0.5, "participation_mode": participation_mode, **(partial_extra or {})}),
+    ):
+        cfg = HyFDCAConfig(
+            lam=lam, rounds=rounds, positive_classes=pos, eval_every=eval_every, sigma=sigma, **{**(extra or {}), **kw}
+        )
         t = time.perf_counter()
         res = run_hyfdca(split, part, cfg, seed=0)
         s = res.summary
         out["runs"][label] = {
-            "config": cfg.model_dump(mode="json"), "wall_seconds": time.perf_counter() - t,
-            "final": {k: s[k] for k in ("relative_suboptimality", "duality_gap", "relative_duality_gap", "accuracy", "primal_objective",
-                                        "reference_objective", "reference_solver", "bytes_total", "round_seconds_mean", "time_model_total", "sigma",
-                                        "averaged_rounds", "last_iterate_relative_suboptimality")},
+            "config": cfg.model_dump(mode="json"),
+            "wall_seconds": time.perf_counter() - t,
+            "final": {
+                k: s[k]
+                for k in (
+                    "relative_suboptimality",
+                    "duality_gap",
+                    "relative_duality_gap",
+                    "accuracy",
+                    "primal_objective",
+                    "reference_objective",
+                    "reference_solver",
+                    "bytes_total",
+                    "round_seconds_mean",
+                    "time_model_total",
+                    "sigma",
+                    "averaged_rounds",
+                    "last_iterate_relative_suboptimality",
+                )
+            },
             "reference": s["reference"],
             "history": slim(res.history),
         }
@@ -98,19 +147,32 @@ def convergence(name: str, rounds: int, lrs: list[float], eval_every: int, sigma
         cfg = HybridFedAvgConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=eval_every, lr=lr)
         res = run_hybrid_fedavg(split, part, cfg, seed=0)
         final = res.summary["relative_suboptimality"]
-        out["runs"][f"fedavg_lr{lr:g}"] = {"config": cfg.model_dump(mode="json"), "final": {"relative_suboptimality": final, "accuracy": res.summary["accuracy"]},
-                                           "history": slim(res.history)}
+        out["runs"][f"fedavg_lr{lr:g}"] = {
+            "config": cfg.model_dump(mode="json"),
+            "final": {"relative_suboptimality": final, "accuracy": res.summary["accuracy"]},
+            "history": slim(res.history),
+        }
         print("fedavg", lr, final, flush=True)
         if best is None or final < best[1]:
             best = (lr, final, res.history)
     out["fedavg_best_lr"] = best[0]
     hist_for_plot[f"hybrid FedAvg (lr={best[0]:g}, best of {lrs})"] = best[2]
     # hybrid FedAvg under the same 50 % participation as hyfdca_random50 (its best full-participation lr)
-    cfg = HybridFedAvgConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=eval_every, lr=best[0], participation=0.5,
-                             participation_mode=participation_mode)
+    cfg = HybridFedAvgConfig(
+        lam=lam,
+        rounds=rounds,
+        positive_classes=pos,
+        eval_every=eval_every,
+        lr=best[0],
+        participation=0.5,
+        participation_mode=participation_mode,
+    )
     res = run_hybrid_fedavg(split, part, cfg, seed=0)
-    out["runs"]["fedavg_random50"] = {"config": cfg.model_dump(mode="json"), "final": {"relative_suboptimality": res.summary["relative_suboptimality"],
-                                                                                       "accuracy": res.summary["accuracy"]}, "history": slim(res.history)}
+    out["runs"]["fedavg_random50"] = {
+        "config": cfg.model_dump(mode="json"),
+        "final": {"relative_suboptimality": res.summary["relative_suboptimality"], "accuracy": res.summary["accuracy"]},
+        "history": slim(res.history),
+    }
     print("fedavg 50 %", best[0], res.summary["relative_suboptimality"], flush=True)
     hist_for_plot[f"hybrid FedAvg 50 % (lr={best[0]:g})"] = res.history
 
@@ -133,17 +195,43 @@ def convergence(name: str, rounds: int, lrs: list[float], eval_every: int, sigma
     for label in ("hyfdca_full", "hyfdca_random50"):
         hist = hist_for_plot[label]
         tail = [h for h in hist if "relative_suboptimality" in h][-10:]
-        out["runs"][label]["last_10_evaluations_max"] = {"relative_suboptimality": max(h["relative_suboptimality"] for h in tail),
-                                                          "duality_gap": max(h["duality_gap"] for h in tail)} if tail else None
+        out["runs"][label]["last_10_evaluations_max"] = (
+            {
+                "relative_suboptimality": max(h["relative_suboptimality"] for h in tail),
+                "duality_gap": max(h["duality_gap"] for h in tail),
+            }
+            if tail
+            else None
+        )
         for target in (1e-3, 1e-4):
             h = first_certified(hist, target)
-            out["runs"][label][f"certified_{target:g}"] = None if h is None else {
-                "round": h["round"], "relative_suboptimality": h["relative_suboptimality"], "duality_gap": h["duality_gap"],
-                "wall_seconds": float(sum(x["seconds"] for x in hist[: h["round"]])), "time_model": h["time_model"]}
+            out["runs"][label][f"certified_{target:g}"] = (
+                None
+                if h is None
+                else {
+                    "round": h["round"],
+                    "relative_suboptimality": h["relative_suboptimality"],
+                    "duality_gap": h["duality_gap"],
+                    "wall_seconds": float(sum(x["seconds"] for x in hist[: h["round"]])),
+                    "time_model": h["time_model"],
+                }
+            )
         h = first_round_below(hist_for_plot[label], 1e-3)
-        out["runs"][label]["reach_1e-3"] = None if h is None else {"round": h["round"], "wall_seconds": float(sum(x["seconds"] for x in hist_for_plot[label][: h["round"]])),
-                                                                   "time_model": h["time_model"], "time_model_no_encryption": h["time_model_no_encryption"]}
-    plot_suboptimality(hist_for_plot, OUT / f"hyfdca_{name}{tag}.png", f"{name}: HyFDCA vs hybrid FedAvg, 3x3 grid, hinge, lambda={lam:g}{tag}")
+        out["runs"][label]["reach_1e-3"] = (
+            None
+            if h is None
+            else {
+                "round": h["round"],
+                "wall_seconds": float(sum(x["seconds"] for x in hist_for_plot[label][: h["round"]])),
+                "time_model": h["time_model"],
+                "time_model_no_encryption": h["time_model_no_encryption"],
+            }
+        )
+    plot_suboptimality(
+        hist_for_plot,
+        OUT / f"hyfdca_{name}{tag}.png",
+        f"{name}: HyFDCA vs hybrid FedAvg, 3x3 grid, hinge, lambda={lam:g}{tag}",
+    )
     return out
 
 
@@ -155,7 +243,15 @@ def encryption(rounds: int, extra: dict | None = None) -> dict:
     out: dict = {"dataset": "mnist", "rounds": rounds, "settings": extra or {}, "runs": {}}
     ws = {}
     for scheme in ("none", "ckks"):
-        cfg = HyFDCAConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=rounds, encryption=scheme, reference=False, **(extra or {}))
+        cfg = HyFDCAConfig(
+            lam=lam,
+            rounds=rounds,
+            positive_classes=pos,
+            eval_every=rounds,
+            encryption=scheme,
+            reference=False,
+            **(extra or {}),
+        )
         res = run_hyfdca(split, part, cfg, seed=0)
         hist = res.history
         ws[scheme] = np.array(res.summary["w"])
@@ -185,11 +281,24 @@ def encryption_plot(rounds: int) -> dict:
         cfg = HyFDCAConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=2, encryption=scheme)
         res = run_hyfdca(split, part, cfg, seed=0)
         hists[f"HyFDCA {scheme}"] = res.history
-        out["runs"][scheme] = {"final": {k: res.summary[k] for k in ("relative_suboptimality", "encryption_seconds", "round_seconds_mean",
-                                                                       "time_model_total", "time_model_no_encryption_total", "bytes_total")},
-                               "history": slim(res.history)}
+        out["runs"][scheme] = {
+            "final": {
+                k: res.summary[k]
+                for k in (
+                    "relative_suboptimality",
+                    "encryption_seconds",
+                    "round_seconds_mean",
+                    "time_model_total",
+                    "time_model_no_encryption_total",
+                    "bytes_total",
+                )
+            },
+            "history": slim(res.history),
+        }
         print(scheme, out["runs"][scheme]["final"], flush=True)
-    plot_suboptimality(hists, OUT / "hyfdca_encryption_plot.png", f"credit: HyFDCA plaintext vs CKKS, 3x3 grid, hinge, lambda={lam:g}")
+    plot_suboptimality(
+        hists, OUT / "hyfdca_encryption_plot.png", f"credit: HyFDCA plaintext vs CKKS, 3x3 grid, hinge, lambda={lam:g}"
+    )
     return out
 
 
@@ -203,10 +312,16 @@ def paillier(n_values: int = 200) -> dict:
     c = dealer.client_backend()
     s = server_backend("paillier", dealer.public_material())
     v = np.random.default_rng(0).normal(size=n_values)
-    t = time.perf_counter(); e1 = c.encrypt(v); t_enc = (time.perf_counter() - t) / n_values
+    t = time.perf_counter()
+    e1 = c.encrypt(v)
+    t_enc = (time.perf_counter() - t) / n_values
     e2 = c.encrypt(v)
-    t = time.perf_counter(); tot = s.add([e1, e2]); t_add = (time.perf_counter() - t) / n_values
-    t = time.perf_counter(); d = c.decrypt(tot); t_dec = (time.perf_counter() - t) / n_values
+    t = time.perf_counter()
+    tot = s.add([e1, e2])
+    t_add = (time.perf_counter() - t) / n_values
+    t = time.perf_counter()
+    d = c.decrypt(tot)
+    t_dec = (time.perf_counter() - t) / n_values
     assert np.allclose(d, 2 * v, atol=1e-9)
     # one HyFDCA round (block mode) on the MNIST 3x3 grid: 9 clients x 20,000 samples
     per_client = 20000
@@ -215,17 +330,31 @@ def paillier(n_values: int = 200) -> dict:
     adds = 3 * per_client * (3 - 1) + 3 * per_client * 3  # ip sums over 3 holders; alpha += 3 changes
     seq = enc * t_enc + dec * t_dec + adds * t_add
     par = 2 * per_client * t_enc + per_client * t_dec + adds * t_add  # clients in parallel, server sequential
-    return {"key_bits": 2048, "keygen_seconds": keygen, "measured_values": n_values, "encrypt_ms_per_value": 1e3 * t_enc,
-            "decrypt_ms_per_value": 1e3 * t_dec, "add_ms_per_value": 1e3 * t_add, "ciphertext_bytes_per_value": len(e1) // n_values,
-            "mnist_round_extrapolated": {"encryptions": enc, "decryptions": dec, "additions": adds,
-                                         "seconds_sequential": seq, "seconds_clients_parallel": par,
-                                         "bytes_per_round_ciphertexts": (enc + dec) * (len(e1) // n_values)},
-            "note": "timed on a subset and extrapolated, not run"}
+    return {
+        "key_bits": 2048,
+        "keygen_seconds": keygen,
+        "measured_values": n_values,
+        "encrypt_ms_per_value": 1e3 * t_enc,
+        "decrypt_ms_per_value": 1e3 * t_dec,
+        "add_ms_per_value": 1e3 * t_add,
+        "ciphertext_bytes_per_value": len(e1) // n_values,
+        "mnist_round_extrapolated": {
+            "encryptions": enc,
+            "decryptions": dec,
+            "additions": adds,
+            "seconds_sequential": seq,
+            "seconds_clients_parallel": par,
+            "bytes_per_round_ciphertexts": (enc + dec) * (len(e1) // n_values),
+        },
+        "note": "timed on a subset and extrapolated, not run",
+    }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--part", required=True, choices=["mnist", "credit", "adult", "encryption", "encryption_plot", "paillier"])
+    ap.add_argument(
+        "--part", required=True, choices=["mnist", "credit", "adult", "encryption", "encryption_plot", "paillier"]
+    )
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=2)
     ap.add_argument("--sigma", type=float, default=None)
@@ -233,41 +362,82 @@ def main() -> None:
     ap.add_argument("--dual-mode", choices=["block", "consensus", "segment"], default="block")
     ap.add_argument("--segment-schedule", choices=["sequential", "parallel"], default="sequential")
     ap.add_argument("--batch-size", type=int, default=512, help="segment mode: samples per mini-batch")
-    ap.add_argument("--participation-mode", choices=["fraction", "probability"], default="fraction",
-                    help="the 50 %% run: a fixed half of the clients (fraction; 4 of 9) or each client with probability 0.5")
+    ap.add_argument(
+        "--participation-mode",
+        choices=["fraction", "probability"],
+        default="fraction",
+        help="the 50 %% run: a fixed half of the clients (fraction; 4 of 9) or each client with probability 0.5",
+    )
     ap.add_argument("--local-fraction", type=float, default=1.0)
     ap.add_argument("--local-epochs", type=int, default=1)
-    ap.add_argument("--partial-local-epochs", type=int, default=None, help="local_epochs of the 50 %% run only (default: --local-epochs)")
-    ap.add_argument("--average-last", type=float, default=0.0, help="HyFDCA average_last: share of the final rounds averaged into the output model")
+    ap.add_argument(
+        "--partial-local-epochs",
+        type=int,
+        default=None,
+        help="local_epochs of the 50 %% run only (default: --local-epochs)",
+    )
+    ap.add_argument(
+        "--average-last",
+        type=float,
+        default=0.0,
+        help="HyFDCA average_last: share of the final rounds averaged into the output model",
+    )
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
     t = time.perf_counter()
     tag = (f"_sigma{a.sigma:g}" if a.sigma else "") + ("" if a.dual_mode == "block" else f"_{a.dual_mode}")
     tag += f"_{a.segment_schedule}_b{a.batch_size}" if a.dual_mode == "segment" else ""
-    tag += ("_prob" if a.participation_mode == "probability" else "") + (f"_H{a.local_fraction:g}" if a.local_fraction != 1.0 else "")
-    tag += (f"_E{a.local_epochs}" if a.local_epochs != 1 else "") + (f"_pE{a.partial_local_epochs}" if a.partial_local_epochs else "")
+    tag += ("_prob" if a.participation_mode == "probability" else "") + (
+        f"_H{a.local_fraction:g}" if a.local_fraction != 1.0 else ""
+    )
+    tag += (f"_E{a.local_epochs}" if a.local_epochs != 1 else "") + (
+        f"_pE{a.partial_local_epochs}" if a.partial_local_epochs else ""
+    )
     tag += f"_avg{a.average_last:g}" if a.average_last else ""
     with single_threaded():
         if a.part in ("mnist", "credit", "adult"):
-            res = convergence(a.part, a.rounds, [float(x) for x in a.lrs.split(",")], a.eval_every, a.sigma,
-                              {"dual_mode": a.dual_mode, "local_fraction": a.local_fraction, "local_epochs": a.local_epochs, "average_last": a.average_last,
-                               **({"segment_schedule": a.segment_schedule, "batch_size": a.batch_size} if a.dual_mode == "segment" else {})},
-                              tag, a.participation_mode, {"local_epochs": a.partial_local_epochs} if a.partial_local_epochs else None)
+            res = convergence(
+                a.part,
+                a.rounds,
+                [float(x) for x in a.lrs.split(",")],
+                a.eval_every,
+                a.sigma,
+                {
+                    "dual_mode": a.dual_mode,
+                    "local_fraction": a.local_fraction,
+                    "local_epochs": a.local_epochs,
+                    "average_last": a.average_last,
+                    **(
+                        {"segment_schedule": a.segment_schedule, "batch_size": a.batch_size}
+                        if a.dual_mode == "segment"
+                        else {}
+                    ),
+                },
+                tag,
+                a.participation_mode,
+                {"local_epochs": a.partial_local_epochs} if a.partial_local_epochs else None,
+            )
         elif a.part == "encryption":
-            res = encryption(a.rounds, {"dual_mode": a.dual_mode, **({"batch_size": a.batch_size} if a.dual_mode == "segment" else {})})
+            res = encryption(
+                a.rounds,
+                {"dual_mode": a.dual_mode, **({"batch_size": a.batch_size} if a.dual_mode == "segment" else {})},
+            )
         elif a.part == "encryption_plot":
             res = encryption_plot(a.rounds)
         else:
             res = paillier()
     res["benchmark_seconds"] = time.perf_counter() - t
-    res["command"] = (f".venv/bin/python benchmarks/hyfdca_bench.py --part {a.part} --rounds {a.rounds} --eval-every {a.eval_every} --lrs {a.lrs}"
-                      + (f" --sigma {a.sigma:g}" if a.sigma else "") + (f" --dual-mode {a.dual_mode}" if a.dual_mode != "block" else "")
-                      + (f" --segment-schedule {a.segment_schedule} --batch-size {a.batch_size}" if a.dual_mode == "segment" else "")
-                      + (f" --participation-mode {a.participation_mode}" if a.participation_mode != "fraction" else "")
-                      + (f" --local-fraction {a.local_fraction:g}" if a.local_fraction != 1.0 else "")
-                      + (f" --local-epochs {a.local_epochs}" if a.local_epochs != 1 else "")
-                      + (f" --partial-local-epochs {a.partial_local_epochs}" if a.partial_local_epochs else "")
-                      + (f" --average-last {a.average_last:g}" if a.average_last else ""))
+    res["command"] = (
+        f".venv/bin/python benchmarks/hyfdca_bench.py --part {a.part} --rounds {a.rounds} --eval-every {a.eval_every} --lrs {a.lrs}"
+        + (f" --sigma {a.sigma:g}" if a.sigma else "")
+        + (f" --dual-mode {a.dual_mode}" if a.dual_mode != "block" else "")
+        + (f" --segment-schedule {a.segment_schedule} --batch-size {a.batch_size}" if a.dual_mode == "segment" else "")
+        + (f" --participation-mode {a.participation_mode}" if a.participation_mode != "fraction" else "")
+        + (f" --local-fraction {a.local_fraction:g}" if a.local_fraction != 1.0 else "")
+        + (f" --local-epochs {a.local_epochs}" if a.local_epochs != 1 else "")
+        + (f" --partial-local-epochs {a.partial_local_epochs}" if a.partial_local_epochs else "")
+        + (f" --average-last {a.average_last:g}" if a.average_last else "")
+    )
     if a.part == "encryption":
         tag = "" if a.dual_mode == "block" else f"_{a.dual_mode}_b{a.batch_size}"
     (OUT / f"hyfdca_{a.part}{tag}.json").write_text(json.dumps(res, indent=1, default=float))

@@ -15,12 +15,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from hyfdca_bench import OUT, dataset, first_round_below, slim  # noqa: E402
-
-from hybridfl.algorithms.hyfdca import HyFDCAConfig  # noqa: E402
-from hybridfl.algorithms.hyfdca_run import run_hyfdca  # noqa: E402
-from hybridfl.data.partitioners import GridPartitioner  # noqa: E402
-from hybridfl.runtime.simulation import single_threaded  # noqa: E402
+from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
+from hybridfl.data.partitioners import GridPartitioner
+from hybridfl.runtime.simulation import single_threaded
+from hyfdca_bench import OUT, dataset, first_round_below, slim
 
 
 def main() -> None:
@@ -36,26 +34,56 @@ def main() -> None:
     args = ap.parse_args()
     split, pos, lam = dataset(args.dataset)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
-    out: dict = {"dataset": args.dataset, "loss": args.loss, "sigma": args.sigma, "dual_mode": args.dual_mode, "participation": args.participation, "lambda": lam, "grid": "3 x 3 = 9 clients", "rounds": args.rounds, "runs": {},
-                 "command": " ".join([".venv/bin/python", *sys.argv])}
+    out: dict = {
+        "dataset": args.dataset,
+        "loss": args.loss,
+        "sigma": args.sigma,
+        "dual_mode": args.dual_mode,
+        "participation": args.participation,
+        "lambda": lam,
+        "grid": "3 x 3 = 9 clients",
+        "rounds": args.rounds,
+        "runs": {},
+        "command": " ".join([".venv/bin/python", *sys.argv]),
+    }
     for rate in (float(r) for r in args.rates.split(",")):
-        cfg = HyFDCAConfig(lam=lam, loss=args.loss, sigma=args.sigma, rounds=args.rounds, positive_classes=pos, eval_every=args.eval_every,
-                           failure_rate=rate, dual_mode=args.dual_mode, participation=args.participation)
+        cfg = HyFDCAConfig(
+            lam=lam,
+            loss=args.loss,
+            sigma=args.sigma,
+            rounds=args.rounds,
+            positive_classes=pos,
+            eval_every=args.eval_every,
+            failure_rate=rate,
+            dual_mode=args.dual_mode,
+            participation=args.participation,
+        )
         t = time.perf_counter()
         with single_threaded():
             res = run_hyfdca(split, part, cfg, seed=0)
         s = res.summary
         h = first_round_below(res.history, 1e-3)
         out["runs"][f"failure_rate_{rate:g}"] = {
-            "failure_rate": rate, "client_failures": s["client_failures"], "relative_suboptimality": s["relative_suboptimality"],
-            "duality_gap": s["duality_gap"], "accuracy": s["accuracy"], "reach_1e-3_round": None if h is None else h["round"], "wall_seconds": time.perf_counter() - t,
+            "failure_rate": rate,
+            "client_failures": s["client_failures"],
+            "relative_suboptimality": s["relative_suboptimality"],
+            "duality_gap": s["duality_gap"],
+            "accuracy": s["accuracy"],
+            "reach_1e-3_round": None if h is None else h["round"],
+            "wall_seconds": time.perf_counter() - t,
             "history": slim(res.history),
         }
-        print(f"{args.dataset} {args.loss} failure_rate={rate:g}: failures {s['client_failures']}, rel. subopt @{args.rounds} "
-              f"{s['relative_suboptimality']:.3e}, gap {s['duality_gap']:.3e}, test acc {s['accuracy']:.4f}", flush=True)
+        print(
+            f"{args.dataset} {args.loss} failure_rate={rate:g}: failures {s['client_failures']}, rel. subopt @{args.rounds} "
+            f"{s['relative_suboptimality']:.3e}, gap {s['duality_gap']:.3e}, test acc {s['accuracy']:.4f}",
+            flush=True,
+        )
     OUT.mkdir(parents=True, exist_ok=True)
-    tag = ("" if args.loss == "hinge" else f"_{args.loss}") + ("" if args.dual_mode == "block" else f"_{args.dual_mode}") \
+    tag = (
+        ("" if args.loss == "hinge" else f"_{args.loss}")
+        + ("" if args.dual_mode == "block" else f"_{args.dual_mode}")
         + ("" if args.participation == 1.0 else f"_p{args.participation:g}")
+    )
     (OUT / f"hyfdca_failures_{args.dataset}{tag}.json").write_text(json.dumps(out, indent=1))
 
 

@@ -44,7 +44,10 @@ def run_one(dataset: str, seed: int, out: Path | None, min_cell_coverage: int | 
         "dataset": dataset,
         "seed": seed,
         "min_cell_coverage": cfg["partition"]["min_cell_coverage"],
-        "clients": [f"{c['blocks']} / {n} classes" for c, n in zip(prep.partition.summary(), [len(x["classes"]) for x in prep.partition.meta["clients"]])],
+        "clients": [
+            f"{c['blocks']} / {n} classes"
+            for c, n in zip(prep.partition.summary(), [len(x["classes"]) for x in prep.partition.meta["clients"]])
+        ],
         "unused_cells": prep.partition.coverage(prep.split.train).unused_share,
         "server_accuracy": s["server_accuracy"],
         "centralized_accuracy": s["centralized_accuracy"],
@@ -64,7 +67,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--datasets", nargs="+", default=["mfeat", "mnist"])
     ap.add_argument("--seeds", nargs="+", type=int, default=None, help="default: mfeat 0-4, mnist 0 1")
-    ap.add_argument("--unconstrained", action="store_true", help="also run mfeat with min_cell_coverage 0 (cells may be held by nobody)")
+    ap.add_argument(
+        "--unconstrained",
+        action="store_true",
+        help="also run mfeat with min_cell_coverage 0 (cells may be held by nobody)",
+    )
     ap.add_argument("--name", default="hyfem_accuracy", help="result file stem")
     args = ap.parse_args()
     rows = []

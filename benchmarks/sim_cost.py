@@ -31,15 +31,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+import dataclasses  # noqa: E402
+
 import torch  # noqa: E402
 
-from hybridfl.algorithms.baselines import make_model_factory  # noqa: E402
-from hybridfl.algorithms.hyfem_run import build_hyfem  # noqa: E402
+from hybridfl.algorithms.hyfem import SPEC  # noqa: E402
+from hybridfl.algorithms.hyfem.baselines import make_model_factory  # noqa: E402
 from hybridfl.algorithms.training import LocalTrainer  # noqa: E402
 from hybridfl.config import load_config  # noqa: E402
 from hybridfl.experiment import prepare  # noqa: E402
 from hybridfl.models.hybrid import default_extractor  # noqa: E402
-from hybridfl.runtime.simulation import simulate, single_threaded  # noqa: E402
+from hybridfl.runtime.simulation import build_federation, single_threaded  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
 
@@ -54,9 +56,10 @@ def measure(dataset: str, rounds: int | None, repeats: int) -> dict:
     fed_w, ref_w = [], []
 
     def federated() -> None:
-        server, clients, transport = build_hyfem(split, part, cfg, seed)
+        fed = build_federation(dataclasses.replace(SPEC, evaluate=None), split, part, cfg, seed)  # evaluation off
         t0, c0 = time.perf_counter(), time.process_time()
-        simulate(server, transport, cfg.rounds, None, 0)
+        fed.setup()
+        fed.loop(monitor=False).run()
         fed.append(time.process_time() - c0)
         fed_w.append(time.perf_counter() - t0)
 
@@ -77,7 +80,7 @@ def measure(dataset: str, rounds: int | None, repeats: int) -> dict:
 
     with single_threaded():
         for k in range(repeats):  # alternate the order so that drifting load hits both sides
-            for fn in ((federated, same_models) if k % 2 == 0 else (same_models, federated)):
+            for fn in (federated, same_models) if k % 2 == 0 else (same_models, federated):
                 fn()
         model = make(split.train.block_names)
         trainer = LocalTrainer(model, split.train, cfg.batch_size, cfg.lr, cfg.momentum, seed)

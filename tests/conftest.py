@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import settings as _hsettings
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("HYBRIDFL_DATA", ROOT.parent / "shared" / "data")).resolve()
@@ -18,7 +19,9 @@ torch.set_num_threads(1)
 def data_dir(name: str) -> Path:
     d = DATA / name
     if not d.is_dir():
-        pytest.fail(f"real dataset {name!r} not found at {d}: put the shared data there or set HYBRIDFL_DATA", pytrace=False)
+        pytest.fail(
+            f"real dataset {name!r} not found at {d}: put the shared data there or set HYBRIDFL_DATA", pytrace=False
+        )
     return d
 
 
@@ -58,8 +61,6 @@ def digits_split():
 
 # CI runs the property tests derandomized (the same examples every run, so a red CI is
 # reproducible); local runs explore new random examples each time.
-from hypothesis import settings as _hsettings
-
 _hsettings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     _hsettings.load_profile("ci")

@@ -42,40 +42,107 @@ def case_files(d: Path) -> dict[str, tuple[str, str, list[str]]]:
         "config is a list": ("c.yaml", "- a\n- b\n", ["must be a mapping"]),
         "config syntax error": ("c.toml", "seed = [1,\n", ["not valid TOML"]),
         "wrong type in config": ("c.yaml", "algorithm: {name: hyfem, rounds: ten}\n", ["'algorithm.rounds'"]),
-        "unknown config key": ("c.yaml", "partition: {kind: iid, clients_n: 3}\n", ["'partition.clients_n'", "not a known setting"]),
+        "unknown config key": (
+            "c.yaml",
+            "partition: {kind: iid, clients_n: 3}\n",
+            ["'partition.clients_n'", "not a known setting"],
+        ),
         "unknown dataset": ("c.yaml", "dataset: {name: cifar}\n", ["'dataset.name'"]),
         "negative learning rate": ("c.yaml", "algorithm: {name: hyfem, lr: -1}\n", ["'algorithm.lr'"]),
         "empty data file": ("c.yaml", TABLE.format(p=_csv(d, "", "empty.csv")), ["empty.csv", "is empty"]),
         "header only": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,y\n", "hdr.csv")), ["hdr.csv", "no data rows"]),
-        "wrong delimiter": ("c.yaml", TABLE.format(p=_csv(d, "id;a;b;y\n" + GOOD_ROWS.replace(",", ";"), "semi.csv")), ["label column 'y' is not in semi.csv"]),
-        "non-numeric feature": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r99,7,seven,1\n", "txt.csv")), ["column 'b'", "non-numeric value 'seven'", "row 13"]),
-        "NaN in a feature": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r99,,1,1\n", "nan.csv")), ["column 'a'", "missing (NaN) value at row 13"]),
-        "inf in a feature": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r99,inf,1,1\n", "inf.csv")), ["column 'a'", "infinite value at row 13"]),
-        "empty label": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r99,1,1,\n", "lab.csv")), ["label column 'y'", "empty at row 13"]),
-        "duplicate sample IDs": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r3,1,1,1\n", "dup.csv")), ["sample ID 'r3' occurs more than once"]),
-        "missing data directory": ("c.yaml", f"dataset: {{name: mnist, data_dir: {d / 'nomnist'}}}\n", ["nomnist' does not exist"]),
+        "wrong delimiter": (
+            "c.yaml",
+            TABLE.format(p=_csv(d, "id;a;b;y\n" + GOOD_ROWS.replace(",", ";"), "semi.csv")),
+            ["label column 'y' is not in semi.csv"],
+        ),
+        "non-numeric feature": (
+            "c.yaml",
+            TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r99,7,seven,1\n", "txt.csv")),
+            ["column 'b'", "non-numeric value 'seven'", "row 13"],
+        ),
+        "NaN in a feature": (
+            "c.yaml",
+            TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r99,,1,1\n", "nan.csv")),
+            ["column 'a'", "missing (NaN) value at row 13"],
+        ),
+        "inf in a feature": (
+            "c.yaml",
+            TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r99,inf,1,1\n", "inf.csv")),
+            ["column 'a'", "infinite value at row 13"],
+        ),
+        "empty label": (
+            "c.yaml",
+            TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r99,1,1,\n", "lab.csv")),
+            ["label column 'y'", "empty at row 13"],
+        ),
+        "duplicate sample IDs": (
+            "c.yaml",
+            TABLE.format(p=_csv(d, "id,a,b,y\n" + GOOD_ROWS + "r3,1,1,1\n", "dup.csv")),
+            ["sample ID 'r3' occurs more than once"],
+        ),
+        "missing data directory": (
+            "c.yaml",
+            f"dataset: {{name: mnist, data_dir: {d / 'nomnist'}}}\n",
+            ["nomnist' does not exist"],
+        ),
         "missing data file": ("c.yaml", f"dataset: {{name: mfeat, data_dir: {d}}}\n", ["mfeat-fou", "is missing"]),
-        "truncated IDX file": ("c.yaml", f"dataset: {{name: mnist, data_dir: {_idx_dir(d)}}}\n", ["size does not match its IDX header"]),
-        "unknown block name": ("c.yaml", _mfeat_with(d, "{kind: class_block, clients: [{classes: [0, 1], blocks: [fou, colour]}]}"), ["unknown block 'colour'"]),
-        "class out of range": ("c.yaml", _mfeat_with(d, "{kind: class_block, clients: [{classes: [0, 12], blocks: [fou]}]}"), ["class 12", "outside [0, 9]"]),
-        "client with no samples": ("c.yaml", f"partition: {{kind: file, path: {_partition_file(d, [{'client_id': 'a', 'sample_ids': digits_ids, 'blocks': ['top_left']}, {'client_id': 'b', 'sample_ids': [], 'blocks': ['top_left']}], 'p1.json')}}}\n", ["client 'b' holds no samples"]),
-        "partition IDs not in the data": ("c.yaml", f"partition: {{kind: file, path: {_partition_file(d, [{'client_id': 'a', 'sample_ids': ['digits-0000', 'train-77'], 'blocks': ['top_left']}], 'p2.json')}}}\n", ["client 'a'", "'train-77'"]),
-        "partition file not JSON": ("c.yaml", f"partition: {{kind: file, path: {_csv(d, '{nope', 'bad.json')}}}\n", ["bad.json", "not valid JSON"]),
-        "missing label column": ("c.yaml", TABLE.format(p=_csv(d, "id,a,b,label\n" + GOOD_ROWS, "nolab.csv")), ["label column 'y' is not in nolab.csv"]),
-        "too many clients": ("c.yaml", "partition: {kind: grid, sample_groups: 2, block_groups: 9}\n", ["9 block groups", "only 4 blocks"]),
+        "truncated IDX file": (
+            "c.yaml",
+            f"dataset: {{name: mnist, data_dir: {_idx_dir(d)}}}\n",
+            ["size does not match its IDX header"],
+        ),
+        "unknown block name": (
+            "c.yaml",
+            _mfeat_with(d, "{kind: class_block, clients: [{classes: [0, 1], blocks: [fou, colour]}]}"),
+            ["unknown block 'colour'"],
+        ),
+        "class out of range": (
+            "c.yaml",
+            _mfeat_with(d, "{kind: class_block, clients: [{classes: [0, 12], blocks: [fou]}]}"),
+            ["class 12", "outside [0, 9]"],
+        ),
+        "client with no samples": (
+            "c.yaml",
+            f"partition: {{kind: file, path: {_partition_file(d, [{'client_id': 'a', 'sample_ids': digits_ids, 'blocks': ['top_left']}, {'client_id': 'b', 'sample_ids': [], 'blocks': ['top_left']}], 'p1.json')}}}\n",
+            ["client 'b' holds no samples"],
+        ),
+        "partition IDs not in the data": (
+            "c.yaml",
+            f"partition: {{kind: file, path: {_partition_file(d, [{'client_id': 'a', 'sample_ids': ['digits-0000', 'train-77'], 'blocks': ['top_left']}], 'p2.json')}}}\n",
+            ["client 'a'", "'train-77'"],
+        ),
+        "partition file not JSON": (
+            "c.yaml",
+            f"partition: {{kind: file, path: {_csv(d, '{nope', 'bad.json')}}}\n",
+            ["bad.json", "not valid JSON"],
+        ),
+        "missing label column": (
+            "c.yaml",
+            TABLE.format(p=_csv(d, "id,a,b,label\n" + GOOD_ROWS, "nolab.csv")),
+            ["label column 'y' is not in nolab.csv"],
+        ),
+        "too many clients": (
+            "c.yaml",
+            "partition: {kind: grid, sample_groups: 2, block_groups: 9}\n",
+            ["9 block groups", "only 4 blocks"],
+        ),
     }
 
 
 def _idx_dir(d: Path) -> Path:
     p = d / "badmnist"
     p.mkdir(exist_ok=True)
-    for stem, dims in (("train-images-idx3-ubyte", (3, 28, 28)), ("train-labels-idx1-ubyte", (3,)), ("t10k-images-idx3-ubyte", (2, 28, 28)), ("t10k-labels-idx1-ubyte", (2,))):
+    for stem, dims in (
+        ("train-images-idx3-ubyte", (3, 28, 28)),
+        ("train-labels-idx1-ubyte", (3,)),
+        ("t10k-images-idx3-ubyte", (2, 28, 28)),
+        ("t10k-labels-idx1-ubyte", (2,)),
+    ):
         header = bytes([0, 0, 8, len(dims)]) + b"".join(int(n).to_bytes(4, "big") for n in dims)
         body = np.zeros(int(np.prod(dims)) - 1, dtype=np.uint8).tobytes()  # 1 byte short
         (p / stem).write_bytes(header + body)
     return p
-
-
 
 
 def _names() -> list[str]:
@@ -110,8 +177,12 @@ def test_corpus_is_large_enough():
 
 def test_strict_mode_turns_unheld_blocks_into_errors(tmp_path, monkeypatch, capsys):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("partition: {kind: class_block, clients: [{classes: [0,1,2,3,4,5,6,7,8,9], blocks: [top_left, top_right]}]}\nalgorithm: {name: hyfem, rounds: 1, local_steps: 1, baselines: false}\n")
-    monkeypatch.setattr(sys, "argv", ["hybridfl", "run", "--config", str(cfg), "--out", str(tmp_path / "o"), "--quiet", "--strict"])
+    cfg.write_text(
+        "partition: {kind: class_block, clients: [{classes: [0,1,2,3,4,5,6,7,8,9], blocks: [top_left, top_right]}]}\nalgorithm: {name: hyfem, rounds: 1, local_steps: 1, baselines: false}\n"
+    )
+    monkeypatch.setattr(
+        sys, "argv", ["hybridfl", "run", "--config", str(cfg), "--out", str(tmp_path / "o"), "--quiet", "--strict"]
+    )
     with pytest.raises(SystemExit) as e:
         cli_main.main()
     assert e.value.code == 2

@@ -13,7 +13,9 @@ from tests.conftest import DATA
 
 
 def cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hybridfl.cli.main", *args], capture_output=True, text=True, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "hybridfl.cli.main", *args], capture_output=True, text=True, cwd=cwd, timeout=600
+    )
 
 
 def assert_one_sentence_error(p: subprocess.CompletedProcess, needle: str) -> None:
@@ -43,7 +45,9 @@ algorithm: {{name: hyfem, rounds: 1, local_steps: 1, baselines: false}}
 
 
 def test_missing_config(tmp_path):
-    assert_one_sentence_error(cli("run", "--config", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o")), "none.yaml' does not exist")
+    assert_one_sentence_error(
+        cli("run", "--config", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "o")), "none.yaml' does not exist"
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -64,9 +68,18 @@ def test_nan_in_csv_and_missing_label_column(tmp_path):
     data = write(tmp_path, "d.csv", "a,b,label\n1,2,0\n3,,1\n5,6,0\n7,8,1\n")
     base = "dataset: {{name: table, path: {p}, label_column: {lab}, blocks: {{x: [a], z: [b]}}}}\npartition: {{kind: iid, num_clients: 2}}\n"
     cfg = write(tmp_path, "c.yaml", base.format(p=data, lab="label"))
-    assert_one_sentence_error(cli("run", "--config", str(cfg), "--out", str(tmp_path / "o")), "column 'b' of d.csv has a missing (NaN) value at row 2")
-    cfg2 = write(tmp_path, "c2.toml", f'[dataset]\nname = "table"\npath = "{data}"\nlabel_column = "target"\nblocks = {{x = ["a"], z = ["b"]}}\n')
-    assert_one_sentence_error(cli("run", "--config", str(cfg2), "--out", str(tmp_path / "o")), "label column 'target' is not in d.csv")
+    assert_one_sentence_error(
+        cli("run", "--config", str(cfg), "--out", str(tmp_path / "o")),
+        "column 'b' of d.csv has a missing (NaN) value at row 2",
+    )
+    cfg2 = write(
+        tmp_path,
+        "c2.toml",
+        f'[dataset]\nname = "table"\npath = "{data}"\nlabel_column = "target"\nblocks = {{x = ["a"], z = ["b"]}}\n',
+    )
+    assert_one_sentence_error(
+        cli("run", "--config", str(cfg2), "--out", str(tmp_path / "o")), "label column 'target' is not in d.csv"
+    )
     assert not (tmp_path / "o").exists()
 
 
@@ -93,7 +106,15 @@ def test_main_job_writes_results(tmp_path):
     assert p.returncode == 0, p.stderr
     out = tmp_path / "out"
     res = json.loads((out / "results.json").read_text())
-    for key in ("server_accuracy", "client_accuracy_mean", "centralized_accuracy", "standalone_accuracy_mean", "rounds", "bytes_total", "config"):
+    for key in (
+        "server_accuracy",
+        "client_accuracy_mean",
+        "centralized_accuracy",
+        "standalone_accuracy_mean",
+        "rounds",
+        "bytes_total",
+        "config",
+    ):
         assert key in res, key
     assert res["rounds"] == 4 and res["config"]["algorithm"]["rounds"] == 4
     assert res["server_accuracy"] > 0.5 and res["client_accuracy_mean"] > 0.4
@@ -106,7 +127,17 @@ def test_main_job_writes_results(tmp_path):
 
 
 def test_partition_command_prints_coverage(tmp_path):
-    p = cli("partition", "--dataset", "mfeat", "--data-dir", str(DATA / "mfeat"), "--png", str(tmp_path / "c.png"), "--save", str(tmp_path / "p.json"))
+    p = cli(
+        "partition",
+        "--dataset",
+        "mfeat",
+        "--data-dir",
+        str(DATA / "mfeat"),
+        "--png",
+        str(tmp_path / "c.png"),
+        "--save",
+        str(tmp_path / "p.json"),
+    )
     assert p.returncode == 0, p.stderr
     assert "cells held by no client" in p.stdout and "fou" in p.stdout
     assert (tmp_path / "c.png").exists() and json.loads((tmp_path / "p.json").read_text())["clients"]

@@ -14,7 +14,9 @@ from hybridfl.errors import DataError
 
 
 def _part(split, seed=0):
-    return ClassBlockPartitioner(num_clients=3, classes_per_client=(5, 7), blocks_per_client=2, seed=seed).partition(split.train)
+    return ClassBlockPartitioner(num_clients=3, classes_per_client=(5, 7), blocks_per_client=2, seed=seed).partition(
+        split.train
+    )
 
 
 def test_export_round_trip_equals_subset(digits_split, tmp_path):
@@ -45,10 +47,12 @@ def test_export_round_trip_equals_subset(digits_split, tmp_path):
 def test_export_without_labels_and_without_test(digits_split, tmp_path):
     tr = digits_split.train
     blocks = tr.block_names
-    part = Partition([
-        ClientShard("a", tr.ids[:50], tuple(blocks[:2]), True),
-        ClientShard("b", tr.ids[:50], tuple(blocks[2:]), False),
-    ])
+    part = Partition(
+        [
+            ClientShard("a", tr.ids[:50], tuple(blocks[:2]), True),
+            ClientShard("b", tr.ids[:50], tuple(blocks[2:]), False),
+        ]
+    )
     export_clients(digits_split, part, tmp_path, include_test=False)
     b = load_client_dir(tmp_path / "b")
     assert not b.has_labels and not (tmp_path / "b" / "labels.npy").exists()
@@ -86,15 +90,43 @@ def test_export_clients_command(tmp_path):
         "partition: {kind: class_block, num_clients: 2, classes_per_client: [5, 7], blocks_per_client: 2}\n"
         "algorithm: {name: hyfem, rounds: 3, local_steps: 2, baselines: false}\n"
     )
-    p = subprocess.run([sys.executable, "-m", "hybridfl.cli.main", "export-clients", "--config", str(cfg), "--out", str(tmp_path / "o"), "--rounds", "2"],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hybridfl.cli.main",
+            "export-clients",
+            "--config",
+            str(cfg),
+            "--out",
+            str(tmp_path / "o"),
+            "--rounds",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr
     assert load_client_dir(tmp_path / "o" / "client-1").index == 1
     srv = load_server_dir(tmp_path / "o" / "server")
     assert srv.meta["seed"] == 4 and srv.meta["run_config"]["algorithm"]["rounds"] == 2
     assert srv.meta["run_config"]["algorithm"]["lr"] == 0.05  # the validated config, with defaults
-    bad = subprocess.run([sys.executable, "-m", "hybridfl.cli.main", "export-clients", "--config", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "x")],
-                         capture_output=True, text=True, timeout=600)
+    bad = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hybridfl.cli.main",
+            "export-clients",
+            "--config",
+            str(tmp_path / "none.yaml"),
+            "--out",
+            str(tmp_path / "x"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error:") and "does not exist" in bad.stderr
 
 
@@ -102,7 +134,7 @@ def test_export_writes_he_keys_to_clients_only(tmp_path):
     import subprocess
     import sys
 
-    from hybridfl.runtime.flower.keys import SECRET_FILE, load_secret
+    from hybridfl.privacy.keys import SECRET_FILE, load_secret
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
@@ -110,16 +142,33 @@ def test_export_writes_he_keys_to_clients_only(tmp_path):
         "partition: {kind: class_block, num_clients: 2, classes_per_client: [5, 7], blocks_per_client: 2}\n"
         "algorithm: {name: hyfdca, positive_classes: [0, 1, 2, 3, 4], encryption: paillier, paillier_bits: 512, reference: false}\n"
     )
-    p = subprocess.run([sys.executable, "-m", "hybridfl.cli.main", "export-clients", "--config", str(cfg), "--out", str(tmp_path / "o")],
-                       capture_output=True, text=True, timeout=600)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "hybridfl.cli.main",
+            "export-clients",
+            "--config",
+            str(cfg),
+            "--out",
+            str(tmp_path / "o"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert p.returncode == 0, p.stderr
     keys = [load_secret(tmp_path / "o" / f"client-{i}" / SECRET_FILE) for i in range(2)]
     assert keys[0][0] == "paillier" and keys[0][2] == keys[1][2]  # one shared key pair
     assert not list((tmp_path / "o" / "server").rglob("*.key"))
     be = keys[0][1]
     assert np.allclose(keys[1][1].decrypt(be.encrypt(np.array([1.5, -2.0]))), [1.5, -2.0])
-    k = subprocess.run([sys.executable, "-m", "hybridfl.cli.main", "he-keys", "--scheme", "ckks", "--out", str(tmp_path / "s.key")],
-                       capture_output=True, text=True, timeout=600)
+    k = subprocess.run(
+        [sys.executable, "-m", "hybridfl.cli.main", "he-keys", "--scheme", "ckks", "--out", str(tmp_path / "s.key")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert k.returncode == 0, k.stderr
     assert load_secret(tmp_path / "s.key")[0] == "ckks"
     assert (tmp_path / "s.key").stat().st_mode & 0o077 == 0

@@ -10,15 +10,15 @@ import pytest
 import torch
 from torch import nn
 
-from hybridfl.algorithms.fedbcd import FedBCDConfig
-from hybridfl.algorithms.fedbcd_run import build_fedbcd, party_input, run_fedbcd
+from hybridfl.algorithms.fedbcd import SPEC, FedBCDConfig, fedbcd_spec, party_input, run_fedbcd
 from hybridfl.config import parse_config
 from hybridfl.data import VerticalPartitioner
 from hybridfl.data.dataset import DatasetSplit, HybridDataset
 from hybridfl.data.partition import ClientShard, Partition
-from hybridfl.errors import ConfigError, DataError, PartitionError
+from hybridfl.errors import ConfigError, DataError, PartitionError, ProtocolError
 from hybridfl.models.towers import LinearTop, MLPTower
-from hybridfl.runtime.messages import decode
+from hybridfl.runtime.messages import Message, decode, encode
+from hybridfl.runtime.simulation import build_federation
 
 
 def synthetic(n=400, dims=(5, 4, 3), seed=0, classes=2, n_test=200) -> DatasetSplit:
@@ -28,12 +28,22 @@ def synthetic(n=400, dims=(5, 4, 3), seed=0, classes=2, n_test=200) -> DatasetSp
         xs = {f"b{i}": rng.normal(size=(m, d)).astype(np.float32) for i, d in enumerate(dims)}
         z = sum(x @ np.linspace(-1, 1, x.shape[1]) for x in xs.values())
         y = (z > 0).astype(np.int64) if classes == 2 else rng.integers(0, classes, m)
-        out.append(HybridDataset("synthetic", [f"{part}-{i}" for i in range(m)], y, xs, [str(c) for c in range(classes)]))
+        out.append(
+            HybridDataset("synthetic", [f"{part}-{i}" for i in range(m)], y, xs, [str(c) for c in range(classes)])
+        )
     return DatasetSplit(*out)
 
 
 def vertical(split, k=3, label_party=1):
-    return VerticalPartitioner(parties=[[b] for b in split.train.block_names[:k]], label_party=label_party).partition(split.train)
+    return VerticalPartitioner(parties=[[b] for b in split.train.block_names[:k]], label_party=label_party).partition(
+        split.train
+    )
+
+
+def build(split, part, cfg, seed=0, recorder=None, spec="fedbcd"):
+    """``(coordinator, parties, transport)`` of a simulated FedBCD federation."""
+    fed = build_federation(spec, split, part, cfg, seed, recorder=recorder)
+    return fed.server, fed.clients, fed.transport
 
 
 def record_batches(server):
@@ -76,8 +86,10 @@ def test_fedsgd_equals_central_sgd_on_the_joint_model(model):
     split = synthetic()
     part = vertical(split)
     order = [c.client_id for c in part.clients]
-    cfg = FedBCDConfig(variant="sgd", rounds=6, batch_size=32, lr=0.3, l2=0.01, model=model, representation_dim=8, hidden=16)
-    server, parties, transport = build_fedbcd(split, part, cfg, seed=4)
+    cfg = FedBCDConfig(
+        variant="sgd", rounds=6, batch_size=32, lr=0.3, l2=0.01, model=model, representation_dim=8, hidden=16
+    )
+    server, parties, transport = build(split, part, cfg, seed=4)
     label = next(p for p in parties.values() if p.is_label)
     bottoms = {cid: copy.deepcopy(parties[cid].bottom) for cid in order}
     top = copy.deepcopy(label.top)
@@ -106,7 +118,7 @@ def test_fedsgd_equals_central_sgd_on_the_joint_model(model):
         for a, b in zip(fed, central_params):
             torch.testing.assert_close(a, b.detach(), rtol=1e-5, atol=1e-6)
     # and training actually moved the parameters away from the initial ones
-    init = build_fedbcd(split, part, cfg, seed=4)[1]
+    init = build(split, part, cfg, seed=4)[1]
     assert any(not torch.equal(a, b) for a, b in zip(params_of(parties, order), params_of(init, order)))
 
 
@@ -117,8 +129,18 @@ def test_q1_fedbcd_p_equals_fedsgd_step_for_step(variant, mu):
     order = [c.client_id for c in part.clients]
     runs = {}
     for v, extra in (("sgd", {}), (variant, {"mu": mu} if mu else {})):
-        cfg = FedBCDConfig(variant=v, local_steps=1, rounds=5, batch_size=40, lr=0.5, model="mlp", representation_dim=6, hidden=8, **extra)
-        server, parties, transport = build_fedbcd(split, part, cfg, seed=2)
+        cfg = FedBCDConfig(
+            variant=v,
+            local_steps=1,
+            rounds=5,
+            batch_size=40,
+            lr=0.5,
+            model="mlp",
+            representation_dim=6,
+            hidden=8,
+            **extra,
+        )
+        server, parties, transport = build(split, part, cfg, seed=2)
         server.setup(transport, transport.client_ids)
         traj = []
         for r in range(1, 6):
@@ -166,8 +188,10 @@ def numpy_reference(split, part, cfg, batches):
         w0, b0 = w[lab].copy(), b
         for _ in range(Q):
             dK = (sig(X[lab][S] @ w[lab] + stale + b) - y[S]) / B
-            w[lab], b = (w[lab] - lr * (X[lab][S].T @ dK + l2 * w[lab] + mu * (w[lab] - w0)),
-                         b - lr * (dK.sum() + l2 * b + mu * (b - b0)))
+            w[lab], b = (
+                w[lab] - lr * (X[lab][S].T @ dK + l2 * w[lab] + mu * (w[lab] - w0)),
+                b - lr * (dK.sum() + l2 * b + mu * (b - b0)),
+            )
     return w, b
 
 
@@ -176,7 +200,7 @@ def test_linear_fedbcd_matches_numpy_reference(variant, Q, mu):
     split = synthetic(seed=2)
     part = vertical(split, k=3, label_party=1)
     cfg = FedBCDConfig(variant=variant, local_steps=Q, rounds=7, batch_size=50, lr=0.8, l2=0.02, mu=mu)
-    server, parties, transport = build_fedbcd(split, part, cfg, seed=5)
+    server, parties, transport = build(split, part, cfg, seed=5)
     batches = record_batches(server)
     run_rounds(server, transport, cfg.rounds)
     w, b = numpy_reference(split, part, cfg, batches)
@@ -192,7 +216,9 @@ def test_sequential_differs_from_parallel_and_q_matters():
     part = vertical(split)
     finals = {}
     for v, q in (("p", 3), ("s", 3), ("p", 1)):
-        s, parties, tr = build_fedbcd(split, part, FedBCDConfig(variant=v, local_steps=q, rounds=4, batch_size=50, lr=0.5), seed=0)
+        s, parties, tr = build(
+            split, part, FedBCDConfig(variant=v, local_steps=q, rounds=4, batch_size=50, lr=0.5), seed=0
+        )
         run_rounds(s, tr, 4)
         finals[(v, q)] = np.concatenate([p.bottom.theta.weight.detach().numpy().ravel() for p in parties.values()])
     assert not np.allclose(finals[("p", 3)], finals[("s", 3)])
@@ -224,11 +250,13 @@ def test_no_raw_feature_or_label_in_any_message(credit_dir):
 
     split = standardize(load_credit_default(credit_dir))
     small = DatasetSplit(split.train.take(np.arange(600)), split.test.take(np.arange(300)))
-    part = VerticalPartitioner(parties=[["demographic"], ["repayment"], ["bill", "payment"]], label_party=1).partition(small.train)
+    part = VerticalPartitioner(parties=[["demographic"], ["repayment"], ["bill", "payment"]], label_party=1).partition(
+        small.train
+    )
     raw: list[bytes] = []
     for variant in ("p", "s"):
         cfg = FedBCDConfig(variant=variant, local_steps=2, rounds=4, batch_size=64, lr=0.1)
-        server, parties, transport = build_fedbcd(small, part, cfg, seed=0, recorder=raw.append)
+        server, parties, transport = build(small, part, cfg, seed=0, recorder=raw.append)
         batches = record_batches(server)
         run_rounds(server, transport, cfg.rounds)
         for cid, p in parties.items():
@@ -252,9 +280,26 @@ def test_no_raw_feature_or_label_in_any_message(credit_dir):
         for key, v in m.payload.items():
             if isinstance(v, list) and v and all(isinstance(e, (int, float)) for e in v):
                 assert len(set(v)) > 2, f"a 0/1 list {key!r} crossed in {m.kind}"
-        assert set(m.payload) <= {"ids", "blocks", "out_dim", "has_labels", "n_aligned", "batch", "h", "h_next", "grad", "loss",
-                                  "grads_for", "local_steps", "lr", "mu", "l2", "next_batch", "return_current"} | {
-                                      k for k in m.payload if k.startswith(("h.", "grad."))}
+        assert set(m.payload) <= {
+            "ids",
+            "blocks",
+            "out_dim",
+            "has_labels",
+            "n_test",
+            "n_aligned",
+            "batch",
+            "h",
+            "h_next",
+            "grad",
+            "loss",
+            "grads_for",
+            "local_steps",
+            "lr",
+            "mu",
+            "l2",
+            "next_batch",
+            "return_current",
+        } | {k for k in m.payload if k.startswith(("h.", "grad."))}
 
 
 # ------------------------------------------------------------------ state round trip
@@ -262,26 +307,160 @@ def test_no_raw_feature_or_label_in_any_message(credit_dir):
 
 def test_state_dict_round_trip_continues_identically():
     """Parties keep their state in plain arrays: replacing every party by a fresh object loaded
-    from its state_dict mid-run (as a Flower ClientApp would) changes nothing."""
+    from its get_state() mid-run (as a Flower ClientApp would) changes nothing."""
     split = synthetic(seed=4)
     part = vertical(split)
-    cfg = FedBCDConfig(variant="p", local_steps=3, rounds=6, batch_size=30, lr=0.3, model="mlp", representation_dim=4, hidden=8)
-    ref_s, ref_p, ref_t = build_fedbcd(split, part, cfg, seed=7)
+    cfg = FedBCDConfig(
+        variant="p", local_steps=3, rounds=6, batch_size=30, lr=0.3, model="mlp", representation_dim=4, hidden=8
+    )
+    ref_s, ref_p, ref_t = build(split, part, cfg, seed=7)
     run_rounds(ref_s, ref_t, 6)
-    s, parties, t = build_fedbcd(split, part, cfg, seed=7)
+    s, parties, t = build(split, part, cfg, seed=7)
     s.setup(t, t.client_ids)
     for r in range(1, 4):
         s.run_round(r, t)
-    fresh_s, fresh, _ = build_fedbcd(split, part, cfg, seed=99)  # different initial weights
+    fresh_s, fresh, _ = build(split, part, cfg, seed=99)  # different initial weights
     for cid, p in parties.items():
-        sd = {k: np.array(v) for k, v in p.state_dict().items()}
-        fresh[cid].load_state_dict(sd)
+        sd = {k: np.array(v) for k, v in p.get_state().items()}
+        fresh[cid].set_state(sd)
         t.clients[cid] = fresh[cid]
     for r in range(4, 7):
         s.run_round(r, t)
     order = [c.client_id for c in part.clients]
     for a, b in zip(params_of(ref_p, order), params_of(fresh, order)):
         assert torch.equal(a, b)
+
+
+class Rebuilt:
+    """A party rebuilt for every message from its own data and its saved state, as a Flower
+    ClientApp does: build_client (the one build path), set_state, handle, get_state (encoded)."""
+
+    def __init__(self, cd, cfg, seed, layout):
+        self.args = (cd, cfg, seed, layout)
+        self.saved: bytes | None = None
+
+    def party(self):
+        p = SPEC.build_client(*self.args)
+        if self.saved is not None:
+            p.set_state(decode(self.saved).payload)
+        return p
+
+    def handle(self, msg):
+        p = self.party()
+        reply = p.handle(msg)
+        self.saved = encode(Message("state", msg.receiver, msg.receiver, msg.round, p.get_state()))
+        return reply
+
+
+def rows_of(history):
+    return [{k: v for k, v in r.items() if k != "seconds"} for r in history]
+
+
+@pytest.mark.parametrize("variant", ["p", "s"])
+def test_skip_and_undo_work_on_parties_rebuilt_for_every_message(variant):
+    """The round snapshot is part of every party's state: with replies lost (a party still gets
+    the ``undo`` of a skipped round with its next message), parties rebuilt for every message give
+    the simulation's metrics (AUC included) and final models bit for bit."""
+    split = synthetic(seed=4)
+    part = vertical(split)
+    cfg = FedBCDConfig(
+        variant=variant,
+        local_steps=2,
+        rounds=7,
+        batch_size=30,
+        lr=0.3,
+        model="mlp",
+        representation_dim=4,
+        hidden=8,
+        eval_every=2,
+        eval_subset=50,
+    )
+    fail = [(2, "party-1"), (3, "party-0"), (5, "party-2"), (6, "party-2")]
+    ref = build_federation("fedbcd", split, part, cfg, seed=7, fail_at=fail)
+    ref_hist = ref.run()
+    fed = build_federation("fedbcd", split, part, cfg, seed=7, fail_at=fail)
+    layout = [(c.client_id, list(c.blocks), c.has_labels) for c in part.clients]
+    fed.clients = {cd.client_id: Rebuilt(cd, cfg, 7, layout) for cd in fed.client_data}
+    fed.transport.clients = fed.clients
+    hist = fed.run()
+    assert [r for r, _ in fed.server.skipped] == [2, 3, 5, 6] == [r for r, _ in ref.server.skipped]
+    assert rows_of(hist) == rows_of(ref_hist)
+    assert sum("auc" in r for r in hist) == 4
+    for cid, p in ref.clients.items():
+        a, b = p.get_state(), fed.clients[cid].party().get_state()
+        assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
+
+
+def test_evaluation_through_messages_equals_direct_auc_and_leaks_nothing():
+    """The AUC and accuracy of every evaluated round, computed from ``fedbcd.evaluate`` messages,
+    equal those computed directly from the parties' models (embed + top_logits) on the same test
+    rows; the evaluation messages carry no label and no raw feature value."""
+    from sklearn.metrics import roc_auc_score
+
+    split = synthetic(seed=8)
+    part = vertical(split, k=3, label_party=1)
+    cfg = FedBCDConfig(
+        variant="p",
+        local_steps=2,
+        rounds=5,
+        batch_size=40,
+        lr=0.3,
+        model="mlp",
+        representation_dim=4,
+        hidden=8,
+        eval_subset=60,
+    )
+    raw: list[bytes] = []
+    fed = build_federation("fedbcd", split, part, cfg, seed=3, recorder=raw.append)
+    fed.setup()
+    rows = np.sort(np.random.default_rng(3 + 12345).choice(split.test.n_samples, 60, replace=False))
+    assert np.array_equal(fed.server.eval_rows(), rows)
+    test = split.test.take(rows)
+    direct = []
+
+    def after_round(rnd, total, row):  # the models as they were evaluated
+        hs = {c.client_id: fed.clients[c.client_id].embed(party_input(test, list(c.blocks))) for c in part.clients}
+        z = fed.clients["party-1"].top_logits(hs)
+        direct.append((float(roc_auc_score(test.y, z)), float(np.mean((z > 0).astype(np.int64) == test.y))))
+
+    history = fed.loop(after_round).run()
+    assert [(r["auc"], r["accuracy"]) for r in history] == direct
+    assert len(direct) == cfg.rounds and 0.5 < direct[-1][0] < 1
+    evals = [decode(r) for r in raw if decode(r).kind == "fedbcd.evaluate"]
+    assert len(evals) == cfg.rounds * 2 * 3  # per round: rows to 2 passive parties, h to the label party; replies
+    for m in evals:
+        keys = set(m.payload)
+        if m.receiver == "party-1":
+            assert keys == {"rows", "h.party-0", "h.party-2"}
+        elif m.sender == "party-1":
+            assert keys == {"auc", "accuracy"}
+        else:
+            assert keys <= {"rows", "h"}
+    blob = b"\x00".join(r for r in raw if decode(r).kind == "fedbcd.evaluate")
+    for ds in (split.train, split.test):
+        for b, x in ds.blocks.items():
+            for row in x:
+                assert row.tobytes() not in blob and row.astype(np.float64).tobytes() not in blob, b
+            for col in x.T:
+                for s in range(0, len(col) - 8, 8):
+                    assert col[s : s + 8].tobytes() not in blob, b
+    for y in (test.y, split.test.y, split.train.y):
+        for dt in (np.int64, np.int32, np.float32, np.float64, np.uint8, np.bool_):
+            assert y.astype(dt).tobytes() not in blob
+    # a missing reply: no metrics that round
+    assert fed.server.evaluate(9, lambda msgs: []) == {}
+    assert (
+        fed.server.evaluate(9, lambda msgs: [] if msgs[0].receiver == "party-1" else fed.loop().eval_exchange(msgs))
+        == {}
+    )
+
+
+def test_parties_must_agree_on_the_test_set_size():
+    split = synthetic(seed=8)
+    fed = build_federation("fedbcd", split, vertical(split), FedBCDConfig(rounds=1), seed=0)
+    fed.clients["party-2"].test_x = fed.clients["party-2"].test_x[:-1]
+    with pytest.raises(ProtocolError, match="test sets of different sizes"):
+        fed.setup()
 
 
 # ------------------------------------------------------------------ towers and plug-in models
@@ -296,10 +475,19 @@ def test_custom_towers_and_top_are_used():
         made.append((i, shape))
         return MLPTower(int(np.prod(shape)), 3, 5)
 
-    server, parties, transport = build_fedbcd(split, part, FedBCDConfig(model="mlp", rounds=1), seed=0, tower_factory=towers,
-                                              top_factory=lambda dims: LinearTop(sum(dims)))
-    assert made == [(0, (5,)), (1, (4,))]
-    assert parties["party-0"].out_dim == 3
+    tops = []
+
+    def top(dims):
+        tops.append(dims)
+        return LinearTop(sum(dims))
+
+    spec = fedbcd_spec(tower_factory=towers, top_factory=top)
+    server, parties, transport = build(split, part, FedBCDConfig(model="mlp", rounds=1), seed=0, spec=spec)
+    # every party replays the initialisation of all bottoms (one build path), the label party the top
+    assert made == [(0, (5,)), (1, (4,))] * len(part.clients)
+    assert tops == [[3, 3]]
+    assert parties["party-0"].out_dim == 3 and isinstance(parties["party-0"].top, LinearTop)
+    assert SPEC.build_client is not spec.build_client and spec.name == SPEC.name
 
 
 # ------------------------------------------------------------------ bad input
@@ -309,24 +497,24 @@ def test_bad_inputs_fail_before_training():
     split = synthetic(dims=(2,) * 9)
     cfg = FedBCDConfig(rounds=1)
     with pytest.raises(PartitionError, match="2 to 8 parties"):
-        build_fedbcd(split, VerticalPartitioner(parties=[[f"b{i}"] for i in range(9)]).partition(split.train), cfg)
+        build(split, VerticalPartitioner(parties=[[f"b{i}"] for i in range(9)]).partition(split.train), cfg)
     with pytest.raises(PartitionError, match="2 to 8 parties"):
-        build_fedbcd(split, VerticalPartitioner(parties=[["b0", "b1"]]).partition(split.train), cfg)
+        build(split, VerticalPartitioner(parties=[["b0", "b1"]]).partition(split.train), cfg)
     ids = split.train.ids
     no_label = Partition([ClientShard("a", ids, ("b0",), False), ClientShard("b", ids, ("b1",), False)])
     with pytest.raises(PartitionError, match="exactly one label party"):
-        build_fedbcd(split, no_label, cfg)
+        build(split, no_label, cfg)
     no_blocks = Partition([ClientShard("a", ids, ("b0",), True), ClientShard("b", ids, (), False)])
     with pytest.raises(PartitionError, match="'b' holds no feature block"):
-        build_fedbcd(split, no_blocks, cfg)
+        build(split, no_blocks, cfg)
     disjoint = Partition([ClientShard("a", ids[:10], ("b0",), True), ClientShard("b", ids[10:], ("b1",), False)])
     with pytest.raises(PartitionError, match="no sample ID is held by every party"):
-        build_fedbcd(split, disjoint, cfg)
+        build(split, disjoint, cfg)
     multi = synthetic(classes=3)
     with pytest.raises(DataError, match="binary logistic model.*3 classes"):
-        build_fedbcd(multi, vertical(multi), cfg)
+        build(multi, vertical(multi), cfg)
     with pytest.raises(ConfigError, match="one image block"):
-        build_fedbcd(split, vertical(split), FedBCDConfig(model="cnn"))
+        build(split, vertical(split), FedBCDConfig(model="cnn"))
 
 
 @pytest.mark.parametrize(
@@ -343,7 +531,9 @@ def test_bad_inputs_fail_before_training():
 )
 def test_config_errors_are_one_sentence(algo, needle):
     with pytest.raises(ConfigError, match=needle):
-        parse_config({"dataset": {"name": "digits"}, "partition": {"kind": "vertical"}, "algorithm": {"name": "fedbcd", **algo}})
+        parse_config(
+            {"dataset": {"name": "digits"}, "partition": {"kind": "vertical"}, "algorithm": {"name": "fedbcd", **algo}}
+        )
 
 
 def test_defaults():
@@ -359,7 +549,14 @@ def test_defaults():
 
 def test_divergence_is_reported_not_raised():
     split = synthetic(seed=6)
-    res = run_fedbcd(split, vertical(split), FedBCDConfig(variant="p", local_steps=50, rounds=30, batch_size=50, lr=1e20, model="mlp", representation_dim=8, hidden=8), seed=0)
+    res = run_fedbcd(
+        split,
+        vertical(split),
+        FedBCDConfig(
+            variant="p", local_steps=50, rounds=30, batch_size=50, lr=1e20, model="mlp", representation_dim=8, hidden=8
+        ),
+        seed=0,
+    )
     assert res.summary["diverged"] is True
     assert res.summary["rounds"] < 30  # stopped at the divergence
 
@@ -372,7 +569,12 @@ def test_dense_evaluation_locates_the_target_round():
     # a target first reached after round 12: a new running maximum there
     r_star = next(r for r in range(12, 40) if curve[r - 1] > max(curve[: r - 1]))
     target = curve[r_star - 1]
-    coarse = run_fedbcd(split, part, FedBCDConfig(**base, target_auc=target, eval_every=10, eval_dense_from=min(curve[9], target)), seed=0)
+    coarse = run_fedbcd(
+        split,
+        part,
+        FedBCDConfig(**base, target_auc=target, eval_every=10, eval_dense_from=min(curve[9], target)),
+        seed=0,
+    )
     assert coarse.summary["rounds_to_target"] == r_star
     evaluated = [int(r["round"]) for r in coarse.history if "auc" in r]
     assert evaluated[0] == 10 and evaluated[1:] == list(range(11, len(evaluated) + 10))
@@ -417,8 +619,18 @@ def test_mnist_halves_cnn_towers_small_run(mnist_dir):
 
     split = load_mnist(mnist_dir, layout="halves", classes=[3, 8])
     part = VerticalPartitioner(parties=[["left"], ["right"]], label_party=0).partition(split.train)
-    cfg = FedBCDConfig(variant="p", local_steps=3, rounds=6, batch_size=64, lr=0.1, model="cnn", channels=8,
-                       representation_dim=32, eval_every=6, eval_subset=400)
+    cfg = FedBCDConfig(
+        variant="p",
+        local_steps=3,
+        rounds=6,
+        batch_size=64,
+        lr=0.1,
+        model="cnn",
+        channels=8,
+        representation_dim=32,
+        eval_every=6,
+        eval_subset=400,
+    )
     s = run_fedbcd(split, part, cfg, seed=0).summary
     assert s["auc"] > 0.9  # 3 vs 8 from two halves: far above chance after 18 local steps
     assert s["eval_samples"] == 400

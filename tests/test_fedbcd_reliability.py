@@ -9,10 +9,10 @@ import logging
 import numpy as np
 import pytest
 
-from hybridfl.algorithms.fedbcd import FedBCDConfig, PartyMissingError
-from hybridfl.algorithms.fedbcd_run import build_fedbcd, joint_logits, run_fedbcd
+from hybridfl.algorithms.fedbcd import FedBCDConfig, PartyMissingError, run_fedbcd
 from hybridfl.data import VerticalPartitioner
 from hybridfl.data.dataset import DatasetSplit, HybridDataset
+from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.transport import InProcessTransport
 
 
@@ -28,7 +28,9 @@ def synthetic(n=300, dims=(5, 4, 3), seed=0, n_test=200) -> DatasetSplit:
 
 
 def vertical(split, label_party=1):
-    return VerticalPartitioner(parties=[[b] for b in split.train.block_names], label_party=label_party).partition(split.train)
+    return VerticalPartitioner(parties=[[b] for b in split.train.block_names], label_party=label_party).partition(
+        split.train
+    )
 
 
 class ForcedFailures(InProcessTransport):
@@ -70,7 +72,9 @@ def state(parties):
 
 
 def same(a, b):
-    return a.keys() == b.keys() and all(a[c].keys() == b[c].keys() and all(np.array_equal(a[c][k], b[c][k]) for k in a[c]) for c in a)
+    return a.keys() == b.keys() and all(
+        a[c].keys() == b[c].keys() and all(np.array_equal(a[c][k], b[c][k]) for k in a[c]) for c in a
+    )
 
 
 def run_with(cfg, fail, rounds=6, seed=0, label_party=1):
@@ -78,7 +82,8 @@ def run_with(cfg, fail, rounds=6, seed=0, label_party=1):
     before and after, the coordinator's (batch, H_k) before and after, the parties owing an undo."""
     split = synthetic()
     part = vertical(split, label_party)
-    server, parties, base = build_fedbcd(split, part, cfg, seed=seed)
+    fed = build_federation("fedbcd", split, part, cfg, seed)
+    server, parties, base = fed.server, fed.clients, fed.transport
     transport = ForcedFailures(base, fail)
     server.setup(transport, transport.client_ids)
     out = []
@@ -105,7 +110,9 @@ MODES = {"lost": ["lost"], "crash": ["crash"], "down": ["down"], "crash-then-dow
 @pytest.mark.parametrize("modes", list(MODES))
 @pytest.mark.parametrize("case", list(CASES))
 def test_skipped_round_changes_no_party(variant, modes, case, caplog):
-    cfg = FedBCDConfig(variant=variant, local_steps=3, rounds=6, batch_size=40, lr=0.3, model="mlp", representation_dim=3, hidden=6)
+    cfg = FedBCDConfig(
+        variant=variant, local_steps=3, rounds=6, batch_size=40, lr=0.3, model="mlp", representation_dim=3, hidden=6
+    )
     fail = {rp: MODES[modes][min(i, len(MODES[modes]) - 1)] for i, rp in enumerate(CASES[case])}
     with caplog.at_level(logging.WARNING, logger="hybridfl.algorithms.fedbcd"):
         server, parties, _, out = run_with(cfg, fail)
@@ -120,7 +127,10 @@ def test_skipped_round_changes_no_party(variant, modes, case, caplog):
             # (it gets it with its next message) and one that owed an undo before the round
             # (its state before the round still had a skipped round's work in it)
             crashed = {p for p in missing if fail[(rnd, p)] != "lost"} | owing
-            assert same({c: v for c, v in before.items() if c not in crashed}, {c: v for c, v in after.items() if c not in crashed})
+            assert same(
+                {c: v for c, v in before.items() if c not in crashed},
+                {c: v for c, v in after.items() if c not in crashed},
+            )
             if modes == "lost":
                 assert same(before, after)
             b0, h0 = coord_before
@@ -133,7 +143,8 @@ def test_skipped_round_changes_no_party(variant, modes, case, caplog):
     assert not server.undo  # every undo confirmed by the end (the last round succeeded)
     # every party is where a run without the skipped rounds' work would be: replay the run on
     # fresh objects with the skipped rounds' messages withheld from everybody
-    ref_server, ref_parties, ref_t = build_fedbcd(synthetic(), vertical(synthetic()), cfg, seed=0)
+    ref = build_federation("fedbcd", synthetic(), vertical(synthetic()), cfg, seed=0)
+    ref_server, ref_parties, ref_t = ref.server, ref.clients, ref.transport
     withhold = ForcedFailures(ref_t, {(r, p): "down" for r in skipped_rounds for p in ref_t.client_ids})
     ref_server.setup(withhold, withhold.client_ids)
     for r in range(1, len(out) + 1):
@@ -150,7 +161,13 @@ def test_skipped_round_changes_no_party(variant, modes, case, caplog):
 
 
 @pytest.mark.parametrize("variant", ["p", "s"])
-@pytest.mark.parametrize("who,needle", [("party-1", "party 'party-1' (the label party) sent no reply in round 2"), ("party-2", "party 'party-2' sent no reply in round 2")])
+@pytest.mark.parametrize(
+    "who,needle",
+    [
+        ("party-1", "party 'party-1' (the label party) sent no reply in round 2"),
+        ("party-2", "party 'party-2' sent no reply in round 2"),
+    ],
+)
 def test_error_policy_names_the_party_and_the_round(variant, who, needle):
     cfg = FedBCDConfig(variant=variant, local_steps=2, rounds=4, batch_size=40, on_missing_party="error")
     with pytest.raises(PartyMissingError) as e:
@@ -165,12 +182,13 @@ def test_failure_rate_with_skip_completes_counts_and_improves(credit_dir):
 
     split = standardize(load_credit_default(credit_dir))
     small = DatasetSplit(split.train.take(np.arange(3000)), split.test.take(np.arange(1000)))
-    part = VerticalPartitioner(parties=[["demographic"], ["repayment"], ["bill", "payment"]], label_party=1).partition(small.train)
+    part = VerticalPartitioner(parties=[["demographic"], ["repayment"], ["bill", "payment"]], label_party=1).partition(
+        small.train
+    )
     cfg = FedBCDConfig(variant="p", local_steps=3, rounds=60, batch_size=64, lr=0.3, failure_rate=0.2, eval_every=20)
-    _, untrained, _ = build_fedbcd(small, part, cfg, seed=0)
-    from sklearn.metrics import roc_auc_score
-
-    auc0 = roc_auc_score(small.test.y, joint_logits(untrained, part, small.test))
+    untrained = build_federation("fedbcd", small, part, cfg, seed=0)
+    untrained.setup()
+    auc0 = untrained.loop().evaluate(0, [])["auc"]  # the joint model before training, whole test set
     res = run_fedbcd(small, part, cfg, seed=0)
     s = res.summary
     skipped = [r for r in res.history if r.get("skipped")]
@@ -210,9 +228,21 @@ def test_run_from_config_writes_skipped_rounds_or_stops_with_one_sentence(credit
     data = {
         "seed": 0,
         "dataset": {"name": "credit_default", "data_dir": str(credit_dir)},
-        "partition": {"kind": "vertical", "parties": [["demographic", "bill"], ["repayment", "payment"]], "label_party": 1},
-        "algorithm": {"name": "fedbcd", "rounds": 12, "batch_size": 64, "local_steps": 2, "eval_every": 4, "eval_subset": 500,
-                      "failure_rate": 0.3, "on_missing_party": policy},
+        "partition": {
+            "kind": "vertical",
+            "parties": [["demographic", "bill"], ["repayment", "payment"]],
+            "label_party": 1,
+        },
+        "algorithm": {
+            "name": "fedbcd",
+            "rounds": 12,
+            "batch_size": 64,
+            "local_steps": 2,
+            "eval_every": 4,
+            "eval_subset": 500,
+            "failure_rate": 0.3,
+            "on_missing_party": policy,
+        },
     }
     prep = prepare(parse_config(data))
     if policy == "error":

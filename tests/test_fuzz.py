@@ -15,17 +15,43 @@ from hybridfl.config import RunConfig, load_config, parse_config
 from hybridfl.data.loaders import load_table, read_idx
 from hybridfl.errors import ConfigError, DataError
 
-FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+FUZZ = settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
 
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-5, 1000), st.floats(allow_nan=True), st.text(max_size=8))
-values = st.recursive(scalars, lambda kids: st.one_of(st.lists(kids, max_size=3), st.dictionaries(st.text(max_size=6), kids, max_size=3)), max_leaves=8)
+values = st.recursive(
+    scalars,
+    lambda kids: st.one_of(st.lists(kids, max_size=3), st.dictionaries(st.text(max_size=6), kids, max_size=3)),
+    max_leaves=8,
+)
 known = {
     "seed": st.one_of(st.integers(-3, 10), scalars),
-    "dataset": st.one_of(values, st.fixed_dictionaries({"name": st.sampled_from(["digits", "mnist", "mfeat", "nope", 3])}, optional={"test_fraction": scalars, "layout": scalars, "tiles": scalars})),
-    "partition": st.one_of(values, st.fixed_dictionaries({"kind": st.sampled_from(["iid", "grid", "class_block", "bad"])}, optional={"num_clients": scalars, "classes_per_client": values})),
-    "algorithm": st.one_of(values, st.fixed_dictionaries({"name": st.sampled_from(["hyfem", "zzz", 1])}, optional={"rounds": scalars, "lr": scalars, "matching": values, "variant": scalars})),
+    "dataset": st.one_of(
+        values,
+        st.fixed_dictionaries(
+            {"name": st.sampled_from(["digits", "mnist", "mfeat", "nope", 3])},
+            optional={"test_fraction": scalars, "layout": scalars, "tiles": scalars},
+        ),
+    ),
+    "partition": st.one_of(
+        values,
+        st.fixed_dictionaries(
+            {"kind": st.sampled_from(["iid", "grid", "class_block", "bad"])},
+            optional={"num_clients": scalars, "classes_per_client": values},
+        ),
+    ),
+    "algorithm": st.one_of(
+        values,
+        st.fixed_dictionaries(
+            {"name": st.sampled_from(["hyfem", "zzz", 1])},
+            optional={"rounds": scalars, "lr": scalars, "matching": values, "variant": scalars},
+        ),
+    ),
 }
-configs = st.one_of(values, st.fixed_dictionaries({}, optional=known), st.dictionaries(st.text(max_size=8), values, max_size=4))
+configs = st.one_of(
+    values, st.fixed_dictionaries({}, optional=known), st.dictionaries(st.text(max_size=8), values, max_size=4)
+)
 
 
 @FUZZ
@@ -52,11 +78,19 @@ def test_config_files_accept_or_raise_config_error(text, suffix):
             assert "\n" not in str(e)
 
 
-cells = st.one_of(st.integers(-100, 100).map(str), st.floats(allow_nan=True, allow_infinity=True).map(str), st.text("ab,;\"\n ", max_size=4), st.just(""))
+cells = st.one_of(
+    st.integers(-100, 100).map(str),
+    st.floats(allow_nan=True, allow_infinity=True).map(str),
+    st.text('ab,;"\n ', max_size=4),
+    st.just(""),
+)
 
 
 @FUZZ
-@given(rows=st.lists(st.lists(cells, min_size=1, max_size=4), max_size=8), header=st.lists(st.sampled_from(["a", "b", "y", "id", "a"]), min_size=0, max_size=4))
+@given(
+    rows=st.lists(st.lists(cells, min_size=1, max_size=4), max_size=8),
+    header=st.lists(st.sampled_from(["a", "b", "y", "id", "a"]), min_size=0, max_size=4),
+)
 def test_table_loader_accepts_or_raises_data_error(rows, header):
     text = ",".join(header) + "\n" + "\n".join(",".join(r) for r in rows)
     with tempfile.TemporaryDirectory() as d:
@@ -73,7 +107,10 @@ def test_table_loader_accepts_or_raises_data_error(rows, header):
 
 
 @FUZZ
-@given(raw=st.binary(max_size=64), header=st.sampled_from([b"", b"\x00\x00\x08\x01", b"\x00\x00\x08\x03", b"\x00\x00\x0d\x02"]))
+@given(
+    raw=st.binary(max_size=64),
+    header=st.sampled_from([b"", b"\x00\x00\x08\x01", b"\x00\x00\x08\x03", b"\x00\x00\x0d\x02"]),
+)
 def test_idx_reader_accepts_or_raises_data_error(raw, header):
     with tempfile.TemporaryDirectory() as d:
         p = Path(d) / "f-idx1-ubyte"

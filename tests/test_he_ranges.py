@@ -55,8 +55,16 @@ def test_everything_within_the_limit_is_encodable(ckks):
     rng = np.random.default_rng(0)
     n = be.slots
     shapes = [
-        np.ones(n), -np.ones(n), np.ones(7), np.r_[1.0, np.zeros(n - 1)], np.sign(rng.normal(size=n)),
-        rng.uniform(-1, 1, n), np.cos(np.arange(n)), (-1.0) ** np.arange(n), rng.standard_cauchy(n), np.linspace(-1, 1, 3 * n + 5),
+        np.ones(n),
+        -np.ones(n),
+        np.ones(7),
+        np.r_[1.0, np.zeros(n - 1)],
+        np.sign(rng.normal(size=n)),
+        rng.uniform(-1, 1, n),
+        np.cos(np.arange(n)),
+        (-1.0) ** np.arange(n),
+        rng.standard_cauchy(n),
+        np.linspace(-1, 1, 3 * n + 5),
     ]
     for v in shapes:
         v = v / np.max(np.abs(v)) * be.limit
@@ -117,8 +125,7 @@ def test_ckks_degree_too_small_for_the_modulus_is_a_config_error():
 def test_hyfdca_ckks_on_unscaled_features_fails_with_the_range_error(credit_dir):
     """The reported case: HyFDCA, encryption ckks, credit default without standardisation: the
     first encrypted message (the clients' squared norms) is refused with the one-sentence error."""
-    from hybridfl.algorithms.hyfdca import HyFDCAConfig
-    from hybridfl.algorithms.hyfdca_run import run_hyfdca
+    from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
     from hybridfl.config import PartitionConfig
     from hybridfl.data import load_credit_default
     from hybridfl.data.dataset import DatasetSplit

@@ -17,19 +17,13 @@ from hybridfl.algorithms.convex.losses import (
 )
 from hybridfl.algorithms.convex.problem import features
 from hybridfl.algorithms.convex.reference import liblinear_solve, reference_optimum
-from hybridfl.algorithms.hyfdca import HyFDCAConfig
-from hybridfl.algorithms.hyfdca_run import (
-    Monitor,
-    build_hyfdca,
-    build_problem,
-    run_hyfdca,
-)
+from hybridfl.algorithms.hyfdca import HyFDCAConfig, Monitor, build_problem, dealer_of, run_hyfdca
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.partition import ClientShard, Partition
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import ConfigError, DataError, PartitionError
 from hybridfl.privacy import KeyDealer
-
+from hybridfl.runtime.simulation import build_federation
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 
@@ -100,13 +94,13 @@ def test_grid_converges_to_centralised_optimum(loss, credit_small):
     """3 x 3 grid on real data: relative suboptimality and duality gap go to ~0, w = w(alpha)."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     cfg = _cfg(loss=loss, rounds=60, eval_every=10)
-    server, clients, transport, dealer = build_hyfdca(credit_small, part, cfg)
-    from hybridfl.runtime.simulation import simulate
-
+    fed = build_federation("hyfdca", credit_small, part, cfg)
+    server, clients = fed.server, fed.clients
     prob = build_problem(credit_small, part, loss, cfg.lam, [1])
     ref = reference_optimum(prob.X, prob.y, cfg.lam, loss, sdca_epochs=100)
-    mon = Monitor(prob, ref, dealer)
-    hist = simulate(server, transport, cfg.rounds, lambda r: mon(server), cfg.eval_every)
+    fed.monitor = Monitor(prob, ref, dealer_of(fed.secrets))
+    fed.setup()
+    hist = fed.loop().run()
     rows = [h for h in hist if "duality_gap" in h]
     assert all(h["duality_gap"] >= -1e-12 for h in rows)
     assert all(h["primal"] - ref.objective <= h["model_gap"] + 1e-12 for h in rows)  # certificate of the model
@@ -125,12 +119,12 @@ def test_consensus_mode_keeps_w_equal_to_w_of_alpha(credit_small):
     """Paper Alg. 1 literally (one alpha per sample): w = w(alpha) exactly, every round."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     cfg = _cfg(dual_mode="consensus", local_fraction=0.05, sigma=30, rounds=5)
-    server, clients, transport, dealer = build_hyfdca(credit_small, part, cfg)
-    from hybridfl.runtime.simulation import simulate
-
+    fed = build_federation("hyfdca", credit_small, part, cfg)
+    server, clients = fed.server, fed.clients
     prob = build_problem(credit_small, part, "hinge", cfg.lam, [1])
-    mon = Monitor(prob, None, dealer)
-    simulate(server, transport, cfg.rounds)
+    mon = Monitor(prob, None, dealer_of(fed.secrets))
+    fed.setup()
+    fed.loop(monitor=False).run()
     np.testing.assert_allclose(server.w, w_of_alpha(prob.X, mon.alpha(server), cfg.lam), atol=1e-10)
     for c in clients.values():  # every client holds the shared alpha of its samples
         np.testing.assert_allclose(c.alpha, mon.alpha(server)[[prob.row[s] for s in c.ids]], atol=1e-12)
@@ -181,15 +175,18 @@ def test_ckks_run_matches_plaintext_and_server_sees_only_ciphertexts(credit_smal
     enc = run_hyfdca(credit_small, part, _cfg(rounds=8, encryption="ckks"), recorder=raw.append)
     w0, w1 = np.array(plain.summary["w"]), np.array(enc.summary["w"])
     assert np.linalg.norm(w1 - w0) <= 1e-6 * np.linalg.norm(w0)
-    assert enc.summary["encryption_seconds"] > 0 and plain.summary["encryption_seconds"] < enc.summary["encryption_seconds"]
+    assert (
+        enc.summary["encryption_seconds"] > 0
+        and plain.summary["encryption_seconds"] < enc.summary["encryption_seconds"]
+    )
 
     # what the clients hold in the clear at the end (their dual variables, inner products)
-    server, clients, transport, dealer = build_hyfdca(credit_small, part, _cfg(rounds=3, encryption="ckks"), recorder=raw.append)
+    fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=3, encryption="ckks"), recorder=raw.append)
+    server, clients, dealer = fed.server, fed.clients, dealer_of(fed.secrets)
     assert not server.he.can_decrypt
-    from hybridfl.runtime.simulation import simulate
-
     raw.clear()
-    simulate(server, transport, 3)
+    fed.setup()
+    fed.loop(monitor=False).run()
     from hybridfl.runtime.messages import decode
 
     to_server = [decode(b) for b in raw if decode(b).receiver == "server"]
@@ -209,10 +206,12 @@ def test_ckks_run_matches_plaintext_and_server_sees_only_ciphertexts(credit_smal
 def test_plaintext_messages_do_carry_the_duals_positive_control(credit_small):
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     raw: list[bytes] = []
-    server, clients, transport, _ = build_hyfdca(credit_small, part, _cfg(rounds=2, dual_mode="consensus", sigma=30), recorder=raw.append)
-    from hybridfl.runtime.simulation import simulate
-
-    simulate(server, transport, 2)
+    fed = build_federation(
+        "hyfdca", credit_small, part, _cfg(rounds=2, dual_mode="consensus", sigma=30), recorder=raw.append
+    )
+    clients = fed.clients
+    fed.setup()
+    fed.loop(monitor=False).run()
     blob = b"".join(raw)
     c = next(iter(clients.values()))
     vals = c.alpha[c.alpha != 0][:20].astype("<f8")
@@ -286,7 +285,9 @@ def test_participation_modes(mode, p):
     from hybridfl.algorithms.hyfdca import HyFDCAServer
     from hybridfl.privacy import PlainBackend
 
-    srv = HyFDCAServer({"a": (2,)}, HyFDCAConfig(participation=p, participation_mode=mode, cyclic_groups=3), PlainBackend(), seed=1)
+    srv = HyFDCAServer(
+        {"a": (2,)}, HyFDCAConfig(participation=p, participation_mode=mode, cyclic_groups=3), PlainBackend(), seed=1
+    )
     srv.client_ids = [f"c{i}" for i in range(9)]
     picks = [srv.select(r) for r in range(1, 61)]
     assert all(picks)  # never an empty round

@@ -15,7 +15,14 @@ from tests.conftest import DATA, ROOT
 
 def cli(*args: str, tmp: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "HYBRIDFL_CACHE": str(tmp / "cache")}
-    return subprocess.run([sys.executable, "-m", "hybridfl.cli.main", *args], capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "hybridfl.cli.main", *args],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=env,
+        cwd=ROOT,
+    )
 
 
 CREDIT = """
@@ -30,8 +37,12 @@ algorithm: {{name: {algo}, {extra}}}
     "algo,extra",
     [
         ("hyfdca", "rounds: 3, lambda: 0.01, encryption: ckks, eval_every: 1, reference_sdca_epochs: 5"),
-        pytest.param("hybrid_fedavg", "rounds: 3, lambda: 0.01, lr: 0.03, reference_sdca_epochs: 5", marks=pytest.mark.slow),
-        pytest.param("centralized", "solver: liblinear, lambda: 0.01, reference_sdca_epochs: 5", marks=pytest.mark.slow),
+        pytest.param(
+            "hybrid_fedavg", "rounds: 3, lambda: 0.01, lr: 0.03, reference_sdca_epochs: 5", marks=pytest.mark.slow
+        ),
+        pytest.param(
+            "centralized", "solver: liblinear, lambda: 0.01, reference_sdca_epochs: 5", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_run_writes_results(tmp_path, credit_dir, algo, extra):
@@ -41,7 +52,13 @@ def test_run_writes_results(tmp_path, credit_dir, algo, extra):
     p = cli("run", "--config", str(cfg), "--out", str(out), "--quiet", tmp=tmp_path)
     assert p.returncode == 0, p.stderr
     res = json.loads((out / "results.json").read_text())
-    for key in ("primal_objective", "reference_objective", "relative_suboptimality", "duality_gap", "encryption_seconds"):
+    for key in (
+        "primal_objective",
+        "reference_objective",
+        "relative_suboptimality",
+        "duality_gap",
+        "encryption_seconds",
+    ):
         assert key in res, key
     assert res["reference_objective"] > 0 and res["relative_suboptimality"] > -1e-9
     assert (out / "metrics.csv").is_file() and (out / "accuracy.png").is_file()
@@ -68,8 +85,10 @@ def _one_sentence(p: subprocess.CompletedProcess, needle: str) -> None:
 
 def test_cli_bad_input_one_sentence(tmp_path, mfeat_dir):
     cfg = tmp_path / "m.yaml"
-    cfg.write_text(f"dataset: {{name: mfeat, data_dir: {mfeat_dir}}}\n"
-                   "partition: {kind: grid, sample_groups: 2, block_groups: 2}\nalgorithm: {name: hyfdca, rounds: 1}\n")
+    cfg.write_text(
+        f"dataset: {{name: mfeat, data_dir: {mfeat_dir}}}\n"
+        "partition: {kind: grid, sample_groups: 2, block_groups: 2}\nalgorithm: {name: hyfdca, rounds: 1}\n"
+    )
     _one_sentence(cli("run", "--config", str(cfg), "--out", str(tmp_path / "o"), tmp=tmp_path), "needs binary labels")
     assert not (tmp_path / "o" / "results.json").exists()  # checked before training: no results
     # lambda <= 0 and an empty client: tests/test_hyfdca.py (config validation, PartitionError)

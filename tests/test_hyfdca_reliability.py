@@ -11,9 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hybridfl.algorithms.convex.fedavg import HybridFedAvgConfig
-from hybridfl.algorithms.hyfdca import HyFDCAConfig
-from hybridfl.algorithms.hyfdca_run import run_hybrid_fedavg, run_hyfdca
+from hybridfl.algorithms.hybrid_fedavg import HybridFedAvgConfig, run_hybrid_fedavg
+from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
 from hybridfl.data import load_digits
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import HybridFLError
@@ -37,10 +36,30 @@ algorithm: {{name: hybrid_fedavg, loss: hinge, lambda: 0.01, positive_classes: [
 """
 # what must be identical (timings are not; nor are byte counts to the byte: HyFDCA's replies carry
 # their measured compute seconds as JSON numbers, whose printed length varies)
-SAME = ("w", "primal_objective", "dual_objective", "duality_gap", "relative_suboptimality", "accuracy", "client_failures",
-        "messages_total")
-TIME_COLUMNS = {"seconds", "bytes", "bytes_total", "encryption_seconds", "model_seconds", "model_seconds_no_encryption", "time_model", "time_model_no_encryption",
-                "server_seconds", "client_max_seconds", "client_encryption_seconds", "server_encryption_seconds"}
+SAME = (
+    "w",
+    "primal_objective",
+    "dual_objective",
+    "duality_gap",
+    "relative_suboptimality",
+    "accuracy",
+    "client_failures",
+    "messages_total",
+)
+TIME_COLUMNS = {
+    "seconds",
+    "bytes",
+    "bytes_total",
+    "encryption_seconds",
+    "model_seconds",
+    "model_seconds_no_encryption",
+    "time_model",
+    "time_model_no_encryption",
+    "server_seconds",
+    "client_max_seconds",
+    "client_encryption_seconds",
+    "server_encryption_seconds",
+}
 
 
 def outcome(d: Path) -> tuple[dict, list[dict]]:
@@ -55,7 +74,9 @@ def test_killed_convex_run_resumes_to_the_same_result(tmp_path, template, rounds
     cfg = tmp_path / "c.yaml"
     cfg.write_text(template.format(rounds=rounds))
     full, part = tmp_path / "full", tmp_path / "part"
-    done = subprocess.run(cli("run", "--config", str(cfg), "--out", str(full), "-q"), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        cli("run", "--config", str(cfg), "--out", str(full), "-q"), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
     stopped = kill_after(cli("run", "--config", str(cfg), "--out", str(part), "-q"), part, 3)
     assert 3 <= stopped < rounds
@@ -80,7 +101,9 @@ def test_encrypted_hyfdca_resumes_with_the_stored_key_pair(tmp_path):
     whose stored key pair decrypts the stored enc(alpha), ends at the uninterrupted run's w."""
     split = load_digits()
     part = GridPartitioner(2, 2, 1, 0).partition(split.train)
-    cfg = HyFDCAConfig(lam=0.01, rounds=4, positive_classes=[5, 6, 7, 8, 9], encryption="paillier", paillier_bits=256, eval_every=2)
+    cfg = HyFDCAConfig(
+        lam=0.01, rounds=4, positive_classes=[5, 6, 7, 8, 9], encryption="paillier", paillier_bits=256, eval_every=2
+    )
     full = run_hyfdca(split, part, cfg, seed=1)
     ck = tmp_path / CHECKPOINT_NAME
 
@@ -112,9 +135,20 @@ def test_resume_refuses_a_checkpoint_of_another_algorithm(tmp_path):
     split = load_digits()
     part = GridPartitioner(2, 2, 1, 0).partition(split.train)
     ck = tmp_path / CHECKPOINT_NAME
-    run_hybrid_fedavg(split, part, HybridFedAvgConfig(lam=0.01, rounds=2, positive_classes=[5, 6, 7, 8, 9], reference=False), checkpoint=ck)
+    run_hybrid_fedavg(
+        split,
+        part,
+        HybridFedAvgConfig(lam=0.01, rounds=2, positive_classes=[5, 6, 7, 8, 9], reference=False),
+        checkpoint=ck,
+    )
     with pytest.raises(HybridFLError, match="not from a hyfdca run"):
-        run_hyfdca(split, part, HyFDCAConfig(lam=0.01, rounds=3, positive_classes=[5, 6, 7, 8, 9], reference=False), checkpoint=ck, resume=True)
+        run_hyfdca(
+            split,
+            part,
+            HyFDCAConfig(lam=0.01, rounds=3, positive_classes=[5, 6, 7, 8, 9], reference=False),
+            checkpoint=ck,
+            resume=True,
+        )
 
 
 def test_hyfdca_with_failing_clients_keeps_converging():
@@ -126,7 +160,9 @@ def test_hyfdca_with_failing_clients_keeps_converging():
     part = GridPartitioner(2, 2, 1, 0).partition(split.train)
     runs = {}
     for fr in (0.0, 0.3):
-        cfg = HyFDCAConfig(lam=1e-2, loss="logistic", rounds=40, positive_classes=[5, 6, 7, 8, 9], eval_every=10, failure_rate=fr)
+        cfg = HyFDCAConfig(
+            lam=1e-2, loss="logistic", rounds=40, positive_classes=[5, 6, 7, 8, 9], eval_every=10, failure_rate=fr
+        )
         runs[fr] = run_hyfdca(split, part, cfg, seed=0)
     ok, failing = runs[0.0], runs[0.3]
     assert failing.summary["client_failures"] >= 0.2 * 40 * 4
@@ -162,11 +198,19 @@ def test_hybrid_fedavg_messages_carry_no_raw_feature_or_label():
     split2 = DatasetSplit(train, split.test)
     part = GridPartitioner(2, 2, 1, 0).partition(train)
     raw: list[bytes] = []
-    run_hybrid_fedavg(split2, part, HybridFedAvgConfig(lam=0.01, rounds=3, positive_classes=[5, 6, 7, 8, 9], reference=False, failure_rate=0.3),
-                      recorder=raw.append)
+    run_hybrid_fedavg(
+        split2,
+        part,
+        HybridFedAvgConfig(lam=0.01, rounds=3, positive_classes=[5, 6, 7, 8, 9], reference=False, failure_rate=0.3),
+        recorder=raw.append,
+    )
     assert raw
     labels = tr.y.astype(np.int64)
-    runs = [labels[:16].tobytes(), labels[:16].astype(np.float64).tobytes(), np.where(labels[:16] >= 5, 1.0, -1.0).tobytes()]
+    runs = [
+        labels[:16].tobytes(),
+        labels[:16].astype(np.float64).tobytes(),
+        np.where(labels[:16] >= 5, 1.0, -1.0).tobytes(),
+    ]
     for m in raw:
         for c in canaries:
             assert c not in m

@@ -18,16 +18,9 @@ from hybridfl.algorithms.convex.losses import (
     w_of_alpha,
 )
 from hybridfl.algorithms.convex.reference import reference_optimum
-from hybridfl.algorithms.hyfdca import HyFDCAClient, HyFDCAConfig
-from hybridfl.algorithms.hyfdca_run import (
-    Monitor,
-    build_hyfdca,
-    build_problem,
-    run_hyfdca,
-)
+from hybridfl.algorithms.hyfdca import HyFDCAClient, HyFDCAConfig, Monitor, build_problem, dealer_of, run_hyfdca
 from hybridfl.data.partitioners import GridPartitioner
-from hybridfl.runtime.simulation import simulate
-
+from hybridfl.runtime.simulation import build_federation
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 
@@ -50,7 +43,7 @@ def test_gram_steps_equal_sequential_sdca(loss):
     RowData(X).dot_and_add(order, a1, y, np.zeros(n), row_norms_sq(X), loss, lam_n, 1.0, 1.0, dw)
     a2, w = np.zeros(n), np.zeros(d)
     for m in range(0, n, 50):
-        b = order[m:m + 50]
+        b = order[m : m + 50]
         dd = gram_steps(np.arange(b.size), a2[b].copy(), y[b], X[b] @ w, X[b] @ X[b].T, loss, lam_n, 1.0)
         a2[b] += dd
         w += X[b].T @ dd / lam_n
@@ -75,11 +68,13 @@ def test_grid_holders_agree_and_w_is_w_of_alpha_and_dual_ascends(credit_small, s
     segments), and the duality gap of the shared alpha certifies the model and shrinks."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     cfg = _cfg(rounds=30, eval_every=1, segment_schedule=schedule)
-    server, clients, transport, dealer = build_hyfdca(credit_small, part, cfg)
+    fed = build_federation("hyfdca", credit_small, part, cfg)
+    server, clients = fed.server, fed.clients
     prob = build_problem(credit_small, part, "hinge", cfg.lam, [1])
     ref = reference_optimum(prob.X, prob.y, cfg.lam, "hinge", sdca_epochs=100)
-    mon = Monitor(prob, ref, dealer)
-    hist = simulate(server, transport, cfg.rounds, lambda r: mon(server), 1)
+    mon = fed.monitor = Monitor(prob, ref, dealer_of(fed.secrets))
+    fed.setup()
+    hist = fed.loop().run()
     alpha = mon.alpha(server)
     np.testing.assert_allclose(server.w, w_of_alpha(prob.X, alpha, cfg.lam), atol=1e-10)
     for c in clients.values():
@@ -98,9 +93,10 @@ def test_sequential_schedule_uses_the_exact_centralised_inner_products(credit_sm
     holds more than a third of the samples and a third of the features."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     cfg = _cfg(rounds=3, batch_size=100, segment_schedule="sequential")
-    server, _, transport, dealer = build_hyfdca(credit_small, part, cfg)
+    fed = build_federation("hyfdca", credit_small, part, cfg)
+    server = fed.server
     prob = build_problem(credit_small, part, "hinge", cfg.lam, [1])
-    mon = Monitor(prob, None, dealer)
+    mon = Monitor(prob, None, dealer_of(fed.secrets))
     original = HyFDCAClient.segment_sweep
     checked = []
 
@@ -117,7 +113,8 @@ def test_sequential_schedule_uses_the_exact_centralised_inner_products(credit_sm
         return original(self, p)
 
     monkeypatch.setattr(HyFDCAClient, "segment_sweep", checking_sweep)
-    hist = simulate(server, transport, cfg.rounds, lambda r: {}, 0)
+    fed.setup()
+    hist = fed.loop(monitor=False).run()
     assert all(h["sigma"] == 1.0 and h["segments_updated"] == 3 for h in hist)
     assert sum(checked) == 9 * prob.X.shape[0]  # 3 rounds x 3 holders x every sample once
 
@@ -127,10 +124,12 @@ def test_segment_waits_for_all_its_holders(credit_small):
     dual still never decreases and no partial segment update is ever added."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     cfg = _cfg(rounds=20, participation=0.5, eval_every=1)
-    server, _, transport, dealer = build_hyfdca(credit_small, part, cfg)
+    fed = build_federation("hyfdca", credit_small, part, cfg)
+    server = fed.server
     prob = build_problem(credit_small, part, "hinge", cfg.lam, [1])
-    mon = Monitor(prob, None, dealer)
-    hist = simulate(server, transport, cfg.rounds, lambda r: mon(server), 1)
+    mon = fed.monitor = Monitor(prob, None, dealer_of(fed.secrets))
+    fed.setup()
+    hist = fed.loop().run()
     duals = [h["dual"] for h in hist]
     assert all(b >= a - 1e-12 for a, b in itertools.pairwise(duals))
     updated = [h.get("segments_updated", 0) for h in hist]
@@ -143,11 +142,15 @@ def test_ckks_segment_run_matches_plaintext(credit_small):
     plaintext run's averaged dual (same gap)."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     plain = run_hyfdca(credit_small, part, _cfg(rounds=4, batch_size=200, average_last=0.5, eval_every=1))
-    enc = run_hyfdca(credit_small, part, _cfg(rounds=4, batch_size=200, encryption="ckks", average_last=0.5, eval_every=1))
+    enc = run_hyfdca(
+        credit_small, part, _cfg(rounds=4, batch_size=200, encryption="ckks", average_last=0.5, eval_every=1)
+    )
     w0, w1 = np.array(plain.summary["w"]), np.array(enc.summary["w"])
     assert np.linalg.norm(w1 - w0) <= 1e-6 * np.linalg.norm(w0)
     assert plain.summary["averaged_rounds"] == enc.summary["averaged_rounds"] == 2
-    assert abs(enc.summary["dual_objective"] - plain.summary["dual_objective"]) <= 1e-6 * abs(plain.summary["dual_objective"])
+    assert abs(enc.summary["dual_objective"] - plain.summary["dual_objective"]) <= 1e-6 * abs(
+        plain.summary["dual_objective"]
+    )
 
 
 def test_suffix_average_is_the_mean_of_the_iterates_and_no_worse(credit_small):
@@ -156,19 +159,20 @@ def test_suffix_average_is_the_mean_of_the_iterates_and_no_worse(credit_small):
     and D(alpha_out) >= mean D(alpha_t). Under 50 % participation, where the last iterate wanders."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     cfg = _cfg(rounds=16, participation=0.5, participation_mode="probability", average_last=0.5)
-    server, _, transport, dealer = build_hyfdca(credit_small, part, cfg)
+    fed = build_federation("hyfdca", credit_small, part, cfg)
+    server = fed.server
     prob = build_problem(credit_small, part, "hinge", cfg.lam, [1])
-    mon = Monitor(prob, None, dealer)
+    mon = Monitor(prob, None, dealer_of(fed.secrets))
     iterates = []
 
-    def record(rnd):
+    def record(rnd, total, row):  # after every round
         a = np.zeros(prob.ids.size)
         for ids, c in server.alpha_ciphertexts():
-            a[[prob.row[s] for s in ids]] = dealer.client_backend().decrypt(c)
+            a[[prob.row[s] for s in ids]] = mon.he.decrypt(c)
         iterates.append((rnd, server.w.copy(), a))
-        return {}
 
-    simulate(server, transport, cfg.rounds, record, 1)
+    fed.setup()
+    fed.loop(progress=record, monitor=False).run()
     assert server.average_start == 9 and server.avg_count == 8
     tail = [(w, a) for r, w, a in iterates if r >= 9]
     w_mean = np.mean([w for w, _ in tail], axis=0)
@@ -202,11 +206,13 @@ def test_segment_server_receives_only_ciphertexts(credit_small):
 
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     raw: list[bytes] = []
-    server, clients, transport, dealer = build_hyfdca(credit_small, part, _cfg(rounds=2, batch_size=100, encryption="ckks", average_last=0.5),
-                                                      recorder=raw.append)
+    cfg = _cfg(rounds=2, batch_size=100, encryption="ckks", average_last=0.5)
+    fed = build_federation("hyfdca", credit_small, part, cfg, recorder=raw.append)
+    server, clients = fed.server, fed.clients
     assert not server.he.can_decrypt
-    simulate(server, transport, 2)
-    key = dealer.client_backend()
+    fed.setup()
+    fed.loop(monitor=False).run()
+    key = dealer_of(fed.secrets).client_backend()
     kinds = set()
     for m in (decode(b) for b in raw):
         if m.receiver != "server":

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybridfl.algorithms.hyfem import HyFEMConfig
-from hybridfl.algorithms.hyfem_run import run_hyfem
+from hybridfl.algorithms.hyfem import HyFEMConfig, run_hyfem
 from hybridfl.config import load_config
 from hybridfl.data import ClassBlockPartitioner, load_mnist
 from hybridfl.experiment import execute, prepare
@@ -15,7 +14,9 @@ from tests.conftest import ROOT
 
 
 def mfeat_partition(train, seed=0):
-    return ClassBlockPartitioner(num_clients=6, classes_per_client=(5, 7), blocks_per_client=3, seed=seed).partition(train)
+    return ClassBlockPartitioner(num_clients=6, classes_per_client=(5, 7), blocks_per_client=3, seed=seed).partition(
+        train
+    )
 
 
 def test_mfeat_hyfem_learns_and_beats_standalone(mfeat_split):
@@ -45,7 +46,9 @@ def test_hyfem_prox_runs_and_same_seed_reproduces(mfeat_split):
 
 def test_mnist_quadrants_small_run(mnist_dir):
     split = load_mnist(mnist_dir, layout="quadrants")
-    part = ClassBlockPartitioner(num_clients=4, classes_per_client=(5, 7), blocks_per_client=3, seed=0).partition(split.train)
+    part = ClassBlockPartitioner(num_clients=4, classes_per_client=(5, 7), blocks_per_client=3, seed=0).partition(
+        split.train
+    )
     cfg = HyFEMConfig(rounds=3, local_steps=15, batch_size=32, lr=0.05, momentum=0.9, baselines=False, eval_every=3)
     s = run_hyfem(split, part, cfg, seed=0).summary
     assert s["server_accuracy"] > 0.5  # far above chance after 45 steps per client
@@ -81,10 +84,18 @@ def test_any_module_can_be_an_extractor(digits_split):
 
     def factory(block, shape, out_dim):
         made.append(block)
-        return nn.Sequential(nn.Flatten(), nn.Linear(int(np.prod(shape)), 24), nn.Tanh(), nn.Linear(24, out_dim), nn.Tanh())
+        return nn.Sequential(
+            nn.Flatten(), nn.Linear(int(np.prod(shape)), 24), nn.Tanh(), nn.Linear(24, out_dim), nn.Tanh()
+        )
 
     part = IIDPartitioner(3, seed=0).partition(digits_split.train)
-    res = run_hyfem(digits_split, part, HyFEMConfig(rounds=5, local_steps=20, lr=0.05, momentum=0.9, extractor_dim=8, hidden=16, baselines=False), seed=0, extractor_factory=factory)
+    res = run_hyfem(
+        digits_split,
+        part,
+        HyFEMConfig(rounds=5, local_steps=20, lr=0.05, momentum=0.9, extractor_dim=8, hidden=16, baselines=False),
+        seed=0,
+        extractor_factory=factory,
+    )
     assert set(made) == set(digits_split.train.block_names)
     assert res.summary["server_accuracy"] > 0.3
 

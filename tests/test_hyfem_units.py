@@ -60,7 +60,11 @@ def test_extractor_average_is_the_closed_form_minimiser(seed, sizes):
         st.tuples(st.integers(0, 4), st.integers(0, 3), st.sampled_from(["float32", "float64", "int64"])),
         max_size=4,
     ),
-    scalars=st.dictionaries(st.text("xyz", min_size=1, max_size=3), st.one_of(st.integers(-5, 5), st.floats(allow_nan=False), st.text(max_size=5)), max_size=3),
+    scalars=st.dictionaries(
+        st.text("xyz", min_size=1, max_size=3),
+        st.one_of(st.integers(-5, 5), st.floats(allow_nan=False), st.text(max_size=5)),
+        max_size=3,
+    ),
 )
 def test_message_codec_roundtrip(arrays, scalars):
     rng = np.random.default_rng(0)
@@ -93,13 +97,19 @@ def test_client_model_is_the_server_view_and_predicts_like_it():
     server = HyFEMServer(SCHEMA, 3, cfg, seed=0)
     from hybridfl.models.hybrid import block_columns
 
-    server.clients["x"] = {"blocks": ["a", "c"], "columns": block_columns(["a", "c"], list(SCHEMA), 2), "assignment": np.array([5, 0, 2, 1, 4, 3])}
+    server.clients["x"] = {
+        "blocks": ["a", "c"],
+        "columns": block_columns(["a", "c"], list(SCHEMA), 2),
+        "assignment": np.array([5, 0, 2, 1, 4, 3]),
+    }
     cm = server.client_model("x")
     x = {b: torch.randn(7, *s) for b, s in SCHEMA.items()}
     W1 = server.classifier.W1.copy()
     server_out_cols = server.model.features(x).detach().numpy()
     cols = server.clients["x"]["columns"]
-    h = np.maximum(server_out_cols[:, cols] @ W1[[5, 0, 2, 1, 4, 3]][:, cols].T + server.classifier.b1[[5, 0, 2, 1, 4, 3]], 0)
+    h = np.maximum(
+        server_out_cols[:, cols] @ W1[[5, 0, 2, 1, 4, 3]][:, cols].T + server.classifier.b1[[5, 0, 2, 1, 4, 3]], 0
+    )
     logits = h @ server.classifier.W2[:, [5, 0, 2, 1, 4, 3]].T + server.classifier.b2
     assert np.allclose(cm(x).detach().numpy(), logits, atol=1e-5)
 

@@ -6,7 +6,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from hybridfl.data import HybridDataset, load_adult, load_credit_default, load_digits, load_mfeat, load_mnist, load_table, tile_images
+from hybridfl.data import (
+    HybridDataset,
+    load_adult,
+    load_credit_default,
+    load_digits,
+    load_mfeat,
+    load_mnist,
+    load_table,
+    tile_images,
+)
 from hybridfl.errors import DataError
 
 
@@ -71,7 +80,9 @@ def _csv(tmp_path, text, name="t.csv"):
 
 def test_table_csv_with_categorical_and_ids(tmp_path):
     p = _csv(tmp_path, "id,a,b,color,y\nr1,1,2,red,yes\nr2,3,4,blue,no\nr3,5,6,red,yes\nr4,7,8,blue,no\n")
-    s = load_table(p, label_column="y", id_column="id", blocks={"num": ["a", "b"], "cat": ["color"]}, test_fraction=0.5, seed=0)
+    s = load_table(
+        p, label_column="y", id_column="id", blocks={"num": ["a", "b"], "cat": ["color"]}, test_fraction=0.5, seed=0
+    )
     assert s.train.block_shapes == {"num": (2,), "cat": (2,)}  # color one-hot: blue, red
     assert s.train.classes == ["no", "yes"]
     full = np.concatenate([s.train.ids, s.test.ids])
@@ -96,7 +107,11 @@ def test_table_parquet(tmp_path):
         ("a;b;y\n1;2;0\n", {}, "label column 'y' is not in t.csv"),
         ("", {}, "is empty"),
         ("a,b,y\n1,inf,0\n2,3,1\n", {}, "infinite value at row 1"),
-        ("a,b,y\n" + "".join(f"{i},{i},0\n" for i in range(20)) + "7,abc,1\n", {}, "column 'b' of t.csv has a non-numeric value 'abc' at row 21"),
+        (
+            "a,b,y\n" + "".join(f"{i},{i},0\n" for i in range(20)) + "7,abc,1\n",
+            {},
+            "column 'b' of t.csv has a non-numeric value 'abc' at row 21",
+        ),
     ],
 )
 def test_table_errors_are_one_sentence(tmp_path, text, kwargs, needle):

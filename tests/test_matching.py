@@ -121,10 +121,24 @@ def test_closed_form_average_per_covered_entry():
     rng = np.random.default_rng(1)
     L, D0, C = 4, 6, 2
     prev = _server(L, D0, C, rng)
-    a = ClientClassifier(rng.normal(size=(2, 3)), rng.normal(size=2), rng.normal(size=(C, 2)), rng.normal(size=C),
-                         columns=np.array([0, 1, 2]), weight=1.0, assignment=np.array([0, 1]))
-    b = ClientClassifier(rng.normal(size=(2, 3)), rng.normal(size=2), rng.normal(size=(C, 2)), rng.normal(size=C),
-                         columns=np.array([2, 3, 4]), weight=3.0, assignment=np.array([1, 2]))
+    a = ClientClassifier(
+        rng.normal(size=(2, 3)),
+        rng.normal(size=2),
+        rng.normal(size=(C, 2)),
+        rng.normal(size=C),
+        columns=np.array([0, 1, 2]),
+        weight=1.0,
+        assignment=np.array([0, 1]),
+    )
+    b = ClientClassifier(
+        rng.normal(size=(2, 3)),
+        rng.normal(size=2),
+        rng.normal(size=(C, 2)),
+        rng.normal(size=C),
+        columns=np.array([2, 3, 4]),
+        weight=3.0,
+        assignment=np.array([1, 2]),
+    )
     res = match_classifiers([a, b], prev, MatchingConfig(sweeps=0), rng)
     S = res.server
     assert S.width == 3  # neuron 3 was matched by nobody and is dropped
@@ -142,8 +156,14 @@ def test_width_cap_is_respected_and_views_have_client_shape():
     rng = np.random.default_rng(2)
     prev = _server(4, 6, 3, rng)
     clients = [
-        ClientClassifier(5 * rng.normal(size=(4, 3)), rng.normal(size=4), rng.normal(size=(3, 4)), rng.normal(size=3),
-                         columns=np.array(cols), weight=1.0)
+        ClientClassifier(
+            5 * rng.normal(size=(4, 3)),
+            rng.normal(size=4),
+            rng.normal(size=(3, 4)),
+            rng.normal(size=3),
+            columns=np.array(cols),
+            weight=1.0,
+        )
         for cols in ([0, 1, 2], [3, 4, 5], [0, 2, 4])
     ]
     cfg = MatchingConfig(cost="euclidean", sweeps=2, new_penalty=1e-6, max_width=6)
@@ -160,8 +180,15 @@ def test_reserved_neurons_of_absent_clients_survive_and_remap():
     and `index` maps its old assignment to the new positions."""
     rng = np.random.default_rng(3)
     prev = _server(6, 6, 2, rng)
-    present = ClientClassifier(rng.normal(size=(2, 3)), rng.normal(size=2), rng.normal(size=(2, 2)), rng.normal(size=2),
-                               columns=np.array([0, 1, 2]), weight=1.0, assignment=np.array([0, 1]))
+    present = ClientClassifier(
+        rng.normal(size=(2, 3)),
+        rng.normal(size=2),
+        rng.normal(size=(2, 2)),
+        rng.normal(size=2),
+        columns=np.array([0, 1, 2]),
+        weight=1.0,
+        assignment=np.array([0, 1]),
+    )
     absent = np.array([4, 5])
     res = match_classifiers([present], prev, MatchingConfig(sweeps=2), rng, reserved=[absent])
     new = res.index[absent]

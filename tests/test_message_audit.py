@@ -77,13 +77,20 @@ def test_audit_finds_a_planted_leak():
 
 
 def test_hyfem_messages_carry_no_raw_data():
-    from hybridfl.algorithms.hyfem import HyFEMConfig
-    from hybridfl.algorithms.hyfem_run import run_hyfem
+    from hybridfl.algorithms.hyfem import HyFEMConfig, run_hyfem
 
     split, canaries = canary_split()
-    part = ClassBlockPartitioner(num_clients=3, classes_per_client=2, blocks_per_client=2, no_full_client=False, seed=0).partition(split.train)
+    part = ClassBlockPartitioner(
+        num_clients=3, classes_per_client=2, blocks_per_client=2, no_full_client=False, seed=0
+    ).partition(split.train)
     raw: list[bytes] = []
-    res = run_hyfem(split, part, HyFEMConfig(rounds=2, local_steps=3, hidden=8, extractor_dim=4, baselines=False), seed=0, recorder=raw.append)
+    res = run_hyfem(
+        split,
+        part,
+        HyFEMConfig(rounds=2, local_steps=3, hidden=8, extractor_dim=4, baselines=False),
+        seed=0,
+        recorder=raw.append,
+    )
     assert len(raw) == res.summary["messages_total"] > 0
     pats = patterns(canaries, split, part)
     assert any(name.startswith("labels") for name, _ in pats)
@@ -92,8 +99,7 @@ def test_hyfem_messages_carry_no_raw_data():
 
 @pytest.mark.parametrize("scheme", ["paillier", "ckks"])
 def test_hyfdca_messages_carry_no_raw_data_and_no_secret_key(scheme):
-    from hybridfl.algorithms.hyfdca import HyFDCAConfig
-    from hybridfl.algorithms.hyfdca_run import run_hyfdca
+    from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
     from hybridfl.privacy.he import KeyDealer
 
     split, canaries = canary_split()
@@ -118,7 +124,9 @@ def test_hyfdca_messages_carry_no_raw_data_and_no_secret_key(scheme):
             m = decode(r)
             if m.receiver != "server":
                 continue
-            blobs = [v for v in m.payload.values() if isinstance(v, bytes)] + [x for v in m.payload.values() if isinstance(v, list) for x in v if isinstance(x, bytes)]
+            blobs = [v for v in m.payload.values() if isinstance(v, bytes)] + [
+                x for v in m.payload.values() if isinstance(v, list) for x in v if isinstance(x, bytes)
+            ]
             for blob in blobs:
                 try:
                     ctx = ts.context_from(blob)
@@ -128,12 +136,13 @@ def test_hyfdca_messages_carry_no_raw_data_and_no_secret_key(scheme):
 
 
 def test_fedbcd_messages_carry_no_raw_data():
-    from hybridfl.algorithms.fedbcd import FedBCDConfig
-    from hybridfl.algorithms.fedbcd_run import run_fedbcd
+    from hybridfl.algorithms.fedbcd import FedBCDConfig, run_fedbcd
 
     split, canaries = canary_split()
     part = VerticalPartitioner(3, label_party=0).partition(split.train)
     raw: list[bytes] = []
-    run_fedbcd(split, part, FedBCDConfig(variant="p", rounds=3, local_steps=2, batch_size=16), seed=0, recorder=raw.append)
+    run_fedbcd(
+        split, part, FedBCDConfig(variant="p", rounds=3, local_steps=2, batch_size=16), seed=0, recorder=raw.append
+    )
     assert raw
     assert audit(raw, patterns(canaries, split, part)) == []

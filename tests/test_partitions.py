@@ -111,7 +111,14 @@ def test_grid_holds_every_cell_replicas_times(ds, s, f, r, seed):
 @given(ds=datasets, m=st.integers(2, 8), seed=st.integers(0, 1000), overlap=st.sampled_from(["full", "split"]))
 def test_class_block_clients_take_their_classes_and_blocks(ds, m, seed, overlap):
     C, B = ds.n_classes, len(ds.block_names)
-    part = ClassBlockPartitioner(num_clients=m, classes_per_client=(1, C), blocks_per_client=(1, B), overlap=overlap, no_full_client=False, seed=seed)
+    part = ClassBlockPartitioner(
+        num_clients=m,
+        classes_per_client=(1, C),
+        blocks_per_client=(1, B),
+        overlap=overlap,
+        no_full_client=False,
+        seed=seed,
+    )
     try:
         p = part.partition(ds)
     except PartitionError:
@@ -163,6 +170,7 @@ def test_coverage_matches_brute_force(ds, m, seed):
 
 # ------------------------------------------------------------------------------------ validation
 
+
 def test_validation_errors_are_one_sentence():
     ds = make_ds(30, 3, 3)
     ok = ClientShard("a", ds.ids[:10], ("b0",))
@@ -211,7 +219,9 @@ def test_partition_json_roundtrip(tmp_path):
     p = ClassBlockPartitioner(num_clients=3, classes_per_client=(2, 3), blocks_per_client=2, seed=3).partition(ds)
     p.save(tmp_path / "p.json")
     q = Partition.load(tmp_path / "p.json")
-    assert [(c.client_id, c.blocks, c.sample_ids.tolist()) for c in p.clients] == [(c.client_id, c.blocks, c.sample_ids.tolist()) for c in q.clients]
+    assert [(c.client_id, c.blocks, c.sample_ids.tolist()) for c in p.clients] == [
+        (c.client_id, c.blocks, c.sample_ids.tolist()) for c in q.clients
+    ]
 
 
 @SETTINGS
@@ -219,7 +229,9 @@ def test_partition_json_roundtrip(tmp_path):
 def test_class_block_min_cell_coverage(seed, need):
     ds = make_ds(60, 4, 4, seed)
     try:
-        p = ClassBlockPartitioner(num_clients=6, classes_per_client=(2, 3), blocks_per_client=(2, 3), min_cell_coverage=need, seed=seed).partition(ds)
+        p = ClassBlockPartitioner(
+            num_clients=6, classes_per_client=(2, 3), blocks_per_client=(2, 3), min_cell_coverage=need, seed=seed
+        ).partition(ds)
     except PartitionError as e:
         assert "5000 draws" in str(e)
         return

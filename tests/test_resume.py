@@ -46,7 +46,9 @@ def kill_and_resume(tmp_path: Path, config: str, rounds: int, kill_after_round: 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(config)
     full, part = tmp_path / "full", tmp_path / "part"
-    done = subprocess.run(cli("run", "--config", str(cfg), "--out", str(full), "-q"), capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        cli("run", "--config", str(cfg), "--out", str(full), "-q"), capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
 
     stopped_at = kill_after(cli("run", "--config", str(cfg), "--out", str(part), "-q"), part, kill_after_round)
@@ -71,7 +73,11 @@ def test_killed_run_resumes_to_the_same_result(tmp_path):
 def test_killed_fedbcd_run_resumes_to_the_same_result(tmp_path, credit_dir):
     res, _ = kill_and_resume(tmp_path, FEDBCD_CONFIG.format(data_dir=credit_dir), rounds=60, kill_after_round=5)
     assert res["algorithm"] == "fedbcd" and res["rounds"] == 60
-    assert res["skipped_rounds"] > 0 and len(res["skipped"]) == res["skipped_rounds"] and res["client_failures"] >= res["skipped_rounds"]
+    assert (
+        res["skipped_rounds"] > 0
+        and len(res["skipped"]) == res["skipped_rounds"]
+        and res["client_failures"] >= res["skipped_rounds"]
+    )
     assert res["auc"] > 0.7
 
 
@@ -84,9 +90,8 @@ def test_fedbcd_resumes_from_any_round_in_process(tmp_path, monkeypatch, variant
     ``fedbcd.undo``, so it still owes it (and needs its snapshot) when the checkpoint is written."""
     import numpy as np
 
-    from hybridfl.algorithms import fedbcd_run
-    from hybridfl.algorithms.fedbcd import FedBCDConfig
-    from hybridfl.algorithms.fedbcd_run import run_fedbcd
+    import hybridfl.runtime.simulation as simulation
+    from hybridfl.algorithms.fedbcd import FedBCDConfig, run_fedbcd
     from hybridfl.runtime.transport import InProcessTransport
     from tests.test_fedbcd_reliability import synthetic, vertical
 
@@ -99,12 +104,22 @@ def test_fedbcd_resumes_from_any_round_in_process(tmp_path, monkeypatch, variant
             return super().send_and_receive([m for m in messages if m not in lost])
 
     if crash:
-        monkeypatch.setattr(fedbcd_run, "InProcessTransport", CrashTransport)
+        monkeypatch.setattr(simulation, "InProcessTransport", CrashTransport)
 
     split = synthetic()
     part = vertical(split)
-    cfg = FedBCDConfig(variant=variant, local_steps=3, rounds=10, batch_size=40, lr=0.3, model="mlp", representation_dim=3,
-                       hidden=6, failure_rate=0.3, eval_every=3)
+    cfg = FedBCDConfig(
+        variant=variant,
+        local_steps=3,
+        rounds=10,
+        batch_size=40,
+        lr=0.3,
+        model="mlp",
+        representation_dim=3,
+        hidden=6,
+        failure_rate=0.3,
+        eval_every=3,
+    )
     ck = tmp_path / CHECKPOINT_NAME
     copies = {}
 
@@ -128,11 +143,15 @@ def test_fedbcd_resumes_from_any_round_in_process(tmp_path, monkeypatch, variant
         assert strip(res.summary) == strip(full.summary), rnd
         _, arrays, meta = load_checkpoint(copies[rnd])
         assert arrays.keys() == final.keys() and all(np.array_equal(arrays[k], final[k]) for k in final), rnd
-        assert meta["server"] == final_meta["server"] and meta["transport"]["failed"] == final_meta["transport"]["failed"]
+        assert (
+            meta["server"] == final_meta["server"] and meta["transport"]["failed"] == final_meta["transport"]["failed"]
+        )
 
 
 def test_resume_errors(tmp_path):
     p = subprocess.run(cli("run", "--resume", str(tmp_path)), capture_output=True, text=True, timeout=300)
     assert p.returncode == 2 and "holds no config.json" in p.stderr
-    p = subprocess.run(cli("run", "--resume", str(tmp_path), "--rounds", "3"), capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        cli("run", "--resume", str(tmp_path), "--rounds", "3"), capture_output=True, text=True, timeout=300
+    )
     assert p.returncode == 2 and "--resume takes the run directory only" in p.stderr

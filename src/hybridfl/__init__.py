@@ -9,8 +9,10 @@ Package layout (each folder names one part):
                            partitions, partitioners and coverage reports
 - ``hybridfl.models``      feature extractors and classifiers (client and server shaped)
 - ``hybridfl.matching``    Hungarian neuron matching of classifiers (PFNM cost)
-- ``hybridfl.algorithms``  each algorithm as client-side and server-side steps exchanging messages
-- ``hybridfl.runtime``     messages, their byte codec and the in-process simulation
+- ``hybridfl.algorithms``  each algorithm as client-side and server-side steps exchanging messages,
+                           built only by its ``AlgorithmSpec``
+- ``hybridfl.runtime``     messages and their codec, transports, the round loop, the in-process
+                           simulation and the Flower runtime
 - ``hybridfl.reporting``   metrics, results files and plots
 - ``hybridfl.cli``         the ``hybridfl`` command line
 """

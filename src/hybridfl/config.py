@@ -38,9 +38,13 @@ class DatasetConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: Literal["digits", "mnist", "mfeat", "credit_default", "adult", "table"] = "digits"
     data_dir: str | None = Field(None, description="directory holding the dataset's files")
-    layout: Literal["halves", "quadrants", "tiles"] = Field("quadrants", description="image block layout (digits, mnist)")
+    layout: Literal["halves", "quadrants", "tiles"] = Field(
+        "quadrants", description="image block layout (digits, mnist)"
+    )
     tiles: int = Field(2, ge=1, description="tiles per side for layout 'tiles'")
-    flatten: bool | None = Field(None, description="vector blocks instead of image blocks (digits default true, mnist false)")
+    flatten: bool | None = Field(
+        None, description="vector blocks instead of image blocks (digits default true, mnist false)"
+    )
     classes: list[int] | None = Field(None, description="mnist only: keep these digits, relabelled 0..k-1")
     test_fraction: float = Field(0.25, gt=0, lt=1, description="held-out share when the data has no test file")
     standardize: bool = Field(True, description="z-score vector blocks with training statistics")
@@ -73,11 +77,15 @@ class PartitionConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
     kind: Literal["class_block", "grid", "iid", "dirichlet", "by_class", "vertical", "file"] = "class_block"
     num_clients: int = Field(6, ge=1)
-    clients: list[ClientSpecConfig] | None = Field(None, description="class_block: explicit classes x blocks per client")
+    clients: list[ClientSpecConfig] | None = Field(
+        None, description="class_block: explicit classes x blocks per client"
+    )
     classes_per_client: int | tuple[int, int] = (5, 7)
     blocks_per_client: int | tuple[int, int] = 3
     overlap: Literal["full", "split"] = "full"
-    min_cell_coverage: int = Field(0, ge=0, description="class_block: redraw until every (class, block) cell is held this often")
+    min_cell_coverage: int = Field(
+        0, ge=0, description="class_block: redraw until every (class, block) cell is held this often"
+    )
     alpha: float = Field(0.5, gt=0, description="dirichlet concentration")
     sample_groups: int = Field(3, ge=1, description="grid: sample groups S")
     block_groups: int = Field(3, ge=1, description="grid: block groups F")
@@ -98,7 +106,7 @@ class RunConfig(BaseModel):
 
     def algorithm_config(self) -> BaseModel:
         """The ``algorithm`` section validated by the registered algorithm's config model."""
-        from hybridfl.algorithms.registry import get_algorithm
+        from hybridfl.algorithms.spec import get_algorithm
 
         name = self.algorithm.get("name", "hyfem")
         spec = get_algorithm(name)
@@ -170,8 +178,64 @@ def default_config() -> RunConfig:
         {
             "seed": 0,
             "dataset": {"name": "digits"},
-            "partition": {"kind": "class_block", "num_clients": 6, "classes_per_client": [5, 7], "blocks_per_client": 3},
-            "algorithm": {"name": "hyfem", "rounds": 30, "local_steps": 20, "batch_size": 32, "lr": 0.05, "momentum": 0.9},
+            "partition": {
+                "kind": "class_block",
+                "num_clients": 6,
+                "classes_per_client": [5, 7],
+                "blocks_per_client": 3,
+            },
+            "algorithm": {
+                "name": "hyfem",
+                "rounds": 30,
+                "local_steps": 20,
+                "batch_size": 32,
+                "lr": 0.05,
+                "momentum": 0.9,
+            },
         },
         where="default config",
     )
+
+
+def config_with_overrides(
+    path: str | Path | None = None,
+    dataset: str | None = None,
+    data_dir: str | Path | None = None,
+    rounds: int | None = None,
+    seed: int | None = None,
+) -> RunConfig:
+    """The run config of ``path`` (the main job's :func:`default_config` without one) with the
+    command line's overrides applied and validated again.
+
+    Raises:
+        ConfigError: an unreadable file or an invalid field (also one made invalid by an override).
+    """
+    cfg = load_config(path) if path is not None else default_config()
+    data = cfg.model_dump(mode="json")
+    if dataset is not None:
+        data["dataset"]["name"] = dataset
+    if data_dir is not None:
+        data["dataset"]["data_dir"] = str(data_dir)
+    if rounds is not None:
+        data["algorithm"]["rounds"] = rounds
+    if seed is not None:
+        data["seed"] = seed
+    return parse_config(data, where=Path(path).name if path is not None else "default config")
+
+
+def run_dir_config(run_dir: str | Path) -> RunConfig:
+    """The config of an earlier run, from its output directory's ``config.json`` (for ``--resume``).
+
+    Raises:
+        ConfigError: the directory holds no ``config.json`` or it is not a valid run config.
+    """
+    import json
+
+    p = Path(run_dir) / "config.json"
+    if not p.is_file():
+        raise ConfigError(f"{str(run_dir)!r} holds no config.json: it is not the output directory of a run.")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError:
+        raise ConfigError(f"{str(p)!r} is not valid JSON.") from None
+    return parse_config(data, where=str(p))

@@ -20,3 +20,16 @@ class PartitionError(HybridFLError):
 
 class ConfigError(HybridFLError):
     """A configuration file is missing, unreadable or invalid."""
+
+
+class UnknownBlockError(PartitionError):
+    """A client reported (or a partition names) a feature block that is not in the federation's schema."""
+
+    def __init__(self, client_id: str, block: str, where: str = "the schema"):
+        super().__init__(f"client {client_id!r} holds unknown block {block!r}, which is not in {where}.")
+        self.client_id = client_id
+        self.block = block
+
+
+class ProtocolError(HybridFLError):
+    """A message broke an algorithm's protocol: it arrived out of order or contradicts what is known."""

@@ -19,7 +19,8 @@ from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.from_config import build_partition, load_dataset
 from hybridfl.data.partition import CoverageWarning, Partition
 from hybridfl.errors import ConfigError, HybridFLError, PartitionError
-from hybridfl.runtime.simulation import ProgressFn, RunResult, single_threaded
+from hybridfl.runtime.loop import ProgressFn
+from hybridfl.runtime.simulation import RunResult, single_threaded
 
 
 @dataclass
@@ -58,40 +59,57 @@ def run_config_dict(prep: PreparedRun) -> dict:
     return config
 
 
-def execute(prep: PreparedRun, out_dir: str | Path | None = None, progress: ProgressFn | None = None, resume: bool = False) -> RunResult:
-    """Train with the registered algorithm and (if ``out_dir``) write the results files.
+def execute(
+    prep: PreparedRun, out_dir: str | Path | None = None, progress: ProgressFn | None = None, resume: bool = False
+) -> RunResult:
+    """Train with the configured algorithm (:func:`hybridfl.runtime.simulation.simulate`) and, with
+    ``out_dir``, write the results files.
 
-    With ``out_dir``, the validated config is written first to ``config.json`` and, for
-    algorithms that support it, a checkpoint after every round (``checkpoint.hfl``); ``resume``
-    continues from that checkpoint.
+    With ``out_dir``, the validated config is written first to ``config.json`` and, for federated
+    algorithms, a checkpoint after every round (``checkpoint.hfl``); ``resume`` continues from it.
 
     Raises:
         HybridFLError: ``resume`` for an algorithm without checkpoints, or without ``out_dir``.
     """
-    import inspect
     import json
 
-    from hybridfl.algorithms.registry import get_algorithm
+    from hybridfl.algorithms.spec import get_algorithm
+    from hybridfl.files import atomic_write
     from hybridfl.reporting.plots import plot_coverage
-    from hybridfl.reporting.results import atomic_write, write_results
+    from hybridfl.reporting.results import write_results
     from hybridfl.runtime.checkpoint import CHECKPOINT_NAME
+    from hybridfl.runtime.simulation import simulate
 
     spec = get_algorithm(prep.algorithm.name)  # type: ignore[attr-defined]
-    kwargs = {}
-    if out_dir is not None and "checkpoint" in inspect.signature(spec.run).parameters:
-        kwargs = {"checkpoint": Path(out_dir) / CHECKPOINT_NAME, "resume": resume}
-    elif resume:
+    checkpoint = Path(out_dir) / CHECKPOINT_NAME if out_dir is not None and spec.federated else None
+    if resume and checkpoint is None:
         raise HybridFLError(f"algorithm {spec.name!r} cannot resume: it writes no checkpoints.")
     if out_dir is not None and not resume:
         atomic_write(Path(out_dir) / "config.json", json.dumps(run_config_dict(prep), indent=2))
     t0 = time.perf_counter()
     with single_threaded():
-        result = spec.run(prep.split, prep.partition, prep.algorithm, prep.config.seed, progress, **kwargs)
+        result = simulate(
+            spec,
+            prep.split,
+            prep.partition,
+            prep.algorithm,
+            prep.config.seed,
+            progress,
+            checkpoint=checkpoint,
+            resume=resume,
+        )
     result.summary.setdefault("dataset", prep.split.name)
     result.summary["seconds_total"] = time.perf_counter() - t0
     if out_dir is not None:
         cov = prep.partition.coverage(prep.split.train)
-        extra = {"partition": {"description": prep.partition.description, "clients": prep.partition.summary(), "coverage": cov.to_dict(), "warnings": prep.warnings}}
+        extra = {
+            "partition": {
+                "description": prep.partition.description,
+                "clients": prep.partition.summary(),
+                "coverage": cov.to_dict(),
+                "warnings": prep.warnings,
+            }
+        }
         write_results(out_dir, result, run_config_dict(prep), extra)
         plot_coverage(cov, Path(out_dir) / "coverage.png")
     return result

@@ -29,7 +29,9 @@ class LocalTrainer:
         seed: seeds the party's own mini-batch generator.
     """
 
-    def __init__(self, model: HybridModel, data: HybridDataset, batch_size: int, lr: float, momentum: float = 0.0, seed: int = 0):
+    def __init__(
+        self, model: HybridModel, data: HybridDataset, batch_size: int, lr: float, momentum: float = 0.0, seed: int = 0
+    ):
         self.model = model
         self.x = {b: torch.from_numpy(np.ascontiguousarray(data.blocks[b])) for b in model.blocks}
         self.y = torch.from_numpy(data.y)

@@ -28,32 +28,45 @@ def export_clients_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Output directory: one sub-directory per client, plus server/."),
     rounds: Optional[int] = typer.Option(None, help="Override algorithm.rounds."),
     seed: Optional[int] = typer.Option(None, help="Override the seed."),
-    no_test: bool = typer.Option(False, "--no-test", help="Do not write the test set into server/ (no server-side evaluation)."),
+    no_test: bool = typer.Option(
+        False, "--no-test", help="Do not write the test set into server/ (no server-side evaluation)."
+    ),
 ) -> None:
     """Export a partition: one directory per client with only its own data (per-block .npz, sample IDs, blocks.json, labels if it holds them)."""
-    from hybridfl.cli.main import _load
+    from hybridfl.config import config_with_overrides
     from hybridfl.data.export import export_clients
     from hybridfl.experiment import prepare
 
-    cfg = _load(config, None, None, rounds, seed)
+    cfg = config_with_overrides(config, None, None, rounds, seed)
     prep = prepare(cfg)
     data = cfg.model_dump(mode="json")
     data["algorithm"] = prep.algorithm.model_dump(mode="json")
-    dirs = export_clients(prep.split, prep.partition, out, seed=cfg.seed, include_test=not no_test, run_config=data)
-    enc = getattr(prep.algorithm, "encryption", "none")
-    if enc != "none":
+    from hybridfl.algorithms.spec import get_algorithm
+
+    spec = get_algorithm(prep.algorithm.name)  # type: ignore[attr-defined]
+    dirs = export_clients(
+        prep.split,
+        prep.partition,
+        out,
+        seed=cfg.seed,
+        include_test=not no_test,
+        run_config=data,
+        client_test=spec.clients_hold_test,
+    )
+    secrets = (spec.deal_secrets(prep.algorithm) if spec.deal_secrets is not None else None) or {}
+    if "he_secret" in secrets:
         # a simulated set-up deploys as it is: the export plays the client organisation that makes
         # the shared key; it goes into the client directories only, never into server/
-        from hybridfl.privacy.he import KeyDealer
-        from hybridfl.runtime.flower.keys import SECRET_FILE, write_secret
+        from hybridfl.data.export import SECRET_FILE
+        from hybridfl.files import atomic_write
 
-        a = prep.algorithm
-        dealer = KeyDealer(enc, a.paillier_bits, a.precision_bits, a.ckks_degree, a.ckks_scale_bits)  # type: ignore[attr-defined]
         for d in dirs:
-            write_secret(dealer, d / SECRET_FILE)
-        console.print(f"{enc} key pair written to every client directory as {SECRET_FILE} (not to server/)")
+            atomic_write(d / SECRET_FILE, secrets["he_secret"], mode=0o600)
+        console.print(f"HE key pair written to every client directory as {SECRET_FILE} (not to server/)")
     for d, c in zip(dirs, prep.partition.clients):
-        console.print(f"{d}  ({c.n_samples} samples, blocks {', '.join(c.blocks)}, labels {'yes' if c.has_labels else 'no'})")
+        console.print(
+            f"{d}  ({c.n_samples} samples, blocks {', '.join(c.blocks)}, labels {'yes' if c.has_labels else 'no'})"
+        )
     console.print(f"{out / 'server'}  (schema, run config{'' if no_test else ', test set'})")
 
 
@@ -68,15 +81,19 @@ def he_keys_cmd(
     """Make the clients' shared HE key pair on a client machine (copy it to every client directory as he_secret.key; never to the server)."""
     from hybridfl.errors import ConfigError
     from hybridfl.privacy.he import KeyDealer
-    from hybridfl.runtime.flower.keys import write_secret
+    from hybridfl.privacy.keys import write_secret
 
     if scheme not in ("paillier", "ckks"):
         raise ConfigError(f"--scheme must be paillier or ckks, got {scheme!r}.")
     write_secret(KeyDealer(scheme, paillier_bits, precision_bits, ckks_degree, ckks_scale_bits), out)
-    console.print(f"{scheme} key pair written to {out}: copy it to every client directory as he_secret.key, never to the server")
+    console.print(
+        f"{scheme} key pair written to {out}: copy it to every client directory as he_secret.key, never to the server"
+    )
 
 
-def flower_app_cmd(out: Optional[Path] = typer.Option(None, "--out", "-o", help="Copy the app's pyproject.toml into this directory.")) -> None:
+def flower_app_cmd(
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Copy the app's pyproject.toml into this directory."),
+) -> None:
     """Print the Flower app directory to pass to `flwr run` (or copy it to --out)."""
     from hybridfl.runtime.flower import APP_DIR
 
@@ -93,7 +110,9 @@ def deploy_local_cmd(
     out: Path = typer.Option(..., "--out", "-o", help="Directory for the export, the Flower logs and the results."),
     rounds: Optional[int] = typer.Option(None, help="Override algorithm.rounds."),
     seed: Optional[int] = typer.Option(None, help="Override the seed."),
-    stock: bool = typer.Option(False, "--stock", help="Stock flower-supernode (3 s polling) instead of the fast-polling launcher."),
+    stock: bool = typer.Option(
+        False, "--stock", help="Stock flower-supernode (3 s polling) instead of the fast-polling launcher."
+    ),
     poll_interval: float = typer.Option(0.05, help="SuperNode poll interval in seconds (fast launcher)."),
     timeout: float = typer.Option(3600.0, help="Seconds the run may take."),
 ) -> None:
@@ -109,7 +128,10 @@ def deploy_local_cmd(
     try:
         fed.start()
         console.print(f"SuperLink on 127.0.0.1:{fed.port}, {len(dirs)} SuperNodes; running (logs in {out / 'flower'})")
-        fed.run({"server-dir": str((out / "export" / "server").resolve()), "out-dir": str((out / "results").resolve())}, timeout=timeout)
+        fed.run(
+            {"server-dir": str((out / "export" / "server").resolve()), "out-dir": str((out / "results").resolve())},
+            timeout=timeout,
+        )
     finally:
         fed.stop()
     s = json.loads((out / "results" / "summary.json").read_text())

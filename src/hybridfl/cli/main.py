@@ -24,40 +24,14 @@ from rich.text import Text
 
 from hybridfl.errors import HybridFLError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Hybrid federated learning: clients hold some samples and some feature blocks.")
+app = typer.Typer(
+    pretty_exceptions_show_locals=False,
+    add_completion=False,
+    no_args_is_help=True,
+    help="Hybrid federated learning: clients hold some samples and some feature blocks.",
+)
 console = Console()
 err_console = Console(stderr=True, soft_wrap=True)
-
-
-def _load(config: Optional[Path], dataset: Optional[str], data_dir: Optional[Path], rounds: Optional[int], seed: Optional[int]):
-    from hybridfl.config import default_config, load_config, parse_config
-
-    cfg = load_config(config) if config is not None else default_config()
-    data = cfg.model_dump(mode="json")
-    if dataset is not None:
-        data["dataset"]["name"] = dataset
-    if data_dir is not None:
-        data["dataset"]["data_dir"] = str(data_dir)
-    if rounds is not None:
-        data["algorithm"]["rounds"] = rounds
-    if seed is not None:
-        data["seed"] = seed
-    return parse_config(data, where=config.name if config else "default config")
-
-
-def _resume_config(run_dir: Path):
-    import json
-
-    from hybridfl.config import parse_config
-
-    p = run_dir / "config.json"
-    if not p.is_file():
-        raise HybridFLError(f"{str(run_dir)!r} holds no config.json: it is not the output directory of a run.")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError:
-        raise HybridFLError(f"{str(p)!r} is not valid JSON.") from None
-    return parse_config(data, where=str(p))
 
 
 def _fmt(v, fmt: str = "percent") -> str:
@@ -85,45 +59,74 @@ def report_rows(summary: dict) -> list[tuple[str, object, str]]:
 
 @app.command()
 def run(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="YAML or TOML run config (default: HyFEM on digits)."),
-    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Output directory (default: runs/<dataset>-<algorithm>-<time>)."),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="YAML or TOML run config (default: HyFEM on digits)."
+    ),
+    out: Optional[Path] = typer.Option(
+        None, "--out", "-o", help="Output directory (default: runs/<dataset>-<algorithm>-<time>)."
+    ),
     dataset: Optional[str] = typer.Option(None, help="Override dataset.name."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Override dataset.data_dir."),
     rounds: Optional[int] = typer.Option(None, help="Override algorithm.rounds."),
     seed: Optional[int] = typer.Option(None, help="Override the seed."),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="No progress display."),
-    strict: bool = typer.Option(False, "--strict", help="Treat coverage warnings (a block or class held by nobody) as errors."),
-    resume: Optional[Path] = typer.Option(None, "--resume", help="Continue the interrupted run in this output directory from its last completed round."),
+    strict: bool = typer.Option(
+        False, "--strict", help="Treat coverage warnings (a block or class held by nobody) as errors."
+    ),
+    resume: Optional[Path] = typer.Option(
+        None, "--resume", help="Continue the interrupted run in this output directory from its last completed round."
+    ),
 ) -> None:
     """Train a federated model and write results.json, metrics.csv and plots."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
 
+    from hybridfl.config import config_with_overrides, run_dir_config
     from hybridfl.experiment import execute, prepare
 
     if resume is not None:
         if any(v is not None for v in (config, out, dataset, data_dir, rounds, seed)):
             raise HybridFLError("--resume takes the run directory only: its config.json fixes every setting.")
-        cfg = _resume_config(resume)
+        cfg = run_dir_config(resume)
         out = resume
     else:
-        cfg = _load(config, dataset, data_dir, rounds, seed)
+        cfg = config_with_overrides(config, dataset, data_dir, rounds, seed)
     algo_name = cfg.algorithm.get("name", "hyfem")
     out_dir = out or Path("runs") / f"{cfg.dataset.name}-{algo_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     prep = prepare(cfg, out_dir, strict=strict)
     for w in prep.warnings:
         err_console.print(f"[yellow]warning:[/] {w}")
     if not quiet:
-        console.print(f"[bold]{algo_name}[/] on [bold]{prep.split.name}[/]: {prep.partition.description}; "
-                      f"{prep.split.train.n_samples} train / {prep.split.test.n_samples} test samples, blocks {', '.join(prep.split.train.block_names)}")
+        console.print(
+            f"[bold]{algo_name}[/] on [bold]{prep.split.name}[/]: {prep.partition.description}; "
+            f"{prep.split.train.n_samples} train / {prep.split.test.n_samples} test samples, blocks {', '.join(prep.split.train.block_names)}"
+        )
     if quiet:
         result = execute(prep, out_dir, resume=resume is not None)
     else:
-        with Progress(TextColumn("[progress.description]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), TimeRemainingColumn(), TextColumn("{task.fields[info]}"), console=console) as bar:
+        with Progress(
+            TextColumn("[progress.description]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            TimeRemainingColumn(),
+            TextColumn("{task.fields[info]}"),
+            console=console,
+        ) as bar:
             task = bar.add_task("rounds", total=None, info="")
 
             def progress(done: int, total: int, row: dict) -> None:
-                info = "  ".join(f"{k}={v:.3f}" for k, v in row.items() if k in ("server_accuracy", "client_accuracy_mean", "accuracy", "relative_suboptimality", "auc"))
+                info = "  ".join(
+                    f"{k}={v:.3f}"
+                    for k, v in row.items()
+                    if k in ("server_accuracy", "client_accuracy_mean", "accuracy", "relative_suboptimality", "auc")
+                )
                 bar.update(task, completed=done, total=total, info=info)
 
             result = execute(prep, out_dir, progress, resume=resume is not None)
@@ -135,14 +138,18 @@ def run(
         table.add_row(label, _fmt(value, fmt))
     console.print(table)
     if s.get("bytes_total") is not None:
-        console.print(f"communication: {s.get('messages_total')} messages, {s['bytes_total'] / 1e6:.2f} MB in {s.get('rounds')} rounds")
+        console.print(
+            f"communication: {s.get('messages_total')} messages, {s['bytes_total'] / 1e6:.2f} MB in {s.get('rounds')} rounds"
+        )
     written = ", ".join(sorted(f.name for f in Path(out_dir).iterdir() if not f.name.startswith(".")))
     console.print(f"results written to [bold]{out_dir}[/]: {written}")
 
 
 @app.command()
 def partition(
-    config: Optional[Path] = typer.Option(None, "--config", "-c", help="Run config whose dataset and partition to show."),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="Run config whose dataset and partition to show."
+    ),
     dataset: Optional[str] = typer.Option(None, help="Override dataset.name."),
     data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Override dataset.data_dir."),
     seed: Optional[int] = typer.Option(None, help="Override the seed."),
@@ -150,9 +157,10 @@ def partition(
     save: Optional[Path] = typer.Option(None, help="Also save the partition (client -> sample IDs, blocks) as JSON."),
 ) -> None:
     """Print who holds what: clients, and the class x block coverage table."""
+    from hybridfl.config import config_with_overrides
     from hybridfl.experiment import prepare
 
-    prep = prepare(_load(config, dataset, data_dir, None, seed))
+    prep = prepare(config_with_overrides(config, dataset, data_dir, None, seed))
     for w in prep.warnings:
         err_console.print(f"[yellow]warning:[/] {w}")
     t = Table(title=prep.partition.description)
@@ -177,7 +185,7 @@ def partition(
 @app.command("algorithms")
 def list_algorithms() -> None:
     """List the algorithms a run config can name."""
-    from hybridfl.algorithms.registry import algorithms
+    from hybridfl.algorithms.spec import algorithms
 
     for name, spec in sorted(algorithms().items()):
         console.print(f"[bold]{name}[/]: {spec.description}")

@@ -133,7 +133,9 @@ class HybridDataset:
             out.append(i)
         return np.asarray(out, dtype=np.int64)
 
-    def subset(self, ids: Sequence[str] | np.ndarray | None = None, blocks: Sequence[str] | None = None) -> HybridDataset:
+    def subset(
+        self, ids: Sequence[str] | np.ndarray | None = None, blocks: Sequence[str] | None = None
+    ) -> HybridDataset:
         """The samples ``ids`` (all if ``None``) restricted to ``blocks`` (all if ``None``), in the given order."""
         rows = np.arange(self.n_samples) if ids is None else self.positions(ids)
         names = self.block_names if blocks is None else list(blocks)
@@ -150,7 +152,9 @@ class HybridDataset:
 
     def take(self, rows: np.ndarray) -> HybridDataset:
         """The samples at row positions ``rows`` (all blocks)."""
-        return HybridDataset(self.name, self.ids[rows], self.y[rows], {b: x[rows] for b, x in self.blocks.items()}, self.classes)
+        return HybridDataset(
+            self.name, self.ids[rows], self.y[rows], {b: x[rows] for b, x in self.blocks.items()}, self.classes
+        )
 
     def class_counts(self) -> np.ndarray:
         """``(C,)`` number of samples per class."""
@@ -175,6 +179,7 @@ class DatasetSplit:
 
     @property
     def name(self) -> str:
+        """The dataset's name (that of the train part)."""
         return self.train.name
 
 
@@ -188,7 +193,9 @@ def split_train_test(ds: HybridDataset, test_fraction: float, seed: int) -> Data
     present = counts[counts > 0]
     if present.min() < 2:
         k = int(np.flatnonzero(counts == present.min())[0])
-        raise DataError(f"dataset {ds.name!r}: class {ds.classes[k]!r} has only 1 sample; a stratified train/test split needs at least 2 per class.")
+        raise DataError(
+            f"dataset {ds.name!r}: class {ds.classes[k]!r} has only 1 sample; a stratified train/test split needs at least 2 per class."
+        )
     n_test = int(np.ceil(test_fraction * ds.n_samples))
     if n_test < present.size or ds.n_samples - n_test < present.size:
         raise DataError(

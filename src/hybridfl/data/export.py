@@ -32,8 +32,11 @@ import numpy as np
 from hybridfl.data.dataset import DatasetSplit, HybridDataset
 from hybridfl.data.partition import Partition
 from hybridfl.errors import DataError
+from hybridfl.files import atomic_write
 
 FORMAT_VERSION = 1
+SECRET_FILE = "he_secret.key"
+"""A client directory's shared HE key pair (written by ``hybridfl he-keys``; never in ``server/``)."""
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
@@ -50,7 +53,12 @@ class ClientData:
         block_shapes: the public block schema: every block name -> per-sample shape, global order.
         classes: class names (public schema).
         meta: the rest of ``client.json``.
-        path: the directory it was read from (other node-local files live there, e.g. HE keys).
+        path: the directory it was read from (other node-local files live there, e.g. HE keys);
+            ``None`` for a client the simulation made in memory.
+        secrets: material the client shares with the other clients but never with the server
+            (``he_secret``: HyFDCA's HE key pair, from the directory's ``he_secret.key``).
+        test: its blocks of the test samples (labels only if ``has_labels``), for algorithms whose
+            evaluation needs every party (FedBCD); ``None`` otherwise.
     """
 
     client_id: str
@@ -61,9 +69,12 @@ class ClientData:
     classes: list[str]
     meta: dict = field(default_factory=dict)
     path: Path | None = None
+    secrets: dict[str, bytes] = field(default_factory=dict, repr=False)
+    test: HybridDataset | None = None
 
     @property
     def n_classes(self) -> int:
+        """The number of classes ``C`` of the federation's schema."""
         return len(self.classes)
 
 
@@ -80,7 +91,15 @@ class ServerData:
 
     @property
     def n_classes(self) -> int:
+        """The number of classes ``C`` of the federation's schema."""
         return len(self.classes)
+
+    @property
+    def layout(self) -> list[tuple[str, list[str], bool]]:
+        """The public structure ``[(client_id, blocks, has_labels)]`` in partition order."""
+        blocks = self.meta.get("client_blocks", {})
+        labels = self.meta.get("client_labels", {})
+        return [(c, [str(b) for b in blocks.get(c, [])], bool(labels.get(c, True))) for c in self.client_ids]
 
 
 def _write_dataset_dir(path: Path, ds: HybridDataset, with_labels: bool) -> dict:
@@ -91,7 +110,7 @@ def _write_dataset_dir(path: Path, ds: HybridDataset, with_labels: bool) -> dict
         fname = f"block-{k}-{_SAFE.sub('_', b)}.npz"
         np.savez(path / fname, x=np.ascontiguousarray(x, dtype=np.float32))
         entries.append({"name": b, "file": fname, "shape": list(x.shape[1:])})
-    (path / "blocks.json").write_text(json.dumps({"blocks": entries}, indent=1))
+    atomic_write(path / "blocks.json", json.dumps({"blocks": entries}, indent=1))
     if with_labels:
         np.save(path / "labels.npy", ds.y.astype(np.int64))
     return {"n_samples": ds.n_samples, "blocks": [e["name"] for e in entries]}
@@ -110,11 +129,15 @@ def _read_dataset_dir(path: Path, name: str, classes: list[str], with_labels: bo
     for e in entries:
         f = path / str(e["file"])
         if not f.is_file():
-            raise DataError(f"data directory {str(path)!r} lists block {e['name']!r} but its file {e['file']!r} is missing.")
+            raise DataError(
+                f"data directory {str(path)!r} lists block {e['name']!r} but its file {e['file']!r} is missing."
+            )
         with np.load(f, allow_pickle=False) as z:
             x = z["x"]
         if tuple(x.shape[1:]) != tuple(e["shape"]):
-            raise DataError(f"block {e['name']!r} in {str(path)!r} has shape {tuple(x.shape[1:])}, blocks.json says {tuple(e['shape'])}.")
+            raise DataError(
+                f"block {e['name']!r} in {str(path)!r} has shape {tuple(x.shape[1:])}, blocks.json says {tuple(e['shape'])}."
+            )
         blocks[str(e["name"])] = x
     if with_labels:
         if not (path / "labels.npy").is_file():
@@ -132,6 +155,7 @@ def export_clients(
     seed: int = 0,
     include_test: bool = True,
     run_config: dict | None = None,
+    client_test: bool = False,
 ) -> list[Path]:
     """Write one directory per client (and ``server/``) under ``out_dir``; return the client dirs.
 
@@ -143,6 +167,9 @@ def export_clients(
         seed: the run seed, recorded in the manifest.
         include_test: write the test set into ``server/test`` for server-side evaluation.
         run_config: optional run config (JSON-able dict) recorded in ``server/server.json``.
+        client_test: also write each client's blocks of the test set into ``<client>/test``
+            (labels only for a client holding labels): for algorithms whose evaluation needs every
+            party (FedBCD).
 
     Raises:
         PartitionError: the partition does not fit the data.
@@ -157,7 +184,9 @@ def export_clients(
     ids = [c.client_id for c in partition.clients]
     bad = [c for c in ids if _SAFE.search(c) or c in ("server", "")]
     if bad:
-        raise DataError(f"client name {bad[0]!r} cannot be a directory name (use letters, digits, '_', '.', '-'; not 'server').")
+        raise DataError(
+            f"client name {bad[0]!r} cannot be a directory name (use letters, digits, '_', '.', '-'; not 'server')."
+        )
     out.mkdir(parents=True, exist_ok=True)
     common = {"format": FORMAT_VERSION, "dataset": train.name, "classes": list(train.classes), "block_shapes": schema}
     dirs = []
@@ -166,20 +195,30 @@ def export_clients(
         local = train.subset(c.sample_ids, c.blocks)
         info = _write_dataset_dir(d, local, with_labels=c.has_labels)
         meta = {**common, "client_id": c.client_id, "index": i, "has_labels": bool(c.has_labels), **info}
-        (d / "client.json").write_text(json.dumps(meta, indent=1))
+        if client_test:
+            _write_dataset_dir(d / "test", split.test.subset(None, c.blocks), with_labels=c.has_labels)
+        atomic_write(d / "client.json", json.dumps(meta, indent=1))
         dirs.append(d)
     srv = out / "server"
     srv.mkdir(exist_ok=True)
-    smeta = {**common, "client_ids": ids, "seed": int(seed), "has_test": bool(include_test),
-             # public structure (no sample IDs): which block names each client holds, labels yes/no
-             "client_blocks": {c.client_id: list(c.blocks) for c in partition.clients},
-             "client_labels": {c.client_id: bool(c.has_labels) for c in partition.clients}}
+    smeta = {
+        **common,
+        "client_ids": ids,
+        "seed": int(seed),
+        "has_test": bool(include_test),
+        # public structure (no sample IDs): which block names each client holds, labels yes/no
+        "client_blocks": {c.client_id: list(c.blocks) for c in partition.clients},
+        "client_labels": {c.client_id: bool(c.has_labels) for c in partition.clients},
+    }
     if run_config is not None:
         smeta["run_config"] = run_config
     if include_test:
         _write_dataset_dir(srv / "test", split.test, with_labels=True)
-    (srv / "server.json").write_text(json.dumps(smeta, indent=1))
-    (out / "manifest.json").write_text(json.dumps({**common, "client_ids": ids, "seed": int(seed), "description": partition.description}, indent=1))
+    atomic_write(srv / "server.json", json.dumps(smeta, indent=1))
+    atomic_write(
+        out / "manifest.json",
+        json.dumps({**common, "client_ids": ids, "seed": int(seed), "description": partition.description}, indent=1),
+    )
     return dirs
 
 
@@ -193,7 +232,8 @@ def _read_json(path: Path, what: str) -> dict:
 
 
 def load_client_dir(path: str | Path) -> ClientData:
-    """Read one client directory written by :func:`export_clients`.
+    """Read one client directory written by :func:`export_clients` (with its ``test/`` blocks as
+    ``ClientData.test`` when the export wrote them, ``client_test``).
 
     Raises:
         DataError: the directory is missing, or a file in it is missing or inconsistent.
@@ -206,14 +246,30 @@ def load_client_dir(path: str | Path) -> ClientData:
         classes = [str(c) for c in meta["classes"]]
         schema = {str(b): tuple(int(v) for v in s) for b, s in meta["block_shapes"].items()}
         data = _read_dataset_dir(p, str(meta["dataset"]), classes, bool(meta["has_labels"]))
-        out = ClientData(str(meta["client_id"]), int(meta["index"]), data, bool(meta["has_labels"]), schema, classes, meta, p)
+        has_test = (p / "test" / "blocks.json").is_file()  # written with client_test
+        test = _read_dataset_dir(p / "test", data.name, classes, bool(meta["has_labels"])) if has_test else None
+        secrets = {"he_secret": (p / SECRET_FILE).read_bytes()} if (p / SECRET_FILE).is_file() else {}
+        out = ClientData(
+            str(meta["client_id"]),
+            int(meta["index"]),
+            data,
+            bool(meta["has_labels"]),
+            schema,
+            classes,
+            meta,
+            p,
+            secrets,
+            test,
+        )
     except KeyError as e:
         raise DataError(f"{str(p / 'client.json')!r} is missing the field {e}.") from None
     unknown = [b for b in data.block_names if b not in schema]
     if unknown:
         raise DataError(f"client directory {str(p)!r} holds block {unknown[0]!r}, which is not in its schema.")
     if data.n_samples != int(meta.get("n_samples", data.n_samples)):
-        raise DataError(f"client directory {str(p)!r} holds {data.n_samples} samples, client.json says {meta['n_samples']}.")
+        raise DataError(
+            f"client directory {str(p)!r} holds {data.n_samples} samples, client.json says {meta['n_samples']}."
+        )
     return out
 
 

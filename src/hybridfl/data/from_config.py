@@ -31,7 +31,9 @@ def load_dataset(cfg: DatasetConfig, seed: int = 0) -> DatasetSplit:
         ConfigError: a needed setting is missing; DataError: the files are missing or malformed.
     """
     if cfg.name == "digits":
-        split = load_digits(cfg.layout, cfg.tiles, True if cfg.flatten is None else cfg.flatten, cfg.test_fraction, seed)
+        split = load_digits(
+            cfg.layout, cfg.tiles, True if cfg.flatten is None else cfg.flatten, cfg.test_fraction, seed
+        )
     elif cfg.name == "mnist":
         split = load_mnist(_need_dir(cfg), cfg.layout, cfg.tiles, bool(cfg.flatten), cfg.classes)
     elif cfg.name == "mfeat":
@@ -48,8 +50,15 @@ def load_dataset(cfg: DatasetConfig, seed: int = 0) -> DatasetSplit:
         if not cfg.blocks:
             raise ConfigError("dataset 'table' needs 'dataset.blocks' (block name -> list of columns).")
         split = load_table(
-            cfg.path, label_column=cfg.label_column, blocks=cfg.blocks, id_column=cfg.id_column,
-            test_path=cfg.test_path, test_fraction=cfg.test_fraction, seed=seed, sep=cfg.sep, categorical=cfg.categorical,
+            cfg.path,
+            label_column=cfg.label_column,
+            blocks=cfg.blocks,
+            id_column=cfg.id_column,
+            test_path=cfg.test_path,
+            test_fraction=cfg.test_fraction,
+            seed=seed,
+            sep=cfg.sep,
+            categorical=cfg.categorical,
         )
     return standardize(split) if cfg.standardize else split
 
@@ -63,8 +72,13 @@ def build_partition(cfg: PartitionConfig, train: HybridDataset, seed: int = 0) -
     elif cfg.kind == "class_block":
         clients = [ClientSpec(c.classes, c.blocks) for c in cfg.clients] if cfg.clients else None
         part = ClassBlockPartitioner(
-            clients=clients, num_clients=cfg.num_clients, classes_per_client=cfg.classes_per_client,
-            blocks_per_client=cfg.blocks_per_client, overlap=cfg.overlap, min_cell_coverage=cfg.min_cell_coverage, seed=seed,
+            clients=clients,
+            num_clients=cfg.num_clients,
+            classes_per_client=cfg.classes_per_client,
+            blocks_per_client=cfg.blocks_per_client,
+            overlap=cfg.overlap,
+            min_cell_coverage=cfg.min_cell_coverage,
+            seed=seed,
         ).partition(train)
     elif cfg.kind == "grid":
         part = GridPartitioner(cfg.sample_groups, cfg.block_groups, cfg.replicas, seed).partition(train)

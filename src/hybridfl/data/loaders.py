@@ -32,7 +32,9 @@ from hybridfl.errors import DataError
 # ---------------------------------------------------------------------------------------- images
 
 
-def tile_images(images: np.ndarray, layout: str = "quadrants", tiles: int = 2, flatten: bool = False) -> dict[str, np.ndarray]:
+def tile_images(
+    images: np.ndarray, layout: str = "quadrants", tiles: int = 2, flatten: bool = False
+) -> dict[str, np.ndarray]:
     """Split ``(N, H, W)`` images into named image blocks.
 
     Args:
@@ -71,7 +73,9 @@ def tile_images(images: np.ndarray, layout: str = "quadrants", tiles: int = 2, f
     return {b: np.ascontiguousarray(x[:, None, :, :]) for b, x in parts.items()}
 
 
-def load_digits(layout: str = "quadrants", tiles: int = 2, flatten: bool = True, test_fraction: float = 0.25, seed: int = 0) -> DatasetSplit:
+def load_digits(
+    layout: str = "quadrants", tiles: int = 2, flatten: bool = True, test_fraction: float = 0.25, seed: int = 0
+) -> DatasetSplit:
     """scikit-learn's bundled 8x8 handwritten digits (1,797 samples, 10 classes), no file needed.
 
     Pixels are scaled from [0, 16] to [0, 1]; the default blocks are the four 4x4 quadrants as
@@ -82,7 +86,13 @@ def load_digits(layout: str = "quadrants", tiles: int = 2, flatten: bool = True,
     d = _sk_digits()
     images = (d.images / 16.0).astype(np.float32)
     ids = np.array([f"digits-{i:04d}" for i in range(images.shape[0])])
-    ds = HybridDataset("digits", ids, d.target.astype(np.int64), tile_images(images, layout, tiles, flatten), [str(c) for c in range(10)])
+    ds = HybridDataset(
+        "digits",
+        ids,
+        d.target.astype(np.int64),
+        tile_images(images, layout, tiles, flatten),
+        [str(c) for c in range(10)],
+    )
     return split_train_test(ds, test_fraction, seed)
 
 
@@ -128,7 +138,13 @@ def read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(body, dtype=dt).reshape(dims)
 
 
-def load_mnist(data_dir: str | Path, layout: str = "quadrants", tiles: int = 2, flatten: bool = False, classes: Sequence[int] | None = None) -> DatasetSplit:
+def load_mnist(
+    data_dir: str | Path,
+    layout: str = "quadrants",
+    tiles: int = 2,
+    flatten: bool = False,
+    classes: Sequence[int] | None = None,
+) -> DatasetSplit:
     """MNIST from the 4 canonical IDX files (gzip or raw) in ``data_dir``.
 
     Args:
@@ -162,7 +178,9 @@ def load_mnist(data_dir: str | Path, layout: str = "quadrants", tiles: int = 2, 
 MFEAT_VIEWS = ("fou", "fac", "kar", "pix", "zer", "mor")
 
 
-def load_mfeat(data_dir: str | Path, views: Sequence[str] = MFEAT_VIEWS, test_fraction: float = 0.25, seed: int = 0) -> DatasetSplit:
+def load_mfeat(
+    data_dir: str | Path, views: Sequence[str] = MFEAT_VIEWS, test_fraction: float = 0.25, seed: int = 0
+) -> DatasetSplit:
     """UCI Multiple Features: 2,000 handwritten digits (200 per class, label order), 6 views.
 
     Each file ``mfeat-<view>`` is a whitespace-separated matrix of 2,000 rows and is one feature
@@ -193,7 +211,9 @@ def load_mfeat(data_dir: str | Path, views: Sequence[str] = MFEAT_VIEWS, test_fr
 # ---------------------------------------------------------------------------------------- tables
 
 
-def _read_table(path: Path, sep: str | None, header: bool = True, names: Sequence[str] | None = None, skiprows: int = 0):
+def _read_table(
+    path: Path, sep: str | None, header: bool = True, names: Sequence[str] | None = None, skiprows: int = 0
+):
     import pandas as pd
 
     if not path.is_file():
@@ -253,7 +273,9 @@ def table_to_dataset(
     if len(frame) == 0:
         raise DataError(f"{where} has a header but no data rows.")
     if label_column not in cols:
-        raise DataError(f"label column {label_column!r} is not in {where} (columns: {', '.join(repr(str(c)) for c in cols[:12])}{', ...' if len(cols) > 12 else ''}).")
+        raise DataError(
+            f"label column {label_column!r} is not in {where} (columns: {', '.join(repr(str(c)) for c in cols[:12])}{', ...' if len(cols) > 12 else ''})."
+        )
     if id_column is not None and id_column not in cols:
         raise DataError(f"ID column {id_column!r} is not in {where}.")
     if not blocks:
@@ -296,7 +318,9 @@ def table_to_dataset(
                 parsed = pd.to_numeric(col, errors="coerce")
                 if parsed.notna().mean() >= 0.9:
                     row = int(np.flatnonzero(parsed.isna().to_numpy())[0])
-                    raise DataError(f"column {c!r} of {where} has a non-numeric value {str(col.iloc[row])!r} at row {row + 1}.")
+                    raise DataError(
+                        f"column {c!r} of {where} has a non-numeric value {str(col.iloc[row])!r} at row {row + 1}."
+                    )
             if c in cat or not pd.api.types.is_numeric_dtype(col):
                 values = col.astype(str).str.strip()
                 levels = sorted(values.unique())
@@ -339,12 +363,28 @@ def load_table(
     frame = _read_table(path, sep)
     dsname = name or path.stem
     if test_path is None:
-        ds = table_to_dataset(frame, name=dsname, label_column=label_column, blocks=blocks, id_column=id_column, categorical=categorical, where=path.name)
+        ds = table_to_dataset(
+            frame,
+            name=dsname,
+            label_column=label_column,
+            blocks=blocks,
+            id_column=id_column,
+            categorical=categorical,
+            where=path.name,
+        )
         return split_train_test(ds, test_fraction, seed)
     test_path = Path(test_path).expanduser()
     test = _read_table(test_path, sep)
     both = pd.concat([frame, test], ignore_index=True)
-    ds = table_to_dataset(both, name=dsname, label_column=label_column, blocks=blocks, id_column=id_column, categorical=categorical, where=f"{path.name} + {test_path.name}")
+    ds = table_to_dataset(
+        both,
+        name=dsname,
+        label_column=label_column,
+        blocks=blocks,
+        id_column=id_column,
+        categorical=categorical,
+        where=f"{path.name} + {test_path.name}",
+    )
     n = len(frame)
     return DatasetSplit(ds.take(np.arange(n)), ds.take(np.arange(n, len(both))))
 
@@ -377,8 +417,21 @@ def load_credit_default(data_dir: str | Path, test_fraction: float = 0.25, seed:
 
 
 ADULT_COLUMNS = [
-    "age", "workclass", "fnlwgt", "education", "education-num", "marital-status", "occupation",
-    "relationship", "race", "sex", "capital-gain", "capital-loss", "hours-per-week", "native-country", "income",
+    "age",
+    "workclass",
+    "fnlwgt",
+    "education",
+    "education-num",
+    "marital-status",
+    "occupation",
+    "relationship",
+    "race",
+    "sex",
+    "capital-gain",
+    "capital-loss",
+    "hours-per-week",
+    "native-country",
+    "income",
 ]
 ADULT_BLOCKS = {
     "demographic": ["age", "marital-status", "relationship", "race", "sex", "native-country"],
@@ -405,7 +458,15 @@ def load_adult(data_dir: str | Path) -> DatasetSplit:
     n = len(train)
     both = pd.concat([train, test], ignore_index=True)
     both["id"] = [f"adult-train-{i}" for i in range(n)] + [f"adult-test-{i}" for i in range(len(test))]
-    ds = table_to_dataset(both, name="adult", label_column="income", blocks=ADULT_BLOCKS, id_column="id", classes=["<=50K", ">50K"], where="adult.data + adult.test")
+    ds = table_to_dataset(
+        both,
+        name="adult",
+        label_column="income",
+        blocks=ADULT_BLOCKS,
+        id_column="id",
+        classes=["<=50K", ">50K"],
+        where="adult.data + adult.test",
+    )
     return DatasetSplit(ds.take(np.arange(n)), ds.take(np.arange(n, len(both))))
 
 

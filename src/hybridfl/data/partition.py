@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridfl.data.dataset import HybridDataset
-from hybridfl.errors import PartitionError
+from hybridfl.errors import PartitionError, UnknownBlockError
 
 
 class CoverageWarning(UserWarning):
@@ -42,6 +42,7 @@ class ClientShard:
 
     @property
     def n_samples(self) -> int:
+        """Number of samples ``N_m`` the client holds."""
         return int(len(self.sample_ids))
 
 
@@ -61,9 +62,15 @@ class Partition:
 
     @property
     def n_clients(self) -> int:
+        """Number of clients ``M``."""
         return len(self.clients)
 
     def client(self, client_id: str) -> ClientShard:
+        """The shard of the client named ``client_id``.
+
+        Raises:
+            PartitionError: no client of that name.
+        """
         for c in self.clients:
             if c.client_id == client_id:
                 return c
@@ -91,18 +98,22 @@ class Partition:
                 raise PartitionError(f"client {c.client_id!r} holds no feature blocks.")
             for b in c.blocks:
                 if b not in known:
-                    raise PartitionError(
-                        f"client {c.client_id!r} holds unknown block {b!r} (dataset {ds.name!r} has: {', '.join(ds.block_names)})."
+                    raise UnknownBlockError(
+                        c.client_id, b, f"dataset {ds.name!r} (blocks: {', '.join(ds.block_names)})"
                     )
             if len(set(c.blocks)) != len(c.blocks):
                 raise PartitionError(f"client {c.client_id!r} lists a block twice.")
             ids = np.asarray(c.sample_ids).astype(str)
             uniq, counts = np.unique(ids, return_counts=True)
             if uniq.size != ids.size:
-                raise PartitionError(f"client {c.client_id!r} lists sample ID {str(uniq[counts > 1][0])!r} more than once.")
+                raise PartitionError(
+                    f"client {c.client_id!r} lists sample ID {str(uniq[counts > 1][0])!r} more than once."
+                )
             missing = np.setdiff1d(uniq, ds.ids)
             if missing.size:
-                raise PartitionError(f"client {c.client_id!r} holds sample ID {str(missing[0])!r}, which is not in dataset {ds.name!r}.")
+                raise PartitionError(
+                    f"client {c.client_id!r} holds sample ID {str(missing[0])!r}, which is not in dataset {ds.name!r}."
+                )
         if not any(c.has_labels for c in self.clients):
             raise PartitionError("no client in the partition holds labels.")
         out: list[str] = []
@@ -138,12 +149,12 @@ class Partition:
             for j in cols:
                 counts[classes, j] += 1
                 held[rows, j] = True
-        return Coverage(
-            classes=list(ds.classes), blocks=blocks, counts=counts, unused_share=float(1.0 - held.mean())
-        )
+        return Coverage(classes=list(ds.classes), blocks=blocks, counts=counts, unused_share=float(1.0 - held.mean()))
 
     # ----------------------------------------------------------------- io
     def to_dict(self) -> dict:
+        """JSON-able form: ``description``, ``meta`` and per client ``client_id``, ``blocks``,
+        ``has_labels`` and ``sample_ids`` (strings); :meth:`from_dict` reads it back."""
         return {
             "description": self.description,
             "meta": self.meta,
@@ -160,6 +171,13 @@ class Partition:
 
     @classmethod
     def from_dict(cls, d: dict) -> Partition:
+        """The partition described by ``d`` (the form :meth:`to_dict` writes; ``has_labels``
+        defaults to true, ``description`` and ``meta`` to empty). Does not validate it.
+
+        Raises:
+            PartitionError: ``clients`` is missing, or a client entry lacks ``client_id``,
+                ``sample_ids`` or ``blocks``.
+        """
         try:
             clients = [
                 ClientShard(
@@ -175,10 +193,18 @@ class Partition:
         return cls(clients, d.get("description", ""), d.get("meta", {}))
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()))
+        """Write the partition as JSON (:meth:`to_dict`) to ``path``, atomically."""
+        from hybridfl.files import atomic_write
+
+        atomic_write(Path(path), json.dumps(self.to_dict()))
 
     @classmethod
     def load(cls, path: str | Path) -> Partition:
+        """Read a partition JSON file written by :meth:`save` (see :meth:`from_dict`).
+
+        Raises:
+            PartitionError: the file does not exist, is not valid JSON, or lacks a client field.
+        """
         p = Path(path)
         if not p.is_file():
             raise PartitionError(f"partition file {str(p)!r} does not exist.")
@@ -215,5 +241,11 @@ class Coverage:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"classes": self.classes, "blocks": self.blocks, "counts": self.counts.tolist(), "unused_share": self.unused_share}
-
+        """JSON-able form: ``classes``, ``blocks``, ``counts`` (nested lists, ``(C, B)``) and
+        ``unused_share`` (a fraction in ``[0, 1]``)."""
+        return {
+            "classes": self.classes,
+            "blocks": self.blocks,
+            "counts": self.counts.tolist(),
+            "unused_share": self.unused_share,
+        }

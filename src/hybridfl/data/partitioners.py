@@ -39,7 +39,9 @@ def _check_count(what: str, n: int, lo: int = 1) -> int:
 def _check_blocks(ds: HybridDataset, blocks: Sequence[str], where: str) -> tuple[str, ...]:
     for b in blocks:
         if b not in ds.blocks:
-            raise PartitionError(f"{where} names unknown block {b!r} (dataset {ds.name!r} has: {', '.join(ds.block_names)}).")
+            raise PartitionError(
+                f"{where} names unknown block {b!r} (dataset {ds.name!r} has: {', '.join(ds.block_names)})."
+            )
     order = {b: i for i, b in enumerate(ds.block_names)}
     return tuple(sorted(set(blocks), key=order.__getitem__))
 
@@ -62,6 +64,11 @@ class IIDPartitioner:
         _check_count("num_clients", self.num_clients)
 
     def partition(self, ds: HybridDataset) -> Partition:
+        """Deal the shuffled samples of ``ds`` into ``num_clients`` even shards (``client-<i>``).
+
+        Raises:
+            PartitionError: more clients than samples.
+        """
         if self.num_clients > ds.n_samples:
             raise PartitionError(f"{self.num_clients} clients but only {ds.n_samples} samples.")
         rng = np.random.default_rng(self.seed)
@@ -90,6 +97,11 @@ class DirichletPartitioner:
             raise PartitionError(f"Dirichlet alpha must be > 0, got {self.alpha!r}.")
 
     def partition(self, ds: HybridDataset) -> Partition:
+        """Split each class of ``ds`` over ``num_clients`` clients by Dirichlet(alpha) shares, all blocks.
+
+        Raises:
+            PartitionError: 100 draws could not give every client ``min_samples`` samples.
+        """
         rng = np.random.default_rng(self.seed)
         for _ in range(100):
             buckets: list[list[str]] = [[] for _ in range(self.num_clients)]
@@ -101,7 +113,9 @@ class DirichletPartitioner:
                 for i, part in enumerate(np.split(ids, cuts)):
                     buckets[i].extend(part.tolist())
             if min(len(b) for b in buckets) >= self.min_samples:
-                clients = [ClientShard(_name(i), np.sort(np.array(b)), tuple(ds.block_names)) for i, b in enumerate(buckets)]
+                clients = [
+                    ClientShard(_name(i), np.sort(np.array(b)), tuple(ds.block_names)) for i, b in enumerate(buckets)
+                ]
                 return Partition(
                     clients,
                     f"horizontal Dirichlet(alpha={self.alpha}), {self.num_clients} clients",
@@ -130,11 +144,20 @@ class ClassPartitioner:
         _check_count("classes_per_client", self.classes_per_client)
 
     def partition(self, ds: HybridDataset) -> Partition:
+        """Give each client ``classes_per_client`` classes of ``ds`` (all blocks); the owned
+        classes are recorded in ``meta["owned_classes"]``.
+
+        Raises:
+            PartitionError: ``classes_per_client`` exceeds the number of classes.
+        """
         if self.classes_per_client > ds.n_classes:
             raise PartitionError(f"classes_per_client={self.classes_per_client} exceeds the {ds.n_classes} classes.")
         rng = np.random.default_rng(self.seed)
         order = rng.permutation(ds.n_classes)
-        owned = [[int(order[(i * self.classes_per_client + j) % ds.n_classes]) for j in range(self.classes_per_client)] for i in range(self.num_clients)]
+        owned = [
+            [int(order[(i * self.classes_per_client + j) % ds.n_classes]) for j in range(self.classes_per_client)]
+            for i in range(self.num_clients)
+        ]
         buckets: list[list[str]] = [[] for _ in range(self.num_clients)]
         for k in range(ds.n_classes):
             holders = [i for i in range(self.num_clients) if k in owned[i]]
@@ -177,16 +200,32 @@ class VerticalPartitioner:
             raise PartitionError(f"label_party {self.label_party} is not one of the {self.num_parties} parties.")
 
     def partition(self, ds: HybridDataset) -> Partition:
+        """One ``party-<i>`` per block group, each with every sample of ``ds``; only
+        ``label_party`` has labels.
+
+        Raises:
+            PartitionError: more parties than blocks, or a party names an unknown block.
+        """
         if self.parties is None:
             if self.num_parties > len(ds.block_names):
-                raise PartitionError(f"{self.num_parties} parties but dataset {ds.name!r} has only {len(ds.block_names)} blocks.")
+                raise PartitionError(
+                    f"{self.num_parties} parties but dataset {ds.name!r} has only {len(ds.block_names)} blocks."
+                )
             groups = [list(g) for g in np.array_split(np.array(ds.block_names), self.num_parties)]
         else:
             groups = self.parties
         clients = []
         for i, g in enumerate(groups):
-            clients.append(ClientShard(f"party-{i}", ds.ids.copy(), _check_blocks(ds, g, f"party {i}"), has_labels=(i == self.label_party)))
-        return Partition(clients, f"vertical, {len(groups)} parties, labels at party-{self.label_party}", {"kind": "vertical", "label_party": self.label_party})
+            clients.append(
+                ClientShard(
+                    f"party-{i}", ds.ids.copy(), _check_blocks(ds, g, f"party {i}"), has_labels=(i == self.label_party)
+                )
+            )
+        return Partition(
+            clients,
+            f"vertical, {len(groups)} parties, labels at party-{self.label_party}",
+            {"kind": "vertical", "label_party": self.label_party},
+        )
 
 
 # ------------------------------------------------------------------------------- hybrid
@@ -266,7 +305,11 @@ class ClassBlockPartitioner:
                 continue
             if {b for s in specs for b in s.blocks} != set(ds.block_names):
                 continue
-            if self.no_full_client and any(len(s.classes) == C or len(s.blocks) == B for s in specs) and (chi < C and bhi < B):
+            if (
+                self.no_full_client
+                and any(len(s.classes) == C or len(s.blocks) == B for s in specs)
+                and (chi < C and bhi < B)
+            ):
                 continue
             if self.min_cell_coverage:
                 cells = np.zeros((C, B), dtype=int)
@@ -281,6 +324,13 @@ class ClassBlockPartitioner:
         )
 
     def partition(self, ds: HybridDataset) -> Partition:
+        """Each client the samples of its classes (all of them, or an even share with
+        ``overlap="split"``) with its blocks (HyFEM Tables 2-4); the assignment is in ``meta``.
+
+        Raises:
+            PartitionError: a client names a class or block ``ds`` lacks, the drawn ranges do not
+                fit ``ds``, or no drawn assignment met the coverage conditions in 5000 draws.
+        """
         rng = np.random.default_rng(self.seed)
         specs = self.clients if self.clients is not None else self._draw(ds, rng)
         for i, s in enumerate(specs):
@@ -336,8 +386,15 @@ class GridPartitioner:
         _check_count("replicas", self.replicas)
 
     def partition(self, ds: HybridDataset) -> Partition:
+        """The grid of ``ds`` (HyFDCA Fig. 2): clients ``client-s<s>-f<f>`` (``-r<r>`` with replicas).
+
+        Raises:
+            PartitionError: more block groups than blocks, or more sample groups than samples.
+        """
         if self.block_groups > len(ds.block_names):
-            raise PartitionError(f"{self.block_groups} block groups but dataset {ds.name!r} has only {len(ds.block_names)} blocks.")
+            raise PartitionError(
+                f"{self.block_groups} block groups but dataset {ds.name!r} has only {len(ds.block_names)} blocks."
+            )
         if self.sample_groups > ds.n_samples:
             raise PartitionError(f"{self.sample_groups} sample groups but only {ds.n_samples} samples.")
         rng = np.random.default_rng(self.seed)
@@ -353,5 +410,11 @@ class GridPartitioner:
         return Partition(
             clients,
             f"hybrid grid, {self.sample_groups} sample groups x {self.block_groups} block groups",
-            {"kind": "grid", "sample_groups": self.sample_groups, "block_groups": self.block_groups, "replicas": self.replicas, "seed": self.seed},
+            {
+                "kind": "grid",
+                "sample_groups": self.sample_groups,
+                "block_groups": self.block_groups,
+                "replicas": self.replicas,
+                "seed": self.seed,
+            },
         )

@@ -10,6 +10,12 @@ from hybridfl.matching.classifier import (
 from hybridfl.matching.neurons import assign, euclidean_cost, pfnm_cost
 
 __all__ = [
-    "ClientClassifier", "MatchingConfig", "MatchingResult", "ServerClassifier", "assign", "euclidean_cost",
-    "match_classifiers", "pfnm_cost",
+    "ClientClassifier",
+    "MatchingConfig",
+    "MatchingResult",
+    "ServerClassifier",
+    "assign",
+    "euclidean_cost",
+    "match_classifiers",
+    "pfnm_cost",
 ]

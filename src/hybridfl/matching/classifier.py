@@ -54,6 +54,7 @@ class ClientClassifier:
 
     @property
     def width(self) -> int:
+        """The client's hidden width ``H_m`` (rows of ``W1``)."""
         return int(self.W1.shape[0])
 
 
@@ -68,6 +69,7 @@ class ServerClassifier:
 
     @property
     def width(self) -> int:
+        """The server's hidden width ``L`` (rows of ``W1``)."""
         return int(self.W1.shape[0])
 
     def client_view(self, assignment: np.ndarray, columns: np.ndarray) -> dict[str, np.ndarray]:
@@ -208,7 +210,11 @@ def match_classifiers(
         vecs.append(V)
         precs.append(prec)
 
-    kept = np.unique(np.concatenate([np.asarray(r, dtype=np.int64) for r in reserved])) if reserved else np.zeros(0, np.int64)
+    kept = (
+        np.unique(np.concatenate([np.asarray(r, dtype=np.int64) for r in reserved]))
+        if reserved
+        else np.zeros(0, np.int64)
+    )
     if kept.size and (kept.min() < 0 or kept.max() >= previous.width):
         raise ValueError("a reserved assignment points outside the previous server classifier")
     pool = _Pool(D)
@@ -217,7 +223,13 @@ def match_classifiers(
     assignments: list[np.ndarray | None] = []
     for c in clients:
         a = c.assignment
-        ok = a is not None and a.shape == (c.width,) and np.unique(a).size == a.size and a.min() >= 0 and a.max() < previous.width
+        ok = (
+            a is not None
+            and a.shape == (c.width,)
+            and np.unique(a).size == a.size
+            and a.min() >= 0
+            and a.max() < previous.width
+        )
         assignments.append(np.asarray(a, dtype=np.int64) if ok else None)
     for m, a in enumerate(assignments):
         if a is not None:
@@ -238,16 +250,27 @@ def match_classifiers(
             max_new = J - cand.size
         if config.cost == "pfnm":
             cost = pfnm_cost(
-                vecs[m], precs[m], pool.natural[cand], pool.prec[cand] + 1.0 / config.sigma0, pool.count[cand], M,
-                sigma0=config.sigma0, gamma=config.gamma, max_new=max_new,
+                vecs[m],
+                precs[m],
+                pool.natural[cand],
+                pool.prec[cand] + 1.0 / config.sigma0,
+                pool.count[cand],
+                M,
+                sigma0=config.sigma0,
+                gamma=config.gamma,
+                max_new=max_new,
             )
         else:
             mask = (precs[m] > 0).astype(float)
-            mean = np.divide(pool.natural[cand], pool.prec[cand], out=np.zeros((cand.size, D)), where=pool.prec[cand] > 0)
+            mean = np.divide(
+                pool.natural[cand], pool.prec[cand], out=np.zeros((cand.size, D)), where=pool.prec[cand] > 0
+            )
             pen = config.new_penalty
             if pen is None:
                 pen = float(np.median((vecs[m] ** 2).sum(1)))
-            cost = euclidean_cost(vecs[m], mask, mean, new_penalty=pen, server_mask=pool.prec[cand] > 0, max_new=max_new)
+            cost = euclidean_cost(
+                vecs[m], mask, mean, new_penalty=pen, server_mask=pool.prec[cand] > 0, max_new=max_new
+            )
         cols = assign(cost)
         ids = np.empty(J, dtype=np.int64)
         for j, col in enumerate(cols):
@@ -311,11 +334,19 @@ def match_classifiers(
     for s, n, out in ((sW1, nW1, W1), (sb1, nb1, b1), (sW2, nW2, W2), (sb2, nb2, b2)):
         cov = n > 0
         out[cov] = s[cov] / n[cov]
-    server = ServerClassifier(W1.astype(np.float32), b1.astype(np.float32), W2.astype(np.float32), b2.astype(np.float32))
+    server = ServerClassifier(
+        W1.astype(np.float32), b1.astype(np.float32), W2.astype(np.float32), b2.astype(np.float32)
+    )
     new_assign = [index[a] for a in assignments]
     moved = 0
     for c, a in zip(clients, assignments):
         prev = c.assignment
         moved += int(np.sum(a != prev)) if prev is not None and np.shape(prev) == a.shape else c.width
-    stats = {"sweeps": sweeps_done, "server_width": L, "new_neurons": int((~old).sum()), "dropped_neurons": int(previous.width - old.sum()), "reassigned": moved}
+    stats = {
+        "sweeps": sweeps_done,
+        "server_width": L,
+        "new_neurons": int((~old).sum()),
+        "dropped_neurons": int(previous.width - old.sum()),
+        "reassigned": moved,
+    }
     return MatchingResult(server, new_assign, stats, index[: previous.width].copy())

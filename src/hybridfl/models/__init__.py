@@ -12,6 +12,12 @@ from hybridfl.models.hybrid import (
 )
 
 __all__ = [
-    "CNNExtractor", "Classifier", "ExtractorFactory", "HybridModel", "MLPExtractor", "block_columns",
-    "default_extractor", "predict",
+    "CNNExtractor",
+    "Classifier",
+    "ExtractorFactory",
+    "HybridModel",
+    "MLPExtractor",
+    "block_columns",
+    "default_extractor",
+    "predict",
 ]

@@ -45,6 +45,7 @@ class MLPExtractor(nn.Module):
         he_init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``h_b(x_b)``: ``(batch, *shape)`` (flattened to ``(batch, d)``) -> ``(batch, out_dim)``."""
         return self.net(x.reshape(x.shape[0], -1))
 
 
@@ -57,8 +58,12 @@ class CNNExtractor(nn.Module):
         c, h, w = shape
         c1, c2 = channels
         self.conv = nn.Sequential(
-            nn.Conv2d(c, c1, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(c, c1, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(c1, c2, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         flat = c2 * (h // 4) * (w // 4)
         if flat == 0:
@@ -67,6 +72,7 @@ class CNNExtractor(nn.Module):
         he_init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``h_b(x_b)``: ``(batch, channels, height, width)`` -> ``(batch, out_dim)``."""
         return self.head(self.conv(x))
 
 
@@ -99,6 +105,7 @@ class Classifier(nn.Module):
         he_init(self)
 
     def forward(self, v: torch.Tensor) -> torch.Tensor:
+        """``F(w; v)``: features ``(batch, in_dim)`` -> logits ``(batch, classes)``."""
         return self.fc2(torch.relu(self.fc1(v)))
 
 
@@ -130,7 +137,9 @@ class HybridModel(nn.Module):
         factory = extractor_factory or default_extractor()
         self.blocks = tuple(blocks)
         self.extractor_dim = int(extractor_dim)
-        self.extractors = nn.ModuleDict({b: factory(b, tuple(block_shapes[b]), self.extractor_dim) for b in self.blocks})
+        self.extractors = nn.ModuleDict(
+            {b: factory(b, tuple(block_shapes[b]), self.extractor_dim) for b in self.blocks}
+        )
         self.classifier = Classifier(len(self.blocks) * self.extractor_dim, hidden, n_classes)
 
     def features(self, xs: Mapping[str, torch.Tensor]) -> torch.Tensor:
@@ -138,19 +147,46 @@ class HybridModel(nn.Module):
         return torch.cat([self.extractors[b](xs[b]) for b in self.blocks], dim=1)
 
     def forward(self, xs: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """``F(w; concat_b h_b(x_b))`` (HyFEM eq. (2)-(3)): block -> ``(batch, *shape)`` (every block
+        of :attr:`blocks`; others are ignored) -> logits ``(batch, C)``.
+
+        Raises:
+            KeyError: ``xs`` lacks one of the model's blocks.
+        """
         return self.classifier(self.features(xs))
 
     # ------------------------------------------------------------- parameters as arrays
     def extractor_arrays(self, block: str) -> dict[str, np.ndarray]:
+        """A copy of the parameters ``theta_b`` of ``block``'s extractor: state-dict name -> array
+        (``float32`` for the built-in extractors).
+
+        Raises:
+            KeyError: the model has no extractor for ``block``.
+        """
         return {k: v.detach().cpu().numpy().copy() for k, v in self.extractors[block].state_dict().items()}
 
     def load_extractor_arrays(self, block: str, arrays: Mapping[str, np.ndarray]) -> None:
+        """Set ``block``'s extractor parameters from ``arrays`` (the form :meth:`extractor_arrays` returns).
+
+        Raises:
+            KeyError: the model has no extractor for ``block``.
+            RuntimeError: a parameter is missing, unexpected or of another shape (``load_state_dict``).
+        """
         self.extractors[block].load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
 
     def classifier_arrays(self) -> dict[str, np.ndarray]:
+        """A copy of the classifier parameters ``w`` (``float32``): ``fc1.weight`` ``(hidden, in_dim)``,
+        ``fc1.bias`` ``(hidden,)``, ``fc2.weight`` ``(C, hidden)``, ``fc2.bias`` ``(C,)``."""
         return {k: v.detach().cpu().numpy().copy() for k, v in self.classifier.state_dict().items()}
 
     def load_classifier_arrays(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Set the classifier from ``arrays`` (the form :meth:`classifier_arrays` returns, cast to
+        ``float32``); a different hidden width (HyFEM's matched server width) rebuilds it first.
+
+        Raises:
+            KeyError: ``fc1.weight`` is missing.
+            RuntimeError: another parameter is missing, unexpected or of another shape.
+        """
         sd = {k: torch.from_numpy(np.asarray(v, dtype=np.float32)) for k, v in arrays.items()}
         hidden = sd["fc1.weight"].shape[0]
         if hidden != self.classifier.fc1.out_features:
@@ -165,7 +201,9 @@ def block_columns(blocks: Sequence[str], all_blocks: Sequence[str], extractor_di
     Returns ``(len(blocks) * e,)`` int array: entry ``j`` is the server column of client column ``j``.
     """
     pos = {b: i for i, b in enumerate(all_blocks)}
-    return np.concatenate([np.arange(pos[b] * extractor_dim, (pos[b] + 1) * extractor_dim) for b in blocks]).astype(np.int64)
+    return np.concatenate([np.arange(pos[b] * extractor_dim, (pos[b] + 1) * extractor_dim) for b in blocks]).astype(
+        np.int64
+    )
 
 
 @torch.no_grad()

@@ -42,6 +42,7 @@ class LinearBottom(nn.Module):
         nn.init.zeros_(self.theta.weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``H_k = x_k theta_k`` (paper eq. (2)): ``(batch, *shape)`` -> ``(batch, 1)``."""
         return self.theta(x.reshape(x.shape[0], -1))
 
 
@@ -58,13 +59,18 @@ class PaperCNNTower(nn.Module):
         c, h, w = shape
         # TensorFlow "SAME" padding for a 2x2 kernel: one zero row/column at the bottom/right
         self.conv = nn.Sequential(
-            nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(c, channels, 2), nn.ReLU(),
-            nn.ZeroPad2d((0, 1, 0, 1)), nn.Conv2d(channels, channels, 2), nn.ReLU(),
+            nn.ZeroPad2d((0, 1, 0, 1)),
+            nn.Conv2d(c, channels, 2),
+            nn.ReLU(),
+            nn.ZeroPad2d((0, 1, 0, 1)),
+            nn.Conv2d(channels, channels, 2),
+            nn.ReLU(),
         )
         self.head = nn.Sequential(nn.Flatten(), nn.Linear(channels * h * w, out_dim), nn.ReLU())
         he_init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The party's representation ``H_k``: ``(batch, c, h, w)`` -> ``(batch, out_dim)``."""
         return self.head(self.conv(x))
 
 
@@ -77,6 +83,8 @@ class MLPTower(nn.Module):
         he_init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The party's representation ``H_k``: ``(batch, *shape)`` (flattened to ``(batch, d)``) ->
+        ``(batch, out_dim)``."""
         return self.net(x.reshape(x.shape[0], -1))
 
 
@@ -88,6 +96,7 @@ class SumTop(nn.Module):
         self.bias = nn.Parameter(torch.zeros(1))
 
     def forward(self, hs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """``H = sum_k H_k + b`` (paper eq. (2)): one ``(batch, 1)`` tensor per party -> logits ``(batch,)``."""
         return torch.stack([h.reshape(h.shape[0]) for h in hs], dim=0).sum(dim=0) + self.bias
 
 
@@ -102,6 +111,8 @@ class LinearTop(nn.Module):
         nn.init.zeros_(self.fc.bias)
 
     def forward(self, hs: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Logits of the concatenated party outputs: ``(batch, r_k)`` per party, in party order ->
+        ``(batch,)``."""
         return self.fc(torch.cat(list(hs), dim=1)).reshape(-1)
 
 

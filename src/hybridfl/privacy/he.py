@@ -272,7 +272,11 @@ class CKKSBackend(HEBackend):
             return
         sb = round(self.scale_bits)
         fit = self.modulus_bits - 2 - math.ceil(math.log2(big))  # largest scale bits whose limit holds it
-        lower = f" or lower algorithm.ckks_scale_bits to {fit} or less (each bit less doubles the limit and halves the precision)" if fit >= 20 else ""
+        lower = (
+            f" or lower algorithm.ckks_scale_bits to {fit} or less (each bit less doubles the limit and halves the precision)"
+            if fit >= 20
+            else ""
+        )
         raise DataError(
             f"CKKS cannot encrypt a value of magnitude {big:.4g}, above the limit {self.limit:.6g} (2**{self.modulus_bits - 2 - sb}) of "
             f"ckks_scale_bits {sb} with a {self.modulus_bits}-bit coefficient modulus; set dataset.standardize: true{lower}."
@@ -284,7 +288,9 @@ class CKKSBackend(HEBackend):
         self.check_range(v)
         if v.size == 0:
             return b""
-        return _pack([ts.ckks_vector(self.ctx, v[i : i + self.slots].tolist()).serialize() for i in range(0, v.size, self.slots)])
+        return _pack(
+            [ts.ckks_vector(self.ctx, v[i : i + self.slots].tolist()).serialize() for i in range(0, v.size, self.slots)]
+        )
 
     def _add(self, items: list[bytes], n: int) -> bytes:
         import tenseal as ts
@@ -328,8 +334,14 @@ class KeyDealer:
         ConfigError: unknown scheme.
     """
 
-    def __init__(self, scheme: str = "none", paillier_bits: int = 2048, precision_bits: int = 40,
-                 ckks_degree: int = 8192, ckks_scale_bits: int = 40):
+    def __init__(
+        self,
+        scheme: str = "none",
+        paillier_bits: int = 2048,
+        precision_bits: int = 40,
+        ckks_degree: int = 8192,
+        ckks_scale_bits: int = 40,
+    ):
         if scheme not in SCHEMES:
             raise ConfigError(f"unknown encryption scheme {scheme!r} (known: {', '.join(SCHEMES)}).")
         self.scheme = scheme
@@ -400,7 +412,7 @@ class KeyDealer:
             m = decode(bytes(data))
             p = m.payload
             scheme = str(p["scheme"])
-        except Exception:  # noqa: BLE001
+        except Exception:
             raise ConfigError("the stored HE key pair is unreadable.") from None
         if m.kind != KEY_PAIR_KIND or scheme not in SCHEMES:
             raise ConfigError("the stored HE key pair is unreadable.")
@@ -410,7 +422,10 @@ class KeyDealer:
             from phe import paillier
 
             pk = paillier.PaillierPublicKey(int.from_bytes(d._public, "big"))
-            d._secret = (pk, paillier.PaillierPrivateKey(pk, int.from_bytes(p["p"], "big"), int.from_bytes(p["q"], "big")))
+            d._secret = (
+                pk,
+                paillier.PaillierPrivateKey(pk, int.from_bytes(p["p"], "big"), int.from_bytes(p["q"], "big")),
+            )
         elif scheme == "ckks":
             d._secret, d._slots = bytes(p["context"]), int(p["slots"])
         return d

@@ -16,14 +16,14 @@ key, and ``slots``).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
+from hybridfl.data.export import SECRET_FILE  # noqa: F401  (the one name of the key file)
 from hybridfl.errors import DataError
+from hybridfl.files import atomic_write
 from hybridfl.privacy.he import KEY_PAIR_KIND, HEBackend, KeyDealer
 from hybridfl.runtime.messages import decode
 
-SECRET_FILE = "he_secret.key"
 KIND = KEY_PAIR_KIND
 
 
@@ -33,11 +33,25 @@ def dealer_to_bytes(dealer: KeyDealer) -> bytes:
 
 
 def write_secret(dealer: KeyDealer, path: str | Path) -> Path:
-    """Write the shared secret key file (mode 0600)."""
-    p = Path(path)
-    p.write_bytes(dealer_to_bytes(dealer))
-    os.chmod(p, 0o600)
-    return p
+    """Write the shared secret key file atomically, readable by its owner only (mode 0600)."""
+    return atomic_write(Path(path), dealer_to_bytes(dealer), mode=0o600)
+
+
+def backend_from_secret(secret: bytes, where: str) -> tuple[str, HEBackend, bytes]:
+    """``(scheme, client backend with the secret key, public material)`` from the bytes of a secret
+    key file (``where`` names its origin in errors).
+
+    Raises:
+        DataError: the bytes are not a hybridfl secret key file.
+    """
+    try:
+        m = decode(secret)
+        if m.kind != KIND:
+            raise ValueError(m.kind)
+        dealer = KeyDealer.from_bytes(secret)
+    except Exception:
+        raise DataError(f"{where} is not a hybridfl HE secret key file.") from None
+    return dealer.scheme, dealer.client_backend(), dealer.public_material()
 
 
 def load_secret(path: str | Path) -> tuple[str, HEBackend, bytes]:
@@ -48,13 +62,7 @@ def load_secret(path: str | Path) -> tuple[str, HEBackend, bytes]:
     """
     f = Path(path)
     if not f.is_file():
-        raise DataError(f"HE secret key file {str(f)!r} does not exist (make it with `hybridfl he-keys` on a client machine).")
-    data = f.read_bytes()
-    try:
-        m = decode(data)
-    except Exception:  # noqa: BLE001
-        raise DataError(f"{str(f)!r} is not a hybridfl HE secret key file.") from None
-    if m.kind != KIND:
-        raise DataError(f"{str(f)!r} is not a hybridfl HE secret key file.")
-    dealer = KeyDealer.from_bytes(data)
-    return dealer.scheme, dealer.client_backend(), dealer.public_material()
+        raise DataError(
+            f"HE secret key file {str(f)!r} does not exist (make it with `hybridfl he-keys` on a client machine)."
+        )
+    return backend_from_secret(f.read_bytes(), repr(str(f)))

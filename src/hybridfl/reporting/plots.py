@@ -8,15 +8,15 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+import matplotlib.pyplot as plt
+import numpy as np
 
-from hybridfl.data.partition import Coverage  # noqa: E402
-from hybridfl.runtime.simulation import RunResult  # noqa: E402
+from hybridfl.data.partition import Coverage
+from hybridfl.runtime.simulation import RunResult
 
 
 def _save(fig, path: Path) -> Path:
-    from hybridfl.reporting.results import atomic_write
+    from hybridfl.files import atomic_write
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=120, bbox_inches="tight")
@@ -34,7 +34,9 @@ def plot_accuracy(result: RunResult, path: str | Path) -> Path:
     if any("server_accuracy" in r for r in h):
         ax.plot(rounds, [100 * r["server_accuracy"] for r in h], "o-", ms=3, label="server (global, all blocks)")
     if any("client_accuracy_mean" in r for r in h):
-        ax.plot(rounds, [100 * r["client_accuracy_mean"] for r in h], "s-", ms=3, label="clients, mean (local, own blocks)")
+        ax.plot(
+            rounds, [100 * r["client_accuracy_mean"] for r in h], "s-", ms=3, label="clients, mean (local, own blocks)"
+        )
     if any("accuracy" in r for r in h):
         ax.plot(rounds, [100 * r["accuracy"] for r in h], "o-", ms=3, label="test accuracy")
     s = result.summary
@@ -58,11 +60,15 @@ def plot_coverage(cov: Coverage, path: str | Path, title: str = "") -> Path:
     for i in range(counts.shape[0]):
         for j in range(counts.shape[1]):
             v = int(counts[i, j])
-            ax.text(j, i, str(v), ha="center", va="center", fontsize=8, color="white" if v > counts.max() / 2 else "black")
+            ax.text(
+                j, i, str(v), ha="center", va="center", fontsize=8, color="white" if v > counts.max() / 2 else "black"
+            )
     ax.set_xticks(np.arange(len(cov.classes)), cov.classes, fontsize=8)
     ax.set_yticks(np.arange(len(cov.blocks)), cov.blocks, fontsize=8)
     ax.set_xlabel("class")
     ax.set_ylabel("feature block")
-    ax.set_title(title or f"clients holding each (class, block); {100 * cov.unused_share:.2f} % of cells unused", fontsize=9)
+    ax.set_title(
+        title or f"clients holding each (class, block); {100 * cov.unused_share:.2f} % of cells unused", fontsize=9
+    )
     fig.colorbar(im, ax=ax, label="clients")
     return _save(fig, Path(path))

@@ -1,7 +1,7 @@
 """Results files of a run: ``results.json``, ``metrics.csv`` and plots, written atomically.
 
-Every file is first written under a temporary name in the output directory and then renamed
-into place (``os.replace``), so an interrupted run never leaves a half-written file.
+Every file goes through :func:`hybridfl.files.atomic_write`, so an interrupted run never leaves a
+half-written file.
 """
 
 from __future__ import annotations
@@ -10,13 +10,12 @@ import csv
 import io
 import json
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from hybridfl.files import atomic_write
 from hybridfl.runtime.simulation import RunResult
 
 
@@ -33,20 +32,6 @@ def _jsonable(v: Any) -> Any:
         f = float(v)
         return f if math.isfinite(f) else None
     return v
-
-
-def atomic_write(path: Path, data: bytes | str) -> None:
-    """Write ``data`` to ``path`` via a temporary file in the same directory and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    raw = data.encode() if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(raw)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def metrics_csv(history: list[dict[str, float]]) -> str:

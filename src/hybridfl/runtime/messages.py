@@ -20,6 +20,9 @@ from typing import Any
 
 import numpy as np
 
+SERVER = "server"
+"""The name of the server (the coordinator, in FedBCD) as a message sender or receiver."""
+
 
 @dataclass
 class Message:

@@ -1,10 +1,15 @@
-"""The in-process simulation: rounds of server-side steps over an :class:`InProcessTransport`.
+"""The in-process simulation: an algorithm's spec run over an :class:`InProcessTransport`.
 
-:func:`simulate` is algorithm-agnostic: it calls ``server.setup(transport, client_ids)`` once, then
-``server.run_round(rnd, transport)`` for each round, evaluates every ``eval_every`` rounds (and
-after the last), records per-round metrics with the bytes and messages that crossed, and reports
-progress. Evaluation runs outside the protocol (it reads the test set directly, like Flower's
-server-side ``evaluate_fn``) and is not counted as communication.
+:func:`build_federation` makes, from a dataset split and a partition, exactly what a deployment
+has: one :class:`~hybridfl.data.export.ClientData` per client (its samples and blocks; labels only
+if it holds them; shared secrets), the server's :class:`~hybridfl.data.export.ServerData` (public
+schema, client layout, test set), and from those the server and the clients through the
+algorithm's :class:`~hybridfl.algorithms.spec.AlgorithmSpec`. :func:`simulate` sets them up and
+runs the :class:`~hybridfl.runtime.loop.RoundLoop` that the Flower ServerApp runs too, with
+checkpoints and resume, then the algorithm's report and baselines.
+
+Evaluation exchanges (FedBCD's joint prediction) go through a second in-process transport without
+simulated failures, so they never count as round traffic nor change a round's failure draws.
 """
 
 from __future__ import annotations
@@ -14,8 +19,16 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
+import numpy as np
+
+from hybridfl.algorithms.spec import AlgorithmSpec, get_algorithm
+from hybridfl.data.dataset import DatasetSplit, HybridDataset
+from hybridfl.data.export import ClientData, ServerData
+from hybridfl.data.partition import Partition
+from hybridfl.runtime.checkpoint import federation_state, open_for_resume, restore_federation, save_checkpoint
+from hybridfl.runtime.loop import ProgressFn, RoundLoop
 from hybridfl.runtime.transport import CommLog, InProcessTransport
 
 
@@ -43,16 +56,6 @@ def single_threaded() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-class RoundServer(Protocol):
-    def setup(self, transport: Any, client_ids: list[str]) -> None: ...
-
-    def run_round(self, rnd: int, transport: Any) -> dict[str, float]: ...
-
-
-ProgressFn = Callable[[int, int, dict[str, float]], None]
-"""``progress(round_done, rounds_total, metrics)``, called after every round."""
-
-
 @dataclass
 class RunResult:
     """What a run produced.
@@ -70,46 +73,243 @@ class RunResult:
     plots: list[Callable[[Path], None]] = field(default_factory=list)
 
 
-def simulate(
-    server: RoundServer,
-    transport: InProcessTransport,
-    rounds: int,
-    evaluate: Callable[[int], dict[str, float]] | None = None,
-    eval_every: int = 1,
-    progress: ProgressFn | None = None,
-    start_round: int = 1,
-    history: list[dict[str, float]] | None = None,
-    after_round: Callable[[int, list[dict[str, float]]], None] | None = None,
-) -> list[dict[str, float]]:
-    """Run rounds ``start_round..rounds``; return the per-round metrics rows.
+def _unlabelled(ds: HybridDataset) -> HybridDataset:
+    return HybridDataset(ds.name, ds.ids, np.zeros(ds.n_samples, dtype=np.int64), ds.blocks, ds.classes)
 
-    Each row has ``round`` (1-based), the server's round metrics, ``bytes`` and ``messages`` of
-    that round, cumulative ``bytes_total``, ``seconds`` (wall time of the round without
-    evaluation) and, on evaluated rounds, what ``evaluate(round)`` returned.
 
-    Resuming (``start_round > 1``): the server, clients and transport must already hold the state
-    after round ``start_round - 1`` and ``history`` its rows; the one-off ``setup`` is skipped.
-    ``after_round(rnd, history)`` is called after every completed round (e.g. to checkpoint).
+def client_data(
+    split: DatasetSplit, partition: Partition, secrets: dict[str, bytes] | None = None, with_test: bool = False
+) -> list[ClientData]:
+    """One :class:`ClientData` per partition entry, in memory: what ``hybridfl export-clients``
+    would write into its directory (its samples restricted to its blocks; labels all zero unless
+    it holds them; ``secrets``; with ``with_test`` its blocks of the test set)."""
+    train = split.train
+    schema = dict(train.block_shapes)
+    out = []
+    for i, c in enumerate(partition.clients):
+        data = train.subset(c.sample_ids, c.blocks)
+        test = split.test.subset(None, c.blocks) if with_test else None
+        if not c.has_labels:
+            data = _unlabelled(data)
+            test = _unlabelled(test) if test is not None else None
+        out.append(
+            ClientData(
+                c.client_id,
+                i,
+                data,
+                bool(c.has_labels),
+                schema,
+                list(train.classes),
+                {},
+                None,
+                dict(secrets or {}),
+                test,
+            )
+        )
+    return out
+
+
+def server_data(split: DatasetSplit, partition: Partition) -> ServerData:
+    """The server's public data, in memory: what an export's ``server/`` holds (schema, client
+    names and layout, test set)."""
+    meta = {
+        "client_blocks": {c.client_id: list(c.blocks) for c in partition.clients},
+        "client_labels": {c.client_id: bool(c.has_labels) for c in partition.clients},
+        "dataset": split.name,
+    }
+    return ServerData(
+        dict(split.train.block_shapes),
+        list(split.train.classes),
+        [c.client_id for c in partition.clients],
+        split.test,
+        meta,
+    )
+
+
+@dataclass
+class Federation:
+    """A simulated federation: the server, the clients and the transport between them, built by
+    the algorithm's spec from the same data objects a deployment reads from disk.
+
+    Attributes:
+        spec: the algorithm's recipe.
+        config: its validated config.
+        seed: the run seed.
+        server: the server-side object.
+        clients: client ID -> client-side object.
+        transport: the in-process transport (with ``failure_rate`` and ``fail_at`` failures).
+        server_data: the server's public data.
+        client_data: each client's data, partition order.
+        secrets: the clients' shared secrets (``{}`` without encryption).
+        split: the dataset split (for the monitor and the baselines only).
+        partition: the partition.
     """
-    history = list(history or [])
-    if start_round <= 1:
-        server.setup(transport, transport.client_ids)
-    for rnd in range(start_round, rounds + 1):
-        n_before = len(transport.log.entries)
-        t0 = time.perf_counter()
-        metrics = dict(server.run_round(rnd, transport))
-        seconds = time.perf_counter() - t0
-        new = transport.log.entries[n_before:]
-        row: dict[str, float] = {"round": rnd, **metrics}
-        row["bytes"] = sum(e.nbytes for e in new)
-        row["messages"] = len(new)
-        row["bytes_total"] = transport.log.bytes_total
-        row["seconds"] = seconds
-        if evaluate is not None and ((eval_every and rnd % eval_every == 0) or rnd == rounds):
-            row.update(evaluate(rnd))
-        history.append(row)
-        if after_round is not None:
-            after_round(rnd, history)
-        if progress is not None:
-            progress(rnd, rounds, row)
-    return history
+
+    spec: AlgorithmSpec
+    config: Any
+    seed: int
+    server: Any
+    clients: dict[str, Any]
+    transport: InProcessTransport
+    server_data: ServerData
+    client_data: list[ClientData]
+    secrets: dict[str, bytes]
+    split: DatasetSplit
+    partition: Partition
+    monitor: Any = None
+
+    def setup(self) -> None:
+        """The server's one-off setup exchanges."""
+        self.server.setup(self.transport, self.transport.client_ids)
+
+    def loop(
+        self, progress: ProgressFn | None = None, on_round: Callable | None = None, monitor: bool = True
+    ) -> RoundLoop:
+        """The :class:`RoundLoop` of this federation (evaluation through a failure-free transport)."""
+        if monitor and self.monitor is None and self.spec.monitor is not None:
+            self.monitor = self.spec.monitor(
+                self.split, self.partition, self.config, self.seed, self.clients, self.secrets
+            )
+        ev = InProcessTransport(self.clients, self.transport.recorder)
+        return RoundLoop(
+            self.spec,
+            self.config,
+            self.server,
+            self.transport,
+            self.server_data,
+            ev.send_and_receive,
+            self.monitor if monitor else None,
+            progress,
+            on_round,
+        )
+
+    def run(self, progress: ProgressFn | None = None, monitor: bool = True) -> list[dict[str, float]]:
+        """Set up and run all rounds (no checkpoints); return the metrics rows."""
+        self.setup()
+        return self.loop(progress, monitor=monitor).run()
+
+
+def build_federation(
+    spec: AlgorithmSpec | str,
+    split: DatasetSplit,
+    partition: Partition,
+    config: Any,
+    seed: int = 0,
+    recorder: Callable[[bytes], None] | None = None,
+    secrets: dict[str, bytes] | None = None,
+    fail_at: Any = (),
+) -> Federation:
+    """Check the inputs, make every client's data and build server, clients and transport.
+
+    Args:
+        spec: the algorithm (or its name).
+        recorder: receives the raw bytes of every message (audits).
+        secrets: the clients' shared secrets; default: the spec deals new ones (HyFDCA's key pair).
+        fail_at: explicit ``(round, client)`` failures (replies lost) besides ``failure_rate``.
+
+    Raises:
+        HybridFLError: any input problem (the algorithm's ``check``), before anything is built.
+    """
+    spec = get_algorithm(spec) if isinstance(spec, str) else spec
+    if not spec.federated:
+        raise TypeError(f"algorithm {spec.name!r} is not federated")
+    if spec.check is not None:
+        spec.check(split, partition, config)
+    if secrets is None:
+        secrets = (spec.deal_secrets(config) if spec.deal_secrets is not None else None) or {}
+    cds = client_data(split, partition, secrets, with_test=spec.clients_hold_test)
+    layout = [(c.client_id, list(c.blocks), bool(c.has_labels)) for c in partition.clients]
+    clients = {cd.client_id: spec.build_client(cd, config, seed, layout) for cd in cds}
+    hello = {cd.client_id: (spec.hello_payload(cd, config) if spec.hello_payload is not None else {}) for cd in cds}
+    sd = server_data(split, partition)
+    server = spec.build_server(sd, config, seed, hello)
+    transport = InProcessTransport(clients, recorder, float(getattr(config, "failure_rate", 0.0)), seed, fail_at)
+    return Federation(spec, config, seed, server, clients, transport, sd, cds, dict(secrets), split, partition)
+
+
+def simulate(
+    spec: AlgorithmSpec | str,
+    split: DatasetSplit,
+    partition: Partition,
+    config: Any,
+    seed: int = 0,
+    progress: ProgressFn | None = None,
+    recorder: Callable[[bytes], None] | None = None,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
+    secrets: dict[str, bytes] | None = None,
+    fail_at: Any = (),
+) -> RunResult:
+    """Run an algorithm in process: build, set up, the round loop, the report, the baselines.
+
+    Args:
+        checkpoint: file to write the whole federation's state to after every round (atomically,
+            mode 0600: it holds every party's state and shared secrets).
+        resume: continue from ``checkpoint`` after its last completed round (build, setup, restore:
+            the same order for every algorithm); the result equals an uninterrupted run's.
+
+    Raises:
+        HybridFLError: an input problem, or ``resume`` without a checkpoint of this federation.
+    """
+    spec = get_algorithm(spec) if isinstance(spec, str) else spec
+    t_start = time.perf_counter()
+    if spec.run is not None:
+        return spec.run(split, partition, config, seed, progress)
+    start, history0, values, meta = 1, [], {}, {}
+    if resume:
+        done, values, meta = open_for_resume(checkpoint, spec.name, [c.client_id for c in partition.clients])
+        secrets = {
+            k[8:]: bytes(np.asarray(v, dtype=np.uint8).tobytes()) if isinstance(v, np.ndarray) else bytes(v)
+            for k, v in values.items()
+            if k.startswith("secrets.")
+        }
+        start, history0 = done + 1, meta["history"]
+    fed = build_federation(spec, split, partition, config, seed, recorder, secrets, fail_at)
+    fed.setup()
+    if resume:
+        restore_federation(values, meta["server"], fed.server, fed.clients)
+        fed.transport.set_state(meta["transport"])
+        _set_global_rng(values)
+
+    def on_round(rnd: int, history: list[dict], finished: bool) -> None:
+        if checkpoint is None:
+            return
+        vals, s_meta = federation_state(fed.server, fed.clients)
+        vals.update({f"secrets.{k}": v for k, v in fed.secrets.items()})
+        vals.update(_global_rng())
+        save_checkpoint(
+            checkpoint,
+            rnd,
+            vals,
+            {
+                "algorithm": spec.name,
+                "clients": list(fed.clients),
+                "server": s_meta,
+                "transport": fed.transport.get_state(),
+                "history": history,
+            },
+        )
+
+    loop = fed.loop(progress, on_round)
+    history = loop.run(start, history0)
+    base = spec.baselines(split, partition, config, seed) if spec.baselines is not None else {}
+    summary = loop.summary(history, len(fed.clients), split.name, base)
+    summary["dataset"] = split.name
+    summary["wall_seconds"] = time.perf_counter() - t_start
+    title = f"{spec.name} on {split.name}"
+    plots = spec.plots(history, config, title) if spec.plots is not None else []
+    return RunResult(summary, history, fed.transport.log, plots)
+
+
+def _global_rng() -> dict[str, np.ndarray]:
+    """torch's global random state (algorithms that build models draw from it), for checkpoints."""
+    import torch
+
+    return {"rng.torch": torch.get_rng_state().numpy().copy()}
+
+
+def _set_global_rng(values: dict[str, Any]) -> None:
+    import torch
+
+    if "rng.torch" in values:
+        torch.set_rng_state(torch.from_numpy(np.ascontiguousarray(values["rng.torch"], dtype=np.uint8)))

@@ -1,35 +1,64 @@
 """Transports: how server-side steps reach client-side steps, and the communication log.
 
 Server-side code never calls a client directly: it builds :class:`Message` objects and calls
-``transport.send_and_receive(messages)``, which returns the replies (the shape of Flower's
-``grid.send_and_receive``). :class:`InProcessTransport` runs the clients in this process,
-encoding and decoding every message and logging its size; the Flower runtime provides another
-transport with the same method, so the algorithm code is the same in both.
+``transport.send_and_receive(messages)`` (the shape of Flower's ``grid.send_and_receive``). Two
+transports implement the :class:`Transport` contract:
+
+- :class:`InProcessTransport` runs the clients in this process, encoding and decoding every
+  message and logging its size (the simulation);
+- :class:`hybridfl.runtime.flower.bridge.FlowerTransport` carries the same bytes through a Flower
+  SuperLink to one SuperNode per client (deployment).
+
+Both return **the replies that arrived by the deadline** and never raise for a missing one, so an
+algorithm's missing-reply policy (HyFEM: the client is absent this round; HyFDCA: its dual changes
+are not committed; FedBCD: skip and undo the round, or stop) runs the same way on both.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
-from hybridfl.runtime.messages import Message, decode, encode
+from hybridfl.runtime.messages import SERVER, Message, decode, encode
 
 
 class ClientEndpoint(Protocol):
     """Client-side steps: answer one message with one message."""
 
-    def handle(self, msg: Message) -> Message: ...
+    def handle(self, msg: Message) -> Message:
+        """Answer ``msg`` (addressed to this client) with one reply to its sender, same round."""
+        ...
 
 
+@runtime_checkable
 class Transport(Protocol):
-    """Delivers server messages to clients and returns the replies that arrive, in the same
-    order (a client that fails returns nothing: server-side steps must not assume every reply)."""
+    """What server-side steps may use to reach the clients.
 
-    def send_and_receive(self, messages: list[Message]) -> list[Message]: ...
+    Attributes:
+        client_ids: the clients of the federation, in partition order.
+        log: a :class:`CommLog` of every message that crossed (counted bytes of our codec).
+    """
+
+    log: CommLog
+
+    @property
+    def client_ids(self) -> list[str]:
+        """The clients of the federation, in partition order."""
+        ...
+
+    def send_and_receive(self, messages: Sequence[Message]) -> list[Message]:
+        """Deliver ``messages`` (at most one per client) and return the replies that arrived by the
+        transport's deadline, in the order of ``messages``. A client whose reply did not arrive
+        (it failed, its node died, it timed out) is simply missing from the list: no exception.
+
+        Raises:
+            KeyError: a message names a client that is not in the federation.
+        """
+        ...
 
 
 @dataclass
@@ -48,20 +77,24 @@ class CommLog:
     entries: list[LogEntry] = field(default_factory=list)
 
     def add(self, msg: Message, nbytes: int) -> None:
+        """Record ``msg`` (its round, kind, sender, receiver) with its encoded size ``nbytes``."""
         self.entries.append(LogEntry(msg.round, msg.kind, msg.sender, msg.receiver, nbytes))
 
     @property
     def bytes_total(self) -> int:
+        """Bytes of every message logged."""
         return sum(e.nbytes for e in self.entries)
 
     @property
     def messages_total(self) -> int:
+        """Number of messages logged."""
         return len(self.entries)
 
     def bytes_in_round(self, rnd: int) -> int:
+        """Bytes of the messages of round ``rnd``."""
         return sum(e.nbytes for e in self.entries if e.round == rnd)
 
-    def per_client(self, server: str = "server") -> dict[str, dict[str, int]]:
+    def per_client(self, server: str = SERVER) -> dict[str, dict[str, int]]:
         """Client -> {messages, bytes_up (client to server), bytes_down (server to client)}."""
         out: dict[str, dict[str, int]] = defaultdict(lambda: {"messages": 0, "bytes_up": 0, "bytes_down": 0})
         for e in self.entries:
@@ -87,6 +120,8 @@ class InProcessTransport:
             ``failure_seed``, so a multi-exchange round loses the client for the whole round.
             ``send_and_receive`` then returns only the replies that arrived (in order).
         failure_seed: seed of those draws.
+        fail_at: explicit ``(round, client)`` failures on top of the random ones (tests that replay
+            one failure on several transports).
     """
 
     def __init__(
@@ -95,6 +130,7 @@ class InProcessTransport:
         recorder: Callable[[bytes], None] | None = None,
         failure_rate: float = 0.0,
         failure_seed: int = 0,
+        fail_at: Iterable[tuple[int, str]] = (),
     ):
         if not 0.0 <= failure_rate < 1.0:
             raise ValueError(f"failure_rate must be in [0, 1), got {failure_rate}")
@@ -105,6 +141,7 @@ class InProcessTransport:
         self._failure_rng = np.random.default_rng(failure_seed)
         self._failed: dict[tuple[int, str], bool] = {}
         self.failures: list[tuple[int, str]] = []
+        self.fail_at = {(int(r), str(c)) for r, c in fail_at}
 
     def get_state(self) -> dict:
         """JSON-able state for checkpoints: the log and the failure draws so far."""
@@ -124,7 +161,14 @@ class InProcessTransport:
 
     def fails(self, rnd: int, client_id: str) -> bool:
         """Whether ``client_id`` fails in round ``rnd`` (drawn once, then remembered)."""
-        if self.failure_rate == 0.0 or rnd < 1:
+        if rnd < 1:
+            return False
+        if (rnd, client_id) in self.fail_at:
+            if (rnd, client_id) not in self._failed:
+                self._failed[(rnd, client_id)] = True
+                self.failures.append((rnd, client_id))
+            return True
+        if self.failure_rate == 0.0:
             return False
         key = (rnd, client_id)
         if key not in self._failed:
@@ -135,6 +179,7 @@ class InProcessTransport:
 
     @property
     def client_ids(self) -> list[str]:
+        """The client IDs of ``clients``, in their order."""
         return list(self.clients)
 
     def _cross(self, msg: Message) -> Message:
@@ -145,6 +190,13 @@ class InProcessTransport:
         return decode(raw)
 
     def send_and_receive(self, messages: Iterable[Message]) -> list[Message]:
+        """Deliver each message to its client's :meth:`~ClientEndpoint.handle` (both directions
+        encoded, logged and decoded) and return the replies, in order, without those of the clients
+        that fail this round (:meth:`fails`).
+
+        Raises:
+            KeyError: a message names a client that is not in ``clients``.
+        """
         replies = []
         for msg in messages:
             if msg.receiver not in self.clients:

@@ -58,7 +58,9 @@ def conjugate_values(alpha: np.ndarray, y: np.ndarray, loss: str) -> np.ndarray:
     if loss == "hinge":
         return -b
     with np.errstate(divide="ignore", invalid="ignore"):
-        ent = np.where(b > 0, b * np.log(np.where(b > 0, b, 1.0)), 0.0) + np.where(b < 1, (1 - b) * np.log(np.where(b < 1, 1 - b, 1.0)), 0.0)
+        ent = np.where(b > 0, b * np.log(np.where(b > 0, b, 1.0)), 0.0) + np.where(
+            b < 1, (1 - b) * np.log(np.where(b < 1, 1 - b, 1.0)), 0.0
+        )
     return ent
 
 
@@ -142,8 +144,20 @@ class RowData:
             self.X = np.ascontiguousarray(X, dtype=np.float64)
         self.shape = self.X.shape
 
-    def dot_and_add(self, order: np.ndarray, alpha: np.ndarray, y: np.ndarray, u0: np.ndarray, q: np.ndarray,
-                    loss: str, lam_n: float, sigma: float, cross: float, dw: np.ndarray, gamma: float = 0.0) -> np.ndarray:
+    def dot_and_add(
+        self,
+        order: np.ndarray,
+        alpha: np.ndarray,
+        y: np.ndarray,
+        u0: np.ndarray,
+        q: np.ndarray,
+        loss: str,
+        lam_n: float,
+        sigma: float,
+        cross: float,
+        dw: np.ndarray,
+        gamma: float = 0.0,
+    ) -> np.ndarray:
         """Sequential SDCA steps over local rows ``order`` (HyFDCA Alg. 3; SPEC.md LocalDualMethod).
 
         For each row ``i``: ``u = u0[i] + cross * x_i^T dw`` (the client's own changes since the
@@ -180,8 +194,16 @@ class RowData:
         return delta
 
 
-def sdca(X, y: np.ndarray, lam: float, loss: str, epochs: int = 50, seed: int = 0, tol: float = 0.0,
-         alpha0: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, int]:
+def sdca(
+    X,
+    y: np.ndarray,
+    lam: float,
+    loss: str,
+    epochs: int = 50,
+    seed: int = 0,
+    tol: float = 0.0,
+    alpha0: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray, int]:
     """Centralised SDCA with random permutations (Shalev-Shwartz & Zhang 2013, "SDCA-Perm").
 
     Stops after ``epochs`` passes or once the duality gap is ``<= tol`` (checked every epoch).
@@ -210,8 +232,17 @@ def sdca(X, y: np.ndarray, lam: float, loss: str, epochs: int = 50, seed: int = 
     return w, alpha, ep
 
 
-def gram_steps(order: np.ndarray, alpha: np.ndarray, y: np.ndarray, u0: np.ndarray, G: np.ndarray, loss: str,
-               lam_n: float, sigma: float, gamma: float = 0.0) -> np.ndarray:
+def gram_steps(
+    order: np.ndarray,
+    alpha: np.ndarray,
+    y: np.ndarray,
+    u0: np.ndarray,
+    G: np.ndarray,
+    loss: str,
+    lam_n: float,
+    sigma: float,
+    gamma: float = 0.0,
+) -> np.ndarray:
     """Exact sequential SDCA steps on a mini-batch whose Gram matrix ``G = X_B X_B^T`` is known
     (HyFDCA ``dual_mode: segment``; SPEC.md LocalDualMethod with the inner products kept exact).
 

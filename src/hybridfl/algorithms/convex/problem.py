@@ -32,7 +32,9 @@ def feature_index(blocks: Sequence[str], offsets: Mapping[str, tuple[int, int]])
     return np.concatenate([np.arange(*offsets[b]) for b in blocks]).astype(np.int64)
 
 
-def features(ds: HybridDataset, blocks: Sequence[str] | None = None, sparse: str | bool = "auto", density: float = 0.25):
+def features(
+    ds: HybridDataset, blocks: Sequence[str] | None = None, sparse: str | bool = "auto", density: float = 0.25
+):
     """``(n, d)`` float64 matrix of the blocks (flattened, concatenated), dense or CSR.
 
     ``sparse``: ``"auto"`` gives CSR when the share of non-zeros is below ``density``.
@@ -62,9 +64,13 @@ def positive_set(ds: HybridDataset, positive_classes: Sequence[int] | None, loss
     pos = sorted({int(c) for c in positive_classes})
     bad = [c for c in pos if c < 0 or c >= C]
     if bad:
-        raise DataError(f"positive class {bad[0]} is outside the {C} classes [0, {C - 1}] of dataset {ds.name!r} ({where}).")
+        raise DataError(
+            f"positive class {bad[0]} is outside the {C} classes [0, {C - 1}] of dataset {ds.name!r} ({where})."
+        )
     if len(pos) == C:
-        raise DataError(f"positive_classes lists every class of dataset {ds.name!r}, so no sample is labelled -1 ({where}).")
+        raise DataError(
+            f"positive_classes lists every class of dataset {ds.name!r}, so no sample is labelled -1 ({where})."
+        )
     return pos
 
 

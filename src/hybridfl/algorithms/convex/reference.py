@@ -60,6 +60,7 @@ class Reference:
     sdca_epochs: int
 
     def meta(self) -> dict:
+        """Every field except ``w``, as a JSON-able dict (the ``meta`` entry of the cached ``.npz``)."""
         d = asdict(self)
         d.pop("w")
         return d
@@ -79,6 +80,8 @@ def _key(X, y: np.ndarray, lam: float, loss: str) -> str:
 
 
 def cache_dir() -> Path:
+    """The default cache directory of reference optima: ``$HYBRIDFL_CACHE/reference`` (default
+    ``~/.cache/hybridfl/reference``); not created here."""
     return Path(os.environ.get("HYBRIDFL_CACHE", Path.home() / ".cache" / "hybridfl")) / "reference"
 
 
@@ -105,8 +108,15 @@ def liblinear_solve(X, y: np.ndarray, lam: float, loss: str, tol: float = 1e-4, 
     return np.linalg.solve(G + lam * np.eye(d), b)
 
 
-def reference_optimum(X, y: np.ndarray, lam: float, loss: str, sdca_epochs: int = 300, use_cache: bool = True,
-                      directory: Path | None = None) -> Reference:
+def reference_optimum(
+    X,
+    y: np.ndarray,
+    lam: float,
+    loss: str,
+    sdca_epochs: int = 300,
+    use_cache: bool = True,
+    directory: Path | None = None,
+) -> Reference:
     """Compute (or load from the cache) the reference optimum of ``P`` for ``(X, y, lambda, loss)``.
 
     Args:
@@ -140,8 +150,11 @@ def reference_optimum(X, y: np.ndarray, lam: float, loss: str, sdca_epochs: int 
         obj, w, solver = p_ll, w_ll, "liblinear" if loss != "squared" else "normal_equations"
     ref = Reference(obj, w, solver, d_s, p_ll, p_s, t_ll, t_def, p_def, t_s, ep)
     if use_cache:
-        directory.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp.npz")
-        np.savez(tmp, w=w, meta=np.array(json.dumps(ref.meta())))
-        os.replace(tmp, path)
+        import io
+
+        from hybridfl.files import atomic_write
+
+        buf = io.BytesIO()
+        np.savez(buf, w=w, meta=np.array(json.dumps(ref.meta())))
+        atomic_write(path, buf.getvalue())
     return ref

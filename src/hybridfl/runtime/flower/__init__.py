@@ -1,8 +1,9 @@
 """hybridfl on Flower: the same algorithm code across real processes and machines.
 
 - :mod:`.bridge`: our encoded messages inside Flower messages; :class:`FlowerTransport`.
-- :mod:`.adapters`: per algorithm, how to build its server and a client from exported data.
-- :mod:`.node`: the client step and the server run, independent of Flower's process machinery.
+- :mod:`.node`: the client step and the server run, independent of Flower's process machinery;
+  both build the algorithm only through its :class:`~hybridfl.algorithms.spec.AlgorithmSpec` and
+  run the simulation's :class:`~hybridfl.runtime.loop.RoundLoop`.
 - :mod:`.serverapp` / :mod:`.clientapp`: the Flower ServerApp and ClientApp.
 - :mod:`.local`: start a SuperLink and SuperNodes on 127.0.0.1 (tests, benchmarks, ``hybridfl``
   ``deploy-local``); :mod:`.supernode`: a SuperNode with a shorter poll interval.

@@ -31,34 +31,44 @@ from dataclasses import dataclass, field
 
 from flwr.app import ConfigRecord, Message, RecordDict
 
+from hybridfl.runtime.messages import SERVER, decode, encode
 from hybridfl.runtime.messages import Message as HMessage
-from hybridfl.runtime.messages import decode, encode
 from hybridfl.runtime.transport import CommLog
 
 MESSAGE_TYPE = "query.hybridfl"
 RECORD = "hybridfl"
 KEY = "msg"
 SEQ = "seq"
+ACKED = "acked"
 HELLO = "deploy.hello"
-SERVER = "server"
 NODE_UNAVAILABLE = 5  # flwr.common.constant.ErrorCode.NODE_UNAVAILABLE
 log = logging.getLogger("hybridfl.flower")
 
 
-def pack(raw: bytes, seq: int | None = None) -> RecordDict:
-    """Our encoded message bytes (and the per-client sequence number of an algorithm message,
-    outside our counted bytes) -> the content of a Flower Message."""
+def pack(raw: bytes, seq: int | None = None, acked: int | None = None) -> RecordDict:
+    """Our encoded message bytes -> the content of a Flower Message. An algorithm message also
+    carries, outside our counted bytes, the client's sequence number ``seq`` and ``acked``: the
+    highest number whose reply the server received (messages between were given up)."""
     rec = ConfigRecord({KEY: raw})
     if seq is not None:
         rec[SEQ] = int(seq)
+    if acked is not None:
+        rec[ACKED] = int(acked)
     return RecordDict({RECORD: rec})
 
 
 def unpack_seq(content: RecordDict) -> tuple[bytes, int | None]:
     """Inverse of :func:`pack`: ``(our bytes, sequence number or None)``."""
+    raw, seq, _ = unpack_meta(content)
+    return raw, seq
+
+
+def unpack_meta(content: RecordDict) -> tuple[bytes, int | None, int | None]:
+    """Inverse of :func:`pack`: ``(our bytes, sequence number or None, acked or None)``."""
     raw = unpack(content)
     seq = content[RECORD].get(SEQ)
-    return raw, (int(seq) if seq is not None else None)
+    acked = content[RECORD].get(ACKED)
+    return raw, (int(seq) if seq is not None else None), (int(acked) if acked is not None else None)
 
 
 def unpack(content: RecordDict) -> bytes:
@@ -68,7 +78,9 @@ def unpack(content: RecordDict) -> bytes:
         ValueError: the Flower message does not carry a hybridfl message.
     """
     if RECORD not in content or KEY not in content[RECORD]:
-        raise ValueError(f"the Flower message carries no {RECORD!r} record; it was not sent by a hybridfl ServerApp/ClientApp.")
+        raise ValueError(
+            f"the Flower message carries no {RECORD!r} record; it was not sent by a hybridfl ServerApp/ClientApp."
+        )
     raw = content[RECORD][KEY]
     if not isinstance(raw, bytes):
         raise ValueError("the hybridfl record of the Flower message does not hold bytes.")
@@ -103,10 +115,12 @@ class WireLog:
 
     @property
     def counted_total(self) -> int:
+        """Bytes of our codec over all messages (what the simulation's :class:`CommLog` counts)."""
         return sum(e.counted for e in self.entries)
 
     @property
     def wire_total(self) -> int:
+        """Bytes of Flower's serialized objects over all messages (without RPC framing and TLS)."""
         return sum(e.wire for e in self.entries)
 
 
@@ -122,6 +136,7 @@ class _Out:
     deadline: float = 0.0
     lost: str = ""  # why it waits (its node went offline, or the SuperLink refused it)
     reply: Message | None = None
+    gave_up: bool = False  # its deadline passed: the reply counts as missing
 
 
 class FlowerTransport:
@@ -144,16 +159,27 @@ class FlowerTransport:
         sequenced: attach per-client sequence numbers (False for stateless pings).
         node_check: seconds between two looks at the SuperLink's node list while waiting.
 
+    Implements the :class:`~hybridfl.runtime.transport.Transport` contract: a message whose reply
+    has not arrived ``timeout`` seconds after its (last) push is given up and recorded in
+    :attr:`abandoned`; :meth:`send_and_receive` returns the replies that did arrive, so the
+    algorithm's missing-reply policy runs exactly as for a failure in the simulation. The next
+    message to that client carries ``acked`` so its ClientApp accepts the gap in the numbers.
+
     Raises (from :meth:`send_and_receive`):
         KeyError: a message for a client that is not connected.
-        TimeoutError: some client did not answer within ``timeout`` (names them, and whether their
-            node went offline without a replacement).
         RuntimeError: a ClientApp failed (carries Flower's error reason).
         HybridFLError: a client came back without the state of the messages it had answered.
     """
 
-    def __init__(self, grid, nodes: Mapping[str, int] | None = None, poll_interval: float = 0.02,
-                 timeout: float = 600.0, sequenced: bool = True, node_check: float = 1.0):
+    def __init__(
+        self,
+        grid,
+        nodes: Mapping[str, int] | None = None,
+        poll_interval: float = 0.02,
+        timeout: float = 600.0,
+        sequenced: bool = True,
+        node_check: float = 1.0,
+    ):
         self.grid = grid
         self.poll_interval = float(poll_interval)
         self.timeout = float(timeout)
@@ -172,10 +198,13 @@ class FlowerTransport:
         self._found: dict[int, HMessage] | None = None
         self._inflight: list[_Out] = []
         self._next_check = 0.0
+        self.abandoned: list[dict] = []
+        self.eval_log = CommLog()
         self.attach(nodes or {})
 
     @property
     def client_ids(self) -> list[str]:
+        """The clients of the run mapped to a node (:meth:`attach`), in the order given there."""
         return list(self.nodes)
 
     def attach(self, nodes: Mapping[str, int]) -> None:
@@ -224,9 +253,12 @@ class FlowerTransport:
         return found
 
     def _probe(self, nid: int) -> None:
-        assert self.hello is not None
+        if self.hello is None:
+            raise RuntimeError("no hello to send: call hello_all first.")
         raw = encode(HMessage(HELLO, SERVER, f"node-{nid}", 0, self.hello))
-        ids = list(self.grid.push_messages([Message(pack(raw), dst_node_id=nid, message_type=MESSAGE_TYPE, group_id="0")]))
+        ids = list(
+            self.grid.push_messages([Message(pack(raw), dst_node_id=nid, message_type=MESSAGE_TYPE, group_id="0")])
+        )
         if ids and ids[0]:
             self._probes[ids[0]] = nid
 
@@ -242,7 +274,9 @@ class FlowerTransport:
             for nid in sorted(self._online - self._seen):
                 self._seen.add(nid)
                 self._probe(nid)
-        back = [o for o in self._inflight if o.reply is None and not o.mid and self.nodes[o.msg.receiver] in self._online]
+        back = [
+            o for o in self._inflight if o.reply is None and not o.mid and self.nodes[o.msg.receiver] in self._online
+        ]
         if back:
             self._push(back, retry=True)
 
@@ -275,11 +309,27 @@ class FlowerTransport:
                 "so the run cannot continue exactly."
             )
         self.nodes[cid] = nid
-        resend = [o for o in self._inflight if o.msg.receiver == cid and o.reply is None]
-        self.rejoins.append({"client": cid, "old_node": old, "node": nid, "state_seq": state, "acked_seq": self.acked[cid],
-                             "resent": len(resend), "time": time.time()})
-        log.warning("hybridfl: client %s rejoined as node %d (was node %d; its saved state is after message #%d); "
-                    "re-sending %d message(s)", cid, nid, old, state, len(resend))
+        resend = [o for o in self._inflight if o.msg.receiver == cid and o.reply is None and not o.gave_up]
+        self.rejoins.append(
+            {
+                "client": cid,
+                "old_node": old,
+                "node": nid,
+                "state_seq": state,
+                "acked_seq": self.acked[cid],
+                "resent": len(resend),
+                "time": time.time(),
+            }
+        )
+        log.warning(
+            "hybridfl: client %s rejoined as node %d (was node %d; its saved state is after message #%d); "
+            "re-sending %d message(s)",
+            cid,
+            nid,
+            old,
+            state,
+            len(resend),
+        )
         self._push(resend, retry=True)
 
     # ------------------------------------------------------------------ messages
@@ -289,9 +339,14 @@ class FlowerTransport:
         fms = []
         for o in outs:
             o.node = self.nodes[o.msg.receiver]
-            fm = Message(pack(o.raw, o.seq), dst_node_id=o.node, message_type=MESSAGE_TYPE, group_id=str(o.msg.round))
+            acked = self.acked.get(o.msg.receiver) if o.seq is not None else None
+            fm = Message(
+                pack(o.raw, o.seq, acked), dst_node_id=o.node, message_type=MESSAGE_TYPE, group_id=str(o.msg.round)
+            )
             m = o.msg
-            self.wire.entries.append(WireEntry(m.round, m.kind, m.sender, m.receiver, len(o.raw), flower_nbytes(fm), retry))
+            self.wire.entries.append(
+                WireEntry(m.round, m.kind, m.sender, m.receiver, len(o.raw), flower_nbytes(fm), retry)
+            )
             fms.append(fm)
         ids = list(self.grid.push_messages(fms))
         now = time.monotonic()
@@ -301,7 +356,7 @@ class FlowerTransport:
             o.lost = "" if o.mid else f"the SuperLink refused it for node {o.node}, which left the federation"
 
     def _pull(self, outs: list[_Out]) -> None:
-        by_mid = {o.mid: o for o in outs if o.mid and o.reply is None}
+        by_mid = {o.mid: o for o in outs if o.mid and o.reply is None and not o.gave_up}
         ids = [*by_mid, *self._probes]
         if not ids:
             return
@@ -313,21 +368,60 @@ class FlowerTransport:
                 o = by_mid.pop(mid)
                 if r.has_error() and r.error.code == NODE_UNAVAILABLE:
                     o.mid, o.lost = "", f"its node {o.node} went offline (Flower: node unavailable)"
-                    log.warning("hybridfl: client %s: node %d went offline; waiting for a node holding it", o.msg.receiver, o.node)
+                    log.warning(
+                        "hybridfl: client %s: node %d went offline; waiting for a node holding it",
+                        o.msg.receiver,
+                        o.node,
+                    )
                     continue
                 o.reply = r
                 if o.seq is not None and not r.has_error():
                     self.acked[o.msg.receiver] = max(self.acked[o.msg.receiver], o.seq)
 
+    def _give_up(self, o: _Out) -> None:
+        """The deadline of ``o`` passed: its reply counts as missing (recorded in :attr:`abandoned`)."""
+        o.gave_up = True
+        why = f"{o.lost}; no node holding it came back" if o.lost else "no reply"
+        self.abandoned.append(
+            {
+                "round": o.msg.round,
+                "kind": o.msg.kind,
+                "client": o.msg.receiver,
+                "seq": o.seq,
+                "why": why,
+                "time": time.time(),
+            }
+        )
+        log.warning(
+            "hybridfl: client %s: no reply to %r within %g s (%s); going on without it",
+            o.msg.receiver,
+            o.msg.kind,
+            self.timeout,
+            why,
+        )
+
+    def evaluation_exchange(self, messages: list[HMessage]) -> list[HMessage]:
+        """:meth:`send_and_receive` for evaluation messages: logged in :attr:`eval_log`, not in
+        :attr:`log`, so the counted bytes equal the simulation's (whose evaluation exchanges use
+        a separate transport)."""
+        main, self.log = self.log, self.eval_log
+        try:
+            return self.send_and_receive(messages)
+        finally:
+            self.eval_log, self.log = self.log, main
+
     def send_and_receive(self, messages: Iterable[HMessage], check_sender: bool = True) -> list[HMessage]:
-        """Deliver ``messages`` (one Flower message each) and return the replies in the same order."""
+        """Deliver ``messages`` (one Flower message each) and return the replies that arrived
+        before their deadline, in the same order (a client given up is missing from the list)."""
         msgs = list(messages)
         t0 = time.perf_counter()
         for m in msgs:
             if m.receiver not in self.nodes:
                 raise KeyError(f"no connected client named {m.receiver!r} (connected: {', '.join(self.nodes)})")
         if self.sequenced and len({m.receiver for m in msgs}) < len(msgs):
-            raise ValueError("one exchange holds two messages for the same client; the sequenced transport sends one per client.")
+            raise ValueError(
+                "one exchange holds two messages for the same client; the sequenced transport sends one per client."
+            )
         outs = []
         for m in msgs:
             raw = encode(m)
@@ -340,23 +434,25 @@ class FlowerTransport:
         self._inflight = outs
         try:
             self._push(outs)
-            while any(o.reply is None for o in outs):
+            while any(o.reply is None and not o.gave_up for o in outs):
                 self._pull(outs)
                 if all(o.reply is not None for o in outs):
                     break
                 self._discover(self.node_check)
                 now = time.monotonic()
-                late = [o for o in outs if o.reply is None and now > o.deadline]
-                if late:
-                    names = [f"{o.msg.receiver} ({o.lost}; no node holding it came back)" if o.lost else o.msg.receiver for o in late]
-                    raise TimeoutError(f"no reply within {self.timeout:g} s from client(s) {', '.join(names)}.")
+                for o in outs:
+                    if o.reply is None and not o.gave_up and now > o.deadline:
+                        self._give_up(o)
+                if all(o.reply is not None or o.gave_up for o in outs):
+                    break
                 time.sleep(self.poll_interval)
         finally:
             self._inflight = []
         result = []
         for o in outs:
             r, m = o.reply, o.msg
-            assert r is not None
+            if r is None:  # given up: the algorithm's missing-reply policy decides
+                continue
             if r.has_error():
                 raise RuntimeError(f"the ClientApp of client {m.receiver!r} failed on {m.kind!r}: {r.error.reason}")
             raw = unpack(r.content)
@@ -366,6 +462,12 @@ class FlowerTransport:
             self.log.add(h, len(raw))
             self.wire.entries.append(WireEntry(h.round, h.kind, h.sender, h.receiver, len(raw), flower_nbytes(r)))
             result.append(h)
-        self.wire.exchanges.append({"round": msgs[0].round if msgs else 0, "kind": msgs[0].kind if msgs else "",
-                                    "messages": len(msgs), "seconds": time.perf_counter() - t0})
+        self.wire.exchanges.append(
+            {
+                "round": msgs[0].round if msgs else 0,
+                "kind": msgs[0].kind if msgs else "",
+                "messages": len(msgs),
+                "seconds": time.perf_counter() - t0,
+            }
+        )
         return result

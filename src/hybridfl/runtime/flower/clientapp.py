@@ -17,14 +17,14 @@ The state never leaves the node (no secret key is in it: HE keys are read from `
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
-from hybridfl.runtime.flower.bridge import HELLO, pack, unpack_seq
+from hybridfl.files import atomic_write
+from hybridfl.runtime.flower.bridge import HELLO, pack, unpack_meta
 
 STATE = "hybridfl.state"
 STATE_DIR = ".hybridfl-state"
@@ -59,13 +59,7 @@ def write_state(path: Path, state: dict[str, bytes]) -> None:
     from hybridfl.runtime.messages import encode
 
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(encode(HMessage(FILE_KIND, "node", "node", 0, dict(state))))
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write(path, encode(HMessage(FILE_KIND, "node", "node", 0, dict(state))), mode=0o600)
 
 
 class _StateStore(MutableMapping[str, bytes]):
@@ -111,14 +105,25 @@ class _StateStore(MutableMapping[str, bytes]):
 
 @app.query("hybridfl")
 def query(msg: Message, context: Context) -> Message:
+    """Answer one ``query.hybridfl`` Flower message as the client of node config ``data-dir``.
+
+    Unpacks our bytes and sequence numbers, answers with :func:`hybridfl.runtime.flower.node.serve`
+    on the node's state store, saves the state file, and (for a hello) removes earlier runs'
+    state files. Returns the Flower reply carrying our encoded reply.
+
+    Raises:
+        ValueError: the Flower message carries no hybridfl message.
+        StaleMessage: a message the server had given up, delivered late (not applied).
+        RuntimeError: the node's saved state does not belong with the message.
+    """
     from hybridfl.runtime.flower.node import serve
     from hybridfl.runtime.messages import decode
 
     data_dir = context.node_config.get("data-dir")
-    raw, seq = unpack_seq(msg.content)
+    raw, seq, acked = unpack_meta(msg.content)
     path = state_path(context.node_config, context.run_id)
     store = _StateStore(context, path)
-    reply = serve(raw, seq, str(data_dir) if data_dir else None, store)
+    reply = serve(raw, seq, str(data_dir) if data_dir else None, store, acked)
     store.save()
     if path is not None and seq is None and decode(raw).kind == HELLO:
         for old in path.parent.glob("run-*.state"):  # earlier runs' state: no longer needed

@@ -32,7 +32,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def make_certificates(out_dir: str | Path, hosts: tuple[str, ...] = (LOOPBACK, "localhost"), days: int = 365) -> dict[str, Path]:
+def make_certificates(
+    out_dir: str | Path, hosts: tuple[str, ...] = (LOOPBACK, "localhost"), days: int = 365
+) -> dict[str, Path]:
     """A self-signed CA and a SuperLink certificate signed by it, with ``openssl``.
 
     The same commands are in ``docs/deploy.md``. ``hosts`` become the certificate's subject
@@ -56,11 +58,54 @@ def make_certificates(out_dir: str | Path, hosts: tuple[str, ...] = (LOOPBACK, "
         except ValueError:
             san.append(f"DNS:{h}")
     cmds = [
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", str(days), "-subj", "/CN=hybridfl-ca",
-         "-keyout", "ca.key", "-out", "ca.crt"],
-        ["openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=hybridfl-superlink", "-keyout", "server.key", "-out", "server.csr"],
-        ["openssl", "x509", "-req", "-in", "server.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-days", str(days),
-         "-sha256", "-out", "server.pem", "-extfile", "san.cnf"],
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            str(days),
+            "-subj",
+            "/CN=hybridfl-ca",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.crt",
+        ],
+        [
+            "openssl",
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            "/CN=hybridfl-superlink",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+        ],
+        [
+            "openssl",
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.crt",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-days",
+            str(days),
+            "-sha256",
+            "-out",
+            "server.pem",
+            "-extfile",
+            "san.cnf",
+        ],
     ]
     (d / "san.cnf").write_text("subjectAltName = " + ",".join(san) + "\n")
     for c in cmds:
@@ -69,7 +114,9 @@ def make_certificates(out_dir: str | Path, hosts: tuple[str, ...] = (LOOPBACK, "
         except FileNotFoundError:
             raise RuntimeError("openssl is not installed; it is needed to make TLS certificates.") from None
         if r.returncode != 0:
-            raise RuntimeError(f"openssl failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+            raise RuntimeError(
+                f"openssl failed: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}"
+            )
     return {"ca": d / "ca.crt", "cert": d / "server.pem", "key": d / "server.key"}
 
 
@@ -140,6 +187,9 @@ class LocalFederation:
 
     # ------------------------------------------------------------------ environment
     def env(self) -> dict[str, str]:
+        """The environment of every process started here: this one's, with the federation's
+        ``FLWR_HOME``, this interpreter's ``bin`` first on ``PATH``, no runtime dependency
+        installation, telemetry off and ``OMP_NUM_THREADS=1`` unless set."""
         e = dict(os.environ)
         e["FLWR_HOME"] = str(self.flwr_home)
         e["FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION"] = "1"
@@ -149,45 +199,83 @@ class LocalFederation:
         return e
 
     def _spawn(self, name: str, cmd: list[str]) -> subprocess.Popen:
-        logf = open(self.work_dir / f"{name}.log", "wb")  # noqa: SIM115 (closed with the process)
-        p = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.env(), cwd=self.work_dir, start_new_session=True)
+        logf = open(self.work_dir / f"{name}.log", "wb")
+        p = subprocess.Popen(
+            cmd, stdout=logf, stderr=subprocess.STDOUT, env=self.env(), cwd=self.work_dir, start_new_session=True
+        )
         logf.close()
         self.procs.append((name, p))
         return p
 
     # ------------------------------------------------------------------ start / stop
     def start(self) -> LocalFederation:
+        """Start the SuperLink (TLS or ``--insecure``) on a free loopback port, then one SuperNode per
+        client directory, and write ``FLWR_HOME/config.toml`` for ``flwr run``. Returns ``self``.
+
+        Raises:
+            TimeoutError: the SuperLink did not open its port within ``start_timeout`` seconds.
+            RuntimeError: the SuperLink exited during start-up, or ``openssl`` failed (with ``tls``).
+            Every process started so far is stopped before the error propagates.
+        """
         try:
             # Flower 1.41 serves the Fleet, Control and Runtime APIs on one HTTP port
             self.port = free_port()
             if self.tls:
                 self.certs = make_certificates(self.work_dir / "certs")
-                link_sec = ["--ssl-certfile", str(self.certs["cert"]), "--ssl-keyfile", str(self.certs["key"]),
-                            "--ssl-ca-certfile", str(self.certs["ca"])]
+                link_sec = [
+                    "--ssl-certfile",
+                    str(self.certs["cert"]),
+                    "--ssl-keyfile",
+                    str(self.certs["key"]),
+                    "--ssl-ca-certfile",
+                    str(self.certs["ca"]),
+                ]
                 node_sec = ["--root-certificates", str(self.certs["ca"])]
                 toml_sec = f'root-certificates = "{self.certs["ca"]}"\n'
             else:
                 link_sec, node_sec, toml_sec = ["--insecure"], ["--insecure"], "insecure = true\n"
-            link = self._spawn("superlink", [
-                str(self.bin / "flower-superlink"), *link_sec,
-                "--host", LOOPBACK, "--port", str(self.port),
-                "--database", str(self.work_dir / "superlink.db"),
-                "--disable-runtime-dependency-installation",
-            ])
+            link = self._spawn(
+                "superlink",
+                [
+                    str(self.bin / "flower-superlink"),
+                    *link_sec,
+                    "--host",
+                    LOOPBACK,
+                    "--port",
+                    str(self.port),
+                    "--database",
+                    str(self.work_dir / "superlink.db"),
+                    "--disable-runtime-dependency-installation",
+                ],
+            )
             _wait_port(self.port, self.start_timeout, link, "flower-superlink")
             for i, d in enumerate(self.client_dirs):
-                args = [*node_sec, "--superlink", f"{LOOPBACK}:{self.port}",
-                        "--host", LOOPBACK, "--port", str(free_port()),
-                        "--node-config", f'data-dir="{Path(d).resolve()}"']
+                args = [
+                    *node_sec,
+                    "--superlink",
+                    f"{LOOPBACK}:{self.port}",
+                    "--host",
+                    LOOPBACK,
+                    "--port",
+                    str(free_port()),
+                    "--node-config",
+                    f'data-dir="{Path(d).resolve()}"',
+                ]
                 if self.fast:
-                    cmd = [sys.executable, "-m", "hybridfl.runtime.flower.supernode", "--poll-interval", str(self.poll_interval), *args]
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "hybridfl.runtime.flower.supernode",
+                        "--poll-interval",
+                        str(self.poll_interval),
+                        *args,
+                    ]
                 else:
                     cmd = [str(self.bin / "flower-supernode"), *args]
                 self.node_cmds.append(cmd)
                 self._spawn(f"supernode-{i}", cmd)
             (self.flwr_home / "config.toml").write_text(
-                '[superlink]\ndefault = "local"\n\n'
-                f'[superlink.local]\naddress = "{LOOPBACK}:{self.port}"\n' + toml_sec
+                f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "{LOOPBACK}:{self.port}"\n' + toml_sec
             )
         except BaseException:
             self.stop()
@@ -217,9 +305,15 @@ class LocalFederation:
     def restart_node(self, i: int) -> subprocess.Popen:
         """Start SuperNode ``i`` again with the command and node config it was started with (its
         log continues in ``supernode-<i>.log``)."""
-        logf = open(self.work_dir / f"supernode-{i}.log", "ab")  # noqa: SIM115 (closed with the process)
-        p = subprocess.Popen(self.node_cmds[i], stdout=logf, stderr=subprocess.STDOUT, env=self.env(), cwd=self.work_dir,
-                             start_new_session=True)
+        logf = open(self.work_dir / f"supernode-{i}.log", "ab")
+        p = subprocess.Popen(
+            self.node_cmds[i],
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            env=self.env(),
+            cwd=self.work_dir,
+            start_new_session=True,
+        )
         logf.close()
         self.procs.append((f"supernode-{i}", p))
         return p
@@ -254,6 +348,7 @@ class LocalFederation:
         self.procs.clear()
 
     def close(self) -> None:
+        """:meth:`stop` every process and remove the temporary work directory, if one was made."""
         self.stop()
         if self._tmp is not None:
             self._tmp.cleanup()
@@ -270,9 +365,19 @@ class LocalFederation:
         parts = []
         for k, v in run_config.items():
             parts.append(f'{k}="{v}"' if isinstance(v, (str, Path)) else f"{k}={v}")
-        return [str(self.bin / "flwr"), "run", str(app_dir or self.app_dir()), "local", "--stream", "--run-config", " ".join(parts)]
+        return [
+            str(self.bin / "flwr"),
+            "run",
+            str(app_dir or self.app_dir()),
+            "local",
+            "--stream",
+            "--run-config",
+            " ".join(parts),
+        ]
 
-    def run(self, run_config: dict[str, object], timeout: float = 600.0, app_dir: Path | None = None) -> subprocess.CompletedProcess:
+    def run(
+        self, run_config: dict[str, object], timeout: float = 600.0, app_dir: Path | None = None
+    ) -> subprocess.CompletedProcess:
         """``flwr run APP local --stream --run-config ...``; returns the finished process.
 
         Raises:
@@ -280,15 +385,30 @@ class LocalFederation:
             subprocess.TimeoutExpired: the run took longer than ``timeout`` seconds.
         """
         cmd = self._run_cmd(run_config, app_dir)
-        p = subprocess.run(cmd, capture_output=True, text=True, env=self.env(), cwd=self.work_dir, timeout=timeout, start_new_session=True)
+        p = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            cwd=self.work_dir,
+            timeout=timeout,
+            start_new_session=True,
+        )
         return self._check_run(p)
 
     def start_run(self, run_config: dict[str, object], app_dir: Path | None = None) -> subprocess.Popen:
         """Start ``flwr run`` without waiting (its own process group, output to ``flwr-run.log``);
         finish with :meth:`finish_run`. Used to act on the federation during a run."""
-        logf = open(self.work_dir / "flwr-run.log", "w")  # noqa: SIM115 (closed with the process)
-        p = subprocess.Popen(self._run_cmd(run_config, app_dir), stdout=logf, stderr=subprocess.STDOUT, text=True,
-                             env=self.env(), cwd=self.work_dir, start_new_session=True)
+        logf = open(self.work_dir / "flwr-run.log", "w")
+        p = subprocess.Popen(
+            self._run_cmd(run_config, app_dir),
+            stdout=logf,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=self.env(),
+            cwd=self.work_dir,
+            start_new_session=True,
+        )
         logf.close()
         self.procs.append(("flwr-run", p))
         return p
@@ -319,7 +439,9 @@ class LocalFederation:
         # `flwr run --stream` exits 0 even when the ServerApp raised: look for Flower's report
         if p.returncode != 0 or "ServerApp raised an exception" in text:
             lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-            cause = next((ln for ln in reversed(lines) if "Error:" in ln or "Exception:" in ln), lines[-1] if lines else "")
+            cause = next(
+                (ln for ln in reversed(lines) if "Error:" in ln or "Exception:" in ln), lines[-1] if lines else ""
+            )
             raise RuntimeError(f"the Flower run failed (flwr run status {p.returncode}): {cause.strip()}")
         return p
 

@@ -6,8 +6,13 @@
 - :func:`serve`: :func:`client_step` made safe to repeat: a message the server re-sends after a
   node failure (same sequence number, same bytes) gets the reply already given.
 - :func:`run_server`: what the ServerApp does: learn which client each SuperNode holds
-  (``deploy.hello``), then run the algorithm's own ``setup``/``run_round`` through
-  :func:`hybridfl.runtime.simulation.simulate` over a :class:`FlowerTransport`, and write results.
+  (``deploy.hello``), build the server from the algorithm's
+  :class:`~hybridfl.algorithms.spec.AlgorithmSpec`, run its ``setup`` and then the
+  :class:`~hybridfl.runtime.loop.RoundLoop` (the simulation's loop) over a :class:`FlowerTransport`,
+  and write results.
+
+A client is built only by its spec's ``build_client`` and keeps its state only through its own
+``get_state``/``set_state``: the same objects and the same state as in the simulation.
 
 Both work on our encoded message bytes only, so they are tested without Flower processes too.
 """
@@ -25,11 +30,12 @@ from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 from typing import Any
 
+from hybridfl.algorithms.spec import deployable
 from hybridfl.data.export import ClientData, load_client_dir, load_server_dir
 from hybridfl.errors import ConfigError, HybridFLError
-from hybridfl.runtime.flower.adapters import deployable
-from hybridfl.runtime.flower.bridge import HELLO, SERVER
-from hybridfl.runtime.messages import Message, decode, encode
+from hybridfl.files import atomic_write
+from hybridfl.runtime.flower.bridge import HELLO
+from hybridfl.runtime.messages import SERVER, Message, decode, encode
 
 PING = "deploy.ping"
 SETUP_KEYS = ("algorithm", "config", "seed", "layout", "session")
@@ -86,9 +92,9 @@ def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, byt
         return encode(msg.reply(client_id=cd.client_id, echo=msg.payload.get("echo", b"")))
     if msg.kind == HELLO:
         p = msg.payload
-        dep = deployable(str(p["algorithm"]))
-        cfg = dep.config_model.model_validate_json(str(p["config"]))  # fail here, not at the first round
-        extra = dep.hello_payload(cd, cfg) if dep.hello_payload else {}
+        spec = deployable(str(p["algorithm"]))
+        cfg = spec.config_model.model_validate_json(str(p["config"]))  # fail here, not at the first round
+        extra = spec.hello_payload(cd, cfg) if spec.hello_payload else {}
         setup = {k: p[k] for k in SETUP_KEYS if k in p}
         # the same run's hello again (a restarted SuperNode whose state survived on disk): keep the
         # state and tell the server how far it got; otherwise a new run starts here
@@ -98,26 +104,43 @@ def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, byt
             for k in ("state", "request", "reply"):
                 store.pop(k, None)
             store["seq"] = b"0"
-        return encode(msg.reply(client_id=cd.client_id, n_samples=cd.data.n_samples, blocks=cd.data.block_names,
-                                has_labels=cd.has_labels, seq=int(store["seq"]), **extra))
+        return encode(
+            msg.reply(
+                client_id=cd.client_id,
+                n_samples=cd.data.n_samples,
+                blocks=cd.data.block_names,
+                has_labels=cd.has_labels,
+                seq=int(store["seq"]),
+                **extra,
+            )
+        )
     if "setup" not in store:
         raise RuntimeError(f"client {cd.client_id!r} got {msg.kind!r} before the {HELLO!r} exchange of its run.")
     if msg.receiver != cd.client_id:
         raise HybridFLError(f"a message for client {msg.receiver!r} reached the node holding client {cd.client_id!r}.")
     setup = decode(store["setup"]).payload
-    dep = deployable(str(setup["algorithm"]))
-    cfg = dep.config_model.model_validate_json(str(setup["config"]))
+    spec = deployable(str(setup["algorithm"]))
+    cfg = spec.config_model.model_validate_json(str(setup["config"]))
     with _one_thread():  # as `hybridfl run` does in process: one compute thread
-        layout = [tuple(e) for e in json.loads(str(setup.get("layout", "[]")))]
-        client = dep.build_client(cd, cfg, int(setup["seed"]), layout)
+        layout = [
+            (str(c), [str(b) for b in blocks], bool(lab))
+            for c, blocks, lab in json.loads(str(setup.get("layout", "[]")))
+        ]
+        client = spec.build_client(cd, cfg, int(setup["seed"]), layout)
         if "state" in store:
-            dep.set_state(client, decode(store["state"]).payload)
+            client.set_state(decode(store["state"]).payload)
         reply = client.handle(msg)
-        store["state"] = encode(Message("state", cd.client_id, cd.client_id, msg.round, dep.get_state(client)))
+        store["state"] = encode(Message("state", cd.client_id, cd.client_id, msg.round, dict(client.get_state())))
     return encode(reply)
 
 
-def serve(raw: bytes, seq: int | None, data_dir: str | None, store: MutableMapping[str, bytes]) -> bytes:
+class StaleMessage(RuntimeError):
+    """A message older than the last one the client handled (the server gave it up long ago)."""
+
+
+def serve(
+    raw: bytes, seq: int | None, data_dir: str | None, store: MutableMapping[str, bytes], acked: int | None = None
+) -> bytes:
     """What the ClientApp does with one Flower message: :func:`client_step`, made safe to repeat.
 
     The server's :class:`~hybridfl.runtime.flower.bridge.FlowerTransport` numbers the algorithm
@@ -128,9 +151,14 @@ def serve(raw: bytes, seq: int | None, data_dir: str | None, store: MutableMappi
     - ``seq`` is None (hello, ping): :func:`client_step`;
     - ``seq`` is the next number: :func:`client_step`, then remember number, digest and reply;
     - ``seq`` is the last number and the bytes are the same: the reply already given (the node
-      had handled the message and saved its state but its reply was lost), state untouched.
+      had handled the message and saved its state but its reply was lost), state untouched;
+    - ``acked <= last < seq``: the server gave up waiting for the messages between (their replies
+      never arrived: the transport's deadline passed) and goes on; whether this node handled
+      them or never got them, the algorithm's missing-reply policy has already accounted for it.
 
     Raises:
+        StaleMessage: ``seq`` is below the last number handled (a message the server abandoned,
+            delivered late): it is not applied.
         RuntimeError: any other number: the saved state does not belong with this message.
     """
     if seq is None or "setup" not in store:
@@ -139,7 +167,9 @@ def serve(raw: bytes, seq: int | None, data_dir: str | None, store: MutableMappi
     digest = hashlib.sha256(raw).digest()
     if seq == last and store.get("request") == digest and "reply" in store:
         return bytes(store["reply"])
-    if seq != last + 1:
+    if seq < last:
+        raise StaleMessage(f"client got message #{seq} after message #{last}: the server gave it up; not applied.")
+    if seq != last + 1 and not (acked is not None and acked <= last < seq):
         raise RuntimeError(
             f"client got message #{seq} but its saved state is after message #{last}: the node's state (Flower's "
             "context.state and the state-dir) was lost or belongs to another run."
@@ -160,12 +190,14 @@ def algorithm_from(server_dir: str | Path, rounds: int | None = None) -> tuple[A
     sd = load_server_dir(server_dir)
     rc = sd.meta.get("run_config")
     if not rc or "algorithm" not in rc:
-        raise ConfigError(f"server directory {str(server_dir)!r} has no run config (export it with `hybridfl export-clients --config FILE`).")
+        raise ConfigError(
+            f"server directory {str(server_dir)!r} has no run config (export it with `hybridfl export-clients --config FILE`)."
+        )
     algo = dict(rc["algorithm"])
     if rounds:
         algo["rounds"] = int(rounds)
-    dep = deployable(str(algo.get("name", "hyfem")))
-    cfg = dep.config_model.model_validate(algo)
+    spec = deployable(str(algo.get("name", "hyfem")))
+    cfg = spec.config_model.model_validate(algo)
     return sd, cfg, int(sd.meta.get("seed", 0))
 
 
@@ -182,7 +214,9 @@ def assign_clients(hello_replies: dict[int, Message], expected: list[str]) -> di
         if cid in nodes:
             raise HybridFLError(f"nodes {nodes[cid]} and {nid} both hold client {cid!r} (check their data-dir).")
         if cid not in expected:
-            raise HybridFLError(f"node {nid} holds client {cid!r}, which is not in this export (clients: {', '.join(expected)}).")
+            raise HybridFLError(
+                f"node {nid} holds client {cid!r}, which is not in this export (clients: {', '.join(expected)})."
+            )
         nodes[cid] = nid
     missing = [c for c in expected if c not in nodes]
     if missing:
@@ -190,20 +224,30 @@ def assign_clients(hello_replies: dict[int, Message], expected: list[str]) -> di
     return {c: nodes[c] for c in expected}
 
 
-def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, rounds: int | None = None,
-               poll_interval: float = 0.02, reply_timeout: float = 600.0, node_wait: float = 300.0,
-               pings: int = 0, node_check: float = 1.0) -> dict:
+def run_server(
+    grid,
+    server_dir: str | Path,
+    out_dir: str | Path | None = None,
+    rounds: int | None = None,
+    poll_interval: float = 0.02,
+    reply_timeout: float = 600.0,
+    node_wait: float = 300.0,
+    pings: int = 0,
+    node_check: float = 1.0,
+) -> dict:
     """The ServerApp's work: one run of the exported set-up's algorithm over Flower.
 
     Args:
         grid: the ServerApp's Flower ``Grid``.
         server_dir: the export's ``server/`` directory (schema, client names, run config, test set).
-        out_dir: where to write ``history.json``, ``summary.json``, ``wire.json`` and (for
-            algorithms with a final model vector, e.g. HyFDCA's ``w``) ``final.npz``; ``None``: nowhere.
+        out_dir: where to write ``results.json``, ``metrics.csv`` and the algorithm's plots (the
+            simulation's files), ``history.json``, ``summary.json``, ``wire.json`` and (for
+            algorithms with a final model, e.g. HyFDCA's ``w``) ``final.npz``; ``None``: nowhere.
         rounds: override the config's number of rounds.
         poll_interval: seconds between pulls for replies.
         reply_timeout: seconds a client may take to answer one message (also: to come back after
-            its SuperNode failed) before the run fails.
+            its SuperNode failed); after that its reply counts as missing and the algorithm's
+            missing-reply policy applies, exactly as for a failure in the simulation.
         node_wait: seconds to wait until a node holding every client has answered the hello.
         pings: before the algorithm, this many ``deploy.ping`` exchanges with every client (no
             algorithm work: measures Flower's own seconds per exchange; not in the byte counts).
@@ -214,17 +258,22 @@ def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, 
         The summary (also written to ``out_dir/summary.json``).
     """
     from hybridfl.runtime.flower.bridge import FlowerTransport
-    from hybridfl.runtime.simulation import simulate, single_threaded
+    from hybridfl.runtime.loop import RoundLoop
+    from hybridfl.runtime.simulation import RunResult, single_threaded
 
     t_start = time.perf_counter()
     sd, cfg, seed = algorithm_from(server_dir, rounds)
-    dep = deployable(cfg.name)
+    spec = deployable(cfg.name)
     n = len(sd.client_ids)
     # hello: every node says which client it holds and learns the algorithm settings; "session"
     # tells a restarted node of this run (its state kept on disk) from a node of another run
-    layout = [[c, sd.meta.get("client_blocks", {}).get(c, []), sd.meta.get("client_labels", {}).get(c, True)] for c in sd.client_ids]
-    hello = {"algorithm": cfg.name, "config": cfg.model_dump_json(), "seed": seed, "layout": json.dumps(layout),
-             "session": os.urandom(12).hex()}
+    hello = {
+        "algorithm": cfg.name,
+        "config": cfg.model_dump_json(),
+        "seed": seed,
+        "layout": json.dumps(sd.layout),
+        "session": os.urandom(12).hex(),
+    }
     transport = FlowerTransport(grid, None, poll_interval, reply_timeout, node_check=node_check)
     t0 = time.perf_counter()
     found = transport.hello_all(hello, sd.client_ids, node_wait)
@@ -238,48 +287,63 @@ def run_server(grid, server_dir: str | Path, out_dir: str | Path | None = None, 
         t0 = time.perf_counter()
         pt.send_and_receive([Message(PING, SERVER, c, 0, {"echo": b""}) for c in nodes])
         ping_seconds.append(time.perf_counter() - t0)
-    server = dep.build_server(sd, cfg, seed, {c: found[n].payload for c, n in nodes.items()})
-    evaluate = (lambda rnd: dep.evaluate(server, sd, rnd)) if dep.evaluate and sd.test is not None else None
+    server = spec.build_server(sd, cfg, seed, {c: found[n].payload for c, n in nodes.items()})
     out = Path(out_dir) if out_dir is not None else None
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
 
     def progress(done: int, total: int, row: dict) -> None:
-        log.info("hybridfl: round %d/%d %s", done, total, {k: round(v, 6) for k, v in row.items() if "[" not in k})
+        log.info(
+            "hybridfl: round %d/%d %s",
+            done,
+            total,
+            {k: round(v, 6) for k, v in row.items() if "[" not in k and isinstance(v, float)},
+        )
         if out is not None:  # for whoever watches the run (tests, operators): rounds done so far
-            tmp = out / "progress.json.tmp"
-            tmp.write_text(json.dumps({"round": done, "rounds": total, "rejoins": transport.rejoins}))
-            os.replace(tmp, out / "progress.json")
+            atomic_write(
+                out / "progress.json", json.dumps({"round": done, "rounds": total, "rejoins": transport.rejoins})
+            )
 
     with single_threaded():
-        history = simulate(server, transport, cfg.rounds, evaluate, getattr(cfg, "eval_every", 1), progress)
+        server.setup(transport, transport.client_ids)
+        loop = RoundLoop(spec, cfg, server, transport, sd, transport.evaluation_exchange, None, progress)
+        history = loop.run()
     ex = transport.wire.exchanges
-    summary = {
-        "algorithm": cfg.name,
-        "rounds": cfg.rounds,
-        "clients": n,
-        "nodes": {c: int(v) for c, v in transport.nodes.items()},  # at the end (after any rejoin)
-        "messages_total": transport.log.messages_total,
-        "bytes_total": transport.log.bytes_total,
-        "wire_bytes_total": transport.wire.wire_total,
-        "setup_exchange_seconds": hello_seconds,
-        "ping_seconds": ping_seconds,
-        "exchanges": len(ex),
-        "exchange_seconds_mean": sum(e["seconds"] for e in ex) / max(len(ex), 1),
-        "exchange_seconds": [e["seconds"] for e in ex],
-        "round_seconds": [r["seconds"] for r in history],
-        "wall_seconds": time.perf_counter() - t_start,
-        "poll_interval": poll_interval,
-        "rejoins": transport.rejoins,
-        "retried_messages": sum(1 for e in transport.wire.entries if e.retry),
-        "final": {k: v for k, v in history[-1].items()},
-    }
+    summary = loop.summary(history, n, str(sd.meta.get("dataset", "")))
+    summary.update(
+        {
+            "nodes": {c: int(v) for c, v in transport.nodes.items()},  # at the end (after any rejoin)
+            "wire_bytes_total": transport.wire.wire_total,
+            "setup_exchange_seconds": hello_seconds,
+            "ping_seconds": ping_seconds,
+            "exchanges": len(ex),
+            "exchange_seconds_mean": sum(e["seconds"] for e in ex) / max(len(ex), 1),
+            "exchange_seconds": [e["seconds"] for e in ex],
+            "round_seconds": [r["seconds"] for r in history],
+            "wall_seconds": time.perf_counter() - t_start,
+            "poll_interval": poll_interval,
+            "rejoins": transport.rejoins,
+            "abandoned_messages": transport.abandoned,
+            "retried_messages": sum(1 for e in transport.wire.entries if e.retry),
+            "final": dict(history[-1]),
+        }
+    )
     if out is not None:
-        (out / "history.json").write_text(json.dumps(history, indent=1))
-        (out / "summary.json").write_text(json.dumps(summary, indent=1))
-        (out / "wire.json").write_text(json.dumps([e.__dict__ for e in transport.wire.entries]))
-        if dep.final_arrays is not None:
+        from hybridfl.reporting.results import write_results
+
+        plots = spec.plots(history, cfg, f"{cfg.name} over Flower") if spec.plots is not None else []
+        write_results(
+            out,
+            RunResult(summary, history, transport.log, plots),
+            {"algorithm": cfg.model_dump(mode="json"), "seed": seed},
+        )
+        atomic_write(out / "history.json", json.dumps(history, indent=1))
+        atomic_write(out / "summary.json", json.dumps(summary, indent=1, default=str))
+        atomic_write(out / "wire.json", json.dumps([e.__dict__ for e in transport.wire.entries]))
+        if spec.final_arrays is not None:
+            import io
+
             import numpy as np
 
-            np.savez(out / "final.npz", **dep.final_arrays(server))
+            buf = io.BytesIO()
+            np.savez(buf, **spec.final_arrays(server))
+            atomic_write(out / "final.npz", buf.getvalue())
     return summary

@@ -25,6 +25,12 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    """The ServerApp's entry point: read the run config (see the module docstring) and run the
+    exported algorithm with :func:`hybridfl.runtime.flower.node.run_server` over ``grid``.
+
+    Raises:
+        ConfigError: the run config has no ``server-dir``.
+    """
     from hybridfl.errors import ConfigError
     from hybridfl.runtime.flower.node import run_server
 
@@ -34,10 +40,14 @@ def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     server_dir = str(rc.get("server-dir", "") or "")
     if not server_dir:
-        raise ConfigError("the run config has no server-dir: pass --run-config \"server-dir='/path/to/export/server'\".")
+        raise ConfigError(
+            "the run config has no server-dir: pass --run-config \"server-dir='/path/to/export/server'\"."
+        )
     out = str(rc.get("out-dir", "") or "") or None
     summary = run_server(
-        grid, server_dir, out,
+        grid,
+        server_dir,
+        out,
         rounds=int(rc.get("rounds", 0) or 0) or None,
         poll_interval=float(rc.get("poll-interval", 0.02)),
         reply_timeout=float(rc.get("reply-timeout", 600.0)),
@@ -45,4 +55,6 @@ def main(grid: Grid, context: Context) -> None:
         pings=int(rc.get("pings", 0) or 0),
         node_check=float(rc.get("node-check", 1.0)),
     )
-    logging.getLogger("hybridfl.flower").info("hybridfl: done %s", {k: v for k, v in summary.items() if k not in ("exchange_seconds", "final")})
+    logging.getLogger("hybridfl.flower").info(
+        "hybridfl: done %s", {k: v for k, v in summary.items() if k not in ("exchange_seconds", "final")}
+    )

@@ -30,6 +30,12 @@ class _FastTime:
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run ``flower-supernode`` with ``argv`` (default ``sys.argv[1:]``) minus ``--poll-interval S``,
+    its idle sleeps capped at ``S`` seconds (default 0.05).
+
+    Raises:
+        SystemExit: ``--poll-interval`` is outside ``[0.001, 3]`` seconds.
+    """
     args = list(sys.argv[1:] if argv is None else argv)
     cap = 0.05
     if "--poll-interval" in args:

@@ -23,7 +23,8 @@ from hybridfl.models.hybrid import ExtractorFactory, HybridModel, predict
 
 
 def accuracy(model: HybridModel, test: HybridDataset) -> float:
-    """Share of ``test`` samples classified correctly using the model's blocks."""
+    """Share in ``[0, 1]`` of ``test`` samples classified correctly, using the model's blocks only
+    (``test`` must hold them, with labels)."""
     return float(np.mean(predict(model, {b: test.blocks[b] for b in model.blocks}) == test.y))
 
 
@@ -38,7 +39,12 @@ def train_centralized(
     eval_every: int = 0,
     on_eval: Callable[[int, float], None] | None = None,
 ) -> tuple[HybridModel, float]:
-    """Train the server-shaped model on all training data for ``steps`` steps.
+    """Train the server-shaped model on all training data for ``steps`` SGD steps (HyFEM Sec. 4,
+    "centralised"); ``torch.manual_seed(seed)`` before the model is made.
+
+    Args:
+        make_model: ``blocks -> model`` (see :func:`make_model_factory`).
+        eval_every: if > 0, call ``on_eval(steps_done, test_accuracy)`` every that many steps.
 
     Returns:
         The model and its test accuracy (all blocks).
@@ -68,10 +74,15 @@ def train_standalone(
     seed: int = 0,
     initial: Mapping[str, HybridModel] | None = None,
 ) -> dict[str, float]:
-    """Train every labelled client alone for ``steps`` steps; return client -> test accuracy.
+    """Train every labelled client alone for ``steps`` SGD steps (HyFEM Sec. 4, "stand-alone");
+    client ``i`` of the partition is seeded with ``seed + 1000 + i``.
 
     Args:
         initial: optional client -> model to start from (e.g. the federated run's round-0 model).
+
+    Returns:
+        Client ID -> test accuracy of its model on its own blocks (clients without labels are
+        left out).
     """
     out = {}
     for i, c in enumerate(partition.clients):
@@ -87,8 +98,11 @@ def train_standalone(
     return out
 
 
-def make_model_factory(split: DatasetSplit, extractor_dim: int, hidden: int, factory: ExtractorFactory) -> Callable[[list[str]], HybridModel]:
-    """``blocks -> HybridModel`` over ``split``'s schema with the given sizes."""
+def make_model_factory(
+    split: DatasetSplit, extractor_dim: int, hidden: int, factory: ExtractorFactory
+) -> Callable[[list[str]], HybridModel]:
+    """``blocks -> HybridModel`` over ``split``'s schema with extractor width ``extractor_dim``,
+    classifier hidden width ``hidden`` and the extractors ``factory`` makes."""
 
     def make(blocks: list[str]) -> HybridModel:
         return HybridModel(blocks, split.train.block_shapes, split.train.n_classes, extractor_dim, hidden, factory)

@@ -1,0 +1,103 @@
+"""Vertical FL: FedSGD, FedBCD-p, FedBCD-s and FedPBCD-p (FedBCD paper, Algorithms 1-3, eq. (15);
+SPEC.md "FedBCD").
+
+``K`` parties (2..8) hold different feature blocks of the same samples, aligned by sample ID;
+one of them, the *label party*, also holds the labels. Party ``k`` has a bottom model producing
+``H_k`` per sample (linear ``x_k theta_k`` or a neural tower, :mod:`hybridfl.models.towers`);
+the label party combines all ``H_k`` with its top model into a logit and computes the logistic
+loss. The *coordinator* (the ``server`` of the message runtime) holds no data: it aligns the
+parties' sample IDs, draws the mini-batch IDs, relays ``H_k`` to the label party and the
+gradients ``dL/dH_k`` back, and sends the step size ``eta_t = eta_0 / sqrt(t + 1)`` (paper Sec. 8;
+``t`` = 0-based communication round).
+
+Written once as party-side and coordinator-side steps exchanging :class:`~hybridfl.runtime.messages.Message` objects; every
+byte is counted by the transport. Messages (``B`` = batch size, ``r_k`` = width of ``H_k``):
+
+- setup: ``fedbcd.properties`` (each party: its sample IDs, blocks, ``r_k``, whether it has labels,
+  how many test samples it holds) and ``fedbcd.align`` (the coordinator's aligned ID order: the
+  intersection of all parties' IDs);
+- ``fedbcd.forward`` (passive party): batch positions ``(B,)`` -> ``h`` ``(B, r_k)``, only before
+  the first round: later ``H_k`` of the next batch travel with the reply to ``fedbcd.party_step``;
+- ``fedbcd.label`` (label party): batch positions, the ``H_k`` of the passive parties that changed,
+  which gradients to return and how many local steps to take -> ``grad.<party>`` ``(B, r_k)``
+  (``dL/dH_k`` at the current point, computed *before* the label party's local steps) and the loss;
+- ``fedbcd.party_step`` (passive party): ``grad`` ``(B, r_k)``, ``Q``, ``eta_t``, ``mu``, the next
+  batch -> ``h_next`` ``(B, r_k)`` on the next batch (and, for FedBCD-s, ``h`` on the current
+  batch after its update);
+- ``fedbcd.evaluate`` (after an evaluated round, carrying its number; outside the round's protocol:
+  no snapshot, no undo): to every passive party the test rows to evaluate ``(n,)`` -> ``h``
+  ``(n, r_k)`` (its bottom model on its blocks of those test samples); then to the label party the
+  rows and every ``h.<k>`` -> ``auc`` and ``accuracy`` of the joint prediction (or ``diverged``).
+  Each party holds its blocks of the test samples, only the label party their labels; logits and
+  labels never leave it. A missing reply means no metrics for that round.
+
+No raw feature value and no label appears in any message (checked on the message log by
+``tests/test_fedbcd.py``). Note that ``dL/dH_k`` itself is label-dependent (for the logistic loss
+its sign is the label's): that is the information FedSGD/FedBCD exchange by design (paper Sec. 6).
+
+Local steps (paper eq. (7), (10), (15)): during its ``Q`` local steps a party recomputes its own
+``H_k`` from its own data and keeps everything from the other parties at the value of the last
+exchange. The label party recomputes the loss exactly with the stale ``H_{-K}``; a passive party
+has neither labels nor ``H_{-k}``, so it reuses the stale ``dL/dH_k`` it received (as the public
+reference code ``yankang18/FedBCD`` does: ``vlr_demo/async_lr.py`` reuses ``d``; ``vfl.py``
+backpropagates the received gradient through the recomputed tower). The local gradient of party
+``k`` is ``g_k + lambda theta_k + mu (theta_k - theta_k^{r0})`` (L2 weight ``lambda``; the
+proximal term of FedPBCD-p, eq. (15), with ``theta_k^{r0}`` the parameters at the exchange).
+
+Variants (one communication round = one exchange on one mini-batch):
+
+- ``sgd``  FedSGD (Alg. 1): one local step per exchange, all parties in parallel;
+- ``p``    FedBCD-p (Alg. 2): ``Q`` local steps per exchange, all parties in parallel;
+- ``prox`` FedPBCD-p: FedBCD-p with the proximal term ``mu`` (eq. (15));
+- ``s``    FedBCD-s (Alg. 3): the passive parties in turn, then the label party, each doing ``Q``
+  local steps right after an exchange with the label party (``Exchange({k, K})``), so each sees
+  the updates of the parties before it in the same round.
+
+With ``Q = 1`` FedBCD-p is exactly FedSGD, and FedSGD is exactly mini-batch SGD on the joint
+model (tested against a centrally trained copy in ``tests/test_fedbcd.py``).
+
+A missing party (``failure_rate`` > 0 in the simulation: a party receives the round's messages and
+does its work, but its replies never arrive). Vertical FL cannot form the joint prediction, the
+loss or any ``dL/dH_k`` without every party's ``H_k``, so a round in which any reply is missing --
+the label party's or a passive party's -- cannot be completed, and ``on_missing_party`` decides:
+
+- ``skip`` (default): the round makes no update for anybody. The coordinator stops the round at
+  the first missing reply, keeps its own batch, ``H_k`` and batch sampler state from before the
+  round, and sends
+  ``fedbcd.undo`` to every party that received a message in the round; each party restores the
+  snapshot of its state (parameters, current batch, stored ``H_j``) it took at its first message
+  of the round. A party whose ``fedbcd.undo`` reply is lost too gets ``undo`` again in its next
+  message (restoring the same snapshot twice is harmless). The round still counts towards
+  ``rounds`` and the step-size schedule; its metrics row has ``skipped = 1`` and ``missing`` (the
+  parties without a reply, space-separated), no ``train_loss``; a warning is logged; the run's
+  summary counts ``skipped_rounds``. The next round works on the mini-batch the skipped one would
+  have used. So the models after a run with skipped rounds are those of a run in which nobody
+  received any message in those rounds (``tests/test_fedbcd_reliability.py``).
+- ``error``: the run stops with :class:`PartyMissingError`, one sentence naming the round and the
+  missing party (or parties).
+
+Modules: :mod:`~hybridfl.algorithms.fedbcd.config` (settings), :mod:`~hybridfl.algorithms.fedbcd.party`
+(client steps), :mod:`~hybridfl.algorithms.fedbcd.coordinator` (server steps),
+:mod:`~hybridfl.algorithms.fedbcd.inputs` (input checks), :mod:`~hybridfl.algorithms.fedbcd.spec`
+(the one build path, evaluation, report; :func:`run_fedbcd`).
+"""
+
+from hybridfl.algorithms.fedbcd.config import MAX_PARTIES, MIN_PARTIES, FedBCDConfig, PartyMissingError
+from hybridfl.algorithms.fedbcd.coordinator import FedBCDCoordinator
+from hybridfl.algorithms.fedbcd.inputs import check_inputs, party_input
+from hybridfl.algorithms.fedbcd.party import FedBCDParty
+from hybridfl.algorithms.fedbcd.spec import SPEC, fedbcd_spec, run_fedbcd
+
+__all__ = [
+    "MAX_PARTIES",
+    "MIN_PARTIES",
+    "SPEC",
+    "FedBCDConfig",
+    "FedBCDCoordinator",
+    "FedBCDParty",
+    "PartyMissingError",
+    "check_inputs",
+    "fedbcd_spec",
+    "party_input",
+    "run_fedbcd",
+]

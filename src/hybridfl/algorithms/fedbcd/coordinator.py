@@ -1,0 +1,311 @@
+"""FedBCD's server side: :class:`FedBCDCoordinator` (holds no data; aligns, samples, relays).
+
+See :mod:`hybridfl.algorithms.fedbcd` for the protocol and its messages.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from hybridfl.algorithms.fedbcd.config import FedBCDConfig, PartyMissingError
+from hybridfl.algorithms.fedbcd.party import EVALUATE
+from hybridfl.errors import ProtocolError
+from hybridfl.runtime.messages import SERVER, Message
+from hybridfl.runtime.transport import Transport
+
+log = logging.getLogger(__name__)
+
+EVAL_SEED_OFFSET = 12345
+"""The evaluation subset is drawn with ``numpy.random.default_rng(seed + EVAL_SEED_OFFSET)``."""
+
+
+class _Missing(Exception):
+    """Internal: replies missing in the current round (the round cannot be completed)."""
+
+    def __init__(self, parties: list[str]):
+        super().__init__(", ".join(parties))
+        self.parties = parties
+
+
+def _names(parties: Sequence[str]) -> str:
+    quoted = [repr(p) for p in parties]
+    return quoted[0] if len(quoted) == 1 else ", ".join(quoted[:-1]) + " and " + quoted[-1]
+
+
+class FedBCDCoordinator:
+    """Coordinator-side steps (the ``server`` of the message runtime; holds no data).
+
+    Args:
+        config: FedBCD settings.
+        seed: the run seed; seeds the mini-batch sampling (IDs only) and, with
+            :data:`EVAL_SEED_OFFSET`, the evaluation subset.
+
+    A round with a missing reply is handled as ``config.on_missing_party`` says
+    (:mod:`hybridfl.algorithms.fedbcd`, "A missing party"); ``skipped`` lists ``(round, missing
+    parties)`` of every skipped round.
+    """
+
+    def __init__(self, config: FedBCDConfig, seed: int = 0):
+        self.config = config
+        self.seed = int(seed)
+        self.rng = np.random.default_rng(seed)
+        self.parties: list[str] = []
+        self.label_party: str = ""
+        self.passive: list[str] = []
+        self.n = 0
+        self.n_test = 0  # test samples every party holds (0: none, no evaluation)
+        self.batch: np.ndarray | None = None
+        self.h: dict[str, np.ndarray] = {}  # H_k of the current batch (passive parties)
+        self.undo: dict[str, int] = {}  # party -> skipped round it has not yet confirmed undoing
+        self.skipped: list[tuple[int, list[str]]] = []
+        self._touched: set[str] = set()  # parties that received a message in the current round
+
+    # ------------------------------------------------------------------ state (checkpoints)
+    def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """Everything carried from round to round: ``(arrays, json_meta)`` with the current batch,
+        the stored ``H_k``, the roles, the aligned and test sample counts, the batch sampler's
+        random state, the pending ``undo`` per party and the skipped rounds."""
+        arrays = {f"h.{k}": np.asarray(v) for k, v in self.h.items()}
+        if self.batch is not None:
+            arrays["batch"] = np.asarray(self.batch)
+        meta = {
+            "parties": self.parties,
+            "label_party": self.label_party,
+            "passive": self.passive,
+            "n": self.n,
+            "n_test": self.n_test,
+            "rng": self.rng.bit_generator.state,
+            "undo": self.undo,
+            "skipped": [[r, list(m)] for r, m in self.skipped],
+        }
+        return arrays, meta
+
+    def set_state(self, arrays: Mapping[str, np.ndarray], meta: dict) -> None:
+        """Restore what :meth:`get_state` returned (on a coordinator built with the same config,
+        after its ``setup``)."""
+        self.parties = [str(p) for p in meta["parties"]]
+        self.label_party = str(meta["label_party"])
+        self.passive = [str(p) for p in meta["passive"]]
+        self.n = int(meta["n"])
+        self.n_test = int(meta.get("n_test", self.n_test))
+        self.rng.bit_generator.state = meta["rng"]
+        self.undo = {str(k): int(v) for k, v in meta["undo"].items()}
+        self.skipped = [(int(r), [str(x) for x in m]) for r, m in meta["skipped"]]
+        self.batch = np.asarray(arrays["batch"], dtype=np.int64) if "batch" in arrays else None
+        self.h = {k[2:]: np.asarray(v) for k, v in arrays.items() if k.startswith("h.")}
+
+    # ------------------------------------------------------------------ exchanges
+    def _exchange(self, transport: Transport, messages: list[Message]) -> list[Message]:
+        """Send; every reply must arrive. A party with a pending ``undo`` gets it in its message
+        (its reply confirms it). Raises :class:`_Missing` with the parties whose reply is missing."""
+        for m in messages:
+            if m.receiver in self.undo:
+                m.payload["undo"] = self.undo[m.receiver]
+            self._touched.add(m.receiver)
+        replies = transport.send_and_receive(messages)
+        arrived = {r.sender for r in replies}
+        for m in messages:
+            if m.receiver in arrived:
+                self.undo.pop(m.receiver, None)
+        missing = [m.receiver for m in messages if m.receiver not in arrived]
+        if missing:
+            raise _Missing(missing)
+        return replies
+
+    def setup(self, transport: Transport, client_ids: Sequence[str]) -> None:
+        """Ask every party for its sample IDs, role and test set size (``fedbcd.properties``);
+        send the aligned ID order (``fedbcd.align``: the intersection of all parties' IDs, in the
+        label party's order).
+
+        Raises:
+            ProtocolError: not exactly one label party, no common sample, or parties holding test
+                sets of different sizes.
+        """
+        replies = transport.send_and_receive([Message("fedbcd.properties", SERVER, cid, 0) for cid in client_ids])
+        self.parties = [r.sender for r in replies]
+        labels = [r.sender for r in replies if r.payload["has_labels"]]
+        if len(labels) != 1:
+            raise ProtocolError(f"FedBCD needs exactly one label party, {len(labels)} parties said they hold labels.")
+        self.label_party = labels[0]
+        self.passive = [p for p in self.parties if p != self.label_party]
+        sizes = {r.sender: int(r.payload.get("n_test", 0)) for r in replies}
+        if len(set(sizes.values())) > 1:
+            listed = ", ".join(f"{p!r} {n}" for p, n in sizes.items())
+            raise ProtocolError(f"the FedBCD parties hold test sets of different sizes ({listed}).")
+        self.n_test = next(iter(sizes.values()), 0)
+        ids = {r.sender: [str(s) for s in r.payload["ids"]] for r in replies}
+        common = set.intersection(*(set(v) for v in ids.values()))
+        order = [s for s in ids[self.label_party] if s in common]
+        if not order:
+            raise ProtocolError("the FedBCD parties share no sample ID.")
+        self.n = len(order)
+        transport.send_and_receive([Message("fedbcd.align", SERVER, cid, 0, {"ids": order}) for cid in self.parties])
+
+    def sample_batch(self) -> np.ndarray:
+        """``(B,)`` aligned positions drawn uniformly without replacement (paper A2 / Alg. 1 line 4)."""
+        b = min(self.config.batch_size, self.n)
+        return np.sort(self.rng.choice(self.n, size=b, replace=False)).astype(np.int64)
+
+    def _common(self, rnd: int) -> dict:
+        c = self.config
+        return {"local_steps": c.Q, "lr": float(c.step_size(rnd - 1)), "mu": float(c.mu or 0.0), "l2": float(c.l2)}
+
+    def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
+        """One communication round: one exchange on a fresh mini-batch and the local steps
+        (FedSGD Alg. 1, FedBCD-p Alg. 2, FedBCD-s Alg. 3, FedPBCD-p eq. (15)).
+
+        Returns ``train_loss`` and ``lr``; for a skipped round ``skipped`` (1), ``missing`` and
+        ``lr``.
+
+        Raises:
+            PartyMissingError: a reply is missing and ``on_missing_party`` is ``error``.
+            ProtocolError: a round before ``setup``.
+        """
+        if not self.parties:
+            raise ProtocolError("the FedBCD coordinator was asked for a round before its setup.")
+        lr = float(self.config.step_size(rnd - 1))
+        before = (self.batch, self.h, self.rng.bit_generator.state)
+        self._touched = set()
+        try:
+            if self.batch is None:  # first round: H_k of the first batch
+                self.batch = self.sample_batch()
+                replies = self._exchange(
+                    transport, [Message("fedbcd.forward", SERVER, k, rnd, {"batch": self.batch}) for k in self.passive]
+                )
+                self.h = {r.sender: r.payload["h"] for r in replies}
+            if self.config.variant == "s":
+                loss = self._sequential(rnd, transport, self.batch)
+            else:
+                loss = self._parallel(rnd, transport, self.batch)
+        except _Missing as e:  # the round never happened for the coordinator either
+            self.batch, self.h, self.rng.bit_generator.state = before
+            return self._skip(rnd, e.parties, lr, transport)
+        return {"train_loss": loss, "lr": lr}
+
+    def _skip(self, rnd: int, missing: list[str], lr: float, transport: Transport) -> dict:
+        """A reply of round ``rnd`` is missing: raise (``error``) or undo the round everywhere (``skip``)."""
+        who = (
+            ("party " if len(missing) == 1 else "parties ")
+            + _names(missing)
+            + (" (the label party)" if self.label_party in missing else "")
+        )
+        if self.config.on_missing_party == "error":
+            raise PartyMissingError(
+                f"FedBCD {who} sent no reply in round {rnd}, and a vertical FL round needs every party "
+                "(set algorithm.on_missing_party: skip to skip such rounds)."
+            )
+        touched = [p for p in self.parties if p in self._touched]
+        for p in touched:  # the earliest unconfirmed skipped round: its undo also undoes the later ones
+            self.undo[p] = min(self.undo.get(p, rnd), rnd)
+        replies = transport.send_and_receive(
+            [Message("fedbcd.undo", SERVER, p, rnd, {"round": self.undo[p]}) for p in touched]
+        )
+        for r in replies:
+            self.undo.pop(r.sender, None)
+        self.skipped.append((rnd, list(missing)))
+        log.warning(
+            "FedBCD round %d skipped: no reply from %s; the round's updates are undone at every party.", rnd, who
+        )
+        return {"skipped": 1, "missing": " ".join(missing), "lr": lr}
+
+    def _parallel(self, rnd: int, transport: Transport, batch: np.ndarray) -> float:
+        """FedSGD / FedBCD-p / FedPBCD-p round (Alg. 1, Alg. 2): the label party returns every
+        ``dL/dH_k`` and takes its ``Q`` steps; all passive parties take theirs with it."""
+        common = self._common(rnd)
+        payload = {"batch": batch, "grads_for": list(self.passive), **common}
+        payload.update({f"h.{k}": self.h[k] for k in self.passive})
+        (lab,) = self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)])
+        nxt = self.sample_batch()
+        replies = self._exchange(
+            transport,
+            [
+                Message(
+                    "fedbcd.party_step", SERVER, k, rnd, {"grad": lab.payload[f"grad.{k}"], "next_batch": nxt, **common}
+                )
+                for k in self.passive
+            ],
+        )
+        self.batch = nxt
+        self.h = {r.sender: r.payload["h_next"] for r in replies}
+        return float(lab.payload["loss"])
+
+    def _sequential(self, rnd: int, transport: Transport, batch: np.ndarray) -> float:
+        """FedBCD-s round (Alg. 3): for each passive party ``k`` in turn, ``Exchange({k, K})``
+        (the label party returns ``dL/dH_k`` with every update made so far this round) and ``Q``
+        local steps of ``k``; then the label party's ``Q`` steps with all fresh ``H_k``."""
+        common = self._common(rnd)
+        nxt = self.sample_batch()
+        first_loss = None
+        new_h: dict[str, np.ndarray] = {}
+        fresh: dict[str, np.ndarray] = dict(self.h)  # H_k to send to the label party
+        for i, k in enumerate(self.passive):
+            payload: dict = {"grads_for": [k], "local_steps": 0}
+            if i == 0:
+                payload["batch"] = batch
+            payload.update({f"h.{j}": v for j, v in fresh.items()})
+            (lab,) = self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)])
+            if first_loss is None:
+                first_loss = float(lab.payload["loss"])
+            (rep,) = self._exchange(
+                transport,
+                [
+                    Message(
+                        "fedbcd.party_step",
+                        SERVER,
+                        k,
+                        rnd,
+                        {"grad": lab.payload[f"grad.{k}"], "next_batch": nxt, "return_current": True, **common},
+                    )
+                ],
+            )
+            fresh = {k: rep.payload["h"]}
+            new_h[k] = rep.payload["h_next"]
+        payload = {"grads_for": [], **common}
+        payload.update({f"h.{j}": v for j, v in fresh.items()})
+        self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)])
+        self.batch = nxt
+        self.h = new_h
+        return float(first_loss if first_loss is not None else 0.0)
+
+    # ------------------------------------------------------------------ evaluation
+    def eval_rows(self) -> np.ndarray:
+        """``(n,)`` sorted test positions to evaluate on: a fixed random subset of
+        ``eval_subset`` positions (drawn with ``seed + EVAL_SEED_OFFSET``) when that is smaller
+        than the test set, else all ``n_test`` of them."""
+        k = self.config.eval_subset
+        if k is not None and k < self.n_test:
+            rng = np.random.default_rng(self.seed + EVAL_SEED_OFFSET)
+            return np.sort(rng.choice(self.n_test, k, replace=False)).astype(np.int64)
+        return np.arange(self.n_test, dtype=np.int64)
+
+    def evaluate(self, rnd: int, exchange: Callable[[list[Message]], list[Message]]) -> dict[str, float]:
+        """The test metrics of the joint model after round ``rnd``, through ``fedbcd.evaluate``
+        messages: the rows :meth:`eval_rows` to every passive party, which replies ``h``
+        ``(n, r_k)``; then the rows and every ``h.<k>`` to the label party, which replies ``auc``
+        and ``accuracy`` (or ``diverged`` = 1 and NaNs). Returns ``{}`` when the parties hold no
+        test set or a reply is missing (no metrics this round).
+
+        Raises:
+            ProtocolError: a reply without the expected entries.
+        """
+        if self.n_test == 0:
+            return {}
+        rows = self.eval_rows()
+        replies = exchange([Message(EVALUATE, SERVER, k, rnd, {"rows": rows}) for k in self.passive])
+        hs = {r.sender: r.payload["h"] for r in replies if r.sender in self.passive}
+        if len(hs) != len(self.passive):
+            return {}
+        payload: dict = {"rows": rows, **{f"h.{k}": hs[k] for k in self.passive}}
+        replies = exchange([Message(EVALUATE, SERVER, self.label_party, rnd, payload)])
+        if not replies:
+            return {}
+        p = replies[0].payload
+        if "auc" not in p or "accuracy" not in p:
+            raise ProtocolError(f"the label party's reply to {EVALUATE} has no auc or accuracy.")
+        out = {"auc": float(p["auc"]), "accuracy": float(p["accuracy"])}
+        if p.get("diverged"):
+            out["diverged"] = 1.0
+        return out

@@ -1,0 +1,404 @@
+"""FedBCD's client side: :class:`FedBCDParty`, the steps of one party (passive or label party).
+
+See :mod:`hybridfl.algorithms.fedbcd` for the protocol and its messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from hybridfl.errors import ProtocolError
+from hybridfl.runtime.messages import Message
+
+EVALUATE = "fedbcd.evaluate"
+"""The kind of the evaluation messages (outside the rounds' protocol: never snapshotted nor undone)."""
+
+
+def _params(*modules: nn.Module) -> list[nn.Parameter]:
+    return [p for m in modules for p in m.parameters()]
+
+
+@torch.no_grad()
+def _sgd_update(
+    params: Sequence[nn.Parameter], lr: float, l2: float, mu: float, anchor: Sequence[torch.Tensor] | None
+) -> None:
+    """``theta <- theta - lr (grad + l2 theta + mu (theta - theta^{r0}))`` (paper (9), (15))."""
+    for i, p in enumerate(params):
+        g = torch.zeros_like(p) if p.grad is None else p.grad
+        if l2:
+            g = g + l2 * p
+        if mu and anchor is not None:
+            g = g + mu * (p - anchor[i])
+        p.sub_(lr * g)
+        p.grad = None
+
+
+class FedBCDParty:
+    """Party-side steps of FedSGD / FedBCD for one party.
+
+    Args:
+        party_id: the party's name (its client ID in the transport).
+        ids: ``(N_k,)`` its sample IDs.
+        x: ``(N_k, *input_shape)`` float32: its blocks for those samples (one block as is, several
+            blocks flattened and concatenated, see :func:`~hybridfl.algorithms.fedbcd.inputs.party_input`).
+        bottom: its bottom model, ``(batch, *input_shape) -> (batch, r_k)``.
+        blocks: names of its blocks (reported to the coordinator).
+        labels: ``(N_k,)`` labels in {0, 1} (label party only).
+        top: the top model (label party only): list of ``(batch, r_j)`` in party order -> ``(batch,)`` logits.
+        party_order: all party IDs in the order the top model takes them (label party only).
+        test_x: ``(n_test, *input_shape)`` float32: its blocks of the test samples (evaluation), or
+            ``None`` (the party then cannot take part in an evaluation).
+        test_y: ``(n_test,)`` test labels in {0, 1} (label party only).
+
+    State (plain arrays, see :meth:`get_state`): model parameters, the aligned positions, the
+    current batch, and (label party) the last ``H_j`` received for it; plus a snapshot of that
+    state (without the aligned positions) taken at the party's first message of each round, which
+    ``undo`` restores when the coordinator skips the round (:mod:`hybridfl.algorithms.fedbcd`,
+    "A missing party").
+
+    Raises:
+        ValueError: ``labels`` without ``top`` and ``party_order``.
+    """
+
+    def __init__(
+        self,
+        party_id: str,
+        ids: np.ndarray,
+        x: np.ndarray,
+        bottom: nn.Module,
+        blocks: Sequence[str] = (),
+        labels: np.ndarray | None = None,
+        top: nn.Module | None = None,
+        party_order: Sequence[str] | None = None,
+        test_x: np.ndarray | None = None,
+        test_y: np.ndarray | None = None,
+    ):
+        self.party_id = party_id
+        self.ids = np.asarray(ids).astype(str)
+        self.x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        self.bottom = bottom
+        self.blocks = list(blocks)
+        self.is_label = labels is not None
+        if self.is_label:
+            if top is None or party_order is None:
+                raise ValueError(f"label party {party_id!r} needs a top model and the party order")
+            self.y = torch.from_numpy(np.asarray(labels, dtype=np.float32))
+            self.top = top
+            self.party_order = list(party_order)
+        self.test_x = None if test_x is None else np.ascontiguousarray(test_x, dtype=np.float32)
+        self.test_y = None if (test_y is None or not self.is_label) else np.asarray(test_y)
+        self.rows: np.ndarray | None = None  # aligned position -> own row
+        self.batch: np.ndarray | None = None  # aligned positions of the current batch
+        self.others: dict[str, torch.Tensor] = {}  # label party: H_j of the current batch
+        self._snap: dict[str, np.ndarray] | None = None  # state at the first message of round _snap_round
+        self._snap_round: int | None = None
+        self._snap_lost = False  # loaded from a state_dict without the snapshot
+        with torch.no_grad():
+            self.out_dim = int(self.bottom(self.x[:1]).shape[1])
+
+    @property
+    def n_test(self) -> int:
+        """The number of test samples the party holds (0 without a test set)."""
+        return 0 if self.test_x is None else int(self.test_x.shape[0])
+
+    # ------------------------------------------------------------------ protocol
+    def handle(self, msg: Message) -> Message:
+        """Answer one coordinator message (kinds ``fedbcd.properties``, ``.align``, ``.forward``,
+        ``.label``, ``.party_step``, ``.undo``, ``.evaluate``; see :mod:`hybridfl.algorithms.fedbcd`).
+
+        The first message of each round ``>= 1`` (evaluation excluded) snapshots the party's state
+        for ``undo``; an ``undo`` entry in a payload is applied before anything else.
+
+        Raises:
+            ProtocolError: an unknown kind, or a message out of order (training before ``align``,
+                a step without a current batch, an evaluation without a test set).
+        """
+        if msg.kind == EVALUATE:  # after a round, outside it: no snapshot, no undo
+            return self.evaluate(msg)
+        if msg.round >= 1:
+            if "undo" in msg.payload:
+                self.undo(int(msg.payload["undo"]))
+            if msg.kind == "fedbcd.undo":
+                self.undo(int(msg.payload["round"]))
+                return msg.reply(undone=int(msg.payload["round"]))
+            if self._snap_round != msg.round:
+                self._snap, self._snap_round = self._core_state(), msg.round
+        if msg.kind == "fedbcd.properties":
+            return msg.reply(
+                ids=[str(s) for s in self.ids],
+                blocks=self.blocks,
+                out_dim=self.out_dim,
+                has_labels=self.is_label,
+                n_test=self.n_test,
+            )
+        if msg.kind == "fedbcd.align":
+            return self.align(msg)
+        if msg.kind == "fedbcd.forward":
+            self.batch = np.asarray(msg.payload["batch"], dtype=np.int64)
+            return msg.reply(h=self.forward(self.batch))
+        if msg.kind == "fedbcd.party_step":
+            return self.party_step(msg)
+        if msg.kind == "fedbcd.label":
+            return self.label_step(msg)
+        raise ProtocolError(f"FedBCD party {self.party_id!r} got a message of unknown kind {msg.kind!r}.")
+
+    def align(self, msg: Message) -> Message:
+        """Map the coordinator's aligned ID order (``ids``, list of ``N`` str) to own rows.
+
+        Raises:
+            ProtocolError: an aligned ID the party does not hold.
+        """
+        index = {s: i for i, s in enumerate(self.ids)}
+        order = [str(s) for s in msg.payload["ids"]]
+        missing = [s for s in order if s not in index]
+        if missing:
+            raise ProtocolError(f"FedBCD party {self.party_id!r} does not hold aligned sample {missing[0]!r}.")
+        self.rows = np.array([index[s] for s in order], dtype=np.int64)
+        return msg.reply(n_aligned=len(order))
+
+    def _x(self, batch: np.ndarray) -> torch.Tensor:
+        if self.rows is None:
+            raise ProtocolError(f"FedBCD party {self.party_id!r} got a training message before fedbcd.align.")
+        return self.x[torch.from_numpy(self.rows[batch])]
+
+    def _current(self) -> np.ndarray:
+        if self.batch is None:
+            raise ProtocolError(f"FedBCD party {self.party_id!r} got a step without a current mini-batch.")
+        return self.batch
+
+    @torch.no_grad()
+    def forward(self, batch: np.ndarray) -> np.ndarray:
+        """``H_k`` of the batch (aligned positions ``(B,)``): ``(B, r_k)`` float32 (paper eq. (2)).
+
+        Raises:
+            ProtocolError: before ``align``.
+        """
+        return self.bottom(self._x(batch)).numpy().astype(np.float32)
+
+    def party_step(self, msg: Message) -> Message:
+        """Passive party: ``Q`` local steps with the stale ``dL/dH_k`` (FedSGD Alg. 1 line 6 for
+        Q = 1, FedBCD Alg. 2 lines 5-8, Alg. 3 lines 5-7, eq. (15)), then ``H_k`` of the next batch.
+
+        Payload: ``grad`` ``(B, r_k)``, ``local_steps``, ``lr``, ``mu``, ``l2``, optional
+        ``next_batch`` ``(B,)`` and ``return_current``. Reply: ``h_next`` ``(B, r_k)`` and, with
+        ``return_current`` (FedBCD-s), ``h`` ``(B, r_k)`` on the current batch after the update.
+
+        Raises:
+            ProtocolError: no current batch, or before ``align``.
+        """
+        p = msg.payload
+        batch = self._current()
+        grad = torch.from_numpy(np.asarray(p["grad"], dtype=np.float32))
+        x = self._x(batch)
+        params = _params(self.bottom)
+        mu = float(p["mu"])
+        anchor = [t.detach().clone() for t in params] if mu else None
+        for _ in range(int(p["local_steps"])):
+            h = self.bottom(x)
+            # d/dtheta sum_i <H_k,i(theta), dL/dH_k,i> = grad of the loss w.r.t. theta_k at the stale dL/dH_k
+            (h * grad).sum().backward()
+            _sgd_update(params, float(p["lr"]), float(p["l2"]), mu, anchor)
+        out: dict = {}
+        if p.get("return_current"):
+            out["h"] = self.forward(batch)
+        if "next_batch" in p:
+            self.batch = np.asarray(p["next_batch"], dtype=np.int64)
+            out["h_next"] = self.forward(self.batch)
+        return msg.reply(**out)
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        hs = [self.others[j] if j != self.party_id else self.bottom(x) for j in self.party_order]
+        return self.top(hs)
+
+    def label_step(self, msg: Message) -> Message:
+        """Label party: take the new ``H_j`` of the batch; return ``dL/dH_j`` for the parties in
+        ``grads_for`` at the current point; then ``Q`` local steps on its bottom and top models
+        with the others' ``H_j`` fixed (FedBCD Alg. 2 lines 5-8 with exact local loss, eq. (15)).
+
+        Payload: optional ``batch`` ``(B,)`` (a new batch), ``h.<j>`` ``(B, r_j)``, ``grads_for``,
+        ``local_steps`` and (if > 0) ``lr``, ``mu``, ``l2``. Reply: ``loss`` (mean logistic loss
+        of the batch before the local steps) and ``grad.<j>`` ``(B, r_j)``.
+
+        Raises:
+            ProtocolError: no current batch, before ``align``, or no ``H_j`` of a party.
+        """
+        p = msg.payload
+        if "batch" in p:
+            self.batch = np.asarray(p["batch"], dtype=np.int64)
+            self.others = {}
+        batch = self._current()
+        for j in self.party_order:
+            if f"h.{j}" in p:
+                self.others[j] = torch.from_numpy(np.asarray(p[f"h.{j}"], dtype=np.float32))
+        absent = [j for j in self.party_order if j != self.party_id and j not in self.others]
+        if absent:
+            raise ProtocolError(f"FedBCD label party {self.party_id!r} has no H of party {absent[0]!r} for its batch.")
+        x = self._x(batch)
+        y = self.y[torch.from_numpy(self.rows[batch])]  # type: ignore[index]
+        want = [str(j) for j in p.get("grads_for", [])]
+        out: dict = {}
+        for j in want:
+            self.others[j].requires_grad_(True)
+        logits = self._logits(x)
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, y)
+        out["loss"] = float(loss.detach())
+        Q = int(p.get("local_steps", 0))
+        params = _params(self.bottom, self.top)
+        if want:
+            grads = torch.autograd.grad(loss, [self.others[j] for j in want] + (params if Q else []), allow_unused=True)
+            for j, g in zip(want, grads[: len(want)]):
+                out[f"grad.{j}"] = g.numpy().astype(np.float32)
+                self.others[j] = self.others[j].detach()
+            own = grads[len(want) :]
+        else:
+            own = torch.autograd.grad(loss, params, allow_unused=True) if Q else ()
+        if Q:
+            mu, lr, l2 = float(p["mu"]), float(p["lr"]), float(p["l2"])
+            anchor = [t.detach().clone() for t in params] if mu else None
+            for q in range(Q):
+                if q > 0:
+                    loss_q = nn.functional.binary_cross_entropy_with_logits(self._logits(x), y)
+                    own = torch.autograd.grad(loss_q, params, allow_unused=True)
+                for prm, g in zip(params, own):
+                    prm.grad = g
+                _sgd_update(params, lr, l2, mu, anchor)
+        return msg.reply(**out)
+
+    def evaluate(self, msg: Message) -> Message:
+        """``fedbcd.evaluate``: the party's part of the joint prediction on test rows ``rows``
+        ``(n,)`` (positions in the test set every party holds in the same order).
+
+        A passive party replies ``h`` ``(n, r_k)`` float32 (:meth:`embed` of its test blocks). The
+        label party takes ``h.<j>`` ``(n, r_j)`` of every other party, adds its own, computes the
+        logits with its top model and replies ``auc`` (``sklearn.metrics.roc_auc_score``) and
+        ``accuracy`` (logit > 0 means class 1), or ``auc`` = ``accuracy`` = NaN and ``diverged`` = 1
+        when a logit is not finite. Logits and labels never leave the label party. The party's
+        state (parameters, batch, round snapshot) is left as it was.
+
+        Raises:
+            ProtocolError: the party holds no test set, a row outside it, or (label party) no
+                ``H`` of a party.
+        """
+        if self.test_x is None or (self.is_label and self.test_y is None):
+            raise ProtocolError(f"FedBCD party {self.party_id!r} holds no test set to evaluate on.")
+        rows = np.asarray(msg.payload["rows"], dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= self.n_test):
+            raise ProtocolError(
+                f"FedBCD party {self.party_id!r} was asked for test row {int(rows.max())} but holds {self.n_test} test samples."
+            )
+        h = self.embed(self.test_x[rows])
+        if not self.is_label:
+            return msg.reply(h=h)
+        absent = [j for j in self.party_order if j != self.party_id and f"h.{j}" not in msg.payload]
+        if absent:
+            raise ProtocolError(f"FedBCD label party {self.party_id!r} got no test H of party {absent[0]!r}.")
+        hs = {j: (h if j == self.party_id else msg.payload[f"h.{j}"]) for j in self.party_order}
+        z = self.top_logits(hs)
+        y = self.test_y[rows]  # type: ignore[index]
+        if not np.isfinite(z).all():  # diverged (too large a step size or Q): no AUC
+            return msg.reply(auc=float("nan"), accuracy=float("nan"), diverged=1.0)
+        from sklearn.metrics import roc_auc_score
+
+        return msg.reply(auc=float(roc_auc_score(y, z)), accuracy=float(np.mean((z > 0).astype(np.int64) == y)))
+
+    # ------------------------------------------------------------------ inference and state
+    @torch.no_grad()
+    def embed(self, x: np.ndarray, batch_size: int = 1024) -> np.ndarray:
+        """``H_k`` of arbitrary inputs ``(n, *input_shape)`` -> ``(n, r_k)`` float32, in eval
+        mode, ``batch_size`` samples at a time (evaluation)."""
+        self.bottom.eval()
+        out = [
+            self.bottom(torch.from_numpy(np.ascontiguousarray(x[s : s + batch_size], dtype=np.float32))).numpy()
+            for s in range(0, len(x), batch_size)
+        ]
+        self.bottom.train()
+        return np.concatenate(out) if out else np.zeros((0, self.out_dim), np.float32)
+
+    @torch.no_grad()
+    def top_logits(self, hs: Mapping[str, np.ndarray]) -> np.ndarray:
+        """Label party: logits ``(n,)`` from every party's ``H_j`` ``(n, r_j)`` (evaluation).
+
+        Raises:
+            KeyError: ``hs`` lacks a party.
+        """
+        return self.top([torch.from_numpy(np.asarray(hs[j], dtype=np.float32)) for j in self.party_order]).numpy()
+
+    def undo(self, rnd: int) -> None:
+        """Discard round ``rnd`` and everything after it (the coordinator skipped it): restore the
+        snapshot if it was taken in round ``rnd`` or later. A snapshot of a later round was taken
+        after this same ``undo`` had been applied (the coordinator repeats it in every message
+        until a reply confirms it), so it holds the state before round ``rnd``; restoring it
+        again is harmless. Nothing to do if the party received no message since round ``rnd``
+        (its snapshot is older, or it has none because it never received a message of a round).
+
+        Raises:
+            ProtocolError: the party was loaded from a :meth:`state_dict` without its snapshot.
+        """
+        if self._snap is None or self._snap_round is None:
+            if self._snap_lost:
+                raise ProtocolError(
+                    f"FedBCD party {self.party_id!r} cannot undo round {rnd}: it was loaded without the snapshot of its state."
+                )
+            return
+        if self._snap_round >= rnd:
+            self._load_core({k: np.array(v, copy=True) for k, v in self._snap.items()})
+
+    def _core_state(self) -> dict[str, np.ndarray]:
+        sd = {f"bottom.{k}": v.detach().numpy().copy() for k, v in self.bottom.state_dict().items()}
+        if self.is_label:
+            sd.update({f"top.{k}": v.detach().numpy().copy() for k, v in self.top.state_dict().items()})
+            sd.update({f"h.{j}": v.detach().numpy().copy() for j, v in self.others.items()})
+        if self.batch is not None:
+            sd["batch"] = self.batch.copy()
+        return sd
+
+    def _load_core(self, sd: Mapping[str, np.ndarray]) -> None:
+        self.bottom.load_state_dict(
+            {k[7:]: torch.from_numpy(np.asarray(v)) for k, v in sd.items() if k.startswith("bottom.")}
+        )
+        if self.is_label:
+            self.top.load_state_dict(
+                {k[4:]: torch.from_numpy(np.asarray(v)) for k, v in sd.items() if k.startswith("top.")}
+            )
+            self.others = {k[2:]: torch.from_numpy(np.asarray(v)) for k, v in sd.items() if k.startswith("h.")}
+        self.batch = np.asarray(sd["batch"]) if "batch" in sd else None
+
+    def state_dict(self, snapshot: bool = False) -> dict[str, np.ndarray]:
+        """The party's state as arrays: parameters (``bottom.*``, ``top.*``), the aligned rows,
+        the current batch, and (label party) the stored ``H_j`` (``h.*``). With ``snapshot``, also
+        the round snapshot that ``undo`` restores (``snap.*``, ``snap_round``; -1: none taken yet).
+        :meth:`get_state` is this with the snapshot; without it, for comparing models."""
+        sd = self._core_state()
+        if self.rows is not None:
+            sd["rows"] = self.rows.copy()
+        if snapshot:
+            sd.update({f"snap.{k}": v.copy() for k, v in (self._snap or {}).items()})
+            sd["snap_round"] = np.array([-1 if self._snap_round is None else self._snap_round], dtype=np.int64)
+        return sd
+
+    def load_state_dict(self, sd: Mapping[str, np.ndarray]) -> None:
+        """Inverse of :meth:`state_dict`. A state without ``snap_round`` leaves the party unable to
+        ``undo`` a round it had snapshotted (:meth:`undo` then raises)."""
+        self._load_core({k: v for k, v in sd.items() if not k.startswith("snap")})
+        self.rows = np.asarray(sd["rows"]) if "rows" in sd else None
+        if "snap_round" in sd:
+            r = int(np.asarray(sd["snap_round"]).reshape(-1)[0])
+            self._snap = {k[5:]: np.asarray(v) for k, v in sd.items() if k.startswith("snap.")} if r >= 0 else None
+            self._snap_round = r if r >= 0 else None
+            self._snap_lost = False
+        else:
+            self._snap, self._snap_round, self._snap_lost = None, None, True
+
+    def get_state(self) -> dict[str, np.ndarray]:
+        """Everything the party keeps between two messages (client contract of
+        :mod:`hybridfl.algorithms.spec`): :meth:`state_dict` with the round snapshot, so that an
+        ``undo`` works on a party rebuilt for every message (Flower) or resumed from a checkpoint."""
+        return self.state_dict(snapshot=True)
+
+    def set_state(self, state: Mapping[str, np.ndarray]) -> None:
+        """Restore what :meth:`get_state` returned into a freshly built party."""
+        self.load_state_dict(state)

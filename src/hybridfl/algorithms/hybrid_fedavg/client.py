@@ -1,0 +1,79 @@
+"""Hybrid FedAvg client steps (:class:`HybridFedAvgClient`): local mini-batch SGD on the client's own
+block of ``w`` over its own samples (HyFDCA Sec. 2 and 5, the baseline HyFDCA compares with)."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from hybridfl.algorithms.convex.problem import features, signed_labels
+from hybridfl.data.dataset import HybridDataset
+from hybridfl.errors import ProtocolError
+from hybridfl.runtime.messages import Message
+
+
+def loss_gradient_scale(z: np.ndarray, y: np.ndarray, loss: str) -> np.ndarray:
+    """``dl/dz`` (a subgradient for hinge) at ``z`` for labels ``y`` in {-1, +1}, shape like ``z``."""
+    if loss == "hinge":
+        return np.where(y * z < 1, -y, 0.0)
+    if loss == "logistic":
+        return -y / (1.0 + np.exp(np.clip(y * z, -50, 50)))
+    return z - y
+
+
+class HybridFedAvgClient:
+    """Client: local SGD on its own features and samples (stateless between messages: round ``t``
+    samples its mini-batches from ``default_rng([seed, t])``).
+
+    Args:
+        client_id: name.
+        data: its samples restricted to its blocks, with labels.
+        positive: class indices labelled +1.
+        seed: seeds its mini-batch sampling.
+    """
+
+    def __init__(self, client_id: str, data: HybridDataset, positive: Sequence[int], seed: int = 0):
+        self.client_id = client_id
+        self.blocks = list(data.block_names)
+        self.X = features(data, sparse="dense")
+        self.y = signed_labels(data.y, positive)
+        self.seed = seed
+
+    def handle(self, msg: Message) -> Message:
+        """Answer ``fedavg.hello`` (its block names and sample count) or ``fedavg.fit``: from the
+        server's ``w`` ``(d_k,)`` on its features, ``local_steps`` SGD steps with step size
+        ``lr / sqrt(t)`` on ``(lambda/2)||w_k||^2 + (1/n_k) sum_i l(x_{k,i}^T w_k)``; replies its
+        ``w`` ``(d_k,)``, ``n_samples`` and ``client_seconds``.
+
+        Raises:
+            ProtocolError: an unknown message kind.
+        """
+        t0 = time.perf_counter()
+        p = msg.payload
+        if msg.kind == "fedavg.hello":
+            return msg.reply(blocks=self.blocks, n_samples=int(self.y.size), client_seconds=time.perf_counter() - t0)
+        if msg.kind != "fedavg.fit":
+            raise ProtocolError(f"hybrid FedAvg client {self.client_id!r} got unknown message kind {msg.kind!r}.")
+        w = np.asarray(p["w"], dtype=np.float64).copy()
+        lam, loss = float(p["lam"]), str(p["loss"])
+        eta = float(p["lr"]) / math.sqrt(msg.round)
+        rng = np.random.default_rng([self.seed, msg.round])
+        n = self.y.size
+        B = min(int(p["batch_size"]), n)
+        for _ in range(int(p["local_steps"])):
+            idx = rng.choice(n, size=B, replace=False)
+            Xb = self.X[idx]
+            g = loss_gradient_scale(Xb @ w, self.y[idx], loss)
+            w -= eta * (Xb.T @ g / B + lam * w)
+        return msg.reply(w=w, n_samples=int(n), client_seconds=time.perf_counter() - t0)
+
+    def get_state(self) -> dict[str, Any]:
+        """``{}``: the client keeps nothing between messages."""
+        return {}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Nothing to restore (see :meth:`get_state`)."""

@@ -1,0 +1,146 @@
+"""Hybrid FedAvg's :class:`~hybridfl.algorithms.spec.AlgorithmSpec` (:data:`SPEC`): the one place
+hybrid FedAvg is built, consumed unchanged by the simulation and by Flower.
+
+Metrics: in the simulation the :class:`~hybridfl.algorithms.convex.monitor.Monitor`'s primal
+metrics of the server's ``w`` (objective, relative suboptimality, test and train accuracy; no dual,
+no encryption); over Flower the test accuracy on the server's test set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hybridfl.algorithms.convex.monitor import (
+    Monitor,
+    check_inputs,
+    holdout_accuracy,
+    make_monitor,
+    suboptimality_plots,
+    time_columns,
+)
+from hybridfl.algorithms.convex.problem import positive_set
+from hybridfl.algorithms.hybrid_fedavg.client import HybridFedAvgClient
+from hybridfl.algorithms.hybrid_fedavg.config import HybridFedAvgConfig
+from hybridfl.algorithms.hybrid_fedavg.server import HybridFedAvgServer
+from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, ReportContext, client_seed, register
+from hybridfl.data.dataset import DatasetSplit
+from hybridfl.data.export import ClientData, ServerData
+from hybridfl.data.partition import Partition
+from hybridfl.errors import PartitionError
+
+WHERE = "hybrid FedAvg"
+
+
+def check(split: DatasetSplit, partition: Partition, cfg: HybridFedAvgConfig) -> None:
+    """Every input check before any training (:func:`~hybridfl.algorithms.convex.monitor.check_inputs`).
+
+    Raises:
+        DataError: labels not binary for the loss; PartitionError, UnknownBlockError: see there.
+    """
+    check_inputs(split, partition, cfg.loss, cfg.positive_classes, WHERE)
+
+
+def build_client(cd: ClientData, cfg: HybridFedAvgConfig, seed: int, layout: list | None = None) -> HybridFedAvgClient:
+    """One client from its own data (seed ``client_seed(seed, index)``).
+
+    Raises:
+        PartitionError: the client has no labels.
+        DataError: labels not binary for the loss.
+    """
+    if not cd.has_labels:
+        raise PartitionError(
+            f"client {cd.client_id!r} has no labels, but {WHERE} needs the labels of every sample at its holders."
+        )
+    pos = positive_set(cd.data, cfg.positive_classes, cfg.loss, WHERE)
+    return HybridFedAvgClient(cd.client_id, cd.data, pos, client_seed(seed, cd.index))
+
+
+def build_server(
+    sd: ServerData, cfg: HybridFedAvgConfig, seed: int, hello: Mapping[str, dict] | None = None
+) -> HybridFedAvgServer:
+    """The server from the public schema (``hello`` is unused)."""
+    return HybridFedAvgServer(sd.block_shapes, cfg, seed)
+
+
+def monitor(
+    split: DatasetSplit,
+    partition: Partition,
+    cfg: HybridFedAvgConfig,
+    seed: int,
+    clients: Mapping[str, Any],
+    secrets: Mapping[str, bytes] | None,
+) -> Monitor:
+    """The simulation's privileged evaluator: the federated problem in the clear and its reference."""
+    return make_monitor(split, partition, cfg, WHERE)
+
+
+def evaluate(ctx: EvalContext) -> dict[str, float]:
+    """After an evaluated round: the :class:`Monitor`'s primal metrics of ``w`` in the simulation,
+    else the ``accuracy`` of ``w`` on the server's test set (``{}`` without one)."""
+    w = ctx.server.w
+    if ctx.monitor is not None:
+        return ctx.monitor.primal_metrics(w)
+    cfg = ctx.config
+    return holdout_accuracy(w, ctx.server_data.test, cfg.loss, cfg.positive_classes, WHERE)
+
+
+def report(ctx: ReportContext) -> tuple[dict, list]:
+    """Hybrid FedAvg's summary keys and final table rows; adds the modelled time columns to
+    ``ctx.history`` (in place)."""
+    cfg: HybridFedAvgConfig = ctx.config
+    time_columns(ctx.history, None)
+    last = ctx.history[-1] if ctx.history else {}
+    ref = ctx.monitor.ref if ctx.monitor is not None else None
+    summary = {
+        "loss": cfg.loss,
+        "lambda": cfg.lam,
+        "lr": cfg.lr,
+        "local_steps": cfg.local_steps,
+        "primal_objective": last.get("primal"),
+        "reference_objective": ref.objective if ref else None,
+        "relative_suboptimality": last.get("relative_suboptimality"),
+        "accuracy": last.get("accuracy"),
+        "duality_gap": None,
+        "encryption_seconds": 0.0,
+        "failure_rate": cfg.failure_rate,
+    }
+    rows = [
+        ["test accuracy (server model, all blocks)", summary["accuracy"], "percent"],
+        ["primal objective P(w)", summary["primal_objective"], "sci"],
+        ["reference objective P*", summary["reference_objective"], "sci"],
+        ["relative suboptimality (P(w) - P*) / P*", summary["relative_suboptimality"], "sci"],
+    ]
+    return summary, rows
+
+
+def plots(history: list[dict], cfg: HybridFedAvgConfig, title: str) -> list[Callable[[Path], None]]:
+    """The suboptimality plot (``suboptimality.png``) of the run."""
+    on = f" on {title.split(' on ', 1)[1]}" if " on " in title else ""
+    return suboptimality_plots("hybrid FedAvg", history, f"hybrid FedAvg ({cfg.loss}, lambda={cfg.lam:g}){on}")
+
+
+def final_arrays(server: HybridFedAvgServer) -> dict[str, np.ndarray]:
+    """The final model: ``{"w": w}`` ``(d,)``."""
+    return {"w": server.w.copy()}
+
+
+SPEC = register(
+    AlgorithmSpec(
+        "hybrid_fedavg",
+        HybridFedAvgConfig,
+        "hybrid FedAvg: local SGD on own blocks, per-feature averaging (HyFDCA's baseline)",
+        build_server=build_server,
+        build_client=build_client,
+        check=check,
+        evaluate=evaluate,
+        report=report,
+        monitor=monitor,
+        final_arrays=final_arrays,
+        plots=plots,
+    )
+)
+"""Hybrid FedAvg's recipe (registered as ``hybrid_fedavg``)."""

@@ -1,0 +1,98 @@
+"""HyFDCA settings: :class:`HyFDCAConfig` (the ``algorithm:`` section with ``name: hyfdca``).
+
+The fields choose the LocalDualMethod variant (``dual_mode``, see :mod:`.client` and
+:mod:`.segment`), partial participation (HyFDCA Assumptions 5 and 7), simulated failures, the
+encryption scheme and its parameters (:mod:`hybridfl.privacy.he`), the modelled network
+(``latency`` per exchange, ``bandwidth_mbps``), suffix averaging of the output model and the
+evaluation (centralised reference optimum).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+
+PAPER_LATENCY = 0.2575
+"""Seconds per round trip that HyFDCA's experiments model (HyFDCA Sec. 5.1, Fig. 3/5)."""
+
+
+class HyFDCAConfig(BaseModel):
+    """HyFDCA settings (``algorithm:`` section with ``name: hyfdca``)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    name: Literal["hyfdca"] = "hyfdca"
+    loss: Literal["hinge", "logistic", "squared"] = "hinge"
+    lam: float = Field(
+        1e-4, gt=0, validation_alias=AliasChoices("lam", "lambda"), description="L2 regulariser lambda (> 0)"
+    )
+    rounds: int = Field(100, ge=1, description="outer iterations T")
+    local_steps: int | None = Field(
+        None, ge=1, description="H: SDCA steps per client per round (default: local_fraction of its samples)"
+    )
+    local_fraction: float = Field(
+        1.0, gt=0, le=1, description="H as a share of the client's samples when local_steps is not set"
+    )
+    local_epochs: int = Field(
+        1, ge=1, description="passes over the H chosen samples per round (each in a fresh random order)"
+    )
+    dual_mode: Literal["block", "consensus", "segment"] = Field(
+        "block",
+        description="block: each client keeps the dual variables of its own cell; consensus: one alpha per sample, averaged over its holders (paper Alg. 1); segment: one alpha per sample, the holders of a segment step together with exact inner products (mini-batch exchanges and batch Gram matrices)",
+    )
+    batch_size: int = Field(
+        512,
+        ge=1,
+        description="segment mode: samples per mini-batch (one inner-product exchange per batch and round; the batch Gram is summed once at setup)",
+    )
+    segment_schedule: Literal["sequential", "parallel"] = Field(
+        "sequential",
+        description="segment mode: sequential: the active segments take their passes one after another, each from the w the previous one left (exact SDCA over the union, sigma' = 1); parallel: all at once (CoCoA+ over segments, sigma' = number of active segments)",
+    )
+    sigma: float | None = Field(
+        None,
+        gt=0,
+        description="CoCoA+ safety factor sigma' (default: clients (block), segments (consensus), segments stepping together (segment))",
+    )
+    cross: Literal["own", "energy", "none"] = Field(
+        "own", description="how a client's own dual changes enter its inner-product estimate"
+    )
+    nu: float = Field(1.0, gt=0, description="dual aggregation weight nu (1 averages over the clients of a sample)")
+    smoothing: float = Field(
+        0.0,
+        ge=0,
+        description="hinge only: gamma of the smoothed hinge the local steps solve in round 1 (0: the plain hinge)",
+    )
+    smoothing_decay: float = Field(1.0, gt=0, le=1, description="gamma is multiplied by this every round ...")
+    smoothing_min: float = Field(0.0, ge=0, description="... down to this floor")
+    participation: float = Field(1.0, gt=0, le=1, description="share (or probability) of clients per round")
+    participation_mode: Literal["fraction", "probability", "cyclic"] = "fraction"
+    cyclic_groups: int = Field(2, ge=2, description="number of cyclic client groups (participation_mode: cyclic)")
+    failure_rate: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="probability that a selected client fails mid-round (does its work, its replies never arrive)",
+    )
+    positive_classes: list[int] | None = Field(
+        None, description="class indices labelled +1 (required with more than 2 classes)"
+    )
+    sparse: Literal["auto", "dense", "sparse"] = Field(
+        "auto", description="client feature storage (auto: CSR below 25 % non-zeros)"
+    )
+    encryption: Literal["none", "paillier", "ckks"] = "none"
+    paillier_bits: int = Field(2048, ge=256)
+    precision_bits: int = Field(40, ge=16, le=60, description="Paillier fixed-point fraction bits")
+    ckks_degree: Literal[4096, 8192, 16384] = 8192
+    ckks_scale_bits: int = Field(40, ge=20, le=50)
+    latency: float = Field(PAPER_LATENCY, ge=0, description="modelled seconds per round trip (paper: 0.2575)")
+    bandwidth_mbps: float | None = Field(None, gt=0, description="modelled link bandwidth; None: bytes cost no time")
+    average_last: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="share of the final rounds whose iterates are averaged into the output model (suffix averaging of w and alpha, SDCA's averaged output for non-smooth losses; 0.5: the second half; 0: the last iterate)",
+    )
+    eval_every: int = Field(1, ge=0)
+    reference: bool = Field(True, description="compute (or load from the cache) the centralised reference optimum")
+    reference_sdca_epochs: int = Field(200, ge=1)

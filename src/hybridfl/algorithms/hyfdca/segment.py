@@ -1,0 +1,369 @@
+"""HyFDCA ``dual_mode: segment``: the client and server steps of the exact segment passes (mixins of
+:class:`~hybridfl.algorithms.hyfdca.client.HyFDCAClient` and
+:class:`~hybridfl.algorithms.hyfdca.server.HyFDCAServer`).
+
+One ``alpha`` per sample, like consensus mode, but the holders of a segment make the **same
+exact** SDCA steps, so averaging them changes nothing and no client ever acts on a wrong inner
+product. The segment is cut once into fixed mini-batches of ``batch_size`` samples (the same
+random split at every holder); at setup the holders' partial Gram matrices ``X_{k,B} X_{k,B}^T``
+of each batch are added under encryption and returned, so every holder knows the batch's full
+Gram ``X_B X_B^T`` (all blocks; a leak the other modes do not have: the holders learn the inner
+products between pairs of their own samples in a batch). Each round (``hyfdca.segstart``, then one
+``hyfdca.sweep`` per batch, then ``hyfdca.primal``) the holders walk the batches in a common random
+order; before each batch the server adds their encrypted shares ``x_{k,i}^T (w_k + sigma' dw_k)``
+(their block with the segment's changes so far) and every holder decrypts the exact inner
+products; inside the batch the Gram matrix supplies the changes
+(:func:`~hybridfl.algorithms.convex.losses.gram_steps`). A segment steps only when all its holders
+are selected and answer (a failed holder costs the segment its pass; nothing partial is added).
+``segment_schedule`` says how the active segments share a round:
+
+* ``sequential`` (default): one pass per segment, one segment after another (random order), each
+  followed by PrimalAggregation, so the next segment starts from the ``w`` the previous one left.
+  The round is then *exactly* one epoch of centralised SDCA over the active segments' samples
+  (``sigma' = 1``), whatever the number of segments. Cost: ``2 + n_s / b`` exchanges per segment,
+  the segments one after another.
+* ``parallel``: all active segments at once, aggregated once: CoCoA+ over segments with an exact
+  local solver, ``sigma'`` = number of active segments. ``2 + max n_s / b`` exchanges per round,
+  but the safe ``sigma'`` slows every segment down (``docs/results.md`` compares the two
+  schedules on MNIST binary).
+
+Either way the dual ascends every round (tested) and ``w = w(alpha)``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from hybridfl.algorithms.convex.losses import gram_steps
+from hybridfl.errors import ProtocolError
+from hybridfl.runtime.messages import SERVER, Message
+from hybridfl.runtime.transport import Transport
+
+
+class SegmentClientMixin:
+    """The client steps of ``dual_mode: segment`` (mixed into ``HyFDCAClient``, whose attributes
+    they use: ``X``, ``y``, ``ids``, ``he``, ``alpha``, ``w``, ``params``, ``seg_rows``,
+    ``seg_colw``, ``seg_scale``).
+
+    State (all part of the client's ``get_state``): ``seg_global`` the global segment IDs,
+    ``seg_batches`` the row positions of each fixed mini-batch, ``gram`` ``(b, b)`` the full Gram
+    matrix of each mini-batch, ``sweep`` this round's pass over each active segment (batch
+    ``order``, position ``j``, ``seed``, ``sigma``, ``dw`` ``(d_k,)``, ``delta`` ``(n_k,)``).
+    """
+
+    def _segment_init(self, p: Mapping[str, Any]) -> list[bytes]:
+        """Setup (``hyfdca.init``): cut each segment into the fixed mini-batches (a permutation drawn
+        from the global segment ID and the server's ``batch_seed``, the same at every holder) and
+        return the encrypted partial Gram matrix ``X_{k,B} diag(1/c) X_{k,B}^T`` of each batch
+        (upper triangles, segment by segment)."""
+        b = int(p["batch_size"])
+        self.seg_global = [int(g) for g in p["seg_global"]]
+        self.seg_batches = []
+        for g, rows in zip(self.seg_global, self.seg_rows):
+            perm = rows[np.random.default_rng([int(p["batch_seed"]), g]).permutation(rows.size)]
+            self.seg_batches.append([perm[m : m + b] for m in range(0, rows.size, b)])
+        gram: list[bytes] = []
+        for s in range(len(self.seg_rows)):
+            colw = self.seg_colw[s]
+            for rows in self.seg_batches[s]:
+                Xb = self.X[rows]
+                Xw = Xb if colw is None else (Xb.multiply(colw[None, :]).tocsr() if sp.issparse(Xb) else Xb * colw)
+                G = Xb @ Xw.T
+                G = G.toarray() if sp.issparse(G) else np.asarray(G)
+                gram.append(self.he.encrypt(G[np.triu_indices(rows.size)]))
+        return gram
+
+    def _store_gram(self, cts: list[bytes]) -> None:
+        """Setup (``hyfdca.norms``): decrypt the holders' summed batch Gram matrices (upper triangles)."""
+        it = iter(cts)
+        self.gram = [
+            [_symmetric(self.he.decrypt(next(it)), rows.size) for rows in batches] for batches in self.seg_batches
+        ]
+
+    def _batch_share(self, s: int, rows: np.ndarray) -> bytes:
+        """``enc(x_{k,i}^T (w_k + sigma' dw_k))`` for one mini-batch of segment ``s`` (its own
+        block's part of the exact inner products, with the segment's changes this round)."""
+        colw = self.seg_colw[s]
+        ww = self.w + self.sweep[s]["sigma"] * self.sweep[s]["dw"]
+        if colw is not None:
+            ww = ww * colw
+        return self.he.encrypt(np.asarray(self.X[rows] @ ww).ravel())
+
+    def segment_start(self, p: Mapping[str, Any]) -> dict:
+        """Segment mode, round start (``hyfdca.segstart``): take ``w`` ``(d_k,)`` (and fresh
+        ``alpha`` if returning); for each active segment (every holder present) set up this round's
+        batch order and return ``{"ip": [enc(first batch's shares)]}``."""
+        self.w = np.asarray(p["w"], dtype=np.float64)
+        if "alpha" in p:
+            self._decrypt_segments(p["alpha"], self.alpha)
+        segs = [int(v) for v in p["segs"]]
+        counts = [int(v) for v in p["count"]]
+        flat = [int(v) for v in p["order"]]
+        self.sweep = {}
+        out, pos = [], 0
+        for s, c in zip(segs, counts):
+            self.sweep[s] = {
+                "order": flat[pos : pos + c],
+                "j": 0,
+                "dw": np.zeros(self.X.shape[1]),
+                "delta": np.zeros(self.ids.size),
+                "seed": int(p["seed"]),
+                "sigma": float(p.get("sigma", self.params["sigma"])),
+            }
+            pos += c
+            out.append(self._batch_share(s, self.seg_batches[s][self.sweep[s]["order"][0]]))
+        return {"ip": out}
+
+    def segment_sweep(self, p: Mapping[str, Any]) -> dict:
+        """Segment mode (``hyfdca.sweep``): exact SDCA steps on the current mini-batch of each listed
+        segment (the decrypted inner products ``u`` are exact: every holder's block with the
+        segment's changes so far; the batch Gram gives the changes within the batch). Every holder
+        of a segment makes the same steps. Returns the next batch's shares (``ip``, ``ip_segs``), or
+        ``enc((nu/|B|) dalpha)`` of the segment once its pass is done (``dalpha``, ``dalpha_segs``).
+
+        Raises:
+            ProtocolError: a sweep of a segment whose pass was not started or is already done.
+        """
+        prm = self.params
+        lam_n = float(prm["lam"]) * float(prm["N"])
+        nxt, nxt_segs, dal, dal_segs = [], [], [], []
+        for s, ct in zip([int(v) for v in p["segs"]], p["u"]):
+            st = self.sweep.get(s)
+            if st is None or st["j"] >= len(st["order"]):
+                raise ProtocolError(
+                    f"HyFDCA client {self.client_id!r} got a sweep of segment {s} without a pass under way."
+                )
+            m = st["order"][st["j"]]
+            rows = self.seg_batches[s][m]
+            u0 = self.he.decrypt(ct)
+            a = self.alpha[rows] + st["delta"][rows]
+            rng = np.random.default_rng([st["seed"], self.seg_global[s], st["j"]])
+            d = gram_steps(
+                rng.permutation(rows.size),
+                a,
+                self.y[rows],
+                u0,
+                self.gram[s][m],
+                str(prm["loss"]),
+                lam_n,
+                st["sigma"],
+                float(p.get("gamma", 0.0)),
+            )
+            st["delta"][rows] += d
+            st["dw"] += np.asarray(self.X[rows].T @ d).ravel() / lam_n
+            st["j"] += 1
+            if st["j"] < len(st["order"]):
+                nxt.append(self._batch_share(s, self.seg_batches[s][st["order"][st["j"]]]))
+                nxt_segs.append(s)
+            else:
+                dal.append(self.he.encrypt(st["delta"][self.seg_rows[s]] * self.seg_scale[s]))
+                dal_segs.append(s)
+        return {"ip": nxt, "ip_segs": nxt_segs, "dalpha": dal, "dalpha_segs": dal_segs}
+
+    def _segment_state(self) -> dict[str, Any]:
+        """The segment-mode part of ``get_state`` (``{}`` in the other modes): ``seg_global``,
+        ``seg_batches.<s>`` (batch sizes), ``batch.<s>.<m>`` rows, ``gram.<s>.<m>`` upper
+        triangles, the pass under way (``sweep`` JSON plus ``sweep_dw.<s>``, ``sweep_delta.<s>``)."""
+        if not self.seg_global:
+            return {}
+        st: dict[str, Any] = {"seg_global": np.asarray(self.seg_global, dtype=np.int64)}
+        for s, batches in enumerate(self.seg_batches):
+            st[f"seg_batches.{s}"] = np.asarray([rows.size for rows in batches], dtype=np.int64)
+            for m, rows in enumerate(batches):
+                st[f"batch.{s}.{m}"] = np.asarray(rows, dtype=np.int64)
+                if self.gram:
+                    st[f"gram.{s}.{m}"] = self.gram[s][m][np.triu_indices(rows.size)]
+        st["sweep"] = json.dumps(
+            {str(k): {f: x for f, x in v.items() if f not in ("dw", "delta")} for k, v in self.sweep.items()}
+        )
+        for k, v in self.sweep.items():
+            st[f"sweep_dw.{k}"], st[f"sweep_delta.{k}"] = v["dw"].copy(), v["delta"].copy()
+        return st
+
+    def _set_segment_state(self, st: Mapping[str, Any]) -> None:
+        """Restore what :meth:`_segment_state` returned (nothing if it was empty)."""
+        if "seg_global" not in st:
+            return
+        self.seg_global = [int(g) for g in np.asarray(st["seg_global"])]
+        n_seg = len(self.seg_global)
+        self.seg_batches = [
+            [
+                np.asarray(st[f"batch.{s}.{m}"], dtype=np.int64).copy()
+                for m in range(np.asarray(st[f"seg_batches.{s}"]).size)
+            ]
+            for s in range(n_seg)
+        ]
+        if n_seg and self.seg_batches[0] and "gram.0.0" in st:
+            self.gram = [
+                [_symmetric(np.asarray(st[f"gram.{s}.{m}"], dtype=np.float64), rows.size) for m, rows in enumerate(b)]
+                for s, b in enumerate(self.seg_batches)
+            ]
+        self.sweep = {
+            int(k): {
+                **v,
+                "dw": np.asarray(st[f"sweep_dw.{k}"], dtype=np.float64).copy(),
+                "delta": np.asarray(st[f"sweep_delta.{k}"], dtype=np.float64).copy(),
+            }
+            for k, v in json.loads(str(st["sweep"])).items()
+        }
+
+
+def _symmetric(upper: np.ndarray, b: int) -> np.ndarray:
+    """The ``(b, b)`` symmetric matrix whose upper triangle (row by row) is ``upper``."""
+    G = np.zeros((b, b))
+    G[np.triu_indices(b)] = upper
+    return G + np.triu(G, 1).T
+
+
+class SegmentServerMixin:
+    """The server steps of ``dual_mode: segment`` (mixed into ``HyFDCAServer``, whose attributes
+    they use: ``config``, ``rng``, ``he``, ``w``, ``feat``, ``enc_alpha``, ``seg_ids``,
+    ``seg_holders``, ``client_segs``, ``last_round``)."""
+
+    def _segment_init_payload(self, segs: list[int], batch_seed: int) -> dict[str, Any]:
+        """The segment-mode entries of one client's ``hyfdca.init``: ``batch_size``, the global
+        segment IDs ``seg_global`` and the ``batch_seed`` of the fixed mini-batches."""
+        return {"batch_size": self.config.batch_size, "seg_global": list(segs), "batch_seed": batch_seed}
+
+    def _sum_grams(self, replies: list[Message]) -> dict[tuple[int, int], bytes]:
+        """Setup: the holders' encrypted partial Gram matrices added per ``(segment, batch)``."""
+        gparts: dict[tuple[int, int], list[bytes]] = defaultdict(list)
+        for r in replies:
+            it = iter(r.payload["gram"])
+            for g in self.client_segs[r.sender]:
+                for m in range(self.seg_batch_counts[g]):
+                    gparts[(g, m)].append(next(it))
+        return {key: self.he.add(v) for key, v in gparts.items()}
+
+    def _run_round_segment(
+        self, rnd: int, transport: Transport, selected: list[str], stats: dict, t0: float, he0: float
+    ) -> dict[str, float]:
+        """One round of ``dual_mode: segment``. A segment is active when all its holders are
+        selected. ``segment_schedule: sequential`` (default) gives the active segments one pass
+        each, one after another in a random order, each pass followed by PrimalAggregation so the
+        next one starts from the ``w`` the last one left: together exactly centralised SDCA over
+        the active segments' samples (``sigma' = 1``). ``parallel`` runs all active segments' passes
+        at once (CoCoA+ over segments, ``sigma'`` = number of active segments) and aggregates once.
+        See :meth:`_segment_pass` for one pass."""
+        cfg = self.config
+        chosen = set(selected)
+        active = [g for g in range(len(self.seg_ids)) if all(h in chosen for h in self.seg_holders[g])]
+        if cfg.segment_schedule == "sequential":
+            groups = [[int(g)] for g in self.rng.permutation(active)] if active else []
+        else:
+            groups = [active] if active else []
+        gamma = self.smoothing(rnd)
+        done: set[int] = set()
+        sent: set[str] = set()
+        answered: set[str] = set()
+        sigmas = []
+        for group in groups:
+            sigma = float(cfg.sigma) if cfg.sigma is not None else float(len(group))
+            sigmas.append(sigma)
+            d, k, a = self._segment_pass(rnd, transport, selected, group, sigma, gamma, stats)
+            done |= d
+            sent |= k
+            answered |= a
+        self._accumulate_average(rnd)
+        out = self._finish(stats, t0, he0)
+        out["participants"] = len(selected)
+        out["failed"] = len(sent - answered)
+        out["segments_updated"] = len(done)
+        out["segments_active"] = len(active)
+        if sigmas:
+            out["sigma"] = max(sigmas)
+        return out
+
+    def _segment_pass(
+        self,
+        rnd: int,
+        transport: Transport,
+        selected: list[str],
+        group: list[int],
+        sigma: float,
+        gamma: float,
+        stats: dict,
+    ) -> tuple[set[int], set[str], set[str]]:
+        """One pass of the segments in ``group`` (all holders selected) in ``dual_mode: segment``:
+        its holders walk each segment's mini-batches in the same order, one exchange per batch: the
+        server adds their encrypted shares of the batch's inner products (each holder's block with
+        the segment's changes so far, scaled by ``sigma'``) and returns the sum, so every holder
+        makes the same exact SDCA steps. A segment loses the pass if any holder's reply is missing
+        (nothing of it is added). Then dual aggregation and PrimalAggregation as in consensus mode
+        (``w = w(alpha)``).
+
+        Returns:
+            (segments whose changes were added, clients sent the pass, clients that answered PrimalAggregation).
+        """
+        cfg = self.config
+        orders: dict[int, list[int]] = {}
+        for g in group:
+            nb = self.seg_batch_counts[g]
+            count = max(1, math.ceil(cfg.local_fraction * nb))
+            orders[g] = [int(m) for _ in range(cfg.local_epochs) for m in self.rng.permutation(nb)[:count]]
+        seed = int(self.rng.integers(2**31))
+        K = [cid for cid in selected if any(g in orders for g in self.client_segs[cid])]
+        local = {cid: {g: j for j, g in enumerate(self.client_segs[cid])} for cid in K}
+        msgs = []
+        for cid in K:
+            gs = [g for g in self.client_segs[cid] if g in orders]
+            payload: dict = {
+                "w": self.w[self.feat[cid]],
+                "segs": [local[cid][g] for g in gs],
+                "count": [len(orders[g]) for g in gs],
+                "order": [m for g in gs for m in orders[g]],
+                "seed": seed,
+                "sigma": sigma,
+            }
+            if self.last_round[cid] < rnd - 1:  # absent (or failed) last round: fresh alpha
+                payload["alpha"] = [self.enc_alpha[g] for g in self.client_segs[cid]]
+            msgs.append(Message("hyfdca.segstart", SERVER, cid, rnd, payload))
+        shares: dict[int, list[bytes]] = defaultdict(list)
+        for r in self._exchange(transport, msgs, stats):
+            gs = [g for g in self.client_segs[r.sender] if g in orders]
+            for g, c in zip(gs, r.payload["ip"]):
+                shares[g].append(c)
+        running = {g: self.he.add(shares[g]) for g in orders if len(shares[g]) == len(self.seg_holders[g])}
+        done: set[int] = set()
+        while running:
+            msgs = []
+            for cid in K:
+                gs = [g for g in self.client_segs[cid] if g in running]
+                if gs:
+                    payload = {
+                        "segs": [local[cid][g] for g in gs],
+                        "u": [running[g] for g in gs],
+                        **({"gamma": gamma} if gamma else {}),
+                    }
+                    msgs.append(Message("hyfdca.sweep", SERVER, cid, rnd, payload))
+            nxt: dict[int, list[bytes]] = defaultdict(list)
+            dal: dict[int, list[bytes]] = defaultdict(list)
+            for r in self._exchange(transport, msgs, stats):
+                segs = self.client_segs[r.sender]
+                for j, c in zip(r.payload["ip_segs"], r.payload["ip"]):
+                    nxt[segs[int(j)]].append(c)
+                for j, c in zip(r.payload["dalpha_segs"], r.payload["dalpha"]):
+                    dal[segs[int(j)]].append(c)
+            new_running = {}
+            for g in running:
+                n_h = len(self.seg_holders[g])
+                if len(dal[g]) == n_h:  # pass complete at every holder: add (nu/|B|) dalpha of each
+                    self.enc_alpha[g] = self.he.add([self.enc_alpha[g], *dal[g]])
+                    done.add(g)
+                elif len(nxt[g]) == n_h:
+                    new_running[g] = self.he.add(nxt[g])
+            running = new_running
+        # PrimalAggregation with the new alpha (every client that was sent the pass)
+        msgs = [
+            Message("hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]})
+            for cid in K
+        ]
+        answered = self._primal_aggregation(rnd, transport, msgs, stats)
+        return done, set(K), answered

@@ -1,0 +1,440 @@
+"""HyFDCA server steps (:class:`HyFDCAServer`): setup, the round (HyFDCA Alg. 1), the secure sums,
+partial participation, failures, suffix averaging, and the server's checkpoint state.
+
+Failures (``failure_rate``; a client that does its work but whose replies never arrive): the
+server adds only the dual changes that arrived and tells each client in PrimalAggregation whether
+its changes arrived (``commit``); a block-mode client keeps its new duals only then. A client that
+did not answer PrimalAggregation counts as absent (fresh ``alpha`` next time in consensus mode),
+and a selected client whose segment lacks an inner-product share from some holder (one that has
+never answered) sits the round out. The setup exchanges need every client.
+
+Output model (``average_last``): the last iterate ``w`` (default), or the mean of the iterates of
+the final ``average_last`` share of the rounds (suffix averaging, as SDCA's averaged output for
+Lipschitz losses). The server keeps the running sums of the public ``w`` and of ``enc(alpha)`` (one
+ciphertext addition per segment and round, never decrypted); the protocol itself keeps stepping
+from the last iterate. The hinge's last iterate wanders around the optimum, the average does
+not (the measured effect is in ``docs/results.md``, HyFDCA).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from hybridfl.algorithms.convex.problem import block_offsets, feature_index
+from hybridfl.algorithms.hyfdca.config import HyFDCAConfig
+from hybridfl.algorithms.hyfdca.segment import SegmentServerMixin
+from hybridfl.algorithms.participation import select_participants
+from hybridfl.errors import ConfigError, PartitionError, ProtocolError, UnknownBlockError
+from hybridfl.privacy.he import HEBackend
+from hybridfl.runtime.messages import SERVER, Message
+from hybridfl.runtime.transport import Transport
+
+
+class HyFDCAServer(SegmentServerMixin):
+    """Server-side steps of HyFDCA. Holds only public material: ``w`` (plaintext, the model),
+    ``enc(alpha)`` per segment, the clients' last encrypted inner-product shares and primal shares.
+
+    Args:
+        block_shapes: block name -> shape, all blocks in global order (public schema).
+        config: settings.
+        he: the server's backend built from public material (cannot decrypt).
+        seed: seeds client sampling for partial participation (``default_rng([seed, 7])``) and the
+            segment-mode mini-batches (``default_rng([seed, 11])``).
+
+    Attributes (after :meth:`setup`): ``N`` the number of samples, ``d`` of features, ``sigma``
+    the CoCoA+ factor ``sigma'``, ``local_steps`` client -> ``H``, ``setup_stats`` the setup's
+    timing (as a round's), ``seg_ids`` the sample IDs of each segment.
+    """
+
+    def __init__(self, block_shapes: Mapping[str, tuple[int, ...]], config: HyFDCAConfig, he: HEBackend, seed: int = 0):
+        self.config = config
+        self.he = he
+        self.offsets = block_offsets(block_shapes)
+        self.d = sum(b - a for a, b in self.offsets.values())
+        self.w = np.zeros(self.d)
+        self.seed = seed
+        self.rng = np.random.default_rng([seed, 7])
+        self.client_ids: list[str] = []
+        self.feat: dict[str, np.ndarray] = {}
+        self.client_segs: dict[str, list[int]] = {}
+        self.seg_holders: list[list[str]] = []
+        self.seg_ids: list[np.ndarray] = []
+        self.seg_batch_counts: list[int] = []
+        self.enc_alpha: list[bytes] = []
+        self.ip_cache: dict[tuple[str, int], bytes] = {}
+        self.share_cache: dict[str, np.ndarray] = {}
+        self.last_round: dict[str, int] = {}
+        self.local_steps: dict[str, int] = {}
+        self.N = 0
+        self.sigma = 1.0
+        self.setup_stats: dict = {}
+        # suffix averaging (``average_last``): running sums of w and enc(alpha) since avg_start
+        self.w_sum = np.zeros(self.d)
+        self.alpha_sum: list[bytes] = []
+        self.avg_count = 0
+
+    # -- accounting
+    def _exchange(self, transport: Transport, msgs: list[Message], stats: dict) -> list[Message]:
+        replies = transport.send_and_receive(msgs)
+        if replies:
+            stats["client_max"] += max(float(r.payload.get("client_seconds", 0.0)) for r in replies)
+            stats["client_max_no_he"] += max(
+                float(r.payload.get("client_seconds", 0.0)) - float(r.payload.get("he_seconds", 0.0)) for r in replies
+            )
+            stats["client_he"] += sum(float(r.payload.get("he_seconds", 0.0)) for r in replies)
+            stats["client_sum"] += sum(float(r.payload.get("client_seconds", 0.0)) for r in replies)
+            stats["exchanges"] += 1
+        return replies
+
+    def _setup_exchange(self, transport: Transport, msgs: list[Message], stats: dict) -> list[Message]:
+        """A setup exchange, which needs every client's reply.
+
+        Raises:
+            ProtocolError: a client did not answer."""
+        replies = self._exchange(transport, msgs, stats)
+        missing = [m.receiver for m in msgs if m.receiver not in {r.sender for r in replies}]
+        if missing:
+            raise ProtocolError(
+                f"client {missing[0]!r} did not answer {msgs[0].kind!r}: HyFDCA's setup needs every client."
+            )
+        return replies
+
+    def setup(self, transport: Transport, client_ids: Sequence[str]) -> None:
+        """Learn who holds which samples and blocks (``hyfdca.hello``), send the constants and
+        segment layout (``hyfdca.init``), securely sum the squared norms ``q_i`` (and in segment
+        mode the batch Gram matrices) and return the sums (``hyfdca.norms``); ``enc(alpha) = 0``.
+
+        Raises:
+            PartitionError: a client holds no samples or no blocks.
+            UnknownBlockError: a client holds a block that is not in the schema.
+            ProtocolError: a client did not answer a setup exchange.
+        """
+        cfg = self.config
+        t0, he0 = time.perf_counter(), self.he.seconds
+        stats: dict = defaultdict(float)
+        self.client_ids = list(client_ids)
+        self.seg_holders = []
+        hello = self._setup_exchange(transport, [Message("hyfdca.hello", SERVER, c, 0) for c in self.client_ids], stats)
+        holders: dict[str, list[str]] = defaultdict(list)
+        client_ids_order: dict[str, list[str]] = {}
+        blocks: dict[str, list[str]] = {}
+        for r in hello:
+            cid = r.sender
+            ids = [str(s) for s in r.payload["ids"]]
+            if not ids:
+                raise PartitionError(f"client {cid!r} holds no samples.")
+            bl = [str(b) for b in r.payload["blocks"]]
+            unknown = [b for b in bl if b not in self.offsets]
+            if unknown:
+                raise UnknownBlockError(cid, unknown[0])
+            if not bl:
+                raise PartitionError(f"client {cid!r} holds no feature blocks.")
+            blocks[cid] = bl
+            client_ids_order[cid] = ids
+            self.feat[cid] = feature_index(bl, self.offsets)
+            for s in ids:
+                holders[s].append(cid)
+        # segments: samples with the same holder set
+        seg_of_set: dict[tuple[str, ...], int] = {}
+        seg_members: list[list[str]] = []
+        sample_seg: dict[str, int] = {}
+        for s, hs in holders.items():
+            key = tuple(sorted(hs))
+            j = seg_of_set.get(key)
+            if j is None:
+                j = seg_of_set[key] = len(seg_members)
+                seg_members.append([])
+                self.seg_holders.append(list(key))
+            seg_members[j].append(s)
+            sample_seg[s] = j
+        self.seg_ids = [np.array(sorted(m)) for m in seg_members]
+        self.N = len(holders)
+        segment = cfg.dual_mode == "segment"
+        default_sigma = len(self.client_ids) if cfg.dual_mode == "block" else len(self.seg_ids)
+        if segment and cfg.segment_schedule == "sequential":
+            default_sigma = 1  # one segment at a time (each pass sends its own sigma')
+        self.seg_batch_counts = [math.ceil(len(ids) / cfg.batch_size) for ids in self.seg_ids]
+        batch_seed = int(np.random.default_rng([self.seed, 11]).integers(2**31))
+        self.sigma = float(cfg.sigma) if cfg.sigma is not None else float(default_sigma)
+        # per-client messages: local segment indices, holder counts, block weights 1/c(s, b)
+        init_msgs = []
+        for cid in self.client_ids:
+            segs = sorted({sample_seg[s] for s in client_ids_order[cid]})
+            self.client_segs[cid] = segs
+            local = {g: j for j, g in enumerate(segs)}
+            seg_arr = np.array([local[sample_seg[s]] for s in client_ids_order[cid]], dtype=np.int64)
+            bw = np.ones((len(segs), len(blocks[cid])))
+            for j, g in enumerate(segs):
+                for bi, b in enumerate(blocks[cid]):
+                    bw[j, bi] = 1.0 / sum(1 for h in self.seg_holders[g] if b in blocks[h])
+            n_k = len(client_ids_order[cid])
+            H = cfg.local_steps if cfg.local_steps is not None else max(1, math.ceil(cfg.local_fraction * n_k))
+            self.local_steps[cid] = int(H)
+            payload = {
+                "N": self.N,
+                "lam": cfg.lam,
+                "loss": cfg.loss,
+                "H": int(H),
+                "sigma": self.sigma,
+                "cross": cfg.cross,
+                "nu": cfg.nu,
+                "dual_mode": cfg.dual_mode,
+                "epochs": cfg.local_epochs,
+                "segment": seg_arr,
+                "holders": np.array([len(self.seg_holders[g]) for g in segs], dtype=np.int64),
+                "block_weight": bw.ravel(),
+                **(self._segment_init_payload(segs, batch_seed) if segment else {}),
+            }
+            init_msgs.append(Message("hyfdca.init", SERVER, cid, 0, payload))
+        replies = self._setup_exchange(transport, init_msgs, stats)
+        parts: dict[int, list[bytes]] = defaultdict(list)
+        for r in replies:
+            for j, c in enumerate(r.payload["norms"]):
+                parts[self.client_segs[r.sender][j]].append(c)
+        enc_q = {g: self.he.add(v) for g, v in parts.items()}
+        gram = self._sum_grams(replies) if segment else {}
+        norms_msgs = []
+        for cid in self.client_ids:
+            payload = {"norms": [enc_q[g] for g in self.client_segs[cid]]}
+            if segment:
+                payload["gram"] = [gram[(g, m)] for g in self.client_segs[cid] for m in range(self.seg_batch_counts[g])]
+            norms_msgs.append(Message("hyfdca.norms", SERVER, cid, 0, payload))
+        self._setup_exchange(transport, norms_msgs, stats)
+        self.enc_alpha = [self.he.encrypt(np.zeros(len(ids))) for ids in self.seg_ids]
+        self.last_round = {c: -10 for c in self.client_ids}
+        self.setup_stats = self._finish(stats, t0, he0)
+
+    def _finish(self, stats: dict, t0: float, he0: float) -> dict:
+        """Round timing: measured encryption time (clients + server), and a modelled round time
+        with clients in parallel (per exchange the slowest client, as HyFDCA Sec. 5.1) plus the
+        server's own time (wall minus the sequentially simulated clients) plus latency per
+        exchange."""
+        cfg = self.config
+        wall = time.perf_counter() - t0
+        server_he = self.he.seconds - he0
+        server_s = max(0.0, wall - stats["client_sum"])
+        ex = int(stats["exchanges"])
+        latency = ex * cfg.latency
+        return {
+            "encryption_seconds": server_he + stats["client_he"],
+            "client_encryption_seconds": stats["client_he"],
+            "server_encryption_seconds": server_he,
+            "server_seconds": server_s,
+            "client_max_seconds": stats["client_max"],
+            "exchanges": ex,
+            "latency_seconds": latency,
+            "model_seconds": server_s + stats["client_max"] + latency,
+            "model_seconds_no_encryption": server_s - server_he + stats["client_max_no_he"] + latency,
+        }
+
+    # -- participation
+    def select(self, rnd: int) -> list[str]:
+        """Available clients ``K^t`` of round ``rnd`` (HyFDCA Assumption 5 random subsets or
+        Assumption 7 cyclic groups), drawn from the server's RNG."""
+        cfg = self.config
+        return select_participants(
+            rnd, self.client_ids, cfg.participation, cfg.participation_mode, cfg.cyclic_groups, self.rng
+        )
+
+    def smoothing(self, rnd: int) -> float:
+        """``gamma`` of the smoothed hinge for round ``rnd`` (1-based): ``max(smoothing_min,
+        smoothing * smoothing_decay^(rnd-1))``; 0 for other losses or without smoothing."""
+        cfg = self.config
+        if cfg.loss != "hinge" or cfg.smoothing <= 0:
+            return 0.0
+        return float(max(cfg.smoothing_min, cfg.smoothing * cfg.smoothing_decay ** (rnd - 1)))
+
+    # -- one round
+    def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
+        """Round ``rnd`` (HyFDCA Alg. 1; the practical variant of Sec. 5 without the second
+        SecureInnerProduct, line 18): SecureInnerProduct, LocalDualMethod with the dual
+        aggregation (lines 13-15), PrimalAggregation; segment mode: the segment passes
+        (:mod:`hybridfl.algorithms.hyfdca.segment`). Returns the round's metrics: timing (see
+        :meth:`_finish`; seconds), ``participants``, ``failed`` and, in segment mode,
+        ``segments_updated``, ``segments_active`` and ``sigma``."""
+        t0, he0 = time.perf_counter(), self.he.seconds
+        stats: dict = defaultdict(float)
+        K = selected = self.select(rnd)
+        if self.config.dual_mode == "segment":
+            return self._run_round_segment(rnd, transport, selected, stats, t0, he0)
+        # 1. SecureInnerProduct (with fresh alpha for returning clients)
+        msgs = []
+        for cid in K:
+            payload: dict = {"w": self.w[self.feat[cid]]}
+            if self.last_round[cid] != rnd - 1 and self.config.dual_mode == "consensus":
+                payload["alpha"] = [self.enc_alpha[g] for g in self.client_segs[cid]]
+            msgs.append(Message("hyfdca.ip", SERVER, cid, rnd, payload))
+        for r in self._exchange(transport, msgs, stats):
+            for j, c in enumerate(r.payload["ip"]):
+                self.ip_cache[(r.sender, self.client_segs[r.sender][j])] = c
+        # a segment's inner products are complete once every holder has sent a share (its newest,
+        # possibly stale); a client with an incomplete segment (a holder that has never answered:
+        # absent or failed since the start) sits this round out rather than step on wrong ``x_i^T w``
+        active = sorted({g for cid in K for g in self.client_segs[cid]})
+        enc_ip = {}
+        for g in active:
+            if all((h, g) in self.ip_cache for h in self.seg_holders[g]):
+                enc_ip[g] = self.he.add([self.ip_cache[(h, g)] for h in self.seg_holders[g]])
+        K = [cid for cid in K if all(g in enc_ip for g in self.client_segs[cid])]
+        # 2. LocalDualMethod at the clients; dual aggregation here
+        gamma = self.smoothing(rnd)
+        msgs = []
+        for cid in K:
+            payload = {"ip": [enc_ip[g] for g in self.client_segs[cid]], **({"gamma": gamma} if gamma else {})}
+            msgs.append(Message("hyfdca.dual", SERVER, cid, rnd, payload))
+        parts: dict[int, list[bytes]] = defaultdict(list)
+        got_dual: set[str] = set()
+        for r in self._exchange(transport, msgs, stats):
+            got_dual.add(r.sender)
+            for j, c in enumerate(r.payload["dalpha"]):
+                parts[self.client_segs[r.sender][j]].append(c)
+        for g, v in parts.items():
+            self.enc_alpha[g] = self.he.add([self.enc_alpha[g], *v])
+        # 3. PrimalAggregation (``commit``: whether the client's dual changes arrived; a client
+        # whose reply was lost drops them, so its duals stay those the server aggregated)
+        consensus = self.config.dual_mode == "consensus"
+        msgs = []
+        for cid in K:
+            payload = (
+                {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]}
+                if consensus
+                else {"commit": cid in got_dual}
+            )
+            msgs.append(Message("hyfdca.primal", SERVER, cid, rnd, payload))
+        answered = self._primal_aggregation(rnd, transport, msgs, stats)
+        self._accumulate_average(rnd)
+        out = self._finish(stats, t0, he0)
+        out["participants"] = len(selected)
+        out["failed"] = len(K) - len(answered)
+        return out
+
+    @property
+    def average_start(self) -> int | None:
+        """First round whose iterate enters the averaged output model (``average_last`` of the
+        ``rounds``; at least the final round), or ``None`` when averaging is off."""
+        cfg = self.config
+        if cfg.average_last <= 0:
+            return None
+        return max(1, cfg.rounds - max(1, round(cfg.average_last * cfg.rounds)) + 1)
+
+    def _accumulate_average(self, rnd: int) -> None:
+        """Suffix averaging (``average_last``): add this round's ``w`` (public) and, under
+        encryption, ``enc(alpha)`` per segment to the running sums (the server never decrypts
+        them). With ``w = w(alpha)`` (segment and consensus modes) the averaged pair stays
+        consistent: ``mean_t w(alpha_t) = w(mean_t alpha_t)``; by convexity
+        ``P(mean w) <= mean P(w_t)`` and ``D(mean alpha) >= mean D(alpha_t)``, so the averaged gap is at
+        most the mean of the iterates' gaps (Shalev-Shwartz & Zhang 2013, SDCA, Thm. 2 averages
+        the second half of the iterates for Lipschitz losses such as the hinge)."""
+        start = self.average_start
+        if start is None or rnd < start:
+            return
+        if self.avg_count == 0:
+            self.w_sum = self.w.copy()
+            self.alpha_sum = list(self.enc_alpha)
+        else:
+            self.w_sum = self.w_sum + self.w
+            self.alpha_sum = [self.he.add([a, b]) for a, b in zip(self.alpha_sum, self.enc_alpha)]
+        self.avg_count += 1
+
+    def output_w(self) -> np.ndarray:
+        """The output model ``(d,)``: the mean of ``w`` over the averaged rounds once averaging has
+        started (``average_last``), else the last iterate ``w``."""
+        return self.w_sum / self.avg_count if self.avg_count else self.w
+
+    def output_alpha_ciphertexts(self) -> tuple[list[tuple[np.ndarray, bytes]], int]:
+        """The dual of the output model for an outside monitor with the key: ((segment sample IDs,
+        ciphertext) per segment, divisor): the encrypted sums of ``alpha`` over the averaged rounds
+        and their count, or ``enc(alpha)`` and 1 before averaging starts."""
+        if self.avg_count:
+            return list(zip(self.seg_ids, self.alpha_sum)), self.avg_count
+        return self.alpha_ciphertexts(), 1
+
+    def alpha_ciphertexts(self) -> list[tuple[np.ndarray, bytes]]:
+        """(segment sample IDs, ``enc(alpha)``) per segment: for an outside monitor with the key."""
+        return list(zip(self.seg_ids, self.enc_alpha))
+
+    def _primal_aggregation(self, rnd: int, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
+        """PrimalAggregation, server part (Alg. 4 lines 5-6): ``w_f = (1/(lambda N)) sum_k share_{k,f}``
+        (an absent client's share is its last one). Returns the clients that answered; they count
+        as having taken part in round ``rnd`` (a failed client counts as absent: fresh ``alpha``
+        next time)."""
+        answered: set[str] = set()
+        for r in self._exchange(transport, msgs, stats):
+            answered.add(r.sender)
+            self.share_cache[r.sender] = np.asarray(r.payload["share"], dtype=np.float64)
+        w = np.zeros(self.d)
+        for cid, share in self.share_cache.items():
+            w[self.feat[cid]] += share
+        self.w = w / (self.config.lam * self.N)
+        for cid in answered:
+            self.last_round[cid] = rnd
+        return answered
+
+    # -- checkpoints
+    def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """What changes from round to round (checkpoints): ``(arrays, json_meta)`` with ``w`` ``(d,)``,
+        the ``enc(alpha)`` and cached inner-product ciphertexts (as uint8 arrays), the clients'
+        last primal shares, the averaging sums (``average_last``), and in ``meta`` each client's
+        last round, the participation RNG state, the number of averaged rounds and the encryption
+        scheme. The segment layout is rebuilt by :meth:`setup`."""
+        arrays: dict[str, np.ndarray] = {"w": self.w.copy()}
+        for g, c in enumerate(self.enc_alpha):
+            arrays[f"alpha.{g}"] = np.frombuffer(c, dtype=np.uint8).copy()
+        ip_keys = sorted(self.ip_cache)
+        for j, key in enumerate(ip_keys):
+            arrays[f"ip.{j}"] = np.frombuffer(self.ip_cache[key], dtype=np.uint8).copy()
+        share_keys = list(self.share_cache)  # insertion order: the order w sums the shares in
+        for j, cid in enumerate(share_keys):
+            arrays[f"share.{j}"] = self.share_cache[cid].copy()
+        if self.avg_count:
+            arrays["w_sum"] = self.w_sum.copy()
+            for g, c in enumerate(self.alpha_sum):
+                arrays[f"alpha_sum.{g}"] = np.frombuffer(c, dtype=np.uint8).copy()
+        meta = {
+            "ip_keys": [[c, int(g)] for c, g in ip_keys],
+            "share_keys": share_keys,
+            "last_round": self.last_round,
+            "rng": self.rng.bit_generator.state,
+            "segments": len(self.enc_alpha),
+            "avg_count": self.avg_count,
+            "encryption": self.config.encryption,
+        }
+        return arrays, meta
+
+    def set_state(self, arrays: Mapping[str, np.ndarray], meta: dict) -> None:
+        """Restore what :meth:`get_state` returned, after :meth:`setup` on the same clients.
+
+        Raises:
+            ConfigError: the checkpoint was written with another encryption scheme.
+            PartitionError: the checkpoint's segment layout differs from this federation's."""
+        held = meta.get("encryption", self.config.encryption)
+        if held != self.config.encryption:
+            raise ConfigError(
+                f"the checkpoint was written with encryption {held!r}, the config says {self.config.encryption!r}."
+            )
+        if int(meta["segments"]) != len(self.seg_ids):
+            raise PartitionError(
+                f"the checkpoint has {meta['segments']} sample segments, this federation {len(self.seg_ids)}."
+            )
+        self.w = np.asarray(arrays["w"], dtype=np.float64).copy()
+        self.enc_alpha = [np.asarray(arrays[f"alpha.{g}"], dtype=np.uint8).tobytes() for g in range(len(self.seg_ids))]
+        self.ip_cache = {
+            (str(c), int(g)): np.asarray(arrays[f"ip.{j}"], dtype=np.uint8).tobytes()
+            for j, (c, g) in enumerate(meta["ip_keys"])
+        }
+        self.share_cache = {
+            str(c): np.asarray(arrays[f"share.{j}"], dtype=np.float64).copy() for j, c in enumerate(meta["share_keys"])
+        }
+        self.last_round = {str(c): int(r) for c, r in meta["last_round"].items()}
+        self.rng.bit_generator.state = meta["rng"]
+        self.avg_count = int(meta.get("avg_count", 0))
+        if self.avg_count:
+            self.w_sum = np.asarray(arrays["w_sum"], dtype=np.float64).copy()
+            self.alpha_sum = [
+                np.asarray(arrays[f"alpha_sum.{g}"], dtype=np.uint8).tobytes() for g in range(len(self.seg_ids))
+            ]

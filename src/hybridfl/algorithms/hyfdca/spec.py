@@ -1,0 +1,253 @@
+"""HyFDCA's :class:`~hybridfl.algorithms.spec.AlgorithmSpec` (:data:`SPEC`): the one place HyFDCA
+is built, consumed unchanged by the simulation and by Flower.
+
+Keys (:mod:`hybridfl.privacy.keys`): the clients share one key pair made by a key dealer that is
+not the server (:func:`deal_secrets`; in a deployment one client organisation runs ``hybridfl
+he-keys``). Each client builds its backend from ``ClientData.secrets["he_secret"]`` and sends only
+the public material in its hello (:func:`hello_payload`); the server checks that every client sent
+the same and builds its encrypt/add-only backend from it (:func:`build_server`).
+
+Evaluation: over Flower the server's public output model's test accuracy; in the simulation the
+:class:`~hybridfl.algorithms.convex.monitor.Monitor` adds the objective, the reference
+suboptimality and the dual certificate (it holds the training data and the shared key, and
+decrypts the server's ``enc(alpha)``: privileged, outside the protocol).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hybridfl.algorithms.convex.monitor import (
+    Monitor,
+    check_inputs,
+    holdout_accuracy,
+    make_monitor,
+    suboptimality_plots,
+    time_columns,
+)
+from hybridfl.algorithms.convex.problem import positive_set
+from hybridfl.algorithms.hyfdca.client import HyFDCAClient
+from hybridfl.algorithms.hyfdca.config import HyFDCAConfig
+from hybridfl.algorithms.hyfdca.server import HyFDCAServer
+from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, ReportContext, client_seed, register
+from hybridfl.data.dataset import DatasetSplit
+from hybridfl.data.export import ClientData, ServerData
+from hybridfl.data.partition import Partition
+from hybridfl.errors import DataError, PartitionError
+from hybridfl.privacy.he import HEBackend, KeyDealer, PlainBackend, server_backend
+from hybridfl.privacy.keys import backend_from_secret
+
+SECRET = "he_secret"
+"""The name of the clients' shared key pair in ``ClientData.secrets`` (and in checkpoints)."""
+
+
+def check(split: DatasetSplit, partition: Partition, cfg: HyFDCAConfig) -> None:
+    """Every input check before any training (:func:`~hybridfl.algorithms.convex.monitor.check_inputs`).
+
+    Raises:
+        DataError: labels not binary for the loss; PartitionError, UnknownBlockError: see there.
+    """
+    check_inputs(split, partition, cfg.loss, cfg.positive_classes, "HyFDCA")
+
+
+def deal_secrets(cfg: HyFDCAConfig) -> dict[str, bytes] | None:
+    """A new shared key pair of ``cfg.encryption`` for the clients (``{"he_secret": key pair
+    bytes}``, :meth:`KeyDealer.to_bytes`), or ``None`` without encryption. The simulation plays
+    the client organisation that makes it; the server never gets it."""
+    if cfg.encryption == "none":
+        return None
+    dealer = KeyDealer(cfg.encryption, cfg.paillier_bits, cfg.precision_bits, cfg.ckks_degree, cfg.ckks_scale_bits)
+    return {SECRET: dealer.to_bytes()}
+
+
+def dealer_of(secrets: Mapping[str, bytes] | None) -> KeyDealer | None:
+    """The key pair held in ``secrets`` (``None`` when there is none: no encryption)."""
+    if not secrets or SECRET not in secrets:
+        return None
+    return KeyDealer.from_bytes(bytes(secrets[SECRET]))
+
+
+def _backend(cd: ClientData, cfg: HyFDCAConfig) -> tuple[HEBackend, bytes]:
+    """A client's backend (with the secret key) and the public material it may send."""
+    if cfg.encryption == "none":
+        return PlainBackend(), b""
+    secret = cd.secrets.get(SECRET)
+    if secret is None:
+        raise DataError(
+            f"client {cd.client_id!r} holds no HE secret key ({SECRET}), but the run uses {cfg.encryption} encryption."
+        )
+    scheme, backend, public = backend_from_secret(bytes(secret), f"the HE secret key of client {cd.client_id!r}")
+    if scheme != cfg.encryption:
+        raise DataError(f"client {cd.client_id!r} holds a {scheme} key but the run uses {cfg.encryption} encryption.")
+    return backend, public
+
+
+def hello_payload(cd: ClientData, cfg: HyFDCAConfig) -> dict:
+    """What a client adds to its hello: ``he_scheme`` and ``he_public`` (the public material of
+    its key pair, ``b""`` without encryption); the secret key never leaves the client.
+
+    Raises:
+        DataError: the client's key is missing or of another scheme.
+    """
+    return {"he_scheme": cfg.encryption, "he_public": _backend(cd, cfg)[1]}
+
+
+def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | None = None) -> HyFDCAClient:
+    """One client from its own data and the shared key pair (seed ``client_seed(seed, index)``).
+
+    Raises:
+        PartitionError: the client has no labels.
+        DataError: labels not binary for the loss; its key is missing, unreadable or of another scheme.
+    """
+    if not cd.has_labels:
+        raise PartitionError(
+            f"client {cd.client_id!r} has no labels, but HyFDCA needs the labels of every sample at its holders."
+        )
+    pos = positive_set(cd.data, cfg.positive_classes, cfg.loss, "HyFDCA")
+    return HyFDCAClient(cd.client_id, cd.data, pos, _backend(cd, cfg)[0], client_seed(seed, cd.index), cfg.sparse)
+
+
+def build_server(sd: ServerData, cfg: HyFDCAConfig, seed: int, hello: Mapping[str, dict] | None = None) -> HyFDCAServer:
+    """The server from the public schema and the clients' hello payloads (its backend from their
+    public material: it can add ciphertexts, never decrypt).
+
+    Raises:
+        DataError: the clients sent different public material or another scheme (they must share
+            one key pair), or no client sent any.
+    """
+    hello = hello or {}
+    publics = {bytes(h.get("he_public", b"")) for h in hello.values()}
+    schemes = {str(h.get("he_scheme", cfg.encryption)) for h in hello.values()}
+    if len(publics) != 1:
+        raise DataError(f"the clients hold different HE keys (every client needs the same {SECRET}.key).")
+    if schemes != {cfg.encryption}:
+        raise DataError(
+            f"a client uses {sorted(schemes - {cfg.encryption})[0]} encryption, the server {cfg.encryption}."
+        )
+    return HyFDCAServer(sd.block_shapes, cfg, server_backend(cfg.encryption, publics.pop(), cfg.precision_bits), seed)
+
+
+def monitor(
+    split: DatasetSplit,
+    partition: Partition,
+    cfg: HyFDCAConfig,
+    seed: int,
+    clients: Mapping[str, Any],
+    secrets: Mapping[str, bytes] | None,
+) -> Monitor:
+    """The simulation's privileged evaluator: the federated problem in the clear, its reference
+    optimum and the shared key pair (primal, dual, gaps; see :mod:`hybridfl.algorithms.convex.monitor`)."""
+    return make_monitor(split, partition, cfg, "HyFDCA", dealer_of(secrets))
+
+
+def evaluate(ctx: EvalContext) -> dict[str, float]:
+    """After an evaluated round: every :class:`Monitor` metric in the simulation (its
+    ``accuracy`` is on the same test set), else the ``accuracy`` of the output model on the
+    server's test set (``{}`` without one)."""
+    server: HyFDCAServer = ctx.server
+    row = dict(ctx.monitor(server)) if ctx.monitor is not None else {}
+    if "accuracy" not in row:
+        cfg = ctx.config
+        row.update(holdout_accuracy(server.output_w(), ctx.server_data.test, cfg.loss, cfg.positive_classes, "HyFDCA"))
+    return row
+
+
+def report(ctx: ReportContext) -> tuple[dict, list]:
+    """HyFDCA's summary keys and final table rows; adds the modelled time columns to
+    ``ctx.history`` (in place). Objectives and the reference are ``None`` without a monitor."""
+    cfg: HyFDCAConfig = ctx.config
+    server: HyFDCAServer = ctx.server
+    history = ctx.history
+    time_columns(history, cfg.bandwidth_mbps)
+    last = history[-1] if history else {}
+    ref = ctx.monitor.ref if ctx.monitor is not None else None
+    rounds_s = [float(r.get("seconds", 0.0)) for r in history]
+    summary = {
+        "loss": cfg.loss,
+        "lambda": cfg.lam,
+        "encryption": cfg.encryption,
+        "samples": int(server.N),
+        "features": int(server.d),
+        "participation": cfg.participation,
+        "participation_mode": cfg.participation_mode,
+        "failure_rate": cfg.failure_rate,
+        "sigma": server.sigma,
+        "local_steps_per_client": dict(server.local_steps),
+        "primal_objective": last.get("primal"),
+        "dual_objective": last.get("dual"),
+        "duality_gap": last.get("duality_gap"),
+        "relative_duality_gap": last.get("relative_duality_gap"),
+        "model_gap": last.get("model_gap"),
+        "reference_objective": ref.objective if ref else None,
+        "reference_solver": ref.solver if ref else None,
+        "reference": ref.meta() if ref else None,
+        "reference_seconds_this_run": ctx.monitor.ref_seconds if ctx.monitor is not None else 0.0,
+        "relative_suboptimality": last.get("relative_suboptimality"),
+        "accuracy": last.get("accuracy"),
+        "encryption_seconds": float(sum(r.get("encryption_seconds", 0.0) for r in history)),
+        "setup": server.setup_stats,
+        "round_seconds_mean": float(np.mean(rounds_s)) if rounds_s else 0.0,
+        "time_model_total": last.get("time_model", 0.0),
+        "time_model_no_encryption_total": last.get("time_model_no_encryption", 0.0),
+        "averaged_rounds": server.avg_count,
+        "last_iterate_relative_suboptimality": last.get(
+            "last_iterate_relative_suboptimality", last.get("relative_suboptimality")
+        ),
+        "w": server.output_w().tolist() if server.w.size <= 2000 else None,
+    }
+    rows = [
+        ["test accuracy (server model, all blocks)", summary["accuracy"], "percent"],
+        ["primal objective P(w)", summary["primal_objective"], "sci"],
+        [f"reference objective P* ({summary['reference_solver']})", summary["reference_objective"], "sci"],
+        ["relative suboptimality (P(w) - P*) / P*", summary["relative_suboptimality"], "sci"],
+        ["duality gap P(w(alpha)) - D(alpha)", summary["duality_gap"], "sci"],
+        *(
+            [
+                [
+                    f"last iterate's rel. suboptimality (output: mean of the last {server.avg_count} rounds)",
+                    summary["last_iterate_relative_suboptimality"],
+                    "sci",
+                ]
+            ]
+            if server.avg_count
+            else []
+        ),
+        [f"encryption seconds ({cfg.encryption}, all rounds)", summary["encryption_seconds"], "plain"],
+        ["mean wall seconds per round (clients simulated in sequence)", summary["round_seconds_mean"], "plain"],
+    ]
+    return summary, rows
+
+
+def plots(history: list[dict], cfg: HyFDCAConfig, title: str) -> list[Callable[[Path], None]]:
+    """The suboptimality plot (``suboptimality.png``) of the run."""
+    on = f" on {title.split(' on ', 1)[1]}" if " on " in title else ""
+    return suboptimality_plots("HyFDCA", history, f"HyFDCA ({cfg.loss}, lambda={cfg.lam:g}, {cfg.encryption}){on}")
+
+
+def final_arrays(server: HyFDCAServer) -> dict[str, np.ndarray]:
+    """The final model: ``{"w": output_w}`` ``(d,)``."""
+    return {"w": np.asarray(server.output_w())}
+
+
+SPEC = register(
+    AlgorithmSpec(
+        "hyfdca",
+        HyFDCAConfig,
+        "HyFDCA: secure primal-dual hybrid FL for convex models (hinge, logistic, squared)",
+        build_server=build_server,
+        build_client=build_client,
+        check=check,
+        evaluate=evaluate,
+        report=report,
+        hello_payload=hello_payload,
+        deal_secrets=deal_secrets,
+        monitor=monitor,
+        final_arrays=final_arrays,
+        plots=plots,
+    )
+)
+"""HyFDCA's recipe (registered as ``hyfdca``)."""

@@ -1,0 +1,74 @@
+"""HyFEM's settings: the ``algorithm:`` section of a run config with ``name: hyfem``."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from hybridfl.matching.classifier import MatchingConfig
+
+
+class MatchingSettings(BaseModel):
+    """Classifier matching settings (HyFEM Alg. 3; see :class:`hybridfl.matching.MatchingConfig`).
+
+    Attributes:
+        cost: ``pfnm`` (the PFNM posterior cost) or ``euclidean``.
+        sweeps: matching sweeps ``P`` over the clients.
+        sigma, sigma0, gamma: the PFNM prior's variances and the new-neuron rate (> 0).
+        new_penalty: optional fixed cost of opening a new server neuron (> 0).
+        max_width: cap on the server hidden width (>= ``hidden``).
+        output_weighting: weight the output layer's average by sample counts or per class.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    cost: Literal["pfnm", "euclidean"] = "pfnm"
+    sweeps: int = Field(3, ge=0, description="matching sweeps P over the clients")
+    sigma: float = Field(1.0, gt=0)
+    sigma0: float = Field(1.0, gt=0)
+    gamma: float = Field(1.0, gt=0)
+    new_penalty: float | None = Field(None, gt=0)
+    max_width: int | None = Field(None, ge=1, description="cap on the server hidden width")
+    output_weighting: Literal["samples", "class"] = "samples"
+
+    def to_config(self) -> MatchingConfig:
+        """The same settings as the :class:`~hybridfl.matching.MatchingConfig` the matcher takes."""
+        return MatchingConfig(**self.model_dump())
+
+
+class HyFEMConfig(BaseModel):
+    """HyFEM hyperparameters (``algorithm:`` section of a run config with ``name: hyfem``).
+
+    ``variant: avg`` (HyFEM-Avg) forces ``mu1 = mu2 = 0``; ``variant: prox`` (HyFEM-Prox) uses the
+    given proximal weights ``mu1`` (extractors) and ``mu2`` (classifier) in the local steps.
+
+    Raises:
+        pydantic.ValidationError: ``variant: avg`` with a proximal weight, or ``matching.max_width``
+            below ``hidden``.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal["hyfem"] = "hyfem"
+    variant: Literal["avg", "prox"] = "avg"
+    rounds: int = Field(30, ge=1, description="communication rounds T")
+    local_steps: int = Field(20, ge=1, description="local SGD steps Q per round")
+    batch_size: int = Field(32, ge=1)
+    lr: float = Field(0.05, gt=0, description="SGD step size eta")
+    momentum: float = Field(0.0, ge=0, lt=1)
+    mu1: float = Field(0.0, ge=0, description="proximal weight on the extractors (HyFEM-Prox)")
+    mu2: float = Field(0.0, ge=0, description="proximal weight on the classifier (HyFEM-Prox)")
+    extractor: Literal["auto", "mlp", "cnn"] = "auto"
+    extractor_dim: int = Field(32, ge=1, description="output width e of every extractor")
+    hidden: int = Field(64, ge=1, description="client classifier hidden width")
+    matching: MatchingSettings = Field(default_factory=MatchingSettings)
+    eval_every: int = Field(1, ge=0, description="evaluate every k rounds (0: only at the end)")
+    failure_rate: float = Field(0.0, ge=0, lt=1, description="simulated: probability that a client fails mid-round")
+    baselines: bool = Field(True, description="also train centralised and stand-alone baselines")
+
+    @model_validator(mode="after")
+    def _check(self) -> HyFEMConfig:
+        if self.variant == "avg" and (self.mu1 or self.mu2):
+            raise ValueError("variant 'avg' has mu1 = mu2 = 0; use variant 'prox' for proximal terms")
+        if self.matching.max_width is not None and self.matching.max_width < self.hidden:
+            raise ValueError(f"matching.max_width {self.matching.max_width} is smaller than hidden {self.hidden}")
+        return self

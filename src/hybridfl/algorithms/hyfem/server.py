@@ -1,0 +1,295 @@
+"""HyFEM's server-side steps (HyFEM paper, Alg. 1; classifier matching Alg. 3).
+
+Before round 1 (:meth:`HyFEMServer.setup`) the server asks every client once for its blocks,
+sample count and class counts. Each round ``t`` (:meth:`HyFEMServer.run_round`) it sends every
+client its view of the server model (Alg. 1 line 9), and from the replies that arrive
+
+- averages each block's extractor over the clients holding it, weighted by sample counts
+  (Alg. 1 line 7, the closed form of (10)), and
+- matches the clients' classifiers' hidden neurons into the server classifier (Alg. 1 line 8,
+  Alg. 3, :func:`hybridfl.matching.match_classifiers`), which may widen it.
+
+A client whose reply is lost keeps its extractors' and classifier's server positions and takes part
+again in the next round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+
+from hybridfl.algorithms.hyfem.client import model_payload
+from hybridfl.algorithms.hyfem.config import HyFEMConfig
+from hybridfl.errors import ProtocolError, UnknownBlockError
+from hybridfl.matching.classifier import ClientClassifier, ServerClassifier, match_classifiers
+from hybridfl.models.hybrid import ExtractorFactory, HybridModel, block_columns, default_extractor
+from hybridfl.runtime.messages import SERVER, Message, pack_arrays, unpack_arrays
+from hybridfl.runtime.transport import Transport
+
+_CLF = ("W1", "b1", "W2", "b2")
+
+
+class HyFEMServer:
+    """Server-side steps of HyFEM.
+
+    Args:
+        block_shapes: block name -> per-sample shape, all ``d0`` blocks in global order (public
+            schema).
+        n_classes: the number of classes ``C``.
+        config: HyFEM settings.
+        seed: seeds the server model's initialisation (``torch.manual_seed``) and the matching
+            order (a NumPy generator).
+        extractor_factory: plug-in extractors (must be the clients').
+
+    Attributes:
+        model: the server model: every block's extractor and the server classifier (width ``H``).
+        classifier: the server classifier as arrays ``W1 (H, e*d0)``, ``b1 (H,)``, ``W2 (C, H)``,
+            ``b2 (C,)``.
+        clients: client ID -> ``blocks``, ``n_samples``, ``class_counts (C,)``, ``columns`` (its
+            input columns of ``W1``) and ``assignment`` (its hidden neurons' server indices).
+        last_stats: the last matching's statistics.
+    """
+
+    def __init__(
+        self,
+        block_shapes: Mapping[str, tuple[int, ...]],
+        n_classes: int,
+        config: HyFEMConfig,
+        seed: int = 0,
+        extractor_factory: ExtractorFactory | None = None,
+    ):
+        self.config = config
+        self.block_names = list(block_shapes)
+        self.block_shapes = dict(block_shapes)
+        self.n_classes = n_classes
+        self.factory = extractor_factory or default_extractor(config.extractor)
+        torch.manual_seed(seed)
+        self.model = HybridModel(
+            self.block_names, block_shapes, n_classes, config.extractor_dim, config.hidden, self.factory
+        )
+        arr = self.model.classifier_arrays()
+        self.classifier = ServerClassifier(arr["fc1.weight"], arr["fc1.bias"], arr["fc2.weight"], arr["fc2.bias"])
+        self.rng = np.random.default_rng(seed)
+        self.clients: dict[str, dict] = {}
+        self.matching = config.matching.to_config()
+        self.last_stats: dict = {}
+
+    # ------------------------------------------------------------------ protocol
+    def setup(self, transport: Transport, client_ids: Sequence[str]) -> None:
+        """Ask every client once for its blocks, sample count and class counts
+        (``hyfem.properties``); every client starts from the first ``hidden`` server neurons.
+
+        Raises:
+            UnknownBlockError: a client reports a block that is not in the schema.
+            ProtocolError: a reply of another kind, or from a client that was not asked.
+        """
+        asked = set(client_ids)
+        replies = transport.send_and_receive([Message("hyfem.properties", SERVER, cid, 0) for cid in client_ids])
+        for r in replies:
+            if r.kind != "hyfem.properties" or r.sender not in asked:
+                raise ProtocolError(f"HyFEM server got an unexpected {r.kind!r} reply from {r.sender!r} at setup.")
+            blocks = [str(b) for b in r.payload["blocks"]]
+            unknown = [b for b in blocks if b not in self.block_shapes]
+            if unknown:
+                raise UnknownBlockError(r.sender, unknown[0])
+            self.clients[r.sender] = {
+                "blocks": blocks,
+                "n_samples": int(r.payload["n_samples"]),
+                "class_counts": np.asarray(r.payload["class_counts"]),
+                "columns": block_columns(blocks, self.block_names, self.config.extractor_dim),
+                # round 0: every client starts from the first `hidden` server neurons
+                "assignment": np.arange(self.config.hidden, dtype=np.int64),
+            }
+
+    def fit_message(self, cid: str, rnd: int) -> Message:
+        """The ``hyfem.fit`` message of round ``rnd`` to client ``cid`` (HyFEM Alg. 1 line 9 /
+        Alg. 2 line 2): the server extractors of its blocks ``P_m Theta_0``, its view of the server
+        classifier ``Pi_m w_0`` (``hidden`` neurons, its blocks' columns), and ``Q``, ``eta``,
+        ``mu1``, ``mu2``."""
+        info = self.clients[cid]
+        payload: dict = {
+            "local_steps": self.config.local_steps,
+            "lr": self.config.lr,
+            "mu1": self.config.mu1,
+            "mu2": self.config.mu2,
+        }
+        for b in info["blocks"]:
+            payload.update(model_payload(f"ext.{b}.", self.model.extractor_arrays(b)))
+        payload.update(model_payload("clf.", self.classifier.client_view(info["assignment"], info["columns"])))
+        return Message("hyfem.fit", SERVER, cid, rnd, payload)
+
+    def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
+        """One round of HyFEM Alg. 1 (lines 3-9): every client is asked; the server aggregates
+        the replies that arrive. A client that failed keeps its extractors' and classifier's
+        server positions and takes part again in the next round.
+
+        Returns:
+            ``train_loss`` (the sample-weighted mean of the clients' mean mini-batch losses; NaN
+            if no reply arrived), ``server_width`` ``H`` and ``clients_answered``.
+
+        Raises:
+            ProtocolError: a reply of another kind, from a client that was not asked, or twice.
+        """
+        ids = list(self.clients)
+        replies = transport.send_and_receive([self.fit_message(cid, rnd) for cid in ids])
+        seen: set[str] = set()
+        for r in replies:
+            if r.kind != "hyfem.fit" or r.sender not in self.clients or r.sender in seen:
+                raise ProtocolError(
+                    f"HyFEM server got an unexpected {r.kind!r} reply from {r.sender!r} in round {rnd}."
+                )
+            seen.add(r.sender)
+        absent = [cid for cid in ids if cid not in seen]
+        if replies:
+            self.aggregate_extractors(replies)
+            self.match(replies, absent)
+        n = sum(int(r.payload["n_samples"]) for r in replies)
+        loss = sum(float(r.payload["loss"]) * int(r.payload["n_samples"]) for r in replies) / n if n else float("nan")
+        return {
+            "train_loss": loss,
+            "server_width": float(self.classifier.width),
+            "clients_answered": float(len(replies)),
+        }
+
+    # ------------------------------------------------------------------ server updates
+    def aggregate_extractors(self, replies: Sequence[Message]) -> None:
+        """``theta_0,b = sum_m p_m theta_m,b / sum_m p_m`` over the clients holding block ``b``
+        (HyFEM Alg. 1 line 7, closed form of (10)), ``p_m`` the sample counts, computed in float64
+        and stored as float32; a block no reply holds keeps its value."""
+        for b in self.block_names:
+            holders = [r for r in replies if b in self.clients[r.sender]["blocks"]]
+            if not holders:
+                continue
+            weights = np.array([float(r.payload["n_samples"]) for r in holders])
+            weights /= weights.sum()
+            params = [unpack_arrays(f"ext.{b}.", r.payload) for r in holders]
+            avg = {k: sum(w * p[k].astype(np.float64) for w, p in zip(weights, params)) for k in params[0]}
+            self.model.load_extractor_arrays(b, {k: v.astype(np.float32) for k, v in avg.items()})
+
+    def match(self, replies: Sequence[Message], absent: Sequence[str] = ()) -> None:
+        """Classifier matching (HyFEM Alg. 1 line 8, Alg. 3) of the clients that replied; the
+        server neurons of ``absent`` clients are reserved and their assignments remapped to the
+        new server indices."""
+        cc = []
+        for r in replies:
+            info = self.clients[r.sender]
+            a = unpack_arrays("clf.", r.payload)
+            cc.append(
+                ClientClassifier(
+                    W1=a["fc1.weight"].astype(np.float64),
+                    b1=a["fc1.bias"].astype(np.float64),
+                    W2=a["fc2.weight"].astype(np.float64),
+                    b2=a["fc2.bias"].astype(np.float64),
+                    columns=info["columns"],
+                    weight=float(r.payload["n_samples"]),
+                    assignment=info["assignment"],
+                    class_counts=info["class_counts"],
+                )
+            )
+        reserved = [self.clients[cid]["assignment"] for cid in absent]
+        res = match_classifiers(cc, self.classifier, self.matching, self.rng, reserved=reserved)
+        self.classifier = res.server
+        for r, a in zip(replies, res.assignments):
+            self.clients[r.sender]["assignment"] = a
+        for cid in absent:
+            self.clients[cid]["assignment"] = res.index[self.clients[cid]["assignment"]]
+        self._load_classifier()
+        self.last_stats = res.stats
+
+    def _load_classifier(self) -> None:
+        c = self.classifier
+        self.model.load_classifier_arrays({"fc1.weight": c.W1, "fc1.bias": c.b1, "fc2.weight": c.W2, "fc2.bias": c.b2})
+
+    # ------------------------------------------------------------------ checkpoints
+    def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """Everything the server carries from round to round: ``(arrays, json_meta)``.
+
+        ``arrays``: ``ext.<block>.<parameter>`` for every block's extractor and ``clf.W1``,
+        ``clf.b1``, ``clf.W2``, ``clf.b2`` (the server classifier, width ``H``); ``json_meta``:
+        each client's blocks, sample count, class counts and assignment ``(hidden,)``, and the
+        matching order's random state.
+        """
+        arrays: dict[str, np.ndarray] = {}
+        for b in self.block_names:
+            arrays.update(pack_arrays(f"ext.{b}.", self.model.extractor_arrays(b)))
+        for k in _CLF:
+            arrays[f"clf.{k}"] = getattr(self.classifier, k)
+        meta = {
+            "clients": {
+                cid: {
+                    "blocks": i["blocks"],
+                    "n_samples": i["n_samples"],
+                    "class_counts": np.asarray(i["class_counts"]).tolist(),
+                    "assignment": i["assignment"].tolist(),
+                }
+                for cid, i in self.clients.items()
+            },
+            "rng": self.rng.bit_generator.state,
+        }
+        return arrays, meta
+
+    def set_state(self, arrays: Mapping[str, np.ndarray], meta: dict) -> None:
+        """Restore what :meth:`get_state` returned, on a server built with the same config and
+        schema. Called after :meth:`setup` (resume order build, setup, restore): it replaces
+        whatever ``setup`` recorded about the clients.
+
+        Raises:
+            UnknownBlockError: the state names a block that is not in this server's schema.
+        """
+        for cid, i in meta["clients"].items():
+            unknown = [b for b in i["blocks"] if b not in self.block_shapes]
+            if unknown:
+                raise UnknownBlockError(cid, unknown[0], "the server's schema")
+        for b in self.block_names:
+            self.model.load_extractor_arrays(b, unpack_arrays(f"ext.{b}.", dict(arrays)))
+        self.classifier = ServerClassifier(*(np.asarray(arrays[f"clf.{k}"]) for k in _CLF))
+        self._load_classifier()
+        self.clients = {
+            cid: {
+                "blocks": list(i["blocks"]),
+                "n_samples": int(i["n_samples"]),
+                "class_counts": np.asarray(i["class_counts"]),
+                "columns": block_columns(i["blocks"], self.block_names, self.config.extractor_dim),
+                "assignment": np.asarray(i["assignment"], dtype=np.int64),
+            }
+            for cid, i in meta["clients"].items()
+        }
+        self.rng.bit_generator.state = meta["rng"]
+
+    # ------------------------------------------------------------------ models for inference
+    def client_model(self, cid: str) -> HybridModel:
+        """The model client ``cid`` receives: ``P_m Theta_0`` and ``Pi_m w_0`` (local inference on
+        its own blocks; ``hidden`` neurons).
+
+        Raises:
+            KeyError: ``cid`` is not a client of this server.
+        """
+        info = self.clients[cid]
+        m = HybridModel(
+            info["blocks"],
+            self.block_shapes,
+            self.n_classes,
+            self.config.extractor_dim,
+            self.config.hidden,
+            self.factory,
+        )
+        for b in info["blocks"]:
+            m.load_extractor_arrays(b, self.model.extractor_arrays(b))
+        m.load_classifier_arrays(self.classifier.client_view(info["assignment"], info["columns"]))
+        return m
+
+    def model_for_blocks(self, blocks: Sequence[str]) -> HybridModel:
+        """A model for any subset of blocks cut from the server model (HyFEM Remark 2): the
+        server extractors of those blocks (in global block order) and the whole server classifier
+        (width ``H``) restricted to their columns."""
+        order = [b for b in self.block_names if b in set(blocks)]
+        cols = block_columns(order, self.block_names, self.config.extractor_dim)
+        m = HybridModel(
+            order, self.block_shapes, self.n_classes, self.config.extractor_dim, self.classifier.width, self.factory
+        )
+        for b in order:
+            m.load_extractor_arrays(b, self.model.extractor_arrays(b))
+        m.load_classifier_arrays(self.classifier.client_view(np.arange(self.classifier.width), cols))
+        return m
