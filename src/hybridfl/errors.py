@@ -33,3 +33,17 @@ class UnknownBlockError(PartitionError):
 
 class ProtocolError(HybridFLError):
     """A message broke an algorithm's protocol: it arrived out of order or contradicts what is known."""
+
+
+class EncryptionPolicyError(HybridFLError):
+    """A client refused a run weaker than its own encryption policy: a run config asking for no or
+    another encryption scheme than its key pair's (a downgrade), or a key below the minimum size."""
+
+
+class TrainingDiverged(HybridFLError):
+    """Training produced non-finite model values (NaN or infinity); the server refused them before use."""
+
+
+class MessageError(HybridFLError):
+    """Bytes that are not a well-formed hybridfl message (truncated, inconsistent or hostile): one
+    sentence naming what is wrong, never the data itself."""

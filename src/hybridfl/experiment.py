@@ -19,6 +19,7 @@ from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.from_config import build_partition, load_dataset
 from hybridfl.data.partition import CoverageWarning, Partition
 from hybridfl.errors import ConfigError, HybridFLError, PartitionError
+from hybridfl.runtime.checkpoint import CHECKPOINT_NAME
 from hybridfl.runtime.loop import ProgressFn
 from hybridfl.runtime.simulation import RunResult, single_threaded
 
@@ -32,16 +33,38 @@ class PreparedRun:
     warnings: list[str]
 
 
-def prepare(config: RunConfig, out_dir: str | Path | None = None, strict: bool = False) -> PreparedRun:
+RUN_FILES = ("config.json", "results.json", CHECKPOINT_NAME)
+"""Files that mark a directory as holding a run (finished, or interrupted: its checkpoint)."""
+
+
+def prepare(
+    config: RunConfig,
+    out_dir: str | Path | None = None,
+    strict: bool = False,
+    resume: bool = False,
+    force: bool = False,
+) -> PreparedRun:
     """Validate and load everything a run needs; raise before any training on a problem.
 
-    With ``strict``, a coverage warning (a block or class held by no client) is an error.
+    With ``strict``, a coverage warning (a block or class held by no client) is an error. An
+    ``out_dir`` that already holds a run (any of :data:`RUN_FILES`) is refused unless ``resume``
+    (continue that run) or ``force`` (overwrite it), so an earlier or interrupted run is never lost
+    by accident; nothing is written here.
+
+    Raises:
+        HybridFLError: any problem, in one sentence.
     """
     algo = config.algorithm_config()
     if out_dir is not None:
         out = Path(out_dir)
         if out.exists() and not out.is_dir():
             raise ConfigError(f"output path {str(out)!r} exists and is not a directory.")
+        held = [f for f in RUN_FILES if (out / f).exists()] if out.is_dir() else []
+        if held and not (resume or force):
+            raise ConfigError(
+                f"output directory {str(out)!r} already holds a run ({held[0]}): continue it with --resume, "
+                "overwrite it with --force, or choose another --out."
+            )
     split = load_dataset(config.dataset, config.seed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CoverageWarning)
@@ -77,7 +100,6 @@ def execute(
     from hybridfl.files import atomic_write
     from hybridfl.reporting.plots import plot_coverage
     from hybridfl.reporting.results import write_results
-    from hybridfl.runtime.checkpoint import CHECKPOINT_NAME
     from hybridfl.runtime.simulation import simulate
 
     spec = get_algorithm(prep.algorithm.name)  # type: ignore[attr-defined]
@@ -85,6 +107,10 @@ def execute(
     if resume and checkpoint is None:
         raise HybridFLError(f"algorithm {spec.name!r} cannot resume: it writes no checkpoints.")
     if out_dir is not None and not resume:
+        # a new run (``prepare`` allowed it: an empty directory or --force): an earlier run's
+        # checkpoint and results must not outlive it next to the new config.json
+        for name in ("results.json", CHECKPOINT_NAME):
+            (Path(out_dir) / name).unlink(missing_ok=True)
         atomic_write(Path(out_dir) / "config.json", json.dumps(run_config_dict(prep), indent=2))
     t0 = time.perf_counter()
     with single_threaded():

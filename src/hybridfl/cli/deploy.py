@@ -25,7 +25,12 @@ console = Console()
 
 def export_clients_cmd(
     config: Path = typer.Option(..., "--config", "-c", help="Run config (dataset, partition, algorithm)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Output directory: one sub-directory per client, plus server/."),
+    out: Path = typer.Option(
+        ...,
+        "--out",
+        "-o",
+        help="Output directory (new or empty): one sub-directory per client, plus server/; all mode 0700/0600.",
+    ),
     rounds: Optional[int] = typer.Option(None, help="Override algorithm.rounds."),
     seed: Optional[int] = typer.Option(None, help="Override the seed."),
     no_test: bool = typer.Option(
@@ -58,10 +63,10 @@ def export_clients_cmd(
         # a simulated set-up deploys as it is: the export plays the client organisation that makes
         # the shared key; it goes into the client directories only, never into server/
         from hybridfl.data.export import SECRET_FILE
-        from hybridfl.files import atomic_write
+        from hybridfl.privacy.keys import write_secret_bytes
 
-        for d in dirs:
-            atomic_write(d / SECRET_FILE, secrets["he_secret"], mode=0o600)
+        for d in dirs:  # created 0600 with O_EXCL | O_NOFOLLOW: never over an existing file or a link
+            write_secret_bytes(secrets["he_secret"], d / SECRET_FILE)
         console.print(f"HE key pair written to every client directory as {SECRET_FILE} (not to server/)")
     for d, c in zip(dirs, prep.partition.clients):
         console.print(
@@ -72,7 +77,9 @@ def export_clients_cmd(
 
 def he_keys_cmd(
     scheme: str = typer.Option(..., help="paillier or ckks (the run config's algorithm.encryption)."),
-    out: Path = typer.Option(..., "--out", "-o", help="Secret key file to write (mode 0600)."),
+    out: Path = typer.Option(
+        ..., "--out", "-o", help="Secret key file to create (mode 0600; an existing file is never overwritten)."
+    ),
     paillier_bits: int = typer.Option(2048, help="Paillier modulus bits (algorithm.paillier_bits)."),
     precision_bits: int = typer.Option(40, help="Paillier fixed-point fraction bits (algorithm.precision_bits)."),
     ckks_degree: int = typer.Option(8192, help="CKKS polynomial modulus degree (algorithm.ckks_degree)."),

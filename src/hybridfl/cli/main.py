@@ -1,7 +1,9 @@
 """The ``hybridfl`` command line.
 
 - ``hybridfl run``: the main job (HyFEM on the bundled digits with a hybrid partition), or
-  ``hybridfl run --config FILE --out DIR [--dataset NAME --data-dir DIR --rounds N --seed N]``.
+  ``hybridfl run --config FILE --out DIR [--dataset NAME --data-dir DIR --rounds N --seed N]``;
+  a ``DIR`` that already holds a run is refused unless ``--resume DIR`` (continue it) or ``--force``
+  (overwrite it).
 - ``hybridfl partition``: print the partition's clients and its class x block coverage table
   (and save the heatmap / the partition JSON).
 - ``hybridfl algorithms``: list the algorithms a config can name.
@@ -76,6 +78,9 @@ def run(
     resume: Optional[Path] = typer.Option(
         None, "--resume", help="Continue the interrupted run in this output directory from its last completed round."
     ),
+    force: bool = typer.Option(
+        False, "--force", help="Overwrite the run already in --out (refused without it: use --resume to continue it)."
+    ),
 ) -> None:
     """Train a federated model and write results.json, metrics.csv and plots."""
     from rich.progress import (
@@ -91,7 +96,7 @@ def run(
     from hybridfl.experiment import execute, prepare
 
     if resume is not None:
-        if any(v is not None for v in (config, out, dataset, data_dir, rounds, seed)):
+        if force or any(v is not None for v in (config, out, dataset, data_dir, rounds, seed)):
             raise HybridFLError("--resume takes the run directory only: its config.json fixes every setting.")
         cfg = run_dir_config(resume)
         out = resume
@@ -99,7 +104,7 @@ def run(
         cfg = config_with_overrides(config, dataset, data_dir, rounds, seed)
     algo_name = cfg.algorithm.get("name", "hyfem")
     out_dir = out or Path("runs") / f"{cfg.dataset.name}-{algo_name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    prep = prepare(cfg, out_dir, strict=strict)
+    prep = prepare(cfg, out_dir, strict=strict, resume=resume is not None, force=force)
     for w in prep.warnings:
         err_console.print(f"[yellow]warning:[/] {w}")
     if not quiet:

@@ -22,6 +22,7 @@ turns a simulated set-up (a training split plus a :class:`Partition`) into exact
 
 from __future__ import annotations
 
+import io
 import json
 import re
 from dataclasses import dataclass, field
@@ -38,6 +39,23 @@ FORMAT_VERSION = 1
 SECRET_FILE = "he_secret.key"
 """A client directory's shared HE key pair (written by ``hybridfl he-keys``; never in ``server/``)."""
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]")
+_CLIENT_NAME = re.compile(r"[A-Za-z0-9_-][A-Za-z0-9_.-]{0,127}")  # a path component: no leading dot, no '..'
+DIR_MODE = 0o700
+"""Permission bits of every directory an export creates (owner only: it holds a client's data)."""
+FILE_MODE = 0o600
+"""Permission bits of every file an export writes (owner only)."""
+
+
+def _write_npy(path: Path, a: np.ndarray) -> None:
+    buf = io.BytesIO()
+    np.save(buf, a, allow_pickle=False)
+    atomic_write(path, buf.getvalue(), mode=FILE_MODE)
+
+
+def _write_npz(path: Path, **arrays: np.ndarray) -> None:
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write(path, buf.getvalue(), mode=FILE_MODE)
 
 
 @dataclass
@@ -103,16 +121,16 @@ class ServerData:
 
 
 def _write_dataset_dir(path: Path, ds: HybridDataset, with_labels: bool) -> dict:
-    path.mkdir(parents=True, exist_ok=True)
-    np.save(path / "sample_ids.npy", np.asarray(ds.ids).astype(str))
+    path.mkdir(mode=DIR_MODE)
+    _write_npy(path / "sample_ids.npy", np.asarray(ds.ids).astype(str))
     entries = []
     for k, (b, x) in enumerate(ds.blocks.items()):
         fname = f"block-{k}-{_SAFE.sub('_', b)}.npz"
-        np.savez(path / fname, x=np.ascontiguousarray(x, dtype=np.float32))
+        _write_npz(path / fname, x=np.ascontiguousarray(x, dtype=np.float32))
         entries.append({"name": b, "file": fname, "shape": list(x.shape[1:])})
-    atomic_write(path / "blocks.json", json.dumps({"blocks": entries}, indent=1))
+    atomic_write(path / "blocks.json", json.dumps({"blocks": entries}, indent=1), mode=FILE_MODE)
     if with_labels:
-        np.save(path / "labels.npy", ds.y.astype(np.int64))
+        _write_npy(path / "labels.npy", ds.y.astype(np.int64))
     return {"n_samples": ds.n_samples, "blocks": [e["name"] for e in entries]}
 
 
@@ -162,8 +180,9 @@ def export_clients(
     Args:
         split: the training data the partition refers to, and the test set.
         partition: who holds what (validated against ``split.train`` first).
-        out_dir: created if missing; must not already contain an export's ``manifest.json``
-            for a different dataset (existing files of the same names are overwritten).
+        out_dir: created (mode 0700) if missing; an existing directory must be empty, so two
+            exports never mix. Every directory the export creates is mode 0700 and every file it
+            writes mode 0600 (a client's data is for its owner only).
         seed: the run seed, recorded in the manifest.
         include_test: write the test set into ``server/test`` for server-side evaluation.
         run_config: optional run config (JSON-able dict) recorded in ``server/server.json``.
@@ -173,7 +192,8 @@ def export_clients(
 
     Raises:
         PartitionError: the partition does not fit the data.
-        DataError: ``out_dir`` exists and is not a directory.
+        DataError: ``out_dir`` exists and is not an empty directory, or a client name is not a
+            safe directory name (nothing is written then).
     """
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
@@ -182,12 +202,21 @@ def export_clients(
     train = split.train
     schema = {b: list(s) for b, s in train.block_shapes.items()}
     ids = [c.client_id for c in partition.clients]
-    bad = [c for c in ids if _SAFE.search(c) or c in ("server", "")]
+    bad = [c for c in ids if not _CLIENT_NAME.fullmatch(c) or c.lower() == "server"]
     if bad:
         raise DataError(
-            f"client name {bad[0]!r} cannot be a directory name (use letters, digits, '_', '.', '-'; not 'server')."
+            f"client name {bad[0]!r} cannot be a directory name (use letters, digits, '_', '.', '-', at most 128, "
+            "not starting with '.'; not 'server')."
         )
-    out.mkdir(parents=True, exist_ok=True)
+    folded = [c.lower() for c in ids]
+    same = [c for i, c in enumerate(ids) if folded.index(c.lower()) != i]
+    if same:
+        raise DataError(f"client name {same[0]!r} differs from another client's name only in case.")
+    if out.is_dir() and any(out.iterdir()):
+        raise DataError(
+            f"export directory {str(out)!r} is not empty: export into a new or empty directory so two exports never mix."
+        )
+    out.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     common = {"format": FORMAT_VERSION, "dataset": train.name, "classes": list(train.classes), "block_shapes": schema}
     dirs = []
     for i, c in enumerate(partition.clients):
@@ -197,10 +226,10 @@ def export_clients(
         meta = {**common, "client_id": c.client_id, "index": i, "has_labels": bool(c.has_labels), **info}
         if client_test:
             _write_dataset_dir(d / "test", split.test.subset(None, c.blocks), with_labels=c.has_labels)
-        atomic_write(d / "client.json", json.dumps(meta, indent=1))
+        atomic_write(d / "client.json", json.dumps(meta, indent=1), mode=FILE_MODE)
         dirs.append(d)
     srv = out / "server"
-    srv.mkdir(exist_ok=True)
+    srv.mkdir(mode=DIR_MODE)
     smeta = {
         **common,
         "client_ids": ids,
@@ -214,10 +243,11 @@ def export_clients(
         smeta["run_config"] = run_config
     if include_test:
         _write_dataset_dir(srv / "test", split.test, with_labels=True)
-    atomic_write(srv / "server.json", json.dumps(smeta, indent=1))
+    atomic_write(srv / "server.json", json.dumps(smeta, indent=1), mode=FILE_MODE)
     atomic_write(
         out / "manifest.json",
         json.dumps({**common, "client_ids": ids, "seed": int(seed), "description": partition.description}, indent=1),
+        mode=FILE_MODE,
     )
     return dirs
 

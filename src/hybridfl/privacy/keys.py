@@ -16,11 +16,11 @@ key, and ``slots``).
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hybridfl.data.export import SECRET_FILE  # noqa: F401  (the one name of the key file)
-from hybridfl.errors import DataError
-from hybridfl.files import atomic_write
+from hybridfl.errors import ConfigError, DataError, MessageError
 from hybridfl.privacy.he import KEY_PAIR_KIND, HEBackend, KeyDealer
 from hybridfl.runtime.messages import decode
 
@@ -33,8 +33,43 @@ def dealer_to_bytes(dealer: KeyDealer) -> bytes:
 
 
 def write_secret(dealer: KeyDealer, path: str | Path) -> Path:
-    """Write the shared secret key file atomically, readable by its owner only (mode 0600)."""
-    return atomic_write(Path(path), dealer_to_bytes(dealer), mode=0o600)
+    """Create the shared secret key file, readable by its owner only (mode 0600); see
+    :func:`write_secret_bytes`.
+
+    Raises:
+        DataError: ``path`` already exists (an existing key is never overwritten) or is a symbolic link.
+    """
+    return write_secret_bytes(dealer_to_bytes(dealer), path)
+
+
+def write_secret_bytes(data: bytes, path: str | Path) -> Path:
+    """Create the key file ``path`` holding ``data``: opened with ``O_CREAT | O_EXCL | O_NOFOLLOW``
+    and mode 0600 from the start (never readable by others, not even briefly), so it never
+    overwrites an existing file and never follows a symbolic link. The parent directory is created
+    (mode 0700) if missing. A failed write removes the partial file.
+
+    Raises:
+        DataError: ``path`` already exists or is a symbolic link (nothing is written).
+    """
+    f = Path(path)
+    f.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(f, flags, 0o600)
+    except FileExistsError:
+        raise DataError(
+            f"HE secret key file {str(f)!r} already exists (or is a symbolic link): an existing key is never "
+            "overwritten, so remove it first or choose another path."
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(bytes(data))
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        f.unlink(missing_ok=True)
+        raise
+    return f
 
 
 def backend_from_secret(secret: bytes, where: str) -> tuple[str, HEBackend, bytes]:
@@ -49,7 +84,7 @@ def backend_from_secret(secret: bytes, where: str) -> tuple[str, HEBackend, byte
         if m.kind != KIND:
             raise ValueError(m.kind)
         dealer = KeyDealer.from_bytes(secret)
-    except Exception:
+    except (MessageError, ConfigError, KeyError, TypeError, ValueError, ArithmeticError):
         raise DataError(f"{where} is not a hybridfl HE secret key file.") from None
     return dealer.scheme, dealer.client_backend(), dealer.public_material()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridfl.errors import HybridFLError
+from hybridfl.errors import HybridFLError, MessageError
 from hybridfl.files import atomic_write
 from hybridfl.runtime.messages import Message, decode, encode
 
@@ -51,7 +51,9 @@ def load_checkpoint(path: str | Path) -> tuple[int, dict[str, Any], dict[str, An
     try:
         msg = decode(p.read_bytes())
         meta = json.loads(msg.payload["meta"])
-    except Exception:
+        if not isinstance(meta, dict):
+            raise TypeError("meta")
+    except (MessageError, KeyError, TypeError, ValueError, RecursionError):
         raise HybridFLError(f"checkpoint {str(p)!r} is unreadable.") from None
     values = {k[2:]: v for k, v in msg.payload.items() if k.startswith("a:")}
     return msg.round, values, meta

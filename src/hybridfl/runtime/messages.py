@@ -14,14 +14,31 @@ Wire format: ``[4-byte big-endian header length][UTF-8 JSON header][raw array/by
 from __future__ import annotations
 
 import json
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from hybridfl.errors import MessageError
+
+__all__ = ["MAX_MESSAGE_BYTES", "SERVER", "Message", "MessageError", "decode", "encode", "pack_arrays", "unpack_arrays"]
+
 SERVER = "server"
 """The name of the server (the coordinator, in FedBCD) as a message sender or receiver."""
+
+MAX_MESSAGE_BYTES = 2 * 1024**3
+"""The largest message :func:`encode` writes and :func:`decode` reads (2 GiB), in bytes."""
+
+_HEADER_KEYS = frozenset({"kind", "from", "to", "round", "v", "e"})
+_ENTRY_KEYS = {
+    "a": frozenset({"k", "t", "d", "s", "o", "n"}),  # array: dtype, shape
+    "b": frozenset({"k", "t", "o", "n"}),  # bytes
+    "l": frozenset({"k", "t", "i", "o", "n"}),  # item i of a list of bytes
+}
+_DTYPE_KINDS = "biufc"  # bool, signed and unsigned integers, floats, complex numbers
+_MAX_DIMS = 32
 
 
 @dataclass
@@ -43,7 +60,9 @@ def encode(msg: Message) -> bytes:
     """Serialise a message to bytes (see module docstring for the format).
 
     Raises:
-        TypeError: for a payload value of an unsupported type (names the key).
+        TypeError: for a payload value of an unsupported type or an array of a dtype other than
+            numeric or bool (names the key).
+        MessageError: the message would be larger than :data:`MAX_MESSAGE_BYTES`.
     """
     entries: list[dict[str, Any]] = []
     values: dict[str, Any] = {}
@@ -54,6 +73,10 @@ def encode(msg: Message) -> bytes:
             arr = np.ascontiguousarray(v)
             if arr.dtype == object:
                 raise TypeError(f"payload entry {key!r} of message {msg.kind!r} is an object array.")
+            if arr.dtype.kind not in _DTYPE_KINDS or arr.dtype.fields is not None:
+                raise TypeError(
+                    f"payload entry {key!r} of message {msg.kind!r} has dtype {arr.dtype}, not a numeric or bool type."
+                )
             raw = arr.tobytes()
             entries.append({"k": key, "t": "a", "d": arr.dtype.str, "s": list(arr.shape), "o": offset, "n": len(raw)})
         elif isinstance(v, (bytes, bytearray)):
@@ -81,24 +104,145 @@ def encode(msg: Message) -> bytes:
         {"kind": msg.kind, "from": msg.sender, "to": msg.receiver, "round": msg.round, "v": values, "e": entries},
         separators=(",", ":"),
     ).encode()
+    size = 4 + len(header) + offset
+    if size > MAX_MESSAGE_BYTES:
+        raise MessageError(f"message {msg.kind!r} would be {size} bytes, over the limit of {MAX_MESSAGE_BYTES} bytes.")
     return struct.pack(">I", len(header)) + header + b"".join(bodies)
 
 
-def decode(data: bytes) -> Message:
-    """Inverse of :func:`encode` (arrays are returned as writable copies)."""
-    (hlen,) = struct.unpack(">I", data[:4])
-    h = json.loads(data[4 : 4 + hlen])
+def decode(data: bytes | bytearray | memoryview) -> Message:
+    """Inverse of :func:`encode` (arrays are returned as writable copies).
+
+    The bytes are checked before anything is built from them: the size limit
+    (:data:`MAX_MESSAGE_BYTES`), a JSON object header with exactly the keys and types
+    :func:`encode` writes, entries that tile the body exactly in order (no negative offset, no
+    overlap, nothing past the end, no trailing bytes), numeric or bool array dtypes whose byte size
+    is ``prod(shape) * itemsize``. The decoded values therefore never take more memory than the
+    input.
+
+    Raises:
+        MessageError: the bytes are not a well-formed message (one sentence, without the data).
+    """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise MessageError(f"a message must be bytes, got {type(data).__name__}.")
+    try:
+        mv = memoryview(data).cast("B")
+    except (TypeError, ValueError):
+        raise MessageError("a message must be a contiguous byte buffer.") from None
+    size = mv.nbytes
+    if size > MAX_MESSAGE_BYTES:
+        raise MessageError(f"the message is {size} bytes, over the limit of {MAX_MESSAGE_BYTES} bytes.")
+    if size < 4:
+        raise MessageError(f"the message is truncated: {size} bytes, shorter than its 4-byte header length.")
+    (hlen,) = struct.unpack(">I", mv[:4])
+    if hlen > size - 4:
+        raise MessageError(f"the message is truncated: its header says {hlen} bytes but only {size - 4} follow.")
+    h = _header(mv[4 : 4 + hlen])
     base = 4 + hlen
+    body_len = size - base
     payload: dict[str, Any] = dict(h["v"])
-    for e in h["e"]:
-        raw = data[base + e["o"] : base + e["o"] + e["n"]]
-        if e["t"] == "a":
-            payload[e["k"]] = np.frombuffer(raw, dtype=np.dtype(e["d"])).reshape(e["s"]).copy()
-        elif e["t"] == "b":
-            payload[e["k"]] = bytes(raw)
+    lists: dict[str, int] = {}
+    cursor = 0
+    for j, e in enumerate(h["e"]):
+        o, n = e["o"], e["n"]
+        if o < 0 or n < 0:
+            raise MessageError(f"entry {j} of the message has a negative offset or length.")
+        if o + n > body_len:
+            raise MessageError(f"entry {j} of the message runs past the end of its {body_len}-byte body (truncated?).")
+        if o < cursor:
+            raise MessageError(f"entry {j} of the message overlaps the entry before it.")
+        if o > cursor:
+            raise MessageError(f"entry {j} of the message leaves a gap after the entry before it.")
+        cursor = o + n
+        k, t = e["k"], e["t"]
+        if t == "l":
+            if k in payload and k not in lists:
+                raise MessageError(f"entry {j} of the message repeats a payload key.")
+            if e["i"] != lists.get(k, 0):
+                raise MessageError(f"entry {j} of the message is out of order in its list.")
+            lists[k] = e["i"] + 1
+        elif k in payload:
+            raise MessageError(f"entry {j} of the message repeats a payload key.")
+        raw = mv[base + o : base + o + n]
+        if t == "a":
+            payload[k] = _array(j, e, raw)
+        elif t == "b":
+            payload[k] = bytes(raw)
         else:
-            payload.setdefault(e["k"], []).append(bytes(raw))
-    return Message(h["kind"], h["from"], h["to"], int(h["round"]), payload)
+            payload.setdefault(k, []).append(bytes(raw))
+    if cursor != body_len:
+        raise MessageError(f"the message has {body_len - cursor} trailing bytes after its last entry.")
+    return Message(h["kind"], h["from"], h["to"], h["round"], payload)
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise MessageError("the message header repeats a key in a JSON object.")
+    return d
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_scalar(v: Any) -> bool:
+    return isinstance(v, (bool, int, float, str))
+
+
+def _header(raw: memoryview) -> dict[str, Any]:
+    """The parsed, type-checked JSON header (see :func:`encode` for its keys)."""
+    try:
+        h = json.loads(str(raw, "utf-8"), object_pairs_hook=_no_duplicates)
+    except MessageError:
+        raise
+    except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise MessageError("the message header is not valid UTF-8 JSON.") from None
+    if not isinstance(h, dict) or set(h) != _HEADER_KEYS:
+        raise MessageError(f"the message header must be a JSON object with exactly the keys {sorted(_HEADER_KEYS)}.")
+    if not all(isinstance(h[k], str) for k in ("kind", "from", "to")):
+        raise MessageError("the message header's kind, from and to must be strings.")
+    if not _is_int(h["round"]):
+        raise MessageError("the message header's round must be an integer.")
+    if not isinstance(h["v"], dict):
+        raise MessageError("the message header's values (v) must be a JSON object.")
+    for v in h["v"].values():
+        if not (v is None or _is_scalar(v) or (isinstance(v, list) and all(_is_scalar(x) for x in v))):
+            raise MessageError("a value in the message header is not a number, string, bool, null or flat list.")
+    if not isinstance(h["e"], list):
+        raise MessageError("the message header's entries (e) must be a JSON list.")
+    for j, e in enumerate(h["e"]):
+        keys = _ENTRY_KEYS.get(e.get("t")) if isinstance(e, dict) and isinstance(e.get("t"), str) else None
+        if keys is None or set(e) != keys:
+            raise MessageError(f"entry {j} of the message header does not have the keys of an array, bytes or list.")
+        if not isinstance(e["k"], str) or not all(_is_int(e[x]) for x in keys & {"o", "n", "i"}):
+            raise MessageError(f"entry {j} of the message header has a non-string key or a non-integer offset/length.")
+    return h
+
+
+def _array(j: int, e: dict[str, Any], raw: memoryview) -> np.ndarray:
+    """Entry ``j`` (an array entry of :func:`encode`) as a writable copy of ``raw``."""
+    d, shape = e["d"], e["s"]
+    if not isinstance(d, str) or len(d) > 16:
+        raise MessageError(f"entry {j} of the message has an invalid dtype.")
+    try:
+        dt = np.dtype(d)
+    except (TypeError, ValueError, SyntaxError):
+        raise MessageError(f"entry {j} of the message has an invalid dtype.") from None
+    if dt.kind not in _DTYPE_KINDS or dt.fields is not None or dt.subdtype is not None or dt.str != d:
+        raise MessageError(f"entry {j} of the message has a dtype that is not a plain numeric or bool type.")
+    if (
+        not isinstance(shape, list)
+        or len(shape) > _MAX_DIMS
+        or not all(_is_int(s) and 0 <= s <= MAX_MESSAGE_BYTES for s in shape)
+    ):
+        raise MessageError(f"entry {j} of the message has an invalid shape.")
+    if math.prod(shape) * dt.itemsize != e["n"]:
+        raise MessageError(f"entry {j} of the message has a byte length that does not match its shape and dtype.")
+    try:
+        return np.frombuffer(raw, dtype=dt).reshape(shape).copy()
+    except ValueError:
+        raise MessageError(f"entry {j} of the message has an invalid shape.") from None
 
 
 def pack_arrays(prefix: str, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

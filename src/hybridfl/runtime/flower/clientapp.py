@@ -45,10 +45,13 @@ def state_path(node_config, run_id: int) -> Path | None:
 
 def read_state(path: Path) -> dict[str, bytes]:
     """The saved state of one run (the bytes the store held after the last message)."""
-    from hybridfl.runtime.messages import decode
+    from hybridfl.runtime.messages import MessageError, decode
 
-    m = decode(path.read_bytes())
-    if m.kind != FILE_KIND:
+    try:
+        m = decode(path.read_bytes())
+    except MessageError:
+        raise ValueError(f"{str(path)!r} is not a hybridfl node state file.") from None
+    if m.kind != FILE_KIND or not all(isinstance(v, bytes) for v in m.payload.values()):
         raise ValueError(f"{str(path)!r} is not a hybridfl node state file.")
     return {str(k): bytes(v) for k, v in m.payload.items()}
 
