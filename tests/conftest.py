@@ -25,6 +25,18 @@ def data_dir(name: str) -> Path:
     return d
 
 
+@pytest.fixture(scope="session", autouse=True)
+def allow_weak_keys():
+    """Tests run HyFDCA with small keys (512-bit Paillier) for speed: set the test-only
+    ``HYBRIDFL_ALLOW_WEAK_KEYS=1`` for the whole session (subprocesses inherit it). A test of the
+    refusal removes it with ``monkeypatch.delenv``."""
+    from hybridfl.privacy.he import WEAK_KEYS_ENV
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv(WEAK_KEYS_ENV, "1")
+        yield
+
+
 @pytest.fixture(scope="session")
 def mfeat_dir() -> Path:
     return data_dir("mfeat")

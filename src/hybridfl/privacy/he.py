@@ -33,6 +33,13 @@ client gets a :class:`HEBackend` that can encrypt and decrypt; the server gets o
 :meth:`KeyDealer.public_material` (bytes) and builds a backend with :func:`server_backend`, which
 can add ciphertexts and nothing else: its :meth:`HEBackend.decrypt` raises.
 
+Key sizes (the client's own policy, never the server's): a client refuses a key pair whose
+Paillier modulus has fewer than :data:`MIN_PAILLIER_BITS` (2048) bits or whose CKKS polynomial
+modulus degree is below :data:`MIN_CKKS_DEGREE` (8192), read from the key itself
+(:func:`check_key_size`). Only the test-only environment variable :data:`WEAK_KEYS_ENV`
+(``HYBRIDFL_ALLOW_WEAK_KEYS=1``, set in the client's own environment) lets it use smaller keys, so
+that tests can run with 512-bit Paillier keys; never set it in a deployment.
+
 A ciphertext of a vector is one ``bytes`` object (several CKKS ciphertexts or Paillier numbers are
 length-prefixed and concatenated), so it travels as one message payload entry.
 
@@ -43,6 +50,7 @@ Every backend adds the wall time of its encrypt / decrypt / add calls (serialisa
 from __future__ import annotations
 
 import math
+import os
 import secrets
 import struct
 import time
@@ -50,10 +58,18 @@ from typing import Literal
 
 import numpy as np
 
-from hybridfl.errors import ConfigError, DataError
+from hybridfl.errors import ConfigError, DataError, EncryptionPolicyError
 
 Scheme = Literal["none", "paillier", "ckks"]
 SCHEMES: tuple[str, ...] = ("none", "paillier", "ckks")
+
+MIN_PAILLIER_BITS = 2048
+"""The smallest Paillier modulus (bits) a client accepts in its key (without :data:`WEAK_KEYS_ENV`)."""
+MIN_CKKS_DEGREE = 8192
+"""The smallest CKKS polynomial modulus degree a client accepts in its key (without :data:`WEAK_KEYS_ENV`)."""
+WEAK_KEYS_ENV = "HYBRIDFL_ALLOW_WEAK_KEYS"
+"""Test-only: with ``HYBRIDFL_ALLOW_WEAK_KEYS=1`` in its environment a client accepts keys below
+:data:`MIN_PAILLIER_BITS` / :data:`MIN_CKKS_DEGREE` (fast tests). Never set it in a deployment."""
 
 
 class SecretKeyMissing(RuntimeError):
@@ -452,6 +468,43 @@ def server_backend(scheme: str, public: bytes, precision_bits: int = 40) -> HEBa
     if scheme == "none":
         return PlainBackend()
     raise ConfigError(f"unknown encryption scheme {scheme!r} (known: {', '.join(SCHEMES)}).")
+
+
+def weak_keys_allowed() -> bool:
+    """Whether this process's environment sets the test-only :data:`WEAK_KEYS_ENV` to ``1``."""
+    return os.environ.get(WEAK_KEYS_ENV, "").strip() == "1"
+
+
+def key_size(backend: HEBackend) -> int:
+    """The size of the key behind ``backend``, read from the key itself: the Paillier modulus ``n``
+    in bits, the CKKS polynomial modulus degree, ``0`` without encryption."""
+    if isinstance(backend, PaillierBackend):
+        return int(backend.pk.n).bit_length()
+    if isinstance(backend, CKKSBackend):
+        return int(backend.ctx.seal_context().data.first_context_data().parms().poly_modulus_degree())
+    return 0
+
+
+def check_key_size(backend: HEBackend, who: str) -> None:
+    """Refuse a key below the minimum size (:data:`MIN_PAILLIER_BITS`, :data:`MIN_CKKS_DEGREE`)
+    unless the test-only :data:`WEAK_KEYS_ENV` is set; ``who`` names the key's holder.
+
+    Raises:
+        EncryptionPolicyError: the key is too small (one sentence).
+    """
+    if weak_keys_allowed():
+        return
+    size = key_size(backend)
+    if isinstance(backend, PaillierBackend) and size < MIN_PAILLIER_BITS:
+        raise EncryptionPolicyError(
+            f"{who} refuses its {size}-bit Paillier key, below the minimum {MIN_PAILLIER_BITS} bits; make a key "
+            f"of at least {MIN_PAILLIER_BITS} bits ({WEAK_KEYS_ENV}=1 allows weaker keys in tests only)."
+        )
+    if isinstance(backend, CKKSBackend) and size < MIN_CKKS_DEGREE:
+        raise EncryptionPolicyError(
+            f"{who} refuses its CKKS key of polynomial modulus degree {size}, below the minimum {MIN_CKKS_DEGREE}; "
+            f"make a key with ckks_degree {MIN_CKKS_DEGREE} or more ({WEAK_KEYS_ENV}=1 allows weaker keys in tests only)."
+        )
 
 
 def random_seed() -> int:

@@ -1,6 +1,7 @@
 """Hybrid FedAvg server steps (:class:`HybridFedAvgServer`): per-feature sample-weighted averaging of
 the participating holders' local weights ("concatenating the model weights and averaging at the
-overlaps", HyFDCA Sec. 2)."""
+overlaps", HyFDCA Sec. 2). A reply with a non-finite weight (training diverged) stops the run with
+:class:`~hybridfl.errors.TrainingDiverged` before any reply of the round is averaged."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 from hybridfl.algorithms.convex.problem import block_offsets, feature_index
 from hybridfl.algorithms.hybrid_fedavg.config import HybridFedAvgConfig
 from hybridfl.algorithms.participation import select_participants
-from hybridfl.errors import ProtocolError, UnknownBlockError
+from hybridfl.errors import ProtocolError, TrainingDiverged, UnknownBlockError
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
 
@@ -67,7 +68,11 @@ class HybridFedAvgServer:
         """One round (one ``fedavg.fit`` exchange): send each selected client ``w`` on its features,
         average the replies per feature weighted by sample counts (a feature no reply covers keeps
         its value). Returns ``participants``, ``failed``, ``exchanges`` and the modelled seconds
-        (slowest client + server + ``latency``)."""
+        (slowest client + server + ``latency``).
+
+        Raises:
+            TrainingDiverged: a reply's ``w`` holds NaN or infinity (nothing of the round is used).
+        """
         cfg = self.config
         K = self.select(rnd)
         msgs = [
@@ -89,6 +94,12 @@ class HybridFedAvgServer:
         ]
         t0 = time.perf_counter()
         replies = transport.send_and_receive(msgs)
+        for r in replies:
+            if not np.isfinite(np.asarray(r.payload["w"], dtype=np.float64)).all():
+                raise TrainingDiverged(
+                    f"training diverged in round {rnd}: client {r.sender!r} sent non-finite model weights; "
+                    f"lower algorithm.lr (now {cfg.lr:g})."
+                )
         acc = np.zeros(self.d)
         wsum = np.zeros(self.d)
         cmax = 0.0

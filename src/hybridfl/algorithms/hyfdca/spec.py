@@ -7,6 +7,13 @@ he-keys``). Each client builds its backend from ``ClientData.secrets["he_secret"
 the public material in its hello (:func:`hello_payload`); the server checks that every client sent
 the same and builds its encrypt/add-only backend from it (:func:`build_server`).
 
+Encryption policy (the client's, never the server's): the run config a client gets in the hello
+comes from the server, so a client holding a key pair takes its scheme from the key, not from the
+config. It refuses a run asking for ``encryption: none`` or another scheme (no silent downgrade to
+plaintext) and a key below the minimum size (:func:`hybridfl.privacy.he.check_key_size`; the
+test-only ``HYBRIDFL_ALLOW_WEAK_KEYS=1`` in the client's environment allows smaller keys), with
+:class:`~hybridfl.errors.EncryptionPolicyError`.
+
 Evaluation: over Flower the server's public output model's test accuracy; in the simulation the
 :class:`~hybridfl.algorithms.convex.monitor.Monitor` adds the objective, the reference
 suboptimality and the dual certificate (it holds the training data and the shared key, and
@@ -37,8 +44,8 @@ from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, ReportContext, 
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
-from hybridfl.errors import DataError, PartitionError
-from hybridfl.privacy.he import HEBackend, KeyDealer, PlainBackend, server_backend
+from hybridfl.errors import DataError, EncryptionPolicyError, PartitionError
+from hybridfl.privacy.he import HEBackend, KeyDealer, PlainBackend, check_key_size, server_backend
 from hybridfl.privacy.keys import backend_from_secret
 
 SECRET = "he_secret"
@@ -72,17 +79,29 @@ def dealer_of(secrets: Mapping[str, bytes] | None) -> KeyDealer | None:
 
 
 def _backend(cd: ClientData, cfg: HyFDCAConfig) -> tuple[HEBackend, bytes]:
-    """A client's backend (with the secret key) and the public material it may send."""
-    if cfg.encryption == "none":
-        return PlainBackend(), b""
+    """A client's backend (with the secret key) and the public material it may send. A client
+    holding a key pair uses its scheme whatever the run config (the server's) asks for.
+
+    Raises:
+        DataError: the run uses encryption but the client holds no key, or its key is unreadable.
+        EncryptionPolicyError: the client holds a key pair and the run asks for no or another
+            encryption; the key is below the minimum size.
+    """
     secret = cd.secrets.get(SECRET)
     if secret is None:
+        if cfg.encryption == "none":
+            return PlainBackend(), b""
         raise DataError(
             f"client {cd.client_id!r} holds no HE secret key ({SECRET}), but the run uses {cfg.encryption} encryption."
         )
     scheme, backend, public = backend_from_secret(bytes(secret), f"the HE secret key of client {cd.client_id!r}")
     if scheme != cfg.encryption:
-        raise DataError(f"client {cd.client_id!r} holds a {scheme} key but the run uses {cfg.encryption} encryption.")
+        asked = "no encryption" if cfg.encryption == "none" else f"{cfg.encryption} encryption"
+        raise EncryptionPolicyError(
+            f"client {cd.client_id!r} holds a {scheme} key pair and refuses a run whose config asks for {asked} "
+            f"(the server cannot change a client's encryption)."
+        )
+    check_key_size(backend, f"client {cd.client_id!r}")
     return backend, public
 
 
@@ -91,7 +110,9 @@ def hello_payload(cd: ClientData, cfg: HyFDCAConfig) -> dict:
     its key pair, ``b""`` without encryption); the secret key never leaves the client.
 
     Raises:
-        DataError: the client's key is missing or of another scheme.
+        DataError: the run uses encryption and the client's key is missing or unreadable.
+        EncryptionPolicyError: the client holds a key pair and the run asks for no or another
+            encryption; its key is below the minimum size.
     """
     return {"he_scheme": cfg.encryption, "he_public": _backend(cd, cfg)[1]}
 
@@ -101,7 +122,10 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
 
     Raises:
         PartitionError: the client has no labels.
-        DataError: labels not binary for the loss; its key is missing, unreadable or of another scheme.
+        DataError: labels not binary for the loss; the run uses encryption and its key is missing
+            or unreadable.
+        EncryptionPolicyError: it holds a key pair and the run asks for no or another encryption;
+            its key is below the minimum size.
     """
     if not cd.has_labels:
         raise PartitionError(

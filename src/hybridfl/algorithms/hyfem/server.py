@@ -10,7 +10,9 @@ client its view of the server model (Alg. 1 line 9), and from the replies that a
   Alg. 3, :func:`hybridfl.matching.match_classifiers`), which may widen it.
 
 A client whose reply is lost keeps its extractors' and classifier's server positions and takes part
-again in the next round.
+again in the next round. A reply holding a non-finite weight or loss (training diverged, e.g. a far
+too large ``lr``) stops the run with :class:`~hybridfl.errors.TrainingDiverged` before the server
+uses any reply of that round (:meth:`HyFEMServer.check_finite`).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import torch
 
 from hybridfl.algorithms.hyfem.client import model_payload
 from hybridfl.algorithms.hyfem.config import HyFEMConfig
-from hybridfl.errors import ProtocolError, UnknownBlockError
+from hybridfl.errors import ProtocolError, TrainingDiverged, UnknownBlockError
 from hybridfl.matching.classifier import ClientClassifier, ServerClassifier, match_classifiers
 from hybridfl.models.hybrid import ExtractorFactory, HybridModel, block_columns, default_extractor
 from hybridfl.runtime.messages import SERVER, Message, pack_arrays, unpack_arrays
@@ -131,6 +133,7 @@ class HyFEMServer:
 
         Raises:
             ProtocolError: a reply of another kind, from a client that was not asked, or twice.
+            TrainingDiverged: a reply holds a non-finite weight or loss (nothing of the round is used).
         """
         ids = list(self.clients)
         replies = transport.send_and_receive([self.fit_message(cid, rnd) for cid in ids])
@@ -142,6 +145,7 @@ class HyFEMServer:
                 )
             seen.add(r.sender)
         absent = [cid for cid in ids if cid not in seen]
+        self.check_finite(replies, rnd)
         if replies:
             self.aggregate_extractors(replies)
             self.match(replies, absent)
@@ -152,6 +156,31 @@ class HyFEMServer:
             "server_width": float(self.classifier.width),
             "clients_answered": float(len(replies)),
         }
+
+    def check_finite(self, replies: Sequence[Message], rnd: int) -> None:
+        """Refuse replies of round ``rnd`` holding NaN or infinity in an extractor, the classifier or
+        the loss, before any of them is aggregated (so neither the server model nor the matching ever
+        sees them).
+
+        Raises:
+            TrainingDiverged: one sentence naming the round, the client, what was non-finite and
+                the step size.
+        """
+        for r in replies:
+            bad = None
+            for b in self.clients[r.sender]["blocks"]:
+                if not all(np.isfinite(a).all() for a in unpack_arrays(f"ext.{b}.", r.payload).values()):
+                    bad = f"non-finite extractor weights for block {b!r}"
+                    break
+            if bad is None and not all(np.isfinite(a).all() for a in unpack_arrays("clf.", r.payload).values()):
+                bad = "non-finite classifier weights"
+            if bad is None and not np.isfinite(float(r.payload.get("loss", 0.0))):
+                bad = "a non-finite training loss"
+            if bad is not None:
+                raise TrainingDiverged(
+                    f"training diverged in round {rnd}: client {r.sender!r} sent {bad}; "
+                    f"lower algorithm.lr (now {self.config.lr:g})."
+                )
 
     # ------------------------------------------------------------------ server updates
     def aggregate_extractors(self, replies: Sequence[Message]) -> None:
