@@ -131,6 +131,9 @@ def test_consensus_mode_keeps_w_equal_to_w_of_alpha(credit_small):
 
 
 def test_partial_participation_sends_fresh_alpha_to_returning_clients(credit_small):
+    """HyFDCA Alg. 1 lines 5-7: a client of the round that did not take part in the previous one
+    gets enc(alpha) in a PrimalAggregation before SecureInnerProduct (the ``w`` it is sent already
+    holds its share of the current alpha); the others go straight to SecureInnerProduct."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     cfg = _cfg(rounds=40, participation=0.5, eval_every=40, dual_mode="consensus", local_fraction=0.05, sigma=30)
     seen = []
@@ -139,23 +142,32 @@ def test_partial_participation_sends_fresh_alpha_to_returning_clients(credit_sma
 
     msgs = [decode(b) for b in seen]
     ip = [m for m in msgs if m.kind == "hyfdca.ip" and m.sender == "server"]
+    assert not any("alpha" in m.payload for m in ip)
     # 50 % of 9 clients -> 4 or 5 per round
-    per_round = {}
+    per_round: dict[int, list] = {}
     for m in ip:
         per_round.setdefault(m.round, []).append(m)
     assert all(len(v) in (4, 5) for v in per_round.values())
-    # a client is up to date if it got the new alpha in the previous round's PrimalAggregation (a
-    # selected client whose segment's inner products are still incomplete sits the round out)
-    primal = {}
+    # per round, the server's PrimalAggregation messages before its SecureInnerProduct (line 7)
+    # and after it (line 17); a client is up to date if it got the latter in the previous round
+    # (a selected client whose segment's inner products are still incomplete sits the round out)
+    first: dict[int, set] = {}
+    last: dict[int, set] = {}
+    ip_seen: set[int] = set()
     for m in msgs:
-        if m.kind == "hyfdca.primal" and m.sender == "server":
-            primal.setdefault(m.round, set()).add(m.receiver)
+        if m.sender != "server":
+            continue
+        if m.kind == "hyfdca.ip":
+            ip_seen.add(m.round)
+        elif m.kind == "hyfdca.primal":
+            (last if m.round in ip_seen else first).setdefault(m.round, set()).add(m.receiver)
+            assert "alpha" in m.payload
     n_returning = 0
     for rnd in sorted(per_round):
-        for m in per_round[rnd]:
-            returning = m.receiver not in primal.get(rnd - 1, set())
-            n_returning += returning
-            assert ("alpha" in m.payload) == returning
+        returning = {m.receiver for m in per_round[rnd]} - last.get(rnd - 1, set()) if rnd > 1 else set()
+        n_returning += len(returning)
+        assert first.get(rnd, set()) == returning
+    assert 1 not in first  # setup left every client at alpha = 0 (Alg. 1 line 1)
     assert n_returning > 9
     assert np.isfinite(res.summary["relative_suboptimality"])
 

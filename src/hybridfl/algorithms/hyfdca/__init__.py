@@ -24,14 +24,15 @@ Setup (once, 3 exchanges):
    ``q_i = ||x_i||^2`` (SPEC.md: "the full squared norm, obtainable once by the same secure sum").
 
 Round ``t`` with available clients ``K^t`` (Alg. 1; the practical variant of Sec. 5 that omits the
-second SecureInnerProduct, line 18; 3 exchanges):
+second SecureInnerProduct, line 18; 3 exchanges, 4 in a consensus-mode round with returning clients):
 
+0. consensus mode only, if some client of ``K^t`` did not take part in round ``t-1`` (the
+   returning clients ``K̂^t``): ``hyfdca.primal`` to them with the current ``enc(alpha)`` of their
+   segments, and the server rebuilds ``w`` from their fresh primal shares (Alg. 1 lines 5-7).
 1. ``hyfdca.ip`` (SecureInnerProduct, Alg. 2): server -> client ``w`` on its features (always, so a
-   returning client is never stale in ``w``), and, in consensus mode for a client that did not take
-   part in round ``t-1``, fresh ``enc(alpha)`` of its segments (Alg. 1 lines 4-7); client ->
-   server ``enc(x_{k,i}^T w_k)`` per segment. The server adds, per segment, the newest share of
-   every client of ``B_i`` (an absent client's share is its last one: stale under partial
-   participation, exact with full participation).
+   returning client is never stale in ``w``); client -> server ``enc(x_{k,i}^T w_k)`` per segment.
+   The server adds, per segment, the newest share of every client of ``B_i`` (an absent client's
+   share is its last one: stale under partial participation, exact with full participation).
 2. ``hyfdca.dual`` (LocalDualMethod, Alg. 3 / 5): server -> client ``enc(x_i^T w)`` of its
    segments; the client decrypts and makes ``H`` SDCA coordinate steps on its own samples chosen
    without replacement (:meth:`RowData.dot_and_add`; the step is SPEC.md's closed form for hinge

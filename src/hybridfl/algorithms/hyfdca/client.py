@@ -17,7 +17,9 @@ one and prove it by convergence to the centralised optimum):
   certificate: the holders' duals may differ on margin samples).
 - ``dual_mode: consensus``: the paper's Alg. 1 literally: one ``alpha`` per sample, the holders'
   steps averaged (``nu / |B_i|``), the new ``enc(alpha)`` sent back and used for the primal shares
-  (``w = w(alpha)`` exactly), fresh ``alpha`` for returning clients. A client's own-block feedback
+  (``w = w(alpha)`` exactly with full participation; with partial participation an absent
+  client's share goes stale: :mod:`hybridfl.algorithms.hyfdca.server`), fresh ``alpha`` and a
+  PrimalAggregation for returning clients (Alg. 1 lines 6-7). A client's own-block feedback
   then misses the other blocks' part of ``x_i^T x_j``, so a local pass over many samples
   overshoots (measured: divergence on MNIST and credit with full local passes); it needs small
   ``H`` and a large ``sigma'``, and converges slowly.
@@ -222,12 +224,11 @@ class HyFDCAClient(SegmentClientMixin):
         return out, gram
 
     def inner_product_shares(self, p: Mapping[str, Any]) -> list[bytes]:
-        """SecureInnerProduct, client part (HyFDCA Alg. 2 lines 2-6): ``enc(x_{k,i}^T w_k)`` per
-        segment (its block's share of the inner products, weighted ``1/c`` on shared blocks); a
-        returning client first takes the fresh ``enc(alpha)`` (Alg. 1 lines 4-7)."""
+        """SecureInnerProduct, client part (HyFDCA Alg. 2 lines 2-6): take ``w_k`` and return
+        ``enc(x_{k,i}^T w_k)`` per segment (its block's share of the inner products, weighted
+        ``1/c`` on shared blocks). A returning client got the fresh ``enc(alpha)`` just before, in
+        the round's first PrimalAggregation (Alg. 1 lines 6-7, :meth:`primal_share`)."""
         self.w = np.asarray(p["w"], dtype=np.float64)
-        if "alpha" in p:  # fresh dual variables for a returning client (Alg. 1 lines 4-7)
-            self._decrypt_segments(p["alpha"], self.alpha)
         out = []
         for s in range(len(self.seg_rows)):
             colw = self.seg_colw[s]
@@ -269,9 +270,10 @@ class HyFDCAClient(SegmentClientMixin):
         """PrimalAggregation, client part (HyFDCA Alg. 4 lines 2-4): ``sum_i alpha_i x_{k,i,f} / c``,
         ``(d_k,)`` (plaintext: ``w`` is public, HyFDCA Sec. 3.1).
 
-        Consensus and segment modes first decrypt the new shared ``alpha``; block mode first
-        commits its pending cell duals if the server says it received them (``commit``), else
-        drops them."""
+        Consensus and segment modes first decrypt the new shared ``alpha`` (at the end of a round,
+        Alg. 1 lines 16-17, and in consensus mode also at the start of a round for a returning
+        client, lines 6-7); block mode first commits its pending cell duals if the server says it
+        received them (``commit``), else drops them."""
         if "alpha" in p:
             self._decrypt_segments(p["alpha"], self.alpha)
         if self.pending is not None:

@@ -8,6 +8,33 @@ did not answer PrimalAggregation counts as absent (fresh ``alpha`` next time in 
 and a selected client whose segment lacks an inner-product share from some holder (one that has
 never answered) sits the round out. The setup exchanges need every client.
 
+Partial participation, consensus mode (HyFDCA Alg. 1 lines 5-7, Alg. 4). A client of ``K^t``
+that did not answer PrimalAggregation in round ``t-1`` is *returning* (line 5); before
+SecureInnerProduct the server sends it ``enc(alpha)`` of its segments (line 6) and runs
+PrimalAggregation over the returning clients (line 7), one extra exchange in a round that has any
+(never in round 1: setup leaves every client at ``alpha^0 = 0``, share 0, line 1). What Alg. 1
+then guarantees, and what it does not: client ``k``'s part of ``w`` is its share
+``C_k^T a_k / (lambda N)`` (``C_k`` its cells, ``1/c`` on replicated ones) from the ``a_k`` of
+the last PrimalAggregation it answered, and Alg. 4 builds ``w`` "from available local" shares, so
+
+    w = w(alpha) + (1/(lambda N)) sum_k C_k^T (a_k - alpha).
+
+From line 7 on, ``a_k = alpha`` for every client of ``K^t`` (before it, a returning client's part
+of ``w`` was the one from its last round, and the whole round computed on it); after line 17
+every client that answered holds the new ``alpha``. A client *absent* from round ``t`` cannot
+refresh its part: once present holders change the ``alpha`` of a sample it also holds, its part is
+stale until it returns, and ``w != w(alpha)`` by exactly those stale parts. The paper states this
+(Sec. 4.3: "If one of these clients cannot provide its contribution to w_0, then these primal
+weights will be stale"). So ``w = w(alpha)`` after a round if no absent client holds a sample
+whose ``alpha`` changed since its last PrimalAggregation: always with full participation and in
+horizontal partitions (one holder per sample, Thm. 3); in a hybrid grid with random subsets it
+fails once a sample's holders are split between present and absent (credit, 3 x 3 grid, 50 %:
+``||w - w(alpha)|| / ||w(alpha)||`` about 0.2 after every round, with or without line 7, which
+only changes the ``w`` the round computes on). ``tests/test_hyfdca_participation.py`` checks the
+identity above to 1e-9 after every round and at every SecureInnerProduct.
+``dual_mode: segment`` keeps ``w = w(alpha)`` by stepping a segment only when all its holders are
+present (:mod:`hybridfl.algorithms.hyfdca.segment`); block mode has no shared ``alpha``.
+
 Output model (``average_last``): the last iterate ``w`` (default), or the mean of the iterates of
 the final ``average_last`` share of the rounds (suffix averaging, as SDCA's averaged output for
 Lipschitz losses). The server keeps the running sums of the public ``w`` and of ``enc(alpha)`` (one
@@ -252,23 +279,37 @@ class HyFDCAServer(SegmentServerMixin):
     # -- one round
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
         """Round ``rnd`` (HyFDCA Alg. 1; the practical variant of Sec. 5 without the second
-        SecureInnerProduct, line 18): SecureInnerProduct, LocalDualMethod with the dual
-        aggregation (lines 13-15), PrimalAggregation; segment mode: the segment passes
+        SecureInnerProduct, line 18): in consensus mode, fresh ``enc(alpha)`` and
+        PrimalAggregation for the returning clients (HyFDCA Alg. 1 lines 6-7; see the module
+        docstring), then SecureInnerProduct, LocalDualMethod with the dual aggregation
+        (lines 9-15), PrimalAggregation (lines 16-17); segment mode: the segment passes
         (:mod:`hybridfl.algorithms.hyfdca.segment`). Returns the round's metrics: timing (see
-        :meth:`_finish`; seconds), ``participants``, ``failed`` and, in segment mode,
-        ``segments_updated``, ``segments_active`` and ``sigma``."""
+        :meth:`_finish`; seconds), ``participants``, ``failed`` (clients that took part but missed
+        a reply) and, in segment mode, ``segments_updated``, ``segments_active`` and ``sigma``."""
         t0, he0 = time.perf_counter(), self.he.seconds
         stats: dict = defaultdict(float)
         K = selected = self.select(rnd)
         if self.config.dual_mode == "segment":
             return self._run_round_segment(rnd, transport, selected, stats, t0, he0)
-        # 1. SecureInnerProduct (with fresh alpha for returning clients)
-        msgs = []
-        for cid in K:
-            payload: dict = {"w": self.w[self.feat[cid]]}
-            if self.last_round[cid] != rnd - 1 and self.config.dual_mode == "consensus":
-                payload["alpha"] = [self.enc_alpha[g] for g in self.client_segs[cid]]
-            msgs.append(Message("hyfdca.ip", SERVER, cid, rnd, payload))
+        consensus = self.config.dual_mode == "consensus"
+        # 0. consensus mode, HyFDCA Alg. 1 lines 5-7: the returning clients K^t \ K^(t-1) get fresh
+        # enc(alpha) (line 6) and PrimalAggregation(returning) runs (line 7), so w holds every
+        # client of K^t's share of the current alpha before SecureInnerProduct; a returning client
+        # whose reply is missing sits the round out (its alpha and share may be stale)
+        returning = [cid for cid in K if self._returning(cid, rnd)] if consensus else []
+        line7_failed = 0
+        if returning:
+            msgs = [
+                Message(
+                    "hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]}
+                )
+                for cid in returning
+            ]
+            fresh = self._collect_shares(transport, msgs, stats)
+            line7_failed = len(returning) - len(fresh)
+            K = [cid for cid in K if cid in fresh or cid not in returning]
+        # 1. SecureInnerProduct (Alg. 2; lines 8 and 18 of Alg. 1 as one exchange at the round start)
+        msgs = [Message("hyfdca.ip", SERVER, cid, rnd, {"w": self.w[self.feat[cid]]}) for cid in K]
         for r in self._exchange(transport, msgs, stats):
             for j, c in enumerate(r.payload["ip"]):
                 self.ip_cache[(r.sender, self.client_segs[r.sender][j])] = c
@@ -295,9 +336,8 @@ class HyFDCAServer(SegmentServerMixin):
                 parts[self.client_segs[r.sender][j]].append(c)
         for g, v in parts.items():
             self.enc_alpha[g] = self.he.add([self.enc_alpha[g], *v])
-        # 3. PrimalAggregation (``commit``: whether the client's dual changes arrived; a client
-        # whose reply was lost drops them, so its duals stay those the server aggregated)
-        consensus = self.config.dual_mode == "consensus"
+        # 3. PrimalAggregation (Alg. 1 lines 16-17; ``commit``: whether the client's dual changes
+        # arrived; a client whose reply was lost drops them, so its duals stay those the server aggregated)
         msgs = []
         for cid in K:
             payload = (
@@ -310,8 +350,15 @@ class HyFDCAServer(SegmentServerMixin):
         self._accumulate_average(rnd)
         out = self._finish(stats, t0, he0)
         out["participants"] = len(selected)
-        out["failed"] = len(K) - len(answered)
+        out["failed"] = line7_failed + len(K) - len(answered)
         return out
+
+    def _returning(self, cid: str, rnd: int) -> bool:
+        """Whether ``cid`` is in ``K^t \\ K^(t-1)`` (HyFDCA Alg. 1 line 5): it did not answer
+        PrimalAggregation in round ``rnd - 1`` (absent, or failed: its share may be stale). Nobody
+        returns in round 1: setup left every client at ``alpha^0 = 0`` with share ``w_k = 0``
+        (Alg. 1 line 1)."""
+        return rnd > 1 and self.last_round[cid] != rnd - 1
 
     @property
     def average_start(self) -> int | None:
@@ -358,11 +405,11 @@ class HyFDCAServer(SegmentServerMixin):
         """(segment sample IDs, ``enc(alpha)``) per segment: for an outside monitor with the key."""
         return list(zip(self.seg_ids, self.enc_alpha))
 
-    def _primal_aggregation(self, rnd: int, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
-        """PrimalAggregation, server part (Alg. 4 lines 5-6): ``w_f = (1/(lambda N)) sum_k share_{k,f}``
-        (an absent client's share is its last one). Returns the clients that answered; they count
-        as having taken part in round ``rnd`` (a failed client counts as absent: fresh ``alpha``
-        next time)."""
+    def _collect_shares(self, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
+        """PrimalAggregation, server part (Alg. 4 lines 5-6): send ``msgs`` (``hyfdca.primal``),
+        keep each answering client's new share, and set ``w_f = (1/(lambda N)) sum_k share_{k,f}``
+        over every client's newest share (an absent client's is its last one: Alg. 4 updates ``w``
+        "from available local" shares). Returns the clients that answered."""
         answered: set[str] = set()
         for r in self._exchange(transport, msgs, stats):
             answered.add(r.sender)
@@ -371,6 +418,13 @@ class HyFDCAServer(SegmentServerMixin):
         for cid, share in self.share_cache.items():
             w[self.feat[cid]] += share
         self.w = w / (self.config.lam * self.N)
+        return answered
+
+    def _primal_aggregation(self, rnd: int, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
+        """The round's closing PrimalAggregation (Alg. 1 line 17; :meth:`_collect_shares`). Returns
+        the clients that answered; they count as having taken part in round ``rnd`` (a failed
+        client counts as absent: it returns next time)."""
+        answered = self._collect_shares(transport, msgs, stats)
         for cid in answered:
             self.last_round[cid] = rnd
         return answered
