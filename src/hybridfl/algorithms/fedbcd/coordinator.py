@@ -1,6 +1,15 @@
 """FedBCD's server side: :class:`FedBCDCoordinator` (holds no data; aligns, samples, relays).
 
 See :mod:`hybridfl.algorithms.fedbcd` for the protocol and its messages.
+
+Every reply is checked before use (:mod:`hybridfl.runtime.validate`): at setup the parties'
+properties (distinct string IDs, ``out_dim`` >= 1, ...) and ``n_aligned`` (the aligned count), a
+bad one stopping the setup with a :class:`~hybridfl.runtime.validate.PayloadError`; in a round every
+``h``/``h_next``/``grad.<party>`` must be a float array ``(B, r_k)`` (``B`` the batch size sent,
+``r_k`` the party's reported ``out_dim``) and ``loss`` a number. A malformed reply in a round is
+logged and counts as a missing reply (the round is skipped and undone, or the run stops, as
+``on_missing_party`` says). Non-finite values are not refused here: they are what a diverging run
+produces, and the evaluation reports them (``diverged``).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ from hybridfl.algorithms.fedbcd.party import EVALUATE
 from hybridfl.errors import ProtocolError
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
+from hybridfl.runtime.validate import PayloadError, array, integer, only_keys, strings
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +35,10 @@ EVAL_SEED_OFFSET = 12345
 class _Missing(Exception):
     """Internal: replies missing in the current round (the round cannot be completed)."""
 
-    def __init__(self, parties: list[str]):
+    def __init__(self, parties: list[str], invalid: bool = False):
         super().__init__(", ".join(parties))
         self.parties = parties
+        self.invalid = invalid  # some reply arrived but was malformed
 
 
 def _names(parties: Sequence[str]) -> str:
@@ -57,6 +68,7 @@ class FedBCDCoordinator:
         self.passive: list[str] = []
         self.n = 0
         self.n_test = 0  # test samples every party holds (0: none, no evaluation)
+        self.out_dim: dict[str, int] = {}  # party -> r_k, the width of its H_k (from its properties)
         self.batch: np.ndarray | None = None
         self.h: dict[str, np.ndarray] = {}  # H_k of the current batch (passive parties)
         self.undo: dict[str, int] = {}  # party -> skipped round it has not yet confirmed undoing
@@ -98,22 +110,77 @@ class FedBCDCoordinator:
         self.h = {k[2:]: np.asarray(v) for k, v in arrays.items() if k.startswith("h.")}
 
     # ------------------------------------------------------------------ exchanges
-    def _exchange(self, transport: Transport, messages: list[Message]) -> list[Message]:
-        """Send; every reply must arrive. A party with a pending ``undo`` gets it in its message
-        (its reply confirms it). Raises :class:`_Missing` with the parties whose reply is missing."""
+    def _exchange(
+        self, transport: Transport, messages: list[Message], expect: Mapping[str, tuple[int, ...]] | None = None
+    ) -> list[Message]:
+        """Send; every reply must arrive and pass :meth:`check_reply` (``expect``: array key ->
+        shape, the same for every reply). A party with a pending ``undo`` gets it in its message
+        (its valid reply confirms it). Raises :class:`_Missing` with the parties whose reply is
+        missing or malformed (a malformed one is logged)."""
         for m in messages:
             if m.receiver in self.undo:
                 m.payload["undo"] = self.undo[m.receiver]
             self._touched.add(m.receiver)
-        replies = transport.send_and_receive(messages)
+        sent = {m.receiver: m for m in messages}
+        replies, invalid = [], False
+        for r in transport.send_and_receive(messages):
+            m = sent.get(r.sender)
+            if m is None or r.kind != m.kind or r.sender in {q.sender for q in replies}:
+                raise ProtocolError(
+                    f"the FedBCD coordinator got an unexpected {r.kind!r} reply from {r.sender!r} in round {r.round}."
+                )
+            try:
+                self.check_reply(r, expect or {})
+            except PayloadError as e:
+                log.warning("FedBCD round %d: %s The reply counts as missing.", r.round, e)
+                invalid = True
+                continue
+            replies.append(r)
         arrived = {r.sender for r in replies}
         for m in messages:
             if m.receiver in arrived:
                 self.undo.pop(m.receiver, None)
         missing = [m.receiver for m in messages if m.receiver not in arrived]
         if missing:
-            raise _Missing(missing)
+            raise _Missing(missing, invalid)
         return replies
+
+    def check_reply(self, r: Message, expect: Mapping[str, tuple[int, ...]]) -> None:
+        """Check a round's reply: exactly the array keys of ``expect`` (``<key>`` -> shape; ``-1`` in
+        a shape stands for the sender's ``out_dim``), each a float array of that shape, plus
+        ``loss`` (a number) when ``expect`` says so with ``"loss": ()``.
+
+        Raises:
+            PayloadError: the first problem found (names the party and the field).
+        """
+        only_keys(r, tuple(expect))
+        for k, shape in expect.items():
+            if k == "loss":
+                v = r.payload.get("loss")
+                if v is None:
+                    raise PayloadError(r, "loss", "missing")
+                if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+                    raise PayloadError(r, "loss", f"of type {type(v).__name__}, not a number")
+                continue
+            owner = k[len("grad.") :] if k.startswith("grad.") else r.sender  # whose H_k this is
+            array(r, k, [self.out_dim.get(owner) if d == -1 else d for d in shape], kinds="f", finite=False)
+
+    def check_properties(self, r: Message) -> None:
+        """Check a ``fedbcd.properties`` reply: ``ids`` distinct strings, ``blocks`` distinct
+        strings, ``out_dim`` an integer >= 1, ``has_labels`` a bool, ``n_test`` (if any) an
+        integer >= 0.
+
+        Raises:
+            PayloadError: the first problem found (names the party and the field).
+        """
+        only_keys(r, ("ids", "blocks", "out_dim", "has_labels", "n_test"))
+        strings(r, "ids")
+        strings(r, "blocks")
+        integer(r, "out_dim", low=1)
+        if not isinstance(r.payload.get("has_labels"), (bool, np.bool_)):
+            raise PayloadError(r, "has_labels", "not a bool")
+        if "n_test" in r.payload:
+            integer(r, "n_test", low=0)
 
     def setup(self, transport: Transport, client_ids: Sequence[str]) -> None:
         """Ask every party for its sample IDs, role and test set size (``fedbcd.properties``);
@@ -121,10 +188,18 @@ class FedBCDCoordinator:
         label party's order).
 
         Raises:
-            ProtocolError: not exactly one label party, no common sample, or parties holding test
-                sets of different sizes.
+            ProtocolError: not exactly one label party, no common sample, parties holding test
+                sets of different sizes, or a reply from a party that was not asked.
+            PayloadError: a malformed reply (:meth:`check_properties`), or an ``n_aligned`` other
+                than the aligned count.
         """
         replies = transport.send_and_receive([Message("fedbcd.properties", SERVER, cid, 0) for cid in client_ids])
+        asked = set(client_ids)
+        for r in replies:
+            if r.kind != "fedbcd.properties" or r.sender not in asked:
+                raise ProtocolError(f"the FedBCD coordinator got an unexpected {r.kind!r} reply from {r.sender!r}.")
+            self.check_properties(r)
+        self.out_dim = {r.sender: int(r.payload["out_dim"]) for r in replies}
         self.parties = [r.sender for r in replies]
         labels = [r.sender for r in replies if r.payload["has_labels"]]
         if len(labels) != 1:
@@ -142,7 +217,12 @@ class FedBCDCoordinator:
         if not order:
             raise ProtocolError("the FedBCD parties share no sample ID.")
         self.n = len(order)
-        transport.send_and_receive([Message("fedbcd.align", SERVER, cid, 0, {"ids": order}) for cid in self.parties])
+        aligned = transport.send_and_receive(
+            [Message("fedbcd.align", SERVER, cid, 0, {"ids": order}) for cid in self.parties]
+        )
+        for r in aligned:
+            only_keys(r, ("n_aligned",))
+            integer(r, "n_aligned", low=self.n, high=self.n)
 
     def sample_batch(self) -> np.ndarray:
         """``(B,)`` aligned positions drawn uniformly without replacement (paper A2 / Alg. 1 line 4)."""
@@ -173,7 +253,9 @@ class FedBCDCoordinator:
             if self.batch is None:  # first round: H_k of the first batch
                 self.batch = self.sample_batch()
                 replies = self._exchange(
-                    transport, [Message("fedbcd.forward", SERVER, k, rnd, {"batch": self.batch}) for k in self.passive]
+                    transport,
+                    [Message("fedbcd.forward", SERVER, k, rnd, {"batch": self.batch}) for k in self.passive],
+                    {"h": (len(self.batch), -1)},
                 )
                 self.h = {r.sender: r.payload["h"] for r in replies}
             if self.config.variant == "s":
@@ -182,11 +264,12 @@ class FedBCDCoordinator:
                 loss = self._parallel(rnd, transport, self.batch)
         except _Missing as e:  # the round never happened for the coordinator either
             self.batch, self.h, self.rng.bit_generator.state = before
-            return self._skip(rnd, e.parties, lr, transport)
+            return self._skip(rnd, e.parties, lr, transport, e.invalid)
         return {"train_loss": loss, "lr": lr}
 
-    def _skip(self, rnd: int, missing: list[str], lr: float, transport: Transport) -> dict:
-        """A reply of round ``rnd`` is missing: raise (``error``) or undo the round everywhere (``skip``)."""
+    def _skip(self, rnd: int, missing: list[str], lr: float, transport: Transport, invalid: bool = False) -> dict:
+        """A reply of round ``rnd`` is missing (or, ``invalid``, malformed): raise (``error``) or
+        undo the round everywhere (``skip``)."""
         who = (
             ("party " if len(missing) == 1 else "parties ")
             + _names(missing)
@@ -194,7 +277,7 @@ class FedBCDCoordinator:
         )
         if self.config.on_missing_party == "error":
             raise PartyMissingError(
-                f"FedBCD {who} sent no reply in round {rnd}, and a vertical FL round needs every party "
+                f"FedBCD {who} sent no {'valid ' if invalid else ''}reply in round {rnd}, and a vertical FL round needs every party "
                 "(set algorithm.on_missing_party: skip to skip such rounds)."
             )
         touched = [p for p in self.parties if p in self._touched]
@@ -207,7 +290,10 @@ class FedBCDCoordinator:
             self.undo.pop(r.sender, None)
         self.skipped.append((rnd, list(missing)))
         log.warning(
-            "FedBCD round %d skipped: no reply from %s; the round's updates are undone at every party.", rnd, who
+            "FedBCD round %d skipped: no %sreply from %s; the round's updates are undone at every party.",
+            rnd,
+            "valid " if invalid else "",
+            who,
         )
         return {"skipped": 1, "missing": " ".join(missing), "lr": lr}
 
@@ -217,7 +303,12 @@ class FedBCDCoordinator:
         common = self._common(rnd)
         payload = {"batch": batch, "grads_for": list(self.passive), **common}
         payload.update({f"h.{k}": self.h[k] for k in self.passive})
-        (lab,) = self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)])
+        B = len(batch)
+        (lab,) = self._exchange(
+            transport,
+            [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)],
+            {"loss": (), **{f"grad.{k}": (B, -1) for k in self.passive}},
+        )
         nxt = self.sample_batch()
         replies = self._exchange(
             transport,
@@ -227,6 +318,7 @@ class FedBCDCoordinator:
                 )
                 for k in self.passive
             ],
+            {"h_next": (len(nxt), -1)},
         )
         self.batch = nxt
         self.h = {r.sender: r.payload["h_next"] for r in replies}
@@ -246,7 +338,11 @@ class FedBCDCoordinator:
             if i == 0:
                 payload["batch"] = batch
             payload.update({f"h.{j}": v for j, v in fresh.items()})
-            (lab,) = self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)])
+            (lab,) = self._exchange(
+                transport,
+                [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)],
+                {"loss": (), f"grad.{k}": (len(batch), -1)},
+            )
             if first_loss is None:
                 first_loss = float(lab.payload["loss"])
             (rep,) = self._exchange(
@@ -260,12 +356,13 @@ class FedBCDCoordinator:
                         {"grad": lab.payload[f"grad.{k}"], "next_batch": nxt, "return_current": True, **common},
                     )
                 ],
+                {"h": (len(batch), -1), "h_next": (len(nxt), -1)},
             )
             fresh = {k: rep.payload["h"]}
             new_h[k] = rep.payload["h_next"]
         payload = {"grads_for": [], **common}
         payload.update({f"h.{j}": v for j, v in fresh.items()})
-        self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)])
+        self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)], {"loss": ()})
         self.batch = nxt
         self.h = new_h
         return float(first_loss if first_loss is not None else 0.0)
@@ -295,7 +392,15 @@ class FedBCDCoordinator:
             return {}
         rows = self.eval_rows()
         replies = exchange([Message(EVALUATE, SERVER, k, rnd, {"rows": rows}) for k in self.passive])
-        hs = {r.sender: r.payload["h"] for r in replies if r.sender in self.passive}
+        hs = {}
+        for r in replies:
+            if r.sender in self.passive:
+                try:
+                    self.check_reply(r, {"h": (len(rows), -1)})
+                except PayloadError as e:  # like a missing reply: no metrics this round
+                    log.warning("FedBCD evaluation after round %d: %s The reply counts as missing.", rnd, e)
+                    continue
+                hs[r.sender] = r.payload["h"]
         if len(hs) != len(self.passive):
             return {}
         payload: dict = {"rows": rows, **{f"h.{k}": hs[k] for k in self.passive}}

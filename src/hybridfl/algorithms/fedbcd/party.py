@@ -1,6 +1,12 @@
 """FedBCD's client side: :class:`FedBCDParty`, the steps of one party (passive or label party).
 
 See :mod:`hybridfl.algorithms.fedbcd` for the protocol and its messages.
+
+Every coordinator message is checked before use (:mod:`hybridfl.runtime.validate`): batch positions
+are distinct integers in ``[0, n_aligned)``, ``grad`` is a float array ``(B, r_k)``, ``h.<j>`` float
+arrays ``(B, *)``, ``lr`` finite > 0, ``local_steps`` an integer >= 1 (>= 0 for the label party),
+``mu`` and ``l2`` finite >= 0; a bad message is refused with a
+:class:`~hybridfl.runtime.validate.PayloadError`.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from torch import nn
 
 from hybridfl.errors import ProtocolError
 from hybridfl.runtime.messages import Message
+from hybridfl.runtime.validate import PayloadError, array, integer, number, strings
 
 EVALUATE = "fedbcd.evaluate"
 """The kind of the evaluation messages (outside the rounds' protocol: never snapshotted nor undone)."""
@@ -35,6 +42,23 @@ def _sgd_update(
             g = g + mu * (p - anchor[i])
         p.sub_(lr * g)
         p.grad = None
+
+
+def _step_settings(msg: Message, min_steps: int = 1) -> tuple[int, float, float, float]:
+    """The checked ``(local_steps, lr, mu, l2)`` of a step message: ``local_steps`` an integer >=
+    ``min_steps``, ``lr`` finite > 0, ``mu`` and ``l2`` finite >= 0 (``lr``, ``mu``, ``l2`` are
+    not read, and returned as 0, when ``local_steps`` is 0).
+
+    Raises:
+        PayloadError: the first problem found.
+    """
+    q = integer(msg, "local_steps", low=min_steps)
+    if q == 0:
+        return 0, 0.0, 0.0, 0.0
+    lr = number(msg, "lr")
+    if lr <= 0:
+        raise PayloadError(msg, "lr", "not positive")
+    return q, lr, number(msg, "mu", low=0.0), number(msg, "l2", low=0.0)
 
 
 class FedBCDParty:
@@ -121,10 +145,11 @@ class FedBCDParty:
             return self.evaluate(msg)
         if msg.round >= 1:
             if "undo" in msg.payload:
-                self.undo(int(msg.payload["undo"]))
+                self.undo(integer(msg, "undo", low=1, high=msg.round))
             if msg.kind == "fedbcd.undo":
-                self.undo(int(msg.payload["round"]))
-                return msg.reply(undone=int(msg.payload["round"]))
+                r = integer(msg, "round", low=1, high=msg.round)
+                self.undo(r)
+                return msg.reply(undone=r)
             if self._snap_round != msg.round:
                 self._snap, self._snap_round = self._core_state(), msg.round
         if msg.kind == "fedbcd.properties":
@@ -138,7 +163,8 @@ class FedBCDParty:
         if msg.kind == "fedbcd.align":
             return self.align(msg)
         if msg.kind == "fedbcd.forward":
-            self.batch = np.asarray(msg.payload["batch"], dtype=np.int64)
+            batch = self.check_batch(msg, "batch")
+            self.batch = batch
             return msg.reply(h=self.forward(self.batch))
         if msg.kind == "fedbcd.party_step":
             return self.party_step(msg)
@@ -146,14 +172,34 @@ class FedBCDParty:
             return self.label_step(msg)
         raise ProtocolError(f"FedBCD party {self.party_id!r} got a message of unknown kind {msg.kind!r}.")
 
+    def check_batch(self, msg: Message, key: str) -> np.ndarray:
+        """The checked batch positions ``msg.payload[key]``: a ``(B,)`` integer array (B >= 1) of
+        distinct aligned positions in ``[0, n_aligned)``, as int64.
+
+        Raises:
+            ProtocolError: before ``align``.
+            PayloadError: not such an array.
+        """
+        if self.rows is None:
+            raise ProtocolError(f"FedBCD party {self.party_id!r} got a training message before fedbcd.align.")
+        b = array(msg, key, (None,), kinds="iu").astype(np.int64)
+        if b.size == 0:
+            raise PayloadError(msg, key, "empty")
+        if b.min() < 0 or b.max() >= len(self.rows):
+            raise PayloadError(msg, key, f"holding a position outside [0, {len(self.rows)})")
+        if np.unique(b).size != b.size:
+            raise PayloadError(msg, key, "holding a repeated position")
+        return b
+
     def align(self, msg: Message) -> Message:
-        """Map the coordinator's aligned ID order (``ids``, list of ``N`` str) to own rows.
+        """Map the coordinator's aligned ID order (``ids``, list of ``N`` distinct str) to own rows.
 
         Raises:
             ProtocolError: an aligned ID the party does not hold.
+            PayloadError: ``ids`` is not a list of distinct strings.
         """
         index = {s: i for i, s in enumerate(self.ids)}
-        order = [str(s) for s in msg.payload["ids"]]
+        order = strings(msg, "ids")
         missing = [s for s in order if s not in index]
         if missing:
             raise ProtocolError(f"FedBCD party {self.party_id!r} does not hold aligned sample {missing[0]!r}.")
@@ -189,24 +235,28 @@ class FedBCDParty:
 
         Raises:
             ProtocolError: no current batch, or before ``align``.
+            PayloadError: a malformed message (``grad`` not a finite float ``(B, r_k)``, a bad
+                ``next_batch`` or step setting); nothing is changed.
         """
         p = msg.payload
         batch = self._current()
-        grad = torch.from_numpy(np.asarray(p["grad"], dtype=np.float32))
+        g = array(msg, "grad", (len(batch), self.out_dim), kinds="f")
+        Q, lr, mu, l2 = _step_settings(msg)
+        nxt = self.check_batch(msg, "next_batch") if "next_batch" in p else None
+        grad = torch.from_numpy(np.asarray(g, dtype=np.float32))
         x = self._x(batch)
         params = _params(self.bottom)
-        mu = float(p["mu"])
         anchor = [t.detach().clone() for t in params] if mu else None
-        for _ in range(int(p["local_steps"])):
+        for _ in range(Q):
             h = self.bottom(x)
             # d/dtheta sum_i <H_k,i(theta), dL/dH_k,i> = grad of the loss w.r.t. theta_k at the stale dL/dH_k
             (h * grad).sum().backward()
-            _sgd_update(params, float(p["lr"]), float(p["l2"]), mu, anchor)
+            _sgd_update(params, lr, l2, mu, anchor)
         out: dict = {}
         if p.get("return_current"):
             out["h"] = self.forward(batch)
-        if "next_batch" in p:
-            self.batch = np.asarray(p["next_batch"], dtype=np.int64)
+        if nxt is not None:
+            self.batch = nxt
             out["h_next"] = self.forward(self.batch)
         return msg.reply(**out)
 
@@ -225,28 +275,34 @@ class FedBCDParty:
 
         Raises:
             ProtocolError: no current batch, before ``align``, or no ``H_j`` of a party.
+            PayloadError: a malformed message (a bad ``batch``, an ``h.<j>`` not a finite float
+                ``(B, *)``, ``grads_for`` naming an unknown party, a bad step setting); nothing is
+                changed.
         """
         p = msg.payload
-        if "batch" in p:
-            self.batch = np.asarray(p["batch"], dtype=np.int64)
+        new_batch = self.check_batch(msg, "batch") if "batch" in p else None
+        B = len(new_batch) if new_batch is not None else len(self._current())
+        others = [j for j in self.party_order if j != self.party_id]
+        hs = {j: array(msg, f"h.{j}", (B, None), kinds="f") for j in others if f"h.{j}" in p}
+        want = strings(msg, "grads_for", allowed=others) if "grads_for" in p else []
+        Q, lr, mu, l2 = _step_settings(msg, min_steps=0) if "local_steps" in p else (0, 0.0, 0.0, 0.0)
+        if new_batch is not None:
+            self.batch = new_batch
             self.others = {}
         batch = self._current()
-        for j in self.party_order:
-            if f"h.{j}" in p:
-                self.others[j] = torch.from_numpy(np.asarray(p[f"h.{j}"], dtype=np.float32))
+        for j, h in hs.items():
+            self.others[j] = torch.from_numpy(np.asarray(h, dtype=np.float32))
         absent = [j for j in self.party_order if j != self.party_id and j not in self.others]
         if absent:
             raise ProtocolError(f"FedBCD label party {self.party_id!r} has no H of party {absent[0]!r} for its batch.")
         x = self._x(batch)
         y = self.y[torch.from_numpy(self.rows[batch])]  # type: ignore[index]
-        want = [str(j) for j in p.get("grads_for", [])]
         out: dict = {}
         for j in want:
             self.others[j].requires_grad_(True)
         logits = self._logits(x)
         loss = nn.functional.binary_cross_entropy_with_logits(logits, y)
         out["loss"] = float(loss.detach())
-        Q = int(p.get("local_steps", 0))
         params = _params(self.bottom, self.top)
         if want:
             grads = torch.autograd.grad(loss, [self.others[j] for j in want] + (params if Q else []), allow_unused=True)
@@ -257,7 +313,6 @@ class FedBCDParty:
         else:
             own = torch.autograd.grad(loss, params, allow_unused=True) if Q else ()
         if Q:
-            mu, lr, l2 = float(p["mu"]), float(p["lr"]), float(p["l2"])
             anchor = [t.detach().clone() for t in params] if mu else None
             for q in range(Q):
                 if q > 0:

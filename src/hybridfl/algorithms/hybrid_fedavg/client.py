@@ -1,5 +1,8 @@
 """Hybrid FedAvg client steps (:class:`HybridFedAvgClient`): local mini-batch SGD on the client's own
-block of ``w`` over its own samples (HyFDCA Sec. 2 and 5, the baseline HyFDCA compares with)."""
+block of ``w`` over its own samples (HyFDCA Sec. 2 and 5, the baseline HyFDCA compares with).
+
+A ``fedavg.fit`` message is checked before use (:meth:`HybridFedAvgClient.check_fit`) and refused
+with a :class:`~hybridfl.runtime.validate.PayloadError` when malformed."""
 
 from __future__ import annotations
 
@@ -14,6 +17,11 @@ from hybridfl.algorithms.convex.problem import features, signed_labels
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.errors import ProtocolError
 from hybridfl.runtime.messages import Message
+from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys
+
+LOSSES = ("hinge", "logistic", "squared")
+"""The loss names a ``fedavg.fit`` message may carry (any other name is the squared loss in
+:func:`loss_gradient_scale`)."""
 
 
 def loss_gradient_scale(z: np.ndarray, y: np.ndarray, loss: str) -> np.ndarray:
@@ -51,6 +59,7 @@ class HybridFedAvgClient:
 
         Raises:
             ProtocolError: an unknown message kind.
+            PayloadError: a malformed ``fedavg.fit`` message (:meth:`check_fit`).
         """
         t0 = time.perf_counter()
         p = msg.payload
@@ -58,6 +67,7 @@ class HybridFedAvgClient:
             return msg.reply(blocks=self.blocks, n_samples=int(self.y.size), client_seconds=time.perf_counter() - t0)
         if msg.kind != "fedavg.fit":
             raise ProtocolError(f"hybrid FedAvg client {self.client_id!r} got unknown message kind {msg.kind!r}.")
+        self.check_fit(msg)
         w = np.asarray(p["w"], dtype=np.float64).copy()
         lam, loss = float(p["lam"]), str(p["loss"])
         eta = float(p["lr"]) / math.sqrt(msg.round)
@@ -70,6 +80,27 @@ class HybridFedAvgClient:
             g = loss_gradient_scale(Xb @ w, self.y[idx], loss)
             w -= eta * (Xb.T @ g / B + lam * w)
         return msg.reply(w=w, n_samples=int(n), client_seconds=time.perf_counter() - t0)
+
+    def check_fit(self, msg: Message) -> None:
+        """Check a ``fedavg.fit`` message: only the keys ``w``, ``lr``, ``lam``, ``loss``,
+        ``local_steps``, ``batch_size``; ``w`` a finite float array of the client's ``(d_k,)``;
+        ``lr`` finite > 0, ``lam`` finite >= 0, ``loss`` a known loss name, ``local_steps`` and
+        ``batch_size`` integers >= 1; the round >= 1 (the step size is ``lr / sqrt(round)``).
+
+        Raises:
+            PayloadError: the first problem found (names the sender, the kind and the field).
+        """
+        only_keys(msg, ("w", "lr", "lam", "loss", "local_steps", "batch_size"))
+        array(msg, "w", (int(self.X.shape[1]),), kinds="f")
+        if number(msg, "lr") <= 0:
+            raise PayloadError(msg, "lr", "not positive")
+        number(msg, "lam", low=0.0)
+        if msg.payload.get("loss") not in LOSSES:
+            raise PayloadError(msg, "loss", f"not one of {', '.join(LOSSES)}")
+        integer(msg, "local_steps", low=1)
+        integer(msg, "batch_size", low=1)
+        if msg.round < 1:
+            raise PayloadError(msg, "round", f"= {msg.round}, not a training round")
 
     def get_state(self) -> dict[str, Any]:
         """``{}``: the client keeps nothing between messages."""

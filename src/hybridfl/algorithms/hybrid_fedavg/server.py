@@ -1,10 +1,16 @@
 """Hybrid FedAvg server steps (:class:`HybridFedAvgServer`): per-feature sample-weighted averaging of
 the participating holders' local weights ("concatenating the model weights and averaging at the
 overlaps", HyFDCA Sec. 2). A reply with a non-finite weight (training diverged) stops the run with
-:class:`~hybridfl.errors.TrainingDiverged` before any reply of the round is averaged."""
+:class:`~hybridfl.errors.TrainingDiverged` before any reply of the round is averaged.
+
+Every reply is checked before use (:mod:`hybridfl.runtime.validate`): a malformed ``fedavg.hello``
+(repeated or unknown blocks, ``n_samples`` < 1) stops the setup; a ``fedavg.fit`` reply whose ``w``
+is not a float array of the client's ``(d_k,)``, whose ``n_samples`` differs from its hello, or with
+an unexpected key is logged and treated as missing (as a failure)."""
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Mapping, Sequence
 
@@ -16,6 +22,9 @@ from hybridfl.algorithms.participation import select_participants
 from hybridfl.errors import ProtocolError, TrainingDiverged, UnknownBlockError
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
+from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys, strings
+
+log = logging.getLogger(__name__)
 
 
 class HybridFedAvgServer:
@@ -35,6 +44,7 @@ class HybridFedAvgServer:
         self.d = sum(b - a for a, b in self.offsets.values())
         self.w = np.zeros(self.d)
         self.feat: dict[str, np.ndarray] = {}
+        self.n_samples: dict[str, int] = {}
         self.client_ids: list[str] = []
         self.rng = np.random.default_rng([seed, 7])
 
@@ -43,15 +53,20 @@ class HybridFedAvgServer:
 
         Raises:
             UnknownBlockError: a client holds a block that is not in the schema.
-            ProtocolError: a client did not answer.
+            ProtocolError: a client did not answer, or a reply from a client that was not asked.
+            PayloadError: a malformed reply (repeated block names, ``n_samples`` not an integer >= 1).
         """
         self.client_ids = list(client_ids)
         replies = transport.send_and_receive([Message("fedavg.hello", SERVER, c, 0) for c in self.client_ids])
         for r in replies:
-            blocks = [str(b) for b in r.payload["blocks"]]
+            if r.kind != "fedavg.hello" or r.sender not in self.client_ids:
+                raise ProtocolError(f"hybrid FedAvg server got an unexpected {r.kind!r} reply from {r.sender!r}.")
+            only_keys(r, ("blocks", "n_samples", "client_seconds"))
+            blocks = strings(r, "blocks")
             unknown = [b for b in blocks if b not in self.offsets]
             if unknown:
                 raise UnknownBlockError(r.sender, unknown[0])
+            self.n_samples[r.sender] = integer(r, "n_samples", low=1)
             self.feat[r.sender] = feature_index(blocks, self.offsets)
         missing = [c for c in self.client_ids if c not in self.feat]
         if missing:
@@ -64,13 +79,30 @@ class HybridFedAvgServer:
             rnd, self.client_ids, cfg.participation, cfg.participation_mode, cfg.cyclic_groups, self.rng
         )
 
+    def check_fit_reply(self, r: Message) -> None:
+        """Check a ``fedavg.fit`` reply: only ``w``, ``n_samples`` and ``client_seconds``; ``w`` a
+        float array of the client's ``(d_k,)`` (finiteness is checked as divergence), ``n_samples``
+        as in its hello, ``client_seconds`` (if any) a finite number >= 0.
+
+        Raises:
+            PayloadError: the first problem found (names the client and the field).
+        """
+        only_keys(r, ("w", "n_samples", "client_seconds"))
+        array(r, "w", (int(self.feat[r.sender].size),), kinds="f", finite=False)
+        n = self.n_samples.get(r.sender)
+        integer(r, "n_samples", low=n if n is not None else 1, high=n)
+        if "client_seconds" in r.payload:
+            number(r, "client_seconds", low=0.0)
+
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
         """One round (one ``fedavg.fit`` exchange): send each selected client ``w`` on its features,
         average the replies per feature weighted by sample counts (a feature no reply covers keeps
         its value). Returns ``participants``, ``failed``, ``exchanges`` and the modelled seconds
-        (slowest client + server + ``latency``).
+        (slowest client + server + ``latency``). A malformed reply (:meth:`check_fit_reply`) is
+        logged and treated as missing (counted in ``failed``).
 
         Raises:
+            ProtocolError: a reply of another kind, from a client that was not asked, or twice.
             TrainingDiverged: a reply's ``w`` holds NaN or infinity (nothing of the round is used).
         """
         cfg = self.config
@@ -93,7 +125,20 @@ class HybridFedAvgServer:
             for c in K
         ]
         t0 = time.perf_counter()
-        replies = transport.send_and_receive(msgs)
+        replies = []
+        seen: set[str] = set()
+        for r in transport.send_and_receive(msgs):
+            if r.kind != "fedavg.fit" or r.sender not in K or r.sender in seen:
+                raise ProtocolError(
+                    f"hybrid FedAvg server got an unexpected {r.kind!r} reply from {r.sender!r} in round {rnd}."
+                )
+            seen.add(r.sender)
+            try:
+                self.check_fit_reply(r)
+            except PayloadError as e:
+                log.warning("hybrid FedAvg round %d: %s The reply is treated as missing.", rnd, e)
+                continue
+            replies.append(r)
         for r in replies:
             if not np.isfinite(np.asarray(r.payload["w"], dtype=np.float64)).all():
                 raise TrainingDiverged(

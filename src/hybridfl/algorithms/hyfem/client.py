@@ -12,6 +12,11 @@ A client answers two kinds of message from the server:
 Payload names: ``ext.<block>.<parameter>`` for an extractor, ``clf.fc1.weight`` ``(h, e*d_m)``,
 ``clf.fc1.bias`` ``(h,)``, ``clf.fc2.weight`` ``(C, h)``, ``clf.fc2.bias`` ``(C,)`` for the
 classifier; all float32.
+
+A ``hyfem.fit`` message is checked before use (:meth:`HyFEMClient.check_fit`): exactly the model
+arrays of the client's blocks and classifier, of exactly its model's shapes, float and finite, and
+sane ``local_steps``, ``lr``, ``mu1``, ``mu2``; otherwise the client refuses it with a
+:class:`~hybridfl.runtime.validate.PayloadError`.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from hybridfl.data.dataset import HybridDataset
 from hybridfl.errors import ProtocolError
 from hybridfl.models.hybrid import ExtractorFactory, HybridModel, default_extractor
 from hybridfl.runtime.messages import Message, pack_arrays, unpack_arrays
+from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys
 
 
 def model_payload(prefix: str, arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -103,6 +109,35 @@ class HyFEMClient:
         if "trainer.gen" in state:
             self.trainer.gen.set_state(torch.from_numpy(np.ascontiguousarray(state["trainer.gen"], dtype=np.uint8)))
 
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Payload key -> shape of every model array a ``hyfem.fit`` message must carry: the
+        extractors of the client's blocks (``ext.<block>.<parameter>``) and its classifier
+        (``clf.<parameter>``, ``hidden`` neurons), as its own model has them."""
+        out: dict[str, tuple[int, ...]] = {}
+        for b in self.blocks:
+            out.update({k: v.shape for k, v in model_payload(f"ext.{b}.", self.model.extractor_arrays(b)).items()})
+        out.update({k: v.shape for k, v in model_payload("clf.", self.model.classifier_arrays()).items()})
+        return out
+
+    def check_fit(self, msg: Message) -> None:
+        """Check a ``hyfem.fit`` message before using it: exactly the keys ``local_steps``, ``lr``,
+        ``mu1``, ``mu2`` and :meth:`expected_shapes`; every model array float, of exactly that shape
+        and finite; ``local_steps`` an integer >= 1, ``lr`` finite > 0, ``mu1`` and ``mu2`` finite
+        >= 0.
+
+        Raises:
+            PayloadError: the first problem found (names the sender, the kind and the field).
+        """
+        shapes = self.expected_shapes()
+        only_keys(msg, ("local_steps", "lr", "mu1", "mu2", *shapes))
+        for k, shape in shapes.items():
+            array(msg, k, shape, kinds="f")
+        integer(msg, "local_steps", low=1)
+        if number(msg, "lr") <= 0:
+            raise PayloadError(msg, "lr", "not positive")
+        number(msg, "mu1", low=0.0)
+        number(msg, "mu2", low=0.0)
+
     def fit(self, msg: Message) -> Message:
         """ClientUpdate (HyFEM Alg. 2 lines 1-7): load ``P_m Theta_0^t`` and ``Pi_m^t w_0^t`` from
         ``msg``, take ``Q = local_steps`` SGD steps with step size ``lr`` (plus the proximal terms
@@ -110,19 +145,13 @@ class HyFEMClient:
         the trained extractors and classifier, ``n_samples`` and the mean mini-batch ``loss``.
 
         Raises:
-            ProtocolError: the message lacks the extractor of one of the client's blocks or the
-                classifier.
+            PayloadError: a malformed message (:meth:`check_fit`); nothing is loaded.
         """
         p = msg.payload
+        self.check_fit(msg)
         for b in self.blocks:
-            ext = unpack_arrays(f"ext.{b}.", p)
-            if not ext:
-                raise ProtocolError(f"HyFEM fit message to {self.client_id!r} carries no extractor for block {b!r}.")
-            self.model.load_extractor_arrays(b, ext)
-        clf = unpack_arrays("clf.", p)
-        if not clf:
-            raise ProtocolError(f"HyFEM fit message to {self.client_id!r} carries no classifier.")
-        self.model.load_classifier_arrays(clf)
+            self.model.load_extractor_arrays(b, unpack_arrays(f"ext.{b}.", p))
+        self.model.load_classifier_arrays(unpack_arrays("clf.", p))
         mu1, mu2 = float(p["mu1"]), float(p["mu2"])
         prox = []
         if mu1:

@@ -13,10 +13,20 @@ A client whose reply is lost keeps its extractors' and classifier's server posit
 again in the next round. A reply holding a non-finite weight or loss (training diverged, e.g. a far
 too large ``lr``) stops the run with :class:`~hybridfl.errors.TrainingDiverged` before the server
 uses any reply of that round (:meth:`HyFEMServer.check_finite`).
+
+Every reply is checked before use (:mod:`hybridfl.runtime.validate`). At setup a malformed
+``hyfem.properties`` reply (repeated or non-string block names, ``n_samples`` < 1, class counts of
+another shape, negative or not summing to ``n_samples``) stops the run with a
+:class:`~hybridfl.runtime.validate.PayloadError`. In a round, a ``hyfem.fit`` reply with an unexpected
+or missing key, an array of another dtype or shape than the server sent, or another ``n_samples``
+than at setup is rejected with a logged warning and treated as missing (the client is absent for the
+round, exactly as for a failure); non-finite weights or loss in a well-formed reply still mean
+divergence.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -29,6 +39,9 @@ from hybridfl.matching.classifier import ClientClassifier, ServerClassifier, mat
 from hybridfl.models.hybrid import ExtractorFactory, HybridModel, block_columns, default_extractor
 from hybridfl.runtime.messages import SERVER, Message, pack_arrays, unpack_arrays
 from hybridfl.runtime.transport import Transport
+from hybridfl.runtime.validate import PayloadError, array, integer, only_keys, strings
+
+log = logging.getLogger(__name__)
 
 _CLF = ("W1", "b1", "W2", "b2")
 
@@ -86,24 +99,65 @@ class HyFEMServer:
         Raises:
             UnknownBlockError: a client reports a block that is not in the schema.
             ProtocolError: a reply of another kind, or from a client that was not asked.
+            PayloadError: a malformed reply (:meth:`check_properties`).
         """
         asked = set(client_ids)
         replies = transport.send_and_receive([Message("hyfem.properties", SERVER, cid, 0) for cid in client_ids])
         for r in replies:
             if r.kind != "hyfem.properties" or r.sender not in asked:
                 raise ProtocolError(f"HyFEM server got an unexpected {r.kind!r} reply from {r.sender!r} at setup.")
-            blocks = [str(b) for b in r.payload["blocks"]]
-            unknown = [b for b in blocks if b not in self.block_shapes]
-            if unknown:
-                raise UnknownBlockError(r.sender, unknown[0])
+            blocks, n_samples, class_counts = self.check_properties(r)
             self.clients[r.sender] = {
                 "blocks": blocks,
-                "n_samples": int(r.payload["n_samples"]),
-                "class_counts": np.asarray(r.payload["class_counts"]),
+                "n_samples": n_samples,
+                "class_counts": class_counts,
                 "columns": block_columns(blocks, self.block_names, self.config.extractor_dim),
                 # round 0: every client starts from the first `hidden` server neurons
                 "assignment": np.arange(self.config.hidden, dtype=np.int64),
             }
+
+    def check_properties(self, r: Message) -> tuple[list[str], int, np.ndarray]:
+        """The checked ``(blocks, n_samples, class_counts)`` of a ``hyfem.properties`` reply:
+        ``blocks`` distinct known block names, ``n_samples`` an integer >= 1, ``class_counts`` an
+        integer array ``(C,)``, non-negative, summing to ``n_samples``.
+
+        Raises:
+            UnknownBlockError: a block that is not in the schema.
+            PayloadError: any other problem (names the client and the field).
+        """
+        only_keys(r, ("blocks", "n_samples", "class_counts"))
+        blocks = strings(r, "blocks")
+        unknown = [b for b in blocks if b not in self.block_shapes]
+        if unknown:
+            raise UnknownBlockError(r.sender, unknown[0])
+        n = integer(r, "n_samples", low=1)
+        counts = array(r, "class_counts", (self.n_classes,), kinds="iu")
+        if (counts < 0).any():
+            raise PayloadError(r, "class_counts", "holding a negative count")
+        if int(counts.sum()) != n:
+            raise PayloadError(r, "class_counts", f"summing to {int(counts.sum())}, not to n_samples = {n}")
+        return blocks, n, counts.astype(np.int64)
+
+    def check_fit_reply(self, r: Message, sent: Message) -> None:
+        """Check a ``hyfem.fit`` reply against the message ``sent`` to that client: exactly the keys
+        ``n_samples``, ``loss`` and every model array sent, each a float array of exactly the shape
+        sent (finiteness is :meth:`check_finite`'s: a non-finite weight means divergence),
+        ``n_samples`` equal to the count the client reported at setup and ``loss`` a number.
+
+        Raises:
+            PayloadError: the first problem found (names the client and the field).
+        """
+        shapes = {k: v.shape for k, v in sent.payload.items() if isinstance(v, np.ndarray)}
+        only_keys(r, ("n_samples", "loss", *shapes))
+        n = self.clients[r.sender]["n_samples"]
+        integer(r, "n_samples", low=n, high=n)
+        loss = r.payload.get("loss")
+        if loss is None:
+            raise PayloadError(r, "loss", "missing")
+        if isinstance(loss, bool) or not isinstance(loss, (int, float, np.integer, np.floating)):
+            raise PayloadError(r, "loss", f"of type {type(loss).__name__}, not a number")
+        for k, shape in shapes.items():
+            array(r, k, shape, kinds="f", finite=False)
 
     def fit_message(self, cid: str, rnd: int) -> Message:
         """The ``hyfem.fit`` message of round ``rnd`` to client ``cid`` (HyFEM Alg. 1 line 9 /
@@ -131,19 +185,30 @@ class HyFEMServer:
             ``train_loss`` (the sample-weighted mean of the clients' mean mini-batch losses; NaN
             if no reply arrived), ``server_width`` ``H`` and ``clients_answered``.
 
+        A malformed reply (:meth:`check_fit_reply`) is logged and treated as missing.
+
         Raises:
             ProtocolError: a reply of another kind, from a client that was not asked, or twice.
             TrainingDiverged: a reply holds a non-finite weight or loss (nothing of the round is used).
         """
         ids = list(self.clients)
-        replies = transport.send_and_receive([self.fit_message(cid, rnd) for cid in ids])
+        sent = {cid: self.fit_message(cid, rnd) for cid in ids}
+        arrived = transport.send_and_receive(list(sent.values()))
         seen: set[str] = set()
-        for r in replies:
+        replies = []
+        for r in arrived:
             if r.kind != "hyfem.fit" or r.sender not in self.clients or r.sender in seen:
                 raise ProtocolError(
                     f"HyFEM server got an unexpected {r.kind!r} reply from {r.sender!r} in round {rnd}."
                 )
             seen.add(r.sender)
+            try:
+                self.check_fit_reply(r, sent[r.sender])
+            except PayloadError as e:
+                log.warning("HyFEM round %d: %s The reply is treated as missing.", rnd, e)
+                continue
+            replies.append(r)
+        seen = {r.sender for r in replies}
         absent = [cid for cid in ids if cid not in seen]
         self.check_finite(replies, rnd)
         if replies:
