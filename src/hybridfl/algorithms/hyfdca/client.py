@@ -28,11 +28,48 @@ one and prove it by convergence to the centralised optimum):
 
 ``cross = "energy"`` (experimental) scales the own-block correction by
 ``sum_i q_i / sum_i ||x_{k,i}||^2``; ``cross = "none"`` drops it (paper Alg. 5: fixed ``u``).
+
+Threat model (issue 15). The server is *honest but curious*: it follows the protocol and reads
+everything it is sent. Every ciphertext is under the clients' key, and the only value a client
+sends in the clear is its PrimalAggregation share ``X_k^T a`` (``1/c`` weights aside), which is
+public by design (``w``). A *malicious* server holds the public key, so it can encrypt anything;
+had the client decrypted any ``alpha`` it was sent and returned ``X_k^T alpha``, the server's
+``enc(e_j)`` would have returned raw row ``j`` exactly. Hence, before any share, the client checks
+every server message (keys, exact shapes, finite values, ciphertext counts and decrypted lengths:
+:mod:`hybridfl.runtime.validate`) and refuses a bad one with one sentence
+(:class:`~hybridfl.runtime.validate.PayloadError`), computing and returning nothing:
+
+- block mode uses no server-sent ``alpha`` at all: its share is built from its own duals only, and
+  a ``hyfdca.primal`` carrying ``alpha`` (or any key but ``commit``) is refused;
+- consensus and segment modes decrypt the shared ``alpha`` and accept it only if it is one the
+  protocol can have produced (:meth:`HyFDCAClient.accept_alpha`). What is exact: every holder's
+  local step ends in its loss's dual domain, and the server adds ``(nu/|B_i|)`` times each of at
+  most ``|B_i|`` holders' changes per round (segment mode: per pass, at most one pass of a segment
+  per round). So with ``nu <= 1`` the new ``alpha_i`` is a convex combination of feasible points:
+  for hinge and logistic ``y_i alpha_i`` lies in ``[0, 1]``; and since each holder's change is at
+  most the box width 1, ``|alpha_i - last_i| <= nu R`` with ``R`` the rounds since the client last
+  accepted ``alpha`` (``last`` its own copy; ``R >= 1``). The squared loss has no box; dual ascent
+  from ``alpha = 0`` (``D(alpha) >= D(0) = 0``) gives ``sum_i (alpha_i - y_i)^2 <= N``, so the
+  client checks ``|alpha_i - y_i| <= sqrt(N)`` (a run whose dual diverges is refused too: it cannot
+  be told from a crafted ``alpha``). Every bound is widened by the encryption's rounding
+  (:meth:`HyFDCAClient.tolerance`: ``1e-6`` plus the scheme's resolution times the number of
+  encrypted values summed into ``alpha_i``).
+
+Known leakage, not prevented: a malicious server can still send a crafted ``alpha`` that passes
+these checks (inside the box, within the change bound), and it can steer a client's own duals
+(every mode, block included) through crafted ``enc(x_i^T w)`` and ``enc(q)``, since the steps are
+clipped to the box but otherwise follow the decrypted values. The share then reveals
+``X_k^T a`` for a chosen ``a`` with bounded coefficients (``|a_i| <= 1`` for hinge and logistic,
+sign fixed by the label; a change of at most ``nu`` per round from the last accepted ``alpha``):
+a chosen combination of the client's rows, e.g. a positive sample's row alone (``a = e_j`` with
+``y_j = +1`` is feasible). The checks bound this leakage (no unit vector on a negative sample, no
+large coefficients, no arbitrary jump away from the client's last state); they do not remove it.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -46,7 +83,9 @@ from hybridfl.algorithms.hyfdca.segment import SegmentClientMixin
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import HEBackend
+from hybridfl.runtime import validate
 from hybridfl.runtime.messages import Message
+from hybridfl.runtime.validate import PayloadError
 
 _VECTORS = ("alpha", "u", "q", "w", "own_sq")
 """The client's float64 state vectors (``(n_k,)`` but ``w`` ``(d_k,)``)."""
@@ -96,6 +135,7 @@ class HyFDCAClient(SegmentClientMixin):
         self.own_sq = np.zeros(n)
         self.w = np.zeros(d)
         self.pending: np.ndarray | None = None  # block mode: new own duals awaiting the server's commit
+        self.alpha_round = 0  # consensus/segment mode: the round of the last accepted server alpha (0: setup)
         self.params: dict = {}
         self.seg_rows: list[np.ndarray] = []
         self.seg_colw: list[np.ndarray | None] = []
@@ -114,9 +154,85 @@ class HyFDCAClient(SegmentClientMixin):
     def _seg_matrix(self, s: int):
         return self.X[self.seg_rows[s]]
 
-    def _decrypt_segments(self, cts: list[bytes], out: np.ndarray) -> None:
-        for s, c in enumerate(cts):
-            out[self.seg_rows[s]] = self.he.decrypt(c)
+    def _cts(self, msg: Message, key: str, count: int | None = None) -> list[bytes]:
+        """The checked ciphertext list ``msg.payload[key]``: one per segment unless ``count``."""
+        return validate.blobs(msg, key, len(self.seg_rows) if count is None else count)
+
+    def _decrypt_segments(self, msg: Message, key: str, out: np.ndarray) -> None:
+        """Decrypt one ciphertext per segment of ``msg.payload[key]`` into ``out`` (checked:
+        count, lengths, finite; ``out`` is untouched if any check fails).
+
+        Raises:
+            PayloadError: another count, a ciphertext of another length, or non-finite values.
+        """
+        vals = self._decrypt_checked(msg, key)
+        for s, v in enumerate(vals):
+            out[self.seg_rows[s]] = v
+
+    def _decrypt_checked(self, msg: Message, key: str) -> list[np.ndarray]:
+        """The decrypted per-segment vectors of ``msg.payload[key]``, each of its segment's size and finite."""
+        out = []
+        for s, c in enumerate(self._cts(msg, key)):
+            if HEBackend.length(c) != self.seg_rows[s].size:
+                raise PayloadError(msg, key, f"holding a ciphertext of another length than segment {s}")
+            v = np.asarray(self.he.decrypt(c), dtype=np.float64)
+            if v.shape != (self.seg_rows[s].size,) or not np.isfinite(v).all():
+                raise PayloadError(msg, key, "decrypting to values of another shape or not finite")
+            out.append(v)
+        return out
+
+    def _w(self, msg: Message) -> np.ndarray:
+        """The checked primal weights of its features: float ``(d_k,)``, finite."""
+        return np.asarray(validate.array(msg, "w", (self.X.shape[1],)), dtype=np.float64).copy()
+
+    def tolerance(self, rnd: int) -> np.ndarray:
+        """Per sample ``(n_k,)``: how far a decrypted ``alpha_i`` of round ``rnd`` may stray from
+        the protocol's exact bounds through encoding alone: ``1e-6`` plus the scheme's resolution
+        (Paillier ``2**-precision_bits``; CKKS ``1e4 * 2**-scale_bits``, its measured noise; 0 in
+        plaintext) times the values summed into it (``rnd`` rounds of ``|B_i|`` changes, plus one)."""
+        res = 0.0
+        if hasattr(self.he, "scale_bits"):
+            res = 1e4 * 2.0 ** -float(self.he.scale_bits)
+        elif hasattr(self.he, "scale"):
+            res = 1.0 / float(self.he.scale)
+        tol = np.full(self.ids.size, 1e-6)
+        nu = float(self.params.get("nu", 1.0))
+        for s, rows in enumerate(self.seg_rows):
+            holders = nu / self.seg_scale[s] if self.seg_scale[s] > 0 else 1.0
+            tol[rows] += (max(rnd, 1) * holders + 1.0) * res
+        return tol
+
+    def accept_alpha(self, msg: Message, key: str = "alpha") -> None:
+        """Consensus and segment modes: decrypt the server's ``enc(alpha)`` of its segments and
+        take it as its copy only if the protocol can have produced it (module docstring, "Threat
+        model"): finite; hinge/logistic with ``nu <= 1``: ``y_i alpha_i`` in ``[0, 1]``; hinge/logistic:
+        ``|alpha_i - last_i| <= nu R`` (``R`` rounds since its last accepted ``alpha``); squared:
+        ``|alpha_i - y_i| <= sqrt(N)``; each up to :meth:`tolerance`.
+
+        Raises:
+            PayloadError: the ``alpha`` fails a check (the client keeps its last copy and returns no share).
+        """
+        vals = self._decrypt_checked(msg, key)
+        new = self.alpha.copy()
+        for s, v in enumerate(vals):
+            new[self.seg_rows[s]] = v
+        prm = self.params
+        loss, nu = str(prm["loss"]), float(prm["nu"])
+        tol = self.tolerance(msg.round)
+        if loss == "squared":
+            if np.any(np.abs(new - self.y) > math.sqrt(float(prm["N"])) + tol):
+                raise PayloadError(msg, key, "outside the squared loss's dual ascent bound |alpha_i - y_i| <= sqrt(N)")
+        else:
+            b = self.y * new
+            if nu <= 1.0 and (np.any(b < -tol) or np.any(b > 1.0 + tol)):
+                raise PayloadError(msg, key, f"outside the {loss} loss's dual domain (y_i alpha_i in [0, 1])")
+            rounds = max(1, int(msg.round) - int(self.alpha_round))
+            if np.any(np.abs(new - self.alpha) > nu * rounds + tol):
+                raise PayloadError(
+                    msg, key, f"changing alpha by more than nu per round since round {int(self.alpha_round)}"
+                )
+        self.alpha = new
+        self.alpha_round = max(int(self.alpha_round), int(msg.round))
 
     def handle(self, msg: Message) -> Message:
         """Answer one server message (``hyfdca.hello``, ``init``, ``norms``, ``ip``, ``dual``,
@@ -125,12 +241,18 @@ class HyFDCAClient(SegmentClientMixin):
 
         Raises:
             ProtocolError: an unknown message kind, or a round message before ``hyfdca.init``.
+            PayloadError: a malformed server message, or (consensus and segment modes) an
+                ``alpha`` the protocol cannot have produced; block mode: any ``alpha`` at all
+                (module docstring, "Threat model"). Nothing is computed or returned then.
         """
         t0, he0 = time.perf_counter(), self.he.seconds
         p = msg.payload
         if msg.kind == "hyfdca.hello":
             return self._reply(msg, t0, he0, ids=self.ids.tolist(), blocks=self.blocks, n_samples=int(self.ids.size))
         if msg.kind == "hyfdca.init":
+            validate.array(msg, "segment", (self.ids.size,), kinds="iu")
+            n_seg = validate.array(msg, "holders", (None,), kinds="iu").size
+            validate.array(msg, "block_weight", (n_seg * len(self.blocks),))
             norms, gram = self.init(p)
             return self._reply(msg, t0, he0, norms=norms, **({"gram": gram} if gram else {}))
         if msg.kind not in _ROUND_KINDS:
@@ -138,28 +260,34 @@ class HyFDCAClient(SegmentClientMixin):
         if not self.params:
             raise ProtocolError(f"HyFDCA client {self.client_id!r} got {msg.kind!r} before its setup (hyfdca.init).")
         if msg.kind == "hyfdca.norms":
-            self._decrypt_segments(p["norms"], self.q)
-            if "gram" in p:
-                self._store_gram(p["gram"])
+            segment = self.params["dual_mode"] == "segment"
+            validate.only_keys(msg, ("norms", "gram") if segment else ("norms",))
+            q = self.q.copy()
+            self._decrypt_segments(msg, "norms", q)
+            if segment:
+                self._store_gram(msg)
+            self.q = q
             return self._reply(msg, t0, he0)
         if msg.kind == "hyfdca.segstart":
-            return self._reply(msg, t0, he0, **self.segment_start(p))
+            return self._reply(msg, t0, he0, **self.segment_start(msg))
         if msg.kind == "hyfdca.sweep":
+            self.check_sweep(msg)
             return self._reply(msg, t0, he0, **self.segment_sweep(p))
         if msg.kind == "hyfdca.ip":
-            return self._reply(msg, t0, he0, ip=self.inner_product_shares(p))
+            return self._reply(msg, t0, he0, ip=self.inner_product_shares(msg))
         if msg.kind == "hyfdca.dual":
-            return self._reply(msg, t0, he0, dalpha=self.local_dual_method(p, msg.round))
-        return self._reply(msg, t0, he0, share=self.primal_share(p))
+            return self._reply(msg, t0, he0, dalpha=self.local_dual_method(msg, msg.round))
+        return self._reply(msg, t0, he0, share=self.primal_share(msg))
 
     def get_state(self) -> dict[str, Any]:
         """Everything the client keeps between two messages, as codec values (checkpoints and
         Flower's per-message rebuild both use it): the vectors ``alpha``, ``u``, ``q``,
-        ``own_sq`` ``(n_k,)`` and ``w`` ``(d_k,)``; ``pending`` ``(n_k,)`` if set; after
+        ``own_sq`` ``(n_k,)`` and ``w`` ``(d_k,)``; ``alpha_round``; ``pending`` ``(n_k,)`` if set; after
         ``hyfdca.init`` the constants ``params`` (JSON), ``seg_scale`` ``(S,)``, ``seg_rows.<s>``
         and ``seg_colw.<s>`` per segment; in segment mode the batches, Gram matrices and the pass
         under way. The data, labels and backend come from the constructor."""
         st: dict[str, Any] = {k: getattr(self, k).copy() for k in _VECTORS}
+        st["alpha_round"] = int(self.alpha_round)
         if self.pending is not None:
             st["pending"] = self.pending.copy()
         if self.params:
@@ -179,6 +307,7 @@ class HyFDCAClient(SegmentClientMixin):
             if k in state:
                 setattr(self, k, np.asarray(state[k], dtype=np.float64).copy())
         self.pending = np.asarray(state["pending"], dtype=np.float64).copy() if "pending" in state else None
+        self.alpha_round = int(state.get("alpha_round", self.alpha_round))
         if "params" in state:
             self.params = json.loads(str(state["params"]))
             scale = np.asarray(state["seg_scale"], dtype=np.float64)
@@ -223,12 +352,17 @@ class HyFDCAClient(SegmentClientMixin):
         gram = self._segment_init(p) if self.params["dual_mode"] == "segment" else []
         return out, gram
 
-    def inner_product_shares(self, p: Mapping[str, Any]) -> list[bytes]:
+    def inner_product_shares(self, msg: Message) -> list[bytes]:
         """SecureInnerProduct, client part (HyFDCA Alg. 2 lines 2-6): take ``w_k`` and return
         ``enc(x_{k,i}^T w_k)`` per segment (its block's share of the inner products, weighted
         ``1/c`` on shared blocks). A returning client got the fresh ``enc(alpha)`` just before, in
-        the round's first PrimalAggregation (Alg. 1 lines 6-7, :meth:`primal_share`)."""
-        self.w = np.asarray(p["w"], dtype=np.float64)
+        the round's first PrimalAggregation (Alg. 1 lines 6-7, :meth:`primal_share`).
+
+        Raises:
+            PayloadError: ``w`` is not a finite float array of shape ``(d_k,)``, or another key is sent.
+        """
+        validate.only_keys(msg, ("w",))
+        self.w = self._w(msg)
         out = []
         for s in range(len(self.seg_rows)):
             colw = self.seg_colw[s]
@@ -236,11 +370,20 @@ class HyFDCAClient(SegmentClientMixin):
             out.append(self.he.encrypt(np.asarray(self._seg_matrix(s) @ ww).ravel()))
         return out
 
-    def local_dual_method(self, p: Mapping[str, Any], rnd: int) -> list[bytes]:
+    def local_dual_method(self, msg: Message, rnd: int) -> list[bytes]:
         """LocalDualMethod (HyFDCA Alg. 3/5): ``H`` SDCA steps on own samples (chosen without
         replacement, ``local_epochs`` passes) from the decrypted ``x_i^T w``; returns
-        ``enc((nu/|B_i|) dalpha)`` per segment."""
-        self._decrypt_segments(p["ip"], self.u)
+        ``enc((nu/|B_i|) dalpha)`` per segment.
+
+        Raises:
+            PayloadError: not one ``ip`` ciphertext of the right length per segment, non-finite
+                values, a bad ``gamma``, or another key.
+        """
+        p = msg.payload
+        validate.only_keys(msg, ("ip", "gamma"))
+        if "gamma" in p:
+            validate.number(msg, "gamma", low=0.0)
+        self._decrypt_segments(msg, "ip", self.u)
         prm = self.params
         n = self.ids.size
         H = min(int(prm["H"]), n)
@@ -266,16 +409,28 @@ class HyFDCAClient(SegmentClientMixin):
         self.pending = alpha if prm["dual_mode"] == "block" else None
         return [self.he.encrypt(delta[rows] * self.seg_scale[s]) for s, rows in enumerate(self.seg_rows)]
 
-    def primal_share(self, p: Mapping[str, Any]) -> np.ndarray:
+    def primal_share(self, msg: Message) -> np.ndarray:
         """PrimalAggregation, client part (HyFDCA Alg. 4 lines 2-4): ``sum_i alpha_i x_{k,i,f} / c``,
         ``(d_k,)`` (plaintext: ``w`` is public, HyFDCA Sec. 3.1).
 
-        Consensus and segment modes first decrypt the new shared ``alpha`` (at the end of a round,
-        Alg. 1 lines 16-17, and in consensus mode also at the start of a round for a returning
-        client, lines 6-7); block mode first commits its pending cell duals if the server says it
-        received them (``commit``), else drops them."""
-        if "alpha" in p:
-            self._decrypt_segments(p["alpha"], self.alpha)
+        Consensus and segment modes first decrypt and check the new shared ``alpha``
+        (:meth:`accept_alpha`; at the end of a round, Alg. 1 lines 16-17, and in consensus mode
+        also at the start of a round for a returning client, lines 6-7); block mode uses no
+        server-sent ``alpha`` (only its own duals): it commits its pending cell duals if the
+        server says it received them (``commit``), else drops them.
+
+        Raises:
+            PayloadError: block mode: any key but ``commit`` (an ``alpha`` above all), or a
+                ``commit`` that is not a bool; the other modes: a missing or refused ``alpha``.
+        """
+        p = msg.payload
+        if self.params["dual_mode"] == "block":
+            validate.only_keys(msg, ("commit",))
+            if "commit" in p and not isinstance(p["commit"], (bool, np.bool_)):
+                raise PayloadError(msg, "commit", f"of type {type(p['commit']).__name__}, not a bool")
+        else:
+            validate.only_keys(msg, ("alpha",))
+            self.accept_alpha(msg)
         if self.pending is not None:
             if bool(p.get("commit", True)):
                 self.alpha = self.pending

@@ -43,8 +43,11 @@ import scipy.sparse as sp
 
 from hybridfl.algorithms.convex.losses import gram_steps
 from hybridfl.errors import ProtocolError
+from hybridfl.privacy.he import HEBackend
+from hybridfl.runtime import validate
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
+from hybridfl.runtime.validate import PayloadError
 
 
 class SegmentClientMixin:
@@ -80,12 +83,24 @@ class SegmentClientMixin:
                 gram.append(self.he.encrypt(G[np.triu_indices(rows.size)]))
         return gram
 
-    def _store_gram(self, cts: list[bytes]) -> None:
-        """Setup (``hyfdca.norms``): decrypt the holders' summed batch Gram matrices (upper triangles)."""
+    def _store_gram(self, msg: Message) -> None:
+        """Setup (``hyfdca.norms``): decrypt the holders' summed batch Gram matrices (upper triangles).
+
+        Raises:
+            PayloadError: not one ciphertext per batch, a triangle of another length, or non-finite values.
+        """
+        cts = validate.blobs(msg, "gram", sum(len(b) for b in self.seg_batches))
         it = iter(cts)
-        self.gram = [
-            [_symmetric(self.he.decrypt(next(it)), rows.size) for rows in batches] for batches in self.seg_batches
-        ]
+        gram = []
+        for batches in self.seg_batches:
+            row = []
+            for rows in batches:
+                v = np.asarray(self.he.decrypt(next(it)), dtype=np.float64)
+                if v.shape != (rows.size * (rows.size + 1) // 2,) or not np.isfinite(v).all():
+                    raise PayloadError(msg, "gram", "holding a triangle of another size or non-finite values")
+                row.append(_symmetric(v, rows.size))
+            gram.append(row)
+        self.gram = gram
 
     def _batch_share(self, s: int, rows: np.ndarray) -> bytes:
         """``enc(x_{k,i}^T (w_k + sigma' dw_k))`` for one mini-batch of segment ``s`` (its own
@@ -96,16 +111,34 @@ class SegmentClientMixin:
             ww = ww * colw
         return self.he.encrypt(np.asarray(self.X[rows] @ ww).ravel())
 
-    def segment_start(self, p: Mapping[str, Any]) -> dict:
+    def segment_start(self, msg: Message) -> dict:
         """Segment mode, round start (``hyfdca.segstart``): take ``w`` ``(d_k,)`` (and fresh
-        ``alpha`` if returning); for each active segment (every holder present) set up this round's
-        batch order and return ``{"ip": [enc(first batch's shares)]}``."""
-        self.w = np.asarray(p["w"], dtype=np.float64)
+        ``alpha`` if returning, checked by ``accept_alpha``); for each active segment (every holder
+        present) set up this round's batch order and return ``{"ip": [enc(first batch's shares)]}``.
+
+        Raises:
+            PayloadError: a malformed payload (``w``, segments, counts, order, seed, sigma) or a
+                refused ``alpha``.
+        """
+        p = msg.payload
+        validate.only_keys(msg, ("w", "segs", "count", "order", "seed", "sigma", "alpha"))
+        w = self._w(msg)
+        segs, counts, flat = _int_list(msg, "segs"), _int_list(msg, "count"), _int_list(msg, "order")
+        if len(set(segs)) != len(segs) or any(not 0 <= s < len(self.seg_rows) for s in segs):
+            raise PayloadError(msg, "segs", "naming a segment twice or one the client does not hold")
+        if len(counts) != len(segs) or sum(counts) != len(flat) or any(c < 1 for c in counts):
+            raise PayloadError(msg, "count", "not matching the segments and the order")
+        pos = 0
+        for s, c in zip(segs, counts):
+            if any(not 0 <= m < len(self.seg_batches[s]) for m in flat[pos : pos + c]):
+                raise PayloadError(msg, "order", f"naming a batch segment {s} does not have")
+            pos += c
+        validate.integer(msg, "seed", low=0)
+        if "sigma" in p:
+            validate.number(msg, "sigma", low=0.0)
         if "alpha" in p:
-            self._decrypt_segments(p["alpha"], self.alpha)
-        segs = [int(v) for v in p["segs"]]
-        counts = [int(v) for v in p["count"]]
-        flat = [int(v) for v in p["order"]]
+            self.accept_alpha(msg)
+        self.w = w
         self.sweep = {}
         out, pos = [], 0
         for s, c in zip(segs, counts):
@@ -121,28 +154,61 @@ class SegmentClientMixin:
             out.append(self._batch_share(s, self.seg_batches[s][self.sweep[s]["order"][0]]))
         return {"ip": out}
 
-    def segment_sweep(self, p: Mapping[str, Any]) -> dict:
-        """Segment mode (``hyfdca.sweep``): exact SDCA steps on the current mini-batch of each listed
-        segment (the decrypted inner products ``u`` are exact: every holder's block with the
-        segment's changes so far; the batch Gram gives the changes within the batch). Every holder
-        of a segment makes the same steps. Returns the next batch's shares (``ip``, ``ip_segs``), or
-        ``enc((nu/|B|) dalpha)`` of the segment once its pass is done (``dalpha``, ``dalpha_segs``).
+    def check_sweep(self, msg: Message) -> None:
+        """Check a ``hyfdca.sweep`` before :meth:`segment_sweep`: only ``segs``, ``u``, ``gamma``;
+        distinct segments with a pass under way; one ``u`` ciphertext of the current batch's length
+        per segment; ``gamma`` a non-negative number.
 
         Raises:
             ProtocolError: a sweep of a segment whose pass was not started or is already done.
+            PayloadError: a malformed payload.
         """
-        prm = self.params
-        lam_n = float(prm["lam"]) * float(prm["N"])
-        nxt, nxt_segs, dal, dal_segs = [], [], [], []
-        for s, ct in zip([int(v) for v in p["segs"]], p["u"]):
+        p = msg.payload
+        validate.only_keys(msg, ("segs", "u", "gamma"))
+        segs = _int_list(msg, "segs")
+        if len(set(segs)) != len(segs):
+            raise PayloadError(msg, "segs", "naming a segment twice")
+        cts = validate.blobs(msg, "u", len(segs))
+        if "gamma" in p:
+            validate.number(msg, "gamma", low=0.0)
+        for s, ct in zip(segs, cts):
             st = self.sweep.get(s)
             if st is None or st["j"] >= len(st["order"]):
                 raise ProtocolError(
                     f"HyFDCA client {self.client_id!r} got a sweep of segment {s} without a pass under way."
                 )
+            if HEBackend.length(ct) != self.seg_batches[s][st["order"][st["j"]]].size:
+                raise PayloadError(msg, "u", f"holding a ciphertext of another length than segment {s}'s batch")
+
+    def segment_sweep(self, p: Mapping[str, Any]) -> dict:
+        """Segment mode (``hyfdca.sweep``, checked by :meth:`check_sweep`): exact SDCA steps on the
+        current mini-batch of each listed segment (the decrypted inner products ``u`` are exact: every
+        holder's block with the segment's changes so far; the batch Gram gives the changes within
+        the batch). Every holder of a segment makes the same steps. Returns the next batch's shares
+        (``ip``, ``ip_segs``), or ``enc((nu/|B|) dalpha)`` of the segment once its pass is done
+        (``dalpha``, ``dalpha_segs``).
+
+        Raises:
+            ProtocolError: a sweep of a segment whose pass was not started or is already done, or
+                ``u`` decrypting to non-finite values (nothing changes then).
+        """
+        prm = self.params
+        lam_n = float(prm["lam"]) * float(prm["N"])
+        segs = [int(v) for v in p["segs"]]
+        for s in segs:
+            st = self.sweep.get(s)
+            if st is None or st["j"] >= len(st["order"]):
+                raise ProtocolError(
+                    f"HyFDCA client {self.client_id!r} got a sweep of segment {s} without a pass under way."
+                )
+        u_all = [np.asarray(self.he.decrypt(ct), dtype=np.float64) for ct in p["u"]]
+        if not all(np.isfinite(u).all() for u in u_all):
+            raise ProtocolError(f"the server sent HyFDCA client {self.client_id!r} a sweep with non-finite 'u'.")
+        nxt, nxt_segs, dal, dal_segs = [], [], [], []
+        for s, u0 in zip(segs, u_all):
+            st = self.sweep[s]
             m = st["order"][st["j"]]
             rows = self.seg_batches[s][m]
-            u0 = self.he.decrypt(ct)
             a = self.alpha[rows] + st["delta"][rows]
             rng = np.random.default_rng([st["seed"], self.seg_global[s], st["j"]])
             d = gram_steps(
@@ -215,6 +281,20 @@ class SegmentClientMixin:
         }
 
 
+def _int_list(msg: Message, key: str) -> list[int]:
+    """The list (or integer array) of integers ``msg.payload[key]``.
+
+    Raises:
+        PayloadError: missing or not a list of integers.
+    """
+    v = msg.payload.get(key)
+    if isinstance(v, np.ndarray) and v.dtype.kind in "iu" and v.ndim == 1:
+        return [int(x) for x in v]
+    if not isinstance(v, list) or not all(isinstance(x, (int, np.integer)) and not isinstance(x, bool) for x in v):
+        raise PayloadError(msg, key, "not a list of integers")
+    return [int(x) for x in v]
+
+
 def _symmetric(upper: np.ndarray, b: int) -> np.ndarray:
     """The ``(b, b)`` symmetric matrix whose upper triangle (row by row) is ``upper``."""
     G = np.zeros((b, b))
@@ -241,6 +321,33 @@ class SegmentServerMixin:
                 for m in range(self.seg_batch_counts[g]):
                     gparts[(g, m)].append(next(it))
         return {key: self.he.add(v) for key, v in gparts.items()}
+
+    def seg_batches_of(self, g: int, m: int) -> range:
+        """The positions of batch ``m`` of global segment ``g`` (its size is what the server checks)."""
+        b = self.config.batch_size
+        return range(m * b, min((m + 1) * b, len(self.seg_ids[g])))
+
+    def _check_sweep(self, r: Message, sent: list[int], orders: dict[int, list[int]], step: int) -> None:
+        """A ``hyfdca.sweep`` reply: ``ip_segs`` and ``dalpha_segs`` split the segments it was sent
+        (local indices, each once); ``ip`` holds one ciphertext of the next batch's length per
+        ``ip_segs`` entry (a segment whose pass goes on), ``dalpha`` one of the segment's length
+        per ``dalpha_segs`` entry (a finished pass).
+
+        Raises:
+            PayloadError: any of these fails.
+        """
+        segs = self.client_segs[r.sender]
+        ip_segs, dal_segs = _int_list(r, "ip_segs"), _int_list(r, "dalpha_segs")
+        if sorted(ip_segs + dal_segs) != sorted(sent):
+            raise PayloadError(r, "ip_segs", "not splitting the segments it was sent")
+        for j in ip_segs:
+            if step >= len(orders[segs[j]]):
+                raise PayloadError(r, "ip_segs", "continuing a pass that is over")
+        for j in dal_segs:
+            if step != len(orders[segs[j]]):
+                raise PayloadError(r, "dalpha_segs", "ending a pass that is not over")
+        self.check_ciphertexts(r, "ip", [len(self.seg_batches_of(segs[j], orders[segs[j]][step])) for j in ip_segs])
+        self.check_ciphertexts(r, "dalpha", [len(self.seg_ids[segs[j]]) for j in dal_segs])
 
     def _run_round_segment(
         self, rnd: int, transport: Transport, selected: list[str], stats: dict, t0: float, he0: float
@@ -325,18 +432,27 @@ class SegmentServerMixin:
             if self.last_round[cid] < rnd - 1:  # absent (or failed) last round: fresh alpha
                 payload["alpha"] = [self.enc_alpha[g] for g in self.client_segs[cid]]
             msgs.append(Message("hyfdca.segstart", SERVER, cid, rnd, payload))
+
+        def check_start(r: Message) -> None:
+            self.check_ciphertexts(
+                r, "ip", [len(self.seg_batches_of(g, orders[g][0])) for g in self.client_segs[r.sender] if g in orders]
+            )
+
         shares: dict[int, list[bytes]] = defaultdict(list)
-        for r in self._exchange(transport, msgs, stats):
+        for r in self._exchange(transport, msgs, stats, check_start):
             gs = [g for g in self.client_segs[r.sender] if g in orders]
             for g, c in zip(gs, r.payload["ip"]):
                 shares[g].append(c)
         running = {g: self.he.add(shares[g]) for g in orders if len(shares[g]) == len(self.seg_holders[g])}
         done: set[int] = set()
+        step = 1  # the batch position the sweep replies' next shares are for
         while running:
             msgs = []
+            swept: dict[str, list[int]] = {}
             for cid in K:
                 gs = [g for g in self.client_segs[cid] if g in running]
                 if gs:
+                    swept[cid] = [local[cid][g] for g in gs]
                     payload = {
                         "segs": [local[cid][g] for g in gs],
                         "u": [running[g] for g in gs],
@@ -345,7 +461,9 @@ class SegmentServerMixin:
                     msgs.append(Message("hyfdca.sweep", SERVER, cid, rnd, payload))
             nxt: dict[int, list[bytes]] = defaultdict(list)
             dal: dict[int, list[bytes]] = defaultdict(list)
-            for r in self._exchange(transport, msgs, stats):
+            for r in self._exchange(
+                transport, msgs, stats, lambda r: self._check_sweep(r, swept[r.sender], orders, step)
+            ):
                 segs = self.client_segs[r.sender]
                 for j, c in zip(r.payload["ip_segs"], r.payload["ip"]):
                     nxt[segs[int(j)]].append(c)
@@ -360,6 +478,7 @@ class SegmentServerMixin:
                 elif len(nxt[g]) == n_h:
                     new_running[g] = self.he.add(nxt[g])
             running = new_running
+            step += 1
         # PrimalAggregation with the new alpha (every client that was sent the pass)
         msgs = [
             Message("hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]})

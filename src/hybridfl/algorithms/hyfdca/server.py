@@ -35,6 +35,17 @@ identity above to 1e-9 after every round and at every SecureInnerProduct.
 ``dual_mode: segment`` keeps ``w = w(alpha)`` by stepping a segment only when all its holders are
 present (:mod:`hybridfl.algorithms.hyfdca.segment`); block mode has no shared ``alpha``.
 
+Untrusted replies (issue 15): every reply is checked before any value is used
+(:mod:`hybridfl.runtime.validate`): ``client_seconds`` and ``he_seconds`` finite and non-negative;
+``ip``, ``dalpha``, ``norms`` and ``gram`` exactly one ciphertext per segment (batch) of that
+client, each of its segment's length; a primal ``share`` a finite float array of exactly the
+client's feature count ``(d_k,)``; a hello's ``ids`` and ``blocks`` lists of strings without
+repeats, the blocks known. In a round a reply that fails is logged as a warning (one line naming
+the client and the field) and treated as **missing**, and so are that client's later replies in
+the round, exactly as a client that fails at that point (nothing of it is added, its dual changes
+are not committed, it counts as failed); during setup a bad reply stops the run
+(:class:`~hybridfl.runtime.validate.PayloadError`, a :class:`~hybridfl.errors.ProtocolError`).
+
 Output model (``average_last``): the last iterate ``w`` (default), or the mean of the iterates of
 the final ``average_last`` share of the rounds (suffix averaging, as SDCA's averaged output for
 Lipschitz losses). The server keeps the running sums of the public ``w`` and of ``enc(alpha)`` (one
@@ -45,10 +56,11 @@ not (the measured effect is in ``docs/results.md``, HyFDCA).
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -58,8 +70,15 @@ from hybridfl.algorithms.hyfdca.segment import SegmentServerMixin
 from hybridfl.algorithms.participation import select_participants
 from hybridfl.errors import ConfigError, PartitionError, ProtocolError, UnknownBlockError
 from hybridfl.privacy.he import HEBackend
+from hybridfl.runtime import validate
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
+from hybridfl.runtime.validate import PayloadError
+
+log = logging.getLogger(__name__)
+
+Check = Callable[[Message], None]
+"""A reply check: raises :class:`PayloadError` for a malformed reply."""
 
 
 class HyFDCAServer(SegmentServerMixin):
@@ -104,10 +123,64 @@ class HyFDCAServer(SegmentServerMixin):
         self.w_sum = np.zeros(self.d)
         self.alpha_sum: list[bytes] = []
         self.avg_count = 0
+        self.bad: set[str] = set()  # clients whose reply failed its check this round (treated as failed)
+
+    # -- reply checks
+    def check_ciphertexts(self, r: Message, key: str, sizes: Sequence[int]) -> list[bytes]:
+        """The ciphertext list ``r.payload[key]``: exactly ``len(sizes)`` non-empty ciphertexts,
+        the ``j``-th holding ``sizes[j]`` values (its public header).
+
+        Raises:
+            PayloadError: another count, an empty item or another length.
+        """
+        cts = validate.blobs(r, key, len(sizes))
+        for j, (c, n) in enumerate(zip(cts, sizes)):
+            if len(c) < 4 or self.he.length(c) != int(n):
+                raise PayloadError(r, key, f"holding a ciphertext of another length than item {j}")
+        return cts
+
+    def seg_sizes(self, cid: str, segs: Sequence[int] | None = None) -> list[int]:
+        """The sample counts of ``cid``'s segments (or of the global segments ``segs``)."""
+        return [len(self.seg_ids[g]) for g in (self.client_segs[cid] if segs is None else segs)]
+
+    def _check_share(self, r: Message) -> None:
+        validate.array(r, "share", (len(self.feat[r.sender]),))
+
+    def _check_ip(self, r: Message) -> None:
+        self.check_ciphertexts(r, "ip", self.seg_sizes(r.sender))
+
+    def _check_dalpha(self, r: Message) -> None:
+        self.check_ciphertexts(r, "dalpha", self.seg_sizes(r.sender))
 
     # -- accounting
-    def _exchange(self, transport: Transport, msgs: list[Message], stats: dict) -> list[Message]:
-        replies = transport.send_and_receive(msgs)
+    def _exchange(
+        self, transport: Transport, msgs: list[Message], stats: dict, check: Check | None = None, strict: bool = False
+    ) -> list[Message]:
+        """Send ``msgs`` and return the good replies that arrived: each checked (its timings and
+        ``check``); a bad one is logged and dropped, and its sender's later replies this round are
+        dropped too (:attr:`bad`), as a client that failed there.
+
+        Raises:
+            PayloadError: with ``strict`` (setup), the first bad reply.
+        """
+        sent = {m.receiver for m in msgs}
+        replies = []
+        for r in transport.send_and_receive(msgs):
+            if r.sender not in sent or r.sender in self.bad:
+                continue
+            try:
+                validate.number(r, "client_seconds", low=0.0)
+                validate.number(r, "he_seconds", low=0.0)
+                if check is not None:
+                    check(r)
+            except PayloadError as e:
+                if strict:
+                    raise
+                log.warning("HyFDCA: the reply of %r is treated as missing: %s", r.sender, e)
+                self.bad.add(r.sender)
+                continue
+            sent.discard(r.sender)
+            replies.append(r)
         if replies:
             stats["client_max"] += max(float(r.payload.get("client_seconds", 0.0)) for r in replies)
             stats["client_max_no_he"] += max(
@@ -118,12 +191,14 @@ class HyFDCAServer(SegmentServerMixin):
             stats["exchanges"] += 1
         return replies
 
-    def _setup_exchange(self, transport: Transport, msgs: list[Message], stats: dict) -> list[Message]:
-        """A setup exchange, which needs every client's reply.
+    def _setup_exchange(
+        self, transport: Transport, msgs: list[Message], stats: dict, check: Check | None = None
+    ) -> list[Message]:
+        """A setup exchange, which needs every client's reply, each passing ``check``.
 
         Raises:
-            ProtocolError: a client did not answer."""
-        replies = self._exchange(transport, msgs, stats)
+            ProtocolError: a client did not answer, or a reply failed its check (PayloadError)."""
+        replies = self._exchange(transport, msgs, stats, check, strict=True)
         missing = [m.receiver for m in msgs if m.receiver not in {r.sender for r in replies}]
         if missing:
             raise ProtocolError(
@@ -146,16 +221,19 @@ class HyFDCAServer(SegmentServerMixin):
         stats: dict = defaultdict(float)
         self.client_ids = list(client_ids)
         self.seg_holders = []
-        hello = self._setup_exchange(transport, [Message("hyfdca.hello", SERVER, c, 0) for c in self.client_ids], stats)
+        self.bad = set()
+        hello = self._setup_exchange(
+            transport, [Message("hyfdca.hello", SERVER, c, 0) for c in self.client_ids], stats, _check_hello
+        )
         holders: dict[str, list[str]] = defaultdict(list)
         client_ids_order: dict[str, list[str]] = {}
         blocks: dict[str, list[str]] = {}
         for r in hello:
             cid = r.sender
-            ids = [str(s) for s in r.payload["ids"]]
+            ids = list(r.payload["ids"])
             if not ids:
                 raise PartitionError(f"client {cid!r} holds no samples.")
-            bl = [str(b) for b in r.payload["blocks"]]
+            bl = list(r.payload["blocks"])
             unknown = [b for b in bl if b not in self.offsets]
             if unknown:
                 raise UnknownBlockError(cid, unknown[0])
@@ -218,7 +296,18 @@ class HyFDCAServer(SegmentServerMixin):
                 **(self._segment_init_payload(segs, batch_seed) if segment else {}),
             }
             init_msgs.append(Message("hyfdca.init", SERVER, cid, 0, payload))
-        replies = self._setup_exchange(transport, init_msgs, stats)
+
+        def check_init(r: Message) -> None:
+            self.check_ciphertexts(r, "norms", self.seg_sizes(r.sender))
+            if segment:
+                sizes = [
+                    min(cfg.batch_size, len(self.seg_ids[g]) - m * cfg.batch_size)
+                    for g in self.client_segs[r.sender]
+                    for m in range(self.seg_batch_counts[g])
+                ]
+                self.check_ciphertexts(r, "gram", [b * (b + 1) // 2 for b in sizes])
+
+        replies = self._setup_exchange(transport, init_msgs, stats, check_init)
         parts: dict[int, list[bytes]] = defaultdict(list)
         for r in replies:
             for j, c in enumerate(r.payload["norms"]):
@@ -288,6 +377,7 @@ class HyFDCAServer(SegmentServerMixin):
         a reply) and, in segment mode, ``segments_updated``, ``segments_active`` and ``sigma``."""
         t0, he0 = time.perf_counter(), self.he.seconds
         stats: dict = defaultdict(float)
+        self.bad = set()
         K = selected = self.select(rnd)
         if self.config.dual_mode == "segment":
             return self._run_round_segment(rnd, transport, selected, stats, t0, he0)
@@ -310,7 +400,7 @@ class HyFDCAServer(SegmentServerMixin):
             K = [cid for cid in K if cid in fresh or cid not in returning]
         # 1. SecureInnerProduct (Alg. 2; lines 8 and 18 of Alg. 1 as one exchange at the round start)
         msgs = [Message("hyfdca.ip", SERVER, cid, rnd, {"w": self.w[self.feat[cid]]}) for cid in K]
-        for r in self._exchange(transport, msgs, stats):
+        for r in self._exchange(transport, msgs, stats, self._check_ip):
             for j, c in enumerate(r.payload["ip"]):
                 self.ip_cache[(r.sender, self.client_segs[r.sender][j])] = c
         # a segment's inner products are complete once every holder has sent a share (its newest,
@@ -330,7 +420,7 @@ class HyFDCAServer(SegmentServerMixin):
             msgs.append(Message("hyfdca.dual", SERVER, cid, rnd, payload))
         parts: dict[int, list[bytes]] = defaultdict(list)
         got_dual: set[str] = set()
-        for r in self._exchange(transport, msgs, stats):
+        for r in self._exchange(transport, msgs, stats, self._check_dalpha):
             got_dual.add(r.sender)
             for j, c in enumerate(r.payload["dalpha"]):
                 parts[self.client_segs[r.sender][j]].append(c)
@@ -411,7 +501,7 @@ class HyFDCAServer(SegmentServerMixin):
         over every client's newest share (an absent client's is its last one: Alg. 4 updates ``w``
         "from available local" shares). Returns the clients that answered."""
         answered: set[str] = set()
-        for r in self._exchange(transport, msgs, stats):
+        for r in self._exchange(transport, msgs, stats, self._check_share):
             answered.add(r.sender)
             self.share_cache[r.sender] = np.asarray(r.payload["share"], dtype=np.float64)
         w = np.zeros(self.d)
@@ -492,3 +582,10 @@ class HyFDCAServer(SegmentServerMixin):
             self.alpha_sum = [
                 np.asarray(arrays[f"alpha_sum.{g}"], dtype=np.uint8).tobytes() for g in range(len(self.seg_ids))
             ]
+
+
+def _check_hello(r: Message) -> None:
+    """A hello reply: ``ids`` and ``blocks`` lists of strings without repeats (the blocks' names
+    are checked against the schema by :meth:`HyFDCAServer.setup`)."""
+    validate.strings(r, "ids")
+    validate.strings(r, "blocks")
