@@ -35,23 +35,7 @@ identity above to 1e-9 after every round and at every SecureInnerProduct.
 ``dual_mode: segment`` keeps ``w = w(alpha)`` by stepping a segment only when all its holders are
 present (:mod:`hybridfl.algorithms.hyfdca.segment`); block mode has no shared ``alpha``.
 
-Untrusted replies (issue 15): every reply is checked before any value is used
-(:mod:`hybridfl.runtime.validate`): ``client_seconds`` and ``he_seconds`` finite and non-negative;
-``ip``, ``dalpha``, ``norms`` and ``gram`` exactly one ciphertext per segment (batch) of that
-client, each of its segment's length; a primal ``share`` a finite float array of exactly the
-client's feature count ``(d_k,)``; a hello's ``ids`` and ``blocks`` lists of strings without
-repeats, the blocks known. In a round a reply that fails is logged as a warning (one line naming
-the client and the field) and treated as **missing**, and so are that client's later replies in
-the round, exactly as a client that fails at that point (nothing of it is added, its dual changes
-are not committed, it counts as failed); during setup a bad reply stops the run
-(:class:`~hybridfl.runtime.validate.PayloadError`, a :class:`~hybridfl.errors.ProtocolError`).
-
-Output model (``average_last``): the last iterate ``w`` (default), or the mean of the iterates of
-the final ``average_last`` share of the rounds (suffix averaging, as SDCA's averaged output for
-Lipschitz losses). The server keeps the running sums of the public ``w`` and of ``enc(alpha)`` (one
-ciphertext addition per segment and round, never decrypted); the protocol itself keeps stepping
-from the last iterate. The hinge's last iterate wanders around the optimum, the average does
-not (the measured effect is in ``docs/results.md``, HyFDCA).
+Untrusted replies: :mod:`.checks`. Output model (``average_last``): :mod:`.output`.
 """
 
 from __future__ import annotations
@@ -65,7 +49,9 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from hybridfl.algorithms.convex.problem import block_offsets, feature_index
+from hybridfl.algorithms.hyfdca.checks import ReplyChecksMixin, check_hello
 from hybridfl.algorithms.hyfdca.config import HyFDCAConfig
+from hybridfl.algorithms.hyfdca.output import OutputModelMixin
 from hybridfl.algorithms.hyfdca.segment import SegmentServerMixin
 from hybridfl.algorithms.participation import select_participants
 from hybridfl.errors import ConfigError, PartitionError, ProtocolError, UnknownBlockError
@@ -81,7 +67,7 @@ Check = Callable[[Message], None]
 """A reply check: raises :class:`PayloadError` for a malformed reply."""
 
 
-class HyFDCAServer(SegmentServerMixin):
+class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin):
     """Server-side steps of HyFDCA. Holds only public material: ``w`` (plaintext, the model),
     ``enc(alpha)`` per segment, the clients' last encrypted inner-product shares and primal shares.
 
@@ -124,33 +110,6 @@ class HyFDCAServer(SegmentServerMixin):
         self.alpha_sum: list[bytes] = []
         self.avg_count = 0
         self.bad: set[str] = set()  # clients whose reply failed its check this round (treated as failed)
-
-    # -- reply checks
-    def check_ciphertexts(self, r: Message, key: str, sizes: Sequence[int]) -> list[bytes]:
-        """The ciphertext list ``r.payload[key]``: exactly ``len(sizes)`` non-empty ciphertexts,
-        the ``j``-th holding ``sizes[j]`` values (its public header).
-
-        Raises:
-            PayloadError: another count, an empty item or another length.
-        """
-        cts = validate.blobs(r, key, len(sizes))
-        for j, (c, n) in enumerate(zip(cts, sizes)):
-            if len(c) < 4 or self.he.length(c) != int(n):
-                raise PayloadError(r, key, f"holding a ciphertext of another length than item {j}")
-        return cts
-
-    def seg_sizes(self, cid: str, segs: Sequence[int] | None = None) -> list[int]:
-        """The sample counts of ``cid``'s segments (or of the global segments ``segs``)."""
-        return [len(self.seg_ids[g]) for g in (self.client_segs[cid] if segs is None else segs)]
-
-    def _check_share(self, r: Message) -> None:
-        validate.array(r, "share", (len(self.feat[r.sender]),))
-
-    def _check_ip(self, r: Message) -> None:
-        self.check_ciphertexts(r, "ip", self.seg_sizes(r.sender))
-
-    def _check_dalpha(self, r: Message) -> None:
-        self.check_ciphertexts(r, "dalpha", self.seg_sizes(r.sender))
 
     # -- accounting
     def _exchange(
@@ -223,7 +182,7 @@ class HyFDCAServer(SegmentServerMixin):
         self.seg_holders = []
         self.bad = set()
         hello = self._setup_exchange(
-            transport, [Message("hyfdca.hello", SERVER, c, 0) for c in self.client_ids], stats, _check_hello
+            transport, [Message("hyfdca.hello", SERVER, c, 0) for c in self.client_ids], stats, check_hello
         )
         holders: dict[str, list[str]] = defaultdict(list)
         client_ids_order: dict[str, list[str]] = {}
@@ -450,51 +409,6 @@ class HyFDCAServer(SegmentServerMixin):
         (Alg. 1 line 1)."""
         return rnd > 1 and self.last_round[cid] != rnd - 1
 
-    @property
-    def average_start(self) -> int | None:
-        """First round whose iterate enters the averaged output model (``average_last`` of the
-        ``rounds``; at least the final round), or ``None`` when averaging is off."""
-        cfg = self.config
-        if cfg.average_last <= 0:
-            return None
-        return max(1, cfg.rounds - max(1, round(cfg.average_last * cfg.rounds)) + 1)
-
-    def _accumulate_average(self, rnd: int) -> None:
-        """Suffix averaging (``average_last``): add this round's ``w`` (public) and, under
-        encryption, ``enc(alpha)`` per segment to the running sums (the server never decrypts
-        them). With ``w = w(alpha)`` (segment and consensus modes) the averaged pair stays
-        consistent: ``mean_t w(alpha_t) = w(mean_t alpha_t)``; by convexity
-        ``P(mean w) <= mean P(w_t)`` and ``D(mean alpha) >= mean D(alpha_t)``, so the averaged gap is at
-        most the mean of the iterates' gaps (Shalev-Shwartz & Zhang 2013, SDCA, Thm. 2 averages
-        the second half of the iterates for Lipschitz losses such as the hinge)."""
-        start = self.average_start
-        if start is None or rnd < start:
-            return
-        if self.avg_count == 0:
-            self.w_sum = self.w.copy()
-            self.alpha_sum = list(self.enc_alpha)
-        else:
-            self.w_sum = self.w_sum + self.w
-            self.alpha_sum = [self.he.add([a, b]) for a, b in zip(self.alpha_sum, self.enc_alpha)]
-        self.avg_count += 1
-
-    def output_w(self) -> np.ndarray:
-        """The output model ``(d,)``: the mean of ``w`` over the averaged rounds once averaging has
-        started (``average_last``), else the last iterate ``w``."""
-        return self.w_sum / self.avg_count if self.avg_count else self.w
-
-    def output_alpha_ciphertexts(self) -> tuple[list[tuple[np.ndarray, bytes]], int]:
-        """The dual of the output model for an outside monitor with the key: ((segment sample IDs,
-        ciphertext) per segment, divisor): the encrypted sums of ``alpha`` over the averaged rounds
-        and their count, or ``enc(alpha)`` and 1 before averaging starts."""
-        if self.avg_count:
-            return list(zip(self.seg_ids, self.alpha_sum)), self.avg_count
-        return self.alpha_ciphertexts(), 1
-
-    def alpha_ciphertexts(self) -> list[tuple[np.ndarray, bytes]]:
-        """(segment sample IDs, ``enc(alpha)``) per segment: for an outside monitor with the key."""
-        return list(zip(self.seg_ids, self.enc_alpha))
-
     def _collect_shares(self, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
         """PrimalAggregation, server part (Alg. 4 lines 5-6): send ``msgs`` (``hyfdca.primal``),
         keep each answering client's new share, and set ``w_f = (1/(lambda N)) sum_k share_{k,f}``
@@ -582,10 +496,3 @@ class HyFDCAServer(SegmentServerMixin):
             self.alpha_sum = [
                 np.asarray(arrays[f"alpha_sum.{g}"], dtype=np.uint8).tobytes() for g in range(len(self.seg_ids))
             ]
-
-
-def _check_hello(r: Message) -> None:
-    """A hello reply: ``ids`` and ``blocks`` lists of strings without repeats (the blocks' names
-    are checked against the schema by :meth:`HyFDCAServer.setup`)."""
-    validate.strings(r, "ids")
-    validate.strings(r, "blocks")
