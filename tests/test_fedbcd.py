@@ -455,6 +455,59 @@ def test_evaluation_through_messages_equals_direct_auc_and_leaks_nothing():
     )
 
 
+def test_evaluation_messages_are_checked_on_both_sides(caplog):
+    """``fedbcd.evaluate`` from an untrusted sender: a party refuses float, missing or extra
+    ``rows`` and a wrongly shaped ``h.<j>``; the coordinator takes a label reply with an AUC
+    outside [0, 1], a missing accuracy, NaN without ``diverged`` or a string as no metrics (logged),
+    and still accepts an honest reply and an honest divergence."""
+    from hybridfl.runtime.messages import SERVER, Message
+    from hybridfl.runtime.validate import PayloadError
+
+    split = synthetic(seed=8)
+    part = vertical(split, k=3, label_party=1)
+    fed = build_federation("fedbcd", split, part, FedBCDConfig(rounds=1, model="mlp", representation_dim=4, hidden=8))
+    fed.setup()
+    label, passive = fed.clients["party-1"], fed.clients["party-0"]
+    rows = np.arange(5, dtype=np.int64)
+    h = passive.handle(Message("fedbcd.evaluate", SERVER, "party-0", 1, {"rows": rows})).payload["h"]
+    good = {"rows": rows, "h.party-0": h, "h.party-2": h}
+    for payload, field in [
+        ({"rows": rows.astype(np.float64)}, "rows"),
+        ({}, "rows"),
+        ({"rows": rows, "w": rows}, "w"),
+    ]:
+        with pytest.raises(PayloadError, match=repr(field)):
+            passive.handle(Message("fedbcd.evaluate", SERVER, "party-0", 1, payload))
+    with pytest.raises(PayloadError, match="'h.party-2'"):
+        label.handle(Message("fedbcd.evaluate", SERVER, "party-1", 1, {**good, "h.party-2": h[:3]}))
+    ok = label.handle(Message("fedbcd.evaluate", SERVER, "party-1", 1, good))
+    assert 0.0 <= ok.payload["auc"] <= 1.0
+    nan = np.full_like(h, np.nan)
+    diverged = label.handle(Message("fedbcd.evaluate", SERVER, "party-1", 1, {**good, "h.party-0": nan}))
+    assert diverged.payload["diverged"] == 1.0
+
+    def reply_with(payload):
+        def exchange(msgs):
+            if msgs[0].receiver == "party-1":
+                return [Message("fedbcd.evaluate", "party-1", SERVER, 9, payload)]
+            return fed.loop().eval_exchange(msgs)
+
+        return fed.server.evaluate(9, exchange)
+
+    assert reply_with(ok.payload) == {"auc": ok.payload["auc"], "accuracy": ok.payload["accuracy"]}
+    assert reply_with(diverged.payload)["diverged"] == 1.0
+    for bad in [
+        {"auc": 5.0, "accuracy": 0.5},
+        {"auc": 0.5},
+        {"auc": float("nan"), "accuracy": 0.5},
+        {"auc": "high", "accuracy": 0.5},
+        {"auc": 0.5, "accuracy": 0.5, "diverged": 1.0},
+    ]:
+        caplog.clear()
+        assert reply_with(bad) == {}
+        assert "counts as missing" in caplog.text
+
+
 def test_parties_must_agree_on_the_test_set_size():
     split = synthetic(seed=8)
     fed = build_federation("fedbcd", split, vertical(split), FedBCDConfig(rounds=1), seed=0)

@@ -24,7 +24,7 @@ from hybridfl.algorithms.fedbcd.party import EVALUATE
 from hybridfl.errors import ProtocolError
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
-from hybridfl.runtime.validate import PayloadError, array, integer, only_keys, strings
+from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys, strings
 
 log = logging.getLogger(__name__)
 
@@ -383,10 +383,9 @@ class FedBCDCoordinator:
         messages: the rows :meth:`eval_rows` to every passive party, which replies ``h``
         ``(n, r_k)``; then the rows and every ``h.<k>`` to the label party, which replies ``auc``
         and ``accuracy`` (or ``diverged`` = 1 and NaNs). Returns ``{}`` when the parties hold no
-        test set or a reply is missing (no metrics this round).
-
-        Raises:
-            ProtocolError: a reply without the expected entries.
+        test set, or a reply is missing or malformed (logged; no metrics this round, as for a
+        passive party's bad ``h``): ``auc`` and ``accuracy`` must be numbers in ``[0, 1]``, or NaN
+        with ``diverged`` = 1.
         """
         if self.n_test == 0:
             return {}
@@ -407,10 +406,27 @@ class FedBCDCoordinator:
         replies = exchange([Message(EVALUATE, SERVER, self.label_party, rnd, payload)])
         if not replies:
             return {}
-        p = replies[0].payload
-        if "auc" not in p or "accuracy" not in p:
-            raise ProtocolError(f"the label party's reply to {EVALUATE} has no auc or accuracy.")
-        out = {"auc": float(p["auc"]), "accuracy": float(p["accuracy"])}
-        if p.get("diverged"):
-            out["diverged"] = 1.0
-        return out
+        try:
+            return self.check_metrics(replies[0])
+        except PayloadError as e:
+            log.warning("FedBCD evaluation after round %d: %s The reply counts as missing.", rnd, e)
+            return {}
+
+    @staticmethod
+    def check_metrics(r: Message) -> dict[str, float]:
+        """The label party's ``fedbcd.evaluate`` reply as metrics: ``auc`` and ``accuracy`` numbers
+        in ``[0, 1]``; with ``diverged`` = 1 both NaN.
+
+        Raises:
+            PayloadError: another key, a missing or non-numeric value, a value outside ``[0, 1]``,
+                or NaN without ``diverged``.
+        """
+        only_keys(r, ("auc", "accuracy", "diverged"))
+        if "diverged" in r.payload:
+            number(r, "diverged", 1.0, 1.0)
+            for k in ("auc", "accuracy"):
+                v = r.payload.get(k)
+                if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)) or not np.isnan(v):
+                    raise PayloadError(r, k, "not NaN although the reply says diverged")
+            return {"auc": float("nan"), "accuracy": float("nan"), "diverged": 1.0}
+        return {"auc": number(r, "auc", 0.0, 1.0), "accuracy": number(r, "accuracy", 0.0, 1.0)}

@@ -19,7 +19,7 @@ from torch import nn
 
 from hybridfl.errors import ProtocolError
 from hybridfl.runtime.messages import Message
-from hybridfl.runtime.validate import PayloadError, array, integer, number, strings
+from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys, strings
 
 EVALUATE = "fedbcd.evaluate"
 """The kind of the evaluation messages (outside the rounds' protocol: never snapshotted nor undone)."""
@@ -337,10 +337,15 @@ class FedBCDParty:
         Raises:
             ProtocolError: the party holds no test set, a row outside it, or (label party) no
                 ``H`` of a party.
+            PayloadError: ``rows`` is not an integer array ``(n,)``, a key nobody sends is present,
+                or (label party) an ``h.<j>`` is not a float array ``(n, *)`` (NaN is allowed: a
+                diverged party's ``H`` gives ``diverged`` = 1).
         """
         if self.test_x is None or (self.is_label and self.test_y is None):
             raise ProtocolError(f"FedBCD party {self.party_id!r} holds no test set to evaluate on.")
-        rows = np.asarray(msg.payload["rows"], dtype=np.int64)
+        others = [j for j in self.party_order if j != self.party_id] if self.is_label else []
+        only_keys(msg, ("rows", *(f"h.{j}" for j in others)))
+        rows = array(msg, "rows", (None,), kinds="iu").astype(np.int64)
         if rows.size and (rows.min() < 0 or rows.max() >= self.n_test):
             raise ProtocolError(
                 f"FedBCD party {self.party_id!r} was asked for test row {int(rows.max())} but holds {self.n_test} test samples."
@@ -348,10 +353,11 @@ class FedBCDParty:
         h = self.embed(self.test_x[rows])
         if not self.is_label:
             return msg.reply(h=h)
-        absent = [j for j in self.party_order if j != self.party_id and f"h.{j}" not in msg.payload]
+        absent = [j for j in others if f"h.{j}" not in msg.payload]
         if absent:
             raise ProtocolError(f"FedBCD label party {self.party_id!r} got no test H of party {absent[0]!r}.")
-        hs = {j: (h if j == self.party_id else msg.payload[f"h.{j}"]) for j in self.party_order}
+        hs = {j: array(msg, f"h.{j}", (rows.size, None), kinds="f", finite=False) for j in others}
+        hs[self.party_id] = h
         z = self.top_logits(hs)
         y = self.test_y[rows]  # type: ignore[index]
         if not np.isfinite(z).all():  # diverged (too large a step size or Q): no AUC
