@@ -18,12 +18,12 @@ import pytest
 from hybridfl.algorithms.fedbcd import FedBCDConfig, PartyMissingError
 from hybridfl.config import default_config, parse_config
 from hybridfl.data import VerticalPartitioner
-from hybridfl.data.dataset import DatasetSplit, HybridDataset
 from hybridfl.errors import ProtocolError
 from hybridfl.experiment import prepare
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
+from tests.test_fedbcd_reliability import synthetic
 
 
 class Corrupt:
@@ -164,17 +164,6 @@ def test_hyfem_client_accepts_the_server_message():
 
 
 # ------------------------------------------------------------------ FedBCD
-
-
-def synthetic(n=300, dims=(5, 4, 3), seed=0, n_test=200) -> DatasetSplit:
-    rng = np.random.default_rng(seed)
-    out = []
-    for part, m in (("train", n), ("test", n_test)):
-        xs = {f"b{i}": rng.normal(size=(m, d)).astype(np.float32) for i, d in enumerate(dims)}
-        z = sum(x @ np.linspace(-1, 1, x.shape[1]) for x in xs.values())
-        y = (z + 0.5 * rng.normal(size=m) > 0).astype(np.int64)
-        out.append(HybridDataset("synthetic", [f"{part}-{i}" for i in range(m)], y, xs, ["0", "1"]))
-    return DatasetSplit(*out)
 
 
 def _fedbcd(cfg, fail_at=()):

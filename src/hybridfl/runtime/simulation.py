@@ -258,11 +258,7 @@ def simulate(
     start, history0, values, meta = 1, [], {}, {}
     if resume:
         done, values, meta = open_for_resume(checkpoint, spec.name, [c.client_id for c in partition.clients])
-        secrets = {
-            k[8:]: bytes(np.asarray(v, dtype=np.uint8).tobytes()) if isinstance(v, np.ndarray) else bytes(v)
-            for k, v in values.items()
-            if k.startswith("secrets.")
-        }
+        secrets = {k.removeprefix("secrets."): bytes(v) for k, v in values.items() if k.startswith("secrets.")}
         start, history0 = done + 1, meta["history"]
     fed = build_federation(spec, split, partition, config, seed, recorder, secrets, fail_at)
     fed.setup()

@@ -94,14 +94,35 @@ def check_inputs(
             raise PartitionError(f"client {c.client_id!r} holds no samples ({where}).")
         if not c.blocks:
             raise PartitionError(f"client {c.client_id!r} holds no feature blocks ({where}).")
-        if not c.has_labels:
-            raise PartitionError(
-                f"client {c.client_id!r} has no labels, but {where} needs the labels of every sample at its holders."
-            )
+        needs_labels(c.client_id, c.has_labels, where)
         unknown = [b for b in c.blocks if b not in split.train.blocks]
         if unknown:
             raise UnknownBlockError(c.client_id, unknown[0], f"dataset {split.name!r}")
     return pos
+
+
+def needs_labels(client_id: str, has_labels: bool, where: str) -> None:
+    """A convex algorithm needs the labels of every sample at its holders.
+
+    Raises:
+        PartitionError: the client holds no labels (one sentence naming it and ``where``).
+    """
+    if not has_labels:
+        raise PartitionError(
+            f"client {client_id!r} has no labels, but {where} needs the labels of every sample at its holders."
+        )
+
+
+def client_positive_set(cd: Any, loss: str, positive_classes: Sequence[int] | None, where: str) -> list[int]:
+    """The class indices labelled +1, from one client's own data (a
+    :class:`~hybridfl.data.export.ClientData`), after checking it holds labels.
+
+    Raises:
+        PartitionError: the client holds no labels.
+        DataError: its labels are not binary for the loss (and no valid ``positive_classes``).
+    """
+    needs_labels(cd.client_id, cd.has_labels, where)
+    return positive_set(cd.data, positive_classes, loss, where)
 
 
 def build_problem(

@@ -17,12 +17,12 @@ import numpy as np
 from hybridfl.algorithms.convex.monitor import (
     Monitor,
     check_inputs,
+    client_positive_set,
     holdout_accuracy,
     make_monitor,
     suboptimality_plots,
     time_columns,
 )
-from hybridfl.algorithms.convex.problem import positive_set
 from hybridfl.algorithms.hybrid_fedavg.client import HybridFedAvgClient
 from hybridfl.algorithms.hybrid_fedavg.config import HybridFedAvgConfig
 from hybridfl.algorithms.hybrid_fedavg.server import HybridFedAvgServer
@@ -30,7 +30,6 @@ from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, ReportContext, 
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
-from hybridfl.errors import PartitionError
 
 WHERE = "hybrid FedAvg"
 
@@ -51,11 +50,7 @@ def build_client(cd: ClientData, cfg: HybridFedAvgConfig, seed: int, layout: lis
         PartitionError: the client has no labels.
         DataError: labels not binary for the loss.
     """
-    if not cd.has_labels:
-        raise PartitionError(
-            f"client {cd.client_id!r} has no labels, but {WHERE} needs the labels of every sample at its holders."
-        )
-    pos = positive_set(cd.data, cfg.positive_classes, cfg.loss, WHERE)
+    pos = client_positive_set(cd, cfg.loss, cfg.positive_classes, WHERE)
     return HybridFedAvgClient(cd.client_id, cd.data, pos, client_seed(seed, cd.index))
 
 

@@ -31,12 +31,12 @@ import numpy as np
 from hybridfl.algorithms.convex.monitor import (
     Monitor,
     check_inputs,
+    client_positive_set,
     holdout_accuracy,
     make_monitor,
     suboptimality_plots,
     time_columns,
 )
-from hybridfl.algorithms.convex.problem import positive_set
 from hybridfl.algorithms.hyfdca.client import HyFDCAClient
 from hybridfl.algorithms.hyfdca.config import HyFDCAConfig
 from hybridfl.algorithms.hyfdca.server import HyFDCAServer
@@ -44,7 +44,7 @@ from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, ReportContext, 
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
-from hybridfl.errors import DataError, EncryptionPolicyError, PartitionError
+from hybridfl.errors import DataError, EncryptionPolicyError
 from hybridfl.privacy.he import HEBackend, KeyDealer, PlainBackend, check_key_size, server_backend
 from hybridfl.privacy.keys import backend_from_secret
 
@@ -127,11 +127,7 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
         EncryptionPolicyError: it holds a key pair and the run asks for no or another encryption;
             its key is below the minimum size.
     """
-    if not cd.has_labels:
-        raise PartitionError(
-            f"client {cd.client_id!r} has no labels, but HyFDCA needs the labels of every sample at its holders."
-        )
-    pos = positive_set(cd.data, cfg.positive_classes, cfg.loss, "HyFDCA")
+    pos = client_positive_set(cd, cfg.loss, cfg.positive_classes, "HyFDCA")
     return HyFDCAClient(cd.client_id, cd.data, pos, _backend(cd, cfg)[0], client_seed(seed, cd.index), cfg.sparse)
 
 
