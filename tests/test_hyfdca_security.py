@@ -161,3 +161,37 @@ def test_full_size_keys_run_encrypted_without_the_flag(tiny, monkeypatch):
     assert all(c.he.name == "ckks" for c in enc.clients.values())
     assert np.linalg.norm(plain.server.output_w()) > 0
     np.testing.assert_allclose(enc.server.output_w(), plain.server.output_w(), rtol=1e-5, atol=1e-6)
+
+
+def test_server_refuses_hello_material_it_cannot_trust(tiny, weak_dealer):
+    """What the server does with each client's hello payload: different public keys, another
+    scheme, a non-bytes ``he_public``, unreadable material or a CKKS context holding its secret key
+    are each one-sentence DataErrors, before any round."""
+    from hybridfl.algorithms.hyfdca.spec import build_server
+    from hybridfl.errors import DataError
+    from hybridfl.runtime.simulation import server_data
+
+    split, part = tiny
+    cfg = HyFDCAConfig(encryption="paillier", paillier_bits=512, rounds=1)
+    sd = server_data(split, part)
+    pub = weak_dealer.public_material()
+    ok = {"he_scheme": "paillier", "he_public": pub}
+    assert build_server(sd, cfg, 0, {"a": ok, "b": ok}).he is not None
+    other = KeyDealer("paillier", paillier_bits=512).public_material()
+    cases = [
+        ({"a": ok, "b": {**ok, "he_public": other}}, "different HE keys"),
+        ({"a": ok, "b": {**ok, "he_scheme": "ckks"}}, "uses ckks encryption"),
+        ({"a": ok, "b": {**ok, "he_public": "abc"}}, "not bytes"),
+    ]
+    for hello, match in cases:
+        with pytest.raises(DataError, match=match):
+            build_server(sd, cfg, 0, hello)
+    ckks = HyFDCAConfig(encryption="ckks", ckks_degree=8192, rounds=1)
+    junk = {"he_scheme": "ckks", "he_public": b"\x00\x00\x10\x00garbage"}
+    with pytest.raises(DataError, match="cannot be read"):
+        build_server(sd, ckks, 0, {"a": junk})
+    secret_ctx = KeyDealer("ckks", ckks_degree=8192)
+    slots = secret_ctx.public_material()[:4]  # a context serialised with its secret key, as a client might leak it
+    leaked = {"he_scheme": "ckks", "he_public": slots + secret_ctx._secret}
+    with pytest.raises(DataError, match="secret key"):
+        build_server(sd, ckks, 0, {"a": leaked})

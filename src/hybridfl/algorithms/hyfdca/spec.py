@@ -136,10 +136,17 @@ def build_server(sd: ServerData, cfg: HyFDCAConfig, seed: int, hello: Mapping[st
     public material: it can add ciphertexts, never decrypt).
 
     Raises:
-        DataError: the clients sent different public material or another scheme (they must share
-            one key pair), or no client sent any.
+        DataError: a hello whose ``he_public`` is not bytes or ``he_scheme`` not a string; the
+            clients sent different public material or another scheme (they must share one key
+            pair), or no client sent any; public material that is not a public key of the scheme
+            (unreadable, or a CKKS context holding a secret key).
     """
     hello = hello or {}
+    for cid, h in hello.items():
+        if not isinstance(h.get("he_public", b""), (bytes, bytearray)) or not isinstance(
+            h.get("he_scheme", cfg.encryption), str
+        ):
+            raise DataError(f"client {cid!r} sent a hello whose he_public is not bytes or he_scheme not a string.")
     publics = {bytes(h.get("he_public", b"")) for h in hello.values()}
     schemes = {str(h.get("he_scheme", cfg.encryption)) for h in hello.values()}
     if len(publics) != 1:
@@ -148,7 +155,12 @@ def build_server(sd: ServerData, cfg: HyFDCAConfig, seed: int, hello: Mapping[st
         raise DataError(
             f"a client uses {sorted(schemes - {cfg.encryption})[0]} encryption, the server {cfg.encryption}."
         )
-    return HyFDCAServer(sd.block_shapes, cfg, server_backend(cfg.encryption, publics.pop(), cfg.precision_bits), seed)
+    try:
+        backend = server_backend(cfg.encryption, publics.pop(), cfg.precision_bits)
+    except Exception as e:  # any malformed public material is one sentence
+        reason = str(e) if isinstance(e, ValueError) and "secret key" in str(e) else "it cannot be read"
+        raise DataError(f"the clients' {cfg.encryption} public material is not a public key: {reason}") from None
+    return HyFDCAServer(sd.block_shapes, cfg, backend, seed)
 
 
 def monitor(
