@@ -207,7 +207,9 @@ def test_ckks_run_matches_plaintext_and_server_sees_only_ciphertexts(credit_smal
             for c in m.payload.get(key, []):
                 assert isinstance(c, bytes) and dealer.client_backend().decrypt(c).size > 0
         arrays = {k for k, v in m.payload.items() if isinstance(v, np.ndarray)}
-        assert arrays <= {"share"}, (m.kind, arrays)  # the only plaintext array: the primal share (w is public)
+        # the only array in the clear: the primal share's change, masked (secure aggregation, uint64)
+        assert arrays <= {"masked"}, (m.kind, arrays)
+        assert all(m.payload[k].dtype == np.uint64 for k in arrays)
     blob = b"".join(raw)
     c = next(iter(clients.values()))
     secrets_ = np.concatenate([c.alpha[c.alpha != 0][:20], c.u[:20]]).astype("<f8")

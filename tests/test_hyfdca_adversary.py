@@ -65,6 +65,14 @@ def _unit_alpha(fed, cid: str, label: int) -> tuple[list[bytes], int]:
     return cts, k
 
 
+def _primal(fed, cid: str, rnd: int, payload: dict) -> Message:
+    """``hyfdca.primal`` to ``cid`` with the secure-aggregation fields an honest server adds (a
+    fresh ``tag``, the other clients as ``peers``, ``acked``), through the codec."""
+    peers = [c for c in fed.transport.client_ids if c != cid]
+    extra = {"tag": fed.server.sa_tag + 1, "peers": peers, "acked": False}
+    return _cross(Message("hyfdca.primal", SERVER, cid, rnd, {**payload, **extra}))
+
+
 def _row(client, k: int) -> np.ndarray:
     x = client.X[k]
     return np.asarray(x.toarray() if hasattr(x, "toarray") else x).ravel()
@@ -84,15 +92,15 @@ def test_block_mode_client_refuses_a_server_alpha(tiny, paillier_secret):
     client = fed.clients[cid]
     cts, k = _unit_alpha(fed, cid, -1)
     before = client.get_state()
-    msg = _cross(Message("hyfdca.primal", SERVER, cid, 2, {"alpha": cts, "commit": True}))
+    msg = _primal(fed, cid, 2, {"alpha": cts, "commit": True})
     with pytest.raises(PayloadError) as e:
         client.handle(msg)
     assert str(e.value) == "'server' sent 'hyfdca.primal' with 'alpha' not expected in this message."
     assert (e.value.sender, e.value.kind, e.value.field) == (SERVER, "hyfdca.primal", "alpha")
     assert np.array_equal(client.alpha, before["alpha"])
-    # the honest message (commit only) still answers, from the client's own duals (zero here)
-    share = client.handle(_cross(Message("hyfdca.primal", SERVER, cid, 2, {"commit": True}))).payload["share"]
-    assert not np.allclose(share, _row(client, k))
+    # the honest message (commit only) still answers, from the client's own duals, masked (secure aggregation)
+    reply = client.handle(_primal(fed, cid, 2, {"commit": True})).payload
+    assert "share" not in reply and reply["masked"].dtype == np.uint64
 
 
 def test_consensus_client_refuses_a_unit_vector_on_a_negative_sample(tiny, paillier_secret):
@@ -109,7 +117,7 @@ def test_consensus_client_refuses_a_unit_vector_on_a_negative_sample(tiny, paill
     cts, k = _unit_alpha(fed, cid, -1)
     last = client.alpha.copy()
     with pytest.raises(PayloadError, match="outside the hinge loss's dual domain") as e:
-        client.handle(_cross(Message("hyfdca.primal", SERVER, cid, 2, {"alpha": cts})))
+        client.handle(_primal(fed, cid, 2, {"alpha": cts}))
     assert e.value.field == "alpha" and e.value.sender == SERVER
     assert np.array_equal(client.alpha, last) and client.alpha_round == 1
     # the old behaviour this prevents: the decrypted e_k times X is row k exactly
@@ -135,7 +143,7 @@ def test_consensus_client_refuses_an_unexplainable_change(tiny):
         own = client.alpha[client.seg_rows[fed.server.client_segs[cid].index(g)]]
         crafted.append(fed.server.he.encrypt(own + 5.0 * fed.server.he.decrypt(c)))
     with pytest.raises(PayloadError, match="changing alpha by more than nu per round since round 1"):
-        client.handle(_cross(Message("hyfdca.primal", SERVER, cid, 2, {"alpha": crafted})))
+        client.handle(_primal(fed, cid, 2, {"alpha": crafted}))
 
 
 def test_segment_client_refuses_a_unit_vector(tiny):
@@ -149,7 +157,7 @@ def test_segment_client_refuses_a_unit_vector(tiny):
     client = fed.clients[cid]
     cts, _ = _unit_alpha(fed, cid, -1)
     with pytest.raises(PayloadError, match="dual domain"):
-        client.handle(_cross(Message("hyfdca.primal", SERVER, cid, 2, {"alpha": cts})))
+        client.handle(_primal(fed, cid, 2, {"alpha": cts}))
     start = {"w": client.w.copy(), "segs": [0], "count": [1], "order": [0], "seed": 3, "sigma": 1.0, "alpha": cts}
     with pytest.raises(PayloadError, match="dual domain"):
         client.handle(_cross(Message("hyfdca.segstart", SERVER, cid, 2, start)))
@@ -230,12 +238,14 @@ class _Crashing(_Corrupting):
 
 
 def _nan_share(p):
-    p["share"] = np.full_like(p["share"], np.nan)
+    key = "masked" if "masked" in p else "share"
+    p[key] = np.full(p[key].shape, np.nan)
     return p
 
 
 def _short_share(p):
-    p["share"] = p["share"][:1].copy()
+    key = "masked" if "masked" in p else "share"
+    p[key] = p[key][:1].copy()
     return p
 
 
@@ -265,12 +275,14 @@ def _alpha(fed) -> list[np.ndarray]:
 @pytest.mark.parametrize(
     "mode,kind,corrupt,field",
     [
-        ("block", "hyfdca.primal", _nan_share, "share"),
-        ("block", "hyfdca.primal", _short_share, "share"),
+        ("block", "hyfdca.primal", _nan_share, "masked"),
+        ("block", "hyfdca.primal", _short_share, "masked"),
+        ("block", "hyfdca.primal", _nan_share, "share"),  # without secure aggregation
         ("block", "hyfdca.dual", _empty("dalpha"), "dalpha"),
-        ("consensus", "hyfdca.primal", _nan_share, "share"),
+        ("consensus", "hyfdca.primal", _nan_share, "masked"),
+        ("consensus", "hyfdca.primal", _short_share, "share"),  # without secure aggregation
         ("consensus", "hyfdca.dual", _empty("dalpha"), "dalpha"),
-        ("segment", "hyfdca.primal", _short_share, "share"),
+        ("segment", "hyfdca.primal", _short_share, "masked"),
     ],
 )
 def test_a_bad_reply_is_a_missing_reply(tiny, caplog, mode, kind, corrupt, field):
@@ -279,7 +291,7 @@ def test_a_bad_reply_is_a_missing_reply(tiny, caplog, mode, kind, corrupt, field
     a NaN share made ``w`` all-NaN, a ``(1,)`` share was broadcast over the client's features, an
     empty ``dalpha`` was accepted and the client told to commit."""
     extra = {"batch_size": 16} if mode == "segment" else {"local_fraction": 0.2, "sigma": 30}
-    cfg = _cfg(dual_mode=mode, rounds=3, **extra)
+    cfg = _cfg(dual_mode=mode, rounds=3, secure_aggregation=field != "share", **extra)
     with caplog.at_level(logging.WARNING, logger="hybridfl.algorithms.hyfdca.server"):
         bad, bad_rows, cid = _run(tiny, cfg, lambda c, t: _Corrupting(c, kind, 2, corrupt))
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]

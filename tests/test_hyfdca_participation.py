@@ -36,6 +36,9 @@ def _cfg(**kw) -> HyFDCAConfig:
     base = dict(
         lam=1e-2, rounds=ROUNDS, eval_every=0, reference=False, dual_mode="consensus", local_fraction=0.05, sigma=30
     )
+    # the exact identities below hold for the plaintext shares; secure aggregation sums them in
+    # fixed point (2^-32): tests/test_secagg.py checks that it gives the same w to that resolution
+    base["secure_aggregation"] = False
     base.update(kw)
     return HyFDCAConfig(**base)
 

@@ -222,7 +222,7 @@ def test_segment_server_receives_only_ciphertexts(credit_small):
                 assert isinstance(c, bytes) and key.decrypt(c).size > 0
                 kinds.add(k)
         arrays = {k for k, v in m.payload.items() if isinstance(v, np.ndarray)}
-        assert arrays <= {"share"}, (m.kind, arrays)
+        assert arrays <= {"masked"}, (m.kind, arrays)  # the masked change of the primal share (uint64)
     assert kinds == {"ip", "dalpha", "norms", "gram"}
     blob = b"".join(raw)
     c = next(iter(clients.values()))

@@ -79,6 +79,7 @@ import scipy.sparse as sp
 
 from hybridfl.algorithms.convex.losses import RowData
 from hybridfl.algorithms.convex.problem import features, signed_labels
+from hybridfl.algorithms.hyfdca.secure import SecureSharesClientMixin
 from hybridfl.algorithms.hyfdca.segment import SegmentClientMixin
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.errors import ProtocolError
@@ -91,7 +92,7 @@ _VECTORS = ("alpha", "u", "q", "w", "own_sq")
 """The client's float64 state vectors (``(n_k,)`` but ``w`` ``(d_k,)``)."""
 
 
-class HyFDCAClient(SegmentClientMixin):
+class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin):
     """Client-side steps of HyFDCA for one client.
 
     Args:
@@ -101,6 +102,8 @@ class HyFDCAClient(SegmentClientMixin):
         he: its encryption backend (holds the shared secret key; from the clients' key pair).
         seed: seeds its coordinate sampling (round ``t`` uses ``default_rng([seed, t])``).
         sparse: ``auto`` | ``dense`` | ``sparse`` feature storage.
+        require_secagg: refuse a run without secure aggregation of the primal shares (its own
+            policy: set when it holds an HE key pair; :mod:`.secure`).
 
     State kept between messages (:meth:`get_state`): ``alpha`` ``(n_k,)`` its copy of the dual
     variables, ``u`` ``(n_k,)`` the last decrypted inner products, ``q`` ``(n_k,)`` full squared
@@ -118,6 +121,7 @@ class HyFDCAClient(SegmentClientMixin):
         he: HEBackend,
         seed: int = 0,
         sparse: str = "auto",
+        require_secagg: bool = False,
     ):
         self.client_id = client_id
         self.ids = np.asarray(data.ids).astype(str)
@@ -144,6 +148,8 @@ class HyFDCAClient(SegmentClientMixin):
         self.seg_batches: list[list[np.ndarray]] = []  # segment mode: row positions of each fixed mini-batch
         self.gram: list[list[np.ndarray]] = []  # segment mode: full Gram matrix of each mini-batch (all blocks)
         self.sweep: dict[int, dict] = {}  # segment mode: this round's pass over each active segment
+        self.require_secagg = require_secagg
+        self._secure_init()  # secure aggregation of its primal shares: key pair, counted base
 
     # -- helpers
     def _reply(self, msg: Message, t0: float, he0: float, **payload) -> Message:
@@ -248,12 +254,22 @@ class HyFDCAClient(SegmentClientMixin):
         t0, he0 = time.perf_counter(), self.he.seconds
         p = msg.payload
         if msg.kind == "hyfdca.hello":
-            return self._reply(msg, t0, he0, ids=self.ids.tolist(), blocks=self.blocks, n_samples=int(self.ids.size))
+            return self._reply(
+                msg,
+                t0,
+                he0,
+                ids=self.ids.tolist(),
+                blocks=self.blocks,
+                n_samples=int(self.ids.size),
+                secagg_public=self.secagg.public_bytes(),
+            )
         if msg.kind == "hyfdca.init":
             validate.array(msg, "segment", (self.ids.size,), kinds="iu")
             n_seg = validate.array(msg, "holders", (None,), kinds="iu").size
             validate.array(msg, "block_weight", (n_seg * len(self.blocks),))
+            secure = self.secure_setup(msg)
             norms, gram = self.init(p)
+            self.params["secure_aggregation"] = secure
             return self._reply(msg, t0, he0, norms=norms, **({"gram": gram} if gram else {}))
         if msg.kind not in _ROUND_KINDS:
             raise ProtocolError(f"HyFDCA client {self.client_id!r} got unknown message kind {msg.kind!r}.")
@@ -277,7 +293,16 @@ class HyFDCAClient(SegmentClientMixin):
             return self._reply(msg, t0, he0, ip=self.inner_product_shares(msg))
         if msg.kind == "hyfdca.dual":
             return self._reply(msg, t0, he0, dalpha=self.local_dual_method(msg, msg.round))
-        return self._reply(msg, t0, he0, share=self.primal_share(msg))
+        if msg.kind == "hyfdca.unmask":
+            if not self.params.get("secure_aggregation"):
+                raise ProtocolError(
+                    f"HyFDCA client {self.client_id!r} got 'hyfdca.unmask' in a run without secure aggregation."
+                )
+            return self._reply(msg, t0, he0, correction=self.unmask(msg))
+        share = self.primal_share(msg)
+        if self.params.get("secure_aggregation"):
+            return self._reply(msg, t0, he0, masked=self.masked_share(msg, share))
+        return self._reply(msg, t0, he0, share=share)
 
     def get_state(self) -> dict[str, Any]:
         """Everything the client keeps between two messages, as codec values (checkpoints and
@@ -298,6 +323,7 @@ class HyFDCAClient(SegmentClientMixin):
                 if self.seg_colw[s] is not None:
                     st[f"seg_colw.{s}"] = np.asarray(self.seg_colw[s], dtype=np.float64)
         st.update(self._segment_state())
+        st.update(self._secure_state())
         return st
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -318,6 +344,7 @@ class HyFDCAClient(SegmentClientMixin):
                 for s in range(scale.size)
             ]
         self._set_segment_state(state)
+        self._set_secure_state(state)
 
     def init(self, p: Mapping[str, Any]) -> tuple[list[bytes], list[bytes]]:
         """Setup (``hyfdca.init``; SPEC.md "the full squared norm, obtainable once by the same
@@ -424,12 +451,15 @@ class HyFDCAClient(SegmentClientMixin):
                 ``commit`` that is not a bool; the other modes: a missing or refused ``alpha``.
         """
         p = msg.payload
+        secure = ("tag", "peers", "acked") if self.params.get("secure_aggregation") else ()
+        validate.only_keys(msg, ("commit" if self.params["dual_mode"] == "block" else "alpha", *secure))
+        if secure:
+            validate.integer(msg, "tag", low=0, high=2**62)
+            validate.strings(msg, "peers")
         if self.params["dual_mode"] == "block":
-            validate.only_keys(msg, ("commit",))
             if "commit" in p and not isinstance(p["commit"], (bool, np.bool_)):
                 raise PayloadError(msg, "commit", f"of type {type(p['commit']).__name__}, not a bool")
         else:
-            validate.only_keys(msg, ("alpha",))
             self.accept_alpha(msg)
         if self.pending is not None:
             if bool(p.get("commit", True)):
@@ -444,5 +474,5 @@ class HyFDCAClient(SegmentClientMixin):
 
 
 _ROUND_KINDS = frozenset(
-    {"hyfdca.norms", "hyfdca.segstart", "hyfdca.sweep", "hyfdca.ip", "hyfdca.dual", "hyfdca.primal"}
+    {"hyfdca.norms", "hyfdca.segstart", "hyfdca.sweep", "hyfdca.ip", "hyfdca.dual", "hyfdca.primal", "hyfdca.unmask"}
 )

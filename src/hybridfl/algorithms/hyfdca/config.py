@@ -81,6 +81,10 @@ class HyFDCAConfig(BaseModel):
         "auto", description="client feature storage (auto: CSR below 25 % non-zeros)"
     )
     encryption: Literal["none", "paillier", "ckks"] = "none"
+    secure_aggregation: bool = Field(
+        True,
+        description="mask the primal shares pairwise so the server learns only their sum per feature (our addition; the paper sends them in the clear): hybridfl.algorithms.hyfdca.secure",
+    )
     paillier_bits: int = Field(2048, ge=256)
     precision_bits: int = Field(40, ge=16, le=60, description="Paillier fixed-point fraction bits")
     ckks_degree: Literal[4096, 8192, 16384] = 8192

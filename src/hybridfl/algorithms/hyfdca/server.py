@@ -52,6 +52,7 @@ from hybridfl.algorithms.convex.problem import block_offsets, feature_index
 from hybridfl.algorithms.hyfdca.checks import ReplyChecksMixin, check_hello
 from hybridfl.algorithms.hyfdca.config import HyFDCAConfig
 from hybridfl.algorithms.hyfdca.output import OutputModelMixin
+from hybridfl.algorithms.hyfdca.secure import SecureSharesServerMixin
 from hybridfl.algorithms.hyfdca.segment import SegmentServerMixin
 from hybridfl.algorithms.participation import select_participants
 from hybridfl.errors import ConfigError, PartitionError, ProtocolError, UnknownBlockError
@@ -67,7 +68,7 @@ Check = Callable[[Message], None]
 """A reply check: raises :class:`PayloadError` for a malformed reply."""
 
 
-class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin):
+class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, SecureSharesServerMixin):
     """Server-side steps of HyFDCA. Holds only public material: ``w`` (plaintext, the model),
     ``enc(alpha)`` per segment, the clients' last encrypted inner-product shares and primal shares.
 
@@ -110,6 +111,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin):
         self.alpha_sum: list[bytes] = []
         self.avg_count = 0
         self.bad: set[str] = set()  # clients whose reply failed its check this round (treated as failed)
+        self._secure_reset()  # secure aggregation of the primal shares (:mod:`.secure`)
 
     # -- accounting
     def _exchange(
@@ -181,8 +183,13 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin):
         self.client_ids = list(client_ids)
         self.seg_holders = []
         self.bad = set()
+        self._secure_reset()
+        secure = cfg.secure_aggregation
         hello = self._setup_exchange(
-            transport, [Message("hyfdca.hello", SERVER, c, 0) for c in self.client_ids], stats, check_hello
+            transport,
+            [Message("hyfdca.hello", SERVER, c, 0) for c in self.client_ids],
+            stats,
+            (lambda r: (check_hello(r), self.secure_hello(r))) if secure else check_hello,
         )
         holders: dict[str, list[str]] = defaultdict(list)
         client_ids_order: dict[str, list[str]] = {}
@@ -253,6 +260,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin):
                 "holders": np.array([len(self.seg_holders[g]) for g in segs], dtype=np.int64),
                 "block_weight": bw.ravel(),
                 **(self._segment_init_payload(segs, batch_seed) if segment else {}),
+                **(self.secure_init_payload(cid, blocks) if secure else {}),
             }
             init_msgs.append(Message("hyfdca.init", SERVER, cid, 0, payload))
 
@@ -413,7 +421,10 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin):
         """PrimalAggregation, server part (Alg. 4 lines 5-6): send ``msgs`` (``hyfdca.primal``),
         keep each answering client's new share, and set ``w_f = (1/(lambda N)) sum_k share_{k,f}``
         over every client's newest share (an absent client's is its last one: Alg. 4 updates ``w``
-        "from available local" shares). Returns the clients that answered."""
+        "from available local" shares). Returns the clients that answered. With
+        ``secure_aggregation`` the server sees only masked changes (:meth:`collect_masked`)."""
+        if self.config.secure_aggregation:
+            return self.collect_masked(transport, msgs, stats)
         answered: set[str] = set()
         for r in self._exchange(transport, msgs, stats, self._check_share):
             answered.add(r.sender)
@@ -462,7 +473,8 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin):
             "avg_count": self.avg_count,
             "encryption": self.config.encryption,
         }
-        return arrays, meta
+        sa_arrays, sa_meta = self._secure_state()
+        return {**arrays, **sa_arrays}, {**meta, **sa_meta}
 
     def set_state(self, arrays: Mapping[str, np.ndarray], meta: dict) -> None:
         """Restore what :meth:`get_state` returned, after :meth:`setup` on the same clients.
@@ -490,6 +502,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin):
         }
         self.last_round = {str(c): int(r) for c, r in meta["last_round"].items()}
         self.rng.bit_generator.state = meta["rng"]
+        self._set_secure_state(arrays, meta)
         self.avg_count = int(meta.get("avg_count", 0))
         if self.avg_count:
             self.w_sum = np.asarray(arrays["w_sum"], dtype=np.float64).copy()

@@ -128,7 +128,10 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
             its key is below the minimum size.
     """
     pos = client_positive_set(cd, cfg.loss, cfg.positive_classes, "HyFDCA")
-    return HyFDCAClient(cd.client_id, cd.data, pos, _backend(cd, cfg)[0], client_seed(seed, cd.index), cfg.sparse)
+    he = _backend(cd, cfg)[0]
+    return HyFDCAClient(
+        cd.client_id, cd.data, pos, he, client_seed(seed, cd.index), cfg.sparse, require_secagg=SECRET in cd.secrets
+    )
 
 
 def build_server(sd: ServerData, cfg: HyFDCAConfig, seed: int, hello: Mapping[str, dict] | None = None) -> HyFDCAServer:

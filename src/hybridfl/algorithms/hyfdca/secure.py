@@ -1,0 +1,237 @@
+"""Secure aggregation of HyFDCA's primal shares (``secure_aggregation: true``, the default; our
+addition to the paper, which sends each client's share ``X_k^T alpha`` in the clear, HyFDCA
+Alg. 4 lines 2-4).
+
+Why: a share is a combination of the client's raw rows (issue 15: with CKKS and ``local_steps: 1``
+the round-1 share is a scaled raw row, and consecutive shares differ by a raw row times a
+label-signed scalar). With secure aggregation (:mod:`hybridfl.privacy.secagg`) the server learns,
+per feature, only the sum of the changes of the shares of the clients in the exchange that hold
+it: ``lambda N`` times the change of ``w`` it computes anyway, and nothing else.
+
+Protocol (every ``hyfdca.primal`` exchange, PrimalAggregation, Alg. 1 lines 7 and 17):
+
+1. ``hyfdca.hello`` reply: ``secagg_public`` (the client's X25519 public key). ``hyfdca.init``
+   relays the others' keys and blocks (``secagg_peers``, ``secagg_keys``, ``secagg_blocks``).
+2. ``hyfdca.primal`` carries ``tag`` (a fresh exchange number), ``peers`` (the other clients of the
+   exchange) and ``acked`` (whether the server counted the client's previous change). The client
+   keeps ``base``, the fixed-point share the server has counted for it; it sends
+   ``masked = (fixed(share) - base) + masks`` (``uint64`` ``(d_k,)``).
+3. The server adds the masked changes per feature (the masks cancel). If a client's reply is
+   missing, ``hyfdca.unmask`` asks the others for their masks with it (``correction``); if one of
+   them fails too, the whole exchange is dropped (no change counted; every client resends its
+   change next time, ``acked`` false).
+
+So ``w = fixed-point sum / (2^32 lambda N)`` equals the plaintext ``w`` of the same shares to
+``2^-33`` per share. A client holding an HE key pair refuses a run without secure aggregation
+(its own policy, :func:`hybridfl.algorithms.hyfdca.spec.build_client`).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+
+import numpy as np
+
+from hybridfl.errors import ProtocolError
+from hybridfl.privacy.secagg import SecAggClient, check_public_key, from_fixed, to_fixed
+from hybridfl.runtime import validate
+from hybridfl.runtime.messages import SERVER, Message
+from hybridfl.runtime.transport import Transport
+from hybridfl.runtime.validate import PayloadError
+
+log = logging.getLogger(__name__)
+
+
+class SecureSharesClientMixin:
+    """Client side (:class:`~hybridfl.algorithms.hyfdca.client.HyFDCAClient`): key pair, the
+    counted ``base`` ``(d_k,)`` int64 and the ``pending`` fixed-point share awaiting ``acked``."""
+
+    def _secure_init(self) -> None:
+        self.secagg = SecAggClient(self.client_id, self.blocks, self.block_sizes)
+        self.sa_base = np.zeros(self.X.shape[1], dtype=np.int64)
+        self.sa_pending: np.ndarray | None = None
+
+    def secure_setup(self, msg: Message) -> bool:
+        """Take the peers' keys and blocks from ``hyfdca.init`` (if the run uses secure
+        aggregation). Returns whether it does.
+
+        Raises:
+            PayloadError: the three lists are not of equal length, a key is not an X25519 public
+                key, a blocks entry is not a JSON list of names, its own name or key among them.
+            EncryptionPolicyError: the client requires secure aggregation and the run has none.
+        """
+        p = msg.payload
+        if "secagg_peers" not in p:
+            if self.require_secagg:
+                from hybridfl.errors import EncryptionPolicyError
+
+                raise EncryptionPolicyError(
+                    f"client {self.client_id!r} holds an HE key pair and refuses a run without secure aggregation "
+                    f"of the primal shares."
+                )
+            return False
+        peers = validate.strings(msg, "secagg_peers")
+        keys = validate.blobs(msg, "secagg_keys", len(peers), max_bytes=32)
+        blocks = p.get("secagg_blocks", [])
+        if not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks):
+            raise PayloadError(msg, "secagg_blocks", "not a list of strings")
+        if len(blocks) != len(peers):
+            raise PayloadError(msg, "secagg_blocks", f"holding {len(blocks)} items, expected {len(peers)}")
+        table = {}
+        for cid, pk, bl in zip(peers, keys, blocks):
+            try:
+                names = json.loads(bl)
+            except ValueError:
+                names = None
+            if not isinstance(names, list) or not all(isinstance(b, str) for b in names):
+                raise PayloadError(msg, "secagg_blocks", "holding an item that is not a JSON list of block names")
+            table[cid] = (pk, names)
+        try:
+            self.secagg.set_peers(table)
+        except ProtocolError as e:
+            raise PayloadError(msg, "secagg_keys", f"refused ({e})") from None
+        return True
+
+    def masked_share(self, msg: Message, share: np.ndarray) -> np.ndarray:
+        """Its masked change of share for this exchange (uint64 ``(d_k,)``), after taking the
+        server's ``acked`` for the previous one.
+
+        Raises:
+            PayloadError: ``acked`` not a bool, ``tag`` not a non-negative integer above every
+                earlier tag, ``peers`` not the names of known peers (itself excluded).
+            DataError: the share is too large for the fixed point.
+        """
+        p = msg.payload
+        if not isinstance(p.get("acked"), (bool, np.bool_)):
+            raise PayloadError(msg, "acked", "missing or not a bool")
+        tag = validate.integer(msg, "tag", low=0, high=2**62)
+        peers = validate.strings(msg, "peers")
+        fixed = to_fixed(share, f"the primal share of client {self.client_id!r}")
+        if bool(p["acked"]) and self.sa_pending is not None:
+            self.sa_base = self.sa_pending
+        try:
+            masked = self.secagg.mask(fixed - self.sa_base, tag, peers)
+        except ProtocolError as e:
+            raise PayloadError(msg, "tag" if "tag" in str(e) else "peers", f"refused ({e})") from None
+        self.sa_pending = fixed
+        return masked
+
+    def unmask(self, msg: Message) -> np.ndarray:
+        """``hyfdca.unmask``: its masks with the ``dropped`` clients of its last exchange.
+
+        Raises:
+            PayloadError: a bad ``tag`` or ``dropped``, or one outside its last exchange.
+        """
+        validate.only_keys(msg, ("tag", "dropped"))
+        tag = validate.integer(msg, "tag", low=0, high=2**62)
+        dropped = validate.strings(msg, "dropped")
+        try:
+            return self.secagg.correction(tag, dropped)
+        except ProtocolError as e:
+            raise PayloadError(msg, "dropped", f"refused ({e})") from None
+
+    def _secure_state(self) -> dict:
+        st = dict(self.secagg.get_state())
+        st["sa_base"] = self.sa_base.copy()
+        if self.sa_pending is not None:
+            st["sa_pending"] = self.sa_pending.copy()
+        return st
+
+    def _set_secure_state(self, state: Mapping) -> None:
+        self.secagg.set_state(state)
+        if "sa_base" in state:
+            self.sa_base = np.asarray(state["sa_base"], dtype=np.int64).copy()
+            self.sa_pending = np.asarray(state["sa_pending"], dtype=np.int64).copy() if "sa_pending" in state else None
+
+
+class SecureSharesServerMixin:
+    """Server side (:class:`~hybridfl.algorithms.hyfdca.server.HyFDCAServer`): the fixed-point
+    sum of the counted shares ``sa_sum`` ``(d,)`` uint64, the next tag, and per client whether its
+    last change was counted."""
+
+    def _secure_reset(self) -> None:
+        self.sa_sum = np.zeros(self.d, dtype=np.uint64)
+        self.sa_tag = 0
+        self.sa_counted: dict[str, bool] = {}
+        self.sa_publics: dict[str, bytes] = {}
+
+    def secure_hello(self, r: Message) -> None:
+        """Check and keep a hello's ``secagg_public`` (with secure aggregation on).
+
+        Raises:
+            PayloadError: missing, not a 32-byte X25519 public key, or another client's key.
+        """
+        try:
+            pk = check_public_key(r.payload.get("secagg_public"), "it")
+        except ProtocolError as e:
+            raise PayloadError(r, "secagg_public", str(e).removeprefix("it ").rstrip(".")) from None
+        if pk in self.sa_publics.values():
+            raise PayloadError(r, "secagg_public", "equal to another client's key")
+        self.sa_publics[r.sender] = pk
+
+    def secure_init_payload(self, cid: str, blocks: Mapping[str, list[str]]) -> dict:
+        """The ``hyfdca.init`` entries for ``cid``: the other clients' names, keys and blocks."""
+        peers = [c for c in self.client_ids if c != cid]
+        return {
+            "secagg_peers": peers,
+            "secagg_keys": [self.sa_publics[c] for c in peers],
+            "secagg_blocks": [json.dumps(list(blocks[c])) for c in peers],
+        }
+
+    def _check_masked(self, r: Message) -> None:
+        validate.array(r, "masked", (len(self.feat[r.sender]),), kinds="u")
+        if r.payload["masked"].dtype != np.uint64:
+            raise PayloadError(r, "masked", f"of dtype {r.payload['masked'].dtype}, not uint64")
+
+    def _check_correction(self, r: Message) -> None:
+        validate.array(r, "correction", (len(self.feat[r.sender]),), kinds="u")
+        if r.payload["correction"].dtype != np.uint64:
+            raise PayloadError(r, "correction", f"of dtype {r.payload['correction'].dtype}, not uint64")
+
+    def collect_masked(self, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
+        """PrimalAggregation with secure aggregation (module docstring): send ``msgs`` with
+        ``tag``, ``peers`` and ``acked`` added, sum the masked changes, unmask the missing
+        clients' pair masks, and set ``w`` from the counted sum. Returns the clients whose change
+        was counted (none if the unmasking failed)."""
+        tag = self.sa_tag = self.sa_tag + 1
+        names = [m.receiver for m in msgs]
+        sent = []
+        for m in msgs:
+            extra = {
+                "tag": tag,
+                "peers": [c for c in names if c != m.receiver],
+                "acked": self.sa_counted.get(m.receiver, False),
+            }
+            sent.append(Message(m.kind, m.sender, m.receiver, m.round, {**m.payload, **extra}))
+            self.sa_counted[m.receiver] = False
+        total = np.zeros(self.d, dtype=np.uint64)
+        got: set[str] = set()
+        for r in self._exchange(transport, sent, stats, self._check_masked):
+            total[self.feat[r.sender]] += r.payload["masked"]
+            got.add(r.sender)
+        dropped = [c for c in names if c not in got]
+        if dropped and got:
+            rnd = msgs[0].round
+            asks = [Message("hyfdca.unmask", SERVER, c, rnd, {"tag": tag, "dropped": dropped}) for c in sorted(got)]
+            fixes = self._exchange(transport, asks, stats, self._check_correction)
+            if {r.sender for r in fixes} != got:
+                log.warning("HyFDCA: secure aggregation of exchange %d could not be unmasked; nothing counted.", tag)
+                return set()
+            for r in fixes:
+                total[self.feat[r.sender]] -= r.payload["correction"]
+        self.sa_sum += total
+        for c in got:
+            self.sa_counted[c] = True
+        self.w = from_fixed(self.sa_sum) / (self.config.lam * self.N)
+        return got
+
+    def _secure_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        return {"sa_sum": self.sa_sum.copy()}, {"sa_tag": self.sa_tag, "sa_counted": self.sa_counted}
+
+    def _set_secure_state(self, arrays: Mapping[str, np.ndarray], meta: Mapping) -> None:
+        if "sa_sum" in arrays:
+            self.sa_sum = np.asarray(arrays["sa_sum"]).astype(np.uint64).copy()
+            self.sa_tag = int(meta.get("sa_tag", 0))
+            self.sa_counted = {str(c): bool(v) for c, v in meta.get("sa_counted", {}).items()}

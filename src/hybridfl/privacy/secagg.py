@@ -1,0 +1,248 @@
+"""Secure aggregation by pairwise additive masks: the server learns the sum of the clients'
+vectors, never one client's vector.
+
+The construction is the pairwise-mask core of Bonawitz et al., "Practical Secure Aggregation for
+Privacy-Preserving Machine Learning" (CCS 2017, Sec. 4), on coordinates held by several clients:
+
+- **Key agreement** (once per run): every client makes an X25519 key pair and sends the public
+  key; the server relays them. Clients ``i`` and ``j`` derive the pair key
+  ``k_ij = HKDF-SHA256(X25519(sk_i, pk_j))`` (``cryptography``; nothing here is our own crypto).
+- **Fixed point**: a value ``x`` is sent as ``round(x * 2^FRACTION_BITS)`` in the ring
+  ``Z_(2^64)`` (``uint64`` arithmetic wraps), so sums are exact integers and the masks cancel
+  exactly; the result equals the plaintext sum of the rounded values bit for bit.
+- **Masks**: for exchange ``tag`` the pair's mask is the ChaCha20 keystream of ``k_ij`` with nonce
+  ``tag`` (one 64-bit word per coordinate the two clients both hold, in a canonical order of the
+  common blocks). Client ``i`` adds ``+mask`` if ``i < j`` (string order) and ``-mask`` otherwise,
+  for every peer ``j`` in the exchange, so per coordinate the masks of the holders cancel in the
+  sum.
+- **Dropouts**: if a client's masked vector never arrives, the server asks the others for their
+  masks with it (:meth:`SecAggClient.correction`) and subtracts them. The dropped client's vector
+  was never received, so nothing of it is revealed.
+
+Adversary: an honest-but-curious server (it follows the protocol and reads everything) learns,
+per coordinate, only the sum over the exchange's clients that hold it, plus the exchange's
+membership. Not covered (documented in ``docs/privacy.md``): a *malicious* server can substitute
+public keys (no PKI) or claim that a client dropped after receiving its vector, and then unmask it
+(Bonawitz et al. add self-masks and secret sharing for that; not implemented); a coordinate held
+by one client of the exchange is that client's value; colluding clients learn their pair masks.
+A client never reuses a tag (keystream reuse would reveal differences of its vectors).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from hybridfl.errors import DataError, ProtocolError
+
+FRACTION_BITS = 32
+"""Fixed-point fraction bits: a value is sent as ``round(x * 2^32)`` (resolution 2.3e-10)."""
+
+MAGNITUDE_LIMIT = 2.0**23
+"""Largest ``|x|`` one client may send (``2^55`` in fixed point), so that a sum over up to 128
+clients stays below ``2^62`` and never wraps."""
+
+PUBLIC_KEY_BYTES = 32
+
+
+def to_fixed(x: np.ndarray, what: str) -> np.ndarray:
+    """``round(x * 2^FRACTION_BITS)`` as ``int64``, same shape.
+
+    Raises:
+        DataError: a non-finite value, or ``|x| > MAGNITUDE_LIMIT`` (names ``what``).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    if not np.isfinite(x).all():
+        raise DataError(f"{what} holds NaN or infinite values and cannot be securely aggregated.")
+    big = float(np.abs(x).max()) if x.size else 0.0
+    if big > MAGNITUDE_LIMIT:
+        raise DataError(
+            f"{what} holds a value of magnitude {big:.3g}, above secure aggregation's limit {MAGNITUDE_LIMIT:.3g} "
+            f"(standardise the features)."
+        )
+    return np.rint(x * 2.0**FRACTION_BITS).astype(np.int64)
+
+
+def from_fixed(s: np.ndarray) -> np.ndarray:
+    """The float64 values of fixed-point sums ``s`` (``uint64`` or ``int64``, read as signed)."""
+    return np.asarray(s).view(np.int64).astype(np.float64) / 2.0**FRACTION_BITS
+
+
+def check_public_key(blob: object, what: str) -> bytes:
+    """``blob`` as the 32 raw bytes of an X25519 public key.
+
+    Raises:
+        ProtocolError: not bytes of the right length, or not a valid key (names ``what``).
+    """
+    if not isinstance(blob, (bytes, bytearray)) or len(blob) != PUBLIC_KEY_BYTES:
+        raise ProtocolError(f"{what} is not a {PUBLIC_KEY_BYTES}-byte X25519 public key.")
+    try:
+        X25519PublicKey.from_public_bytes(bytes(blob))
+    except ValueError:
+        raise ProtocolError(f"{what} is not a valid X25519 public key.") from None
+    return bytes(blob)
+
+
+def _positions(blocks: Sequence[str], sizes: Sequence[int]) -> dict[str, np.ndarray]:
+    out, start = {}, 0
+    for b, n in zip(blocks, sizes):
+        out[b] = np.arange(start, start + int(n), dtype=np.int64)
+        start += int(n)
+    return out
+
+
+class SecAggClient:
+    """One client's side of secure aggregation over its own coordinates.
+
+    Args:
+        client_id: its name (orders the pair signs).
+        blocks: its feature blocks, in the order of its vectors.
+        block_sizes: coordinates per block (its vectors have ``sum(block_sizes)`` entries).
+        private: its X25519 private key (32 raw bytes; a new one when ``None``).
+
+    State (:meth:`get_state`): the private key, the peers' public keys and blocks, the last tag
+    and the last exchange's peers (for :meth:`correction`).
+    """
+
+    def __init__(self, client_id: str, blocks: Sequence[str], block_sizes: Sequence[int], private: bytes | None = None):
+        self.client_id = client_id
+        self.blocks = list(blocks)
+        self.sizes = [int(n) for n in block_sizes]
+        self.dim = int(sum(self.sizes))
+        self._pos = _positions(self.blocks, self.sizes)
+        self._sk = X25519PrivateKey.from_private_bytes(private) if private is not None else X25519PrivateKey.generate()
+        self.peers: dict[str, tuple[bytes, list[str]]] = {}
+        self.last_tag = -1
+        self.last_peers: list[str] = []
+        self._keys: dict[str, bytes] = {}
+
+    def public_bytes(self) -> bytes:
+        """Its X25519 public key, 32 raw bytes (sent in the clear: public)."""
+        return self._sk.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+
+    def set_peers(self, peers: Mapping[str, tuple[bytes, Sequence[str]]]) -> None:
+        """The other clients: ``{client_id: (public key bytes, its blocks)}`` (from the server).
+
+        Raises:
+            ProtocolError: a key that is not an X25519 public key, its own key or name among
+                the peers, or two peers with the same key.
+        """
+        mine = self.public_bytes()
+        seen: set[bytes] = set()
+        out = {}
+        for cid, (pk, bl) in peers.items():
+            pk = check_public_key(pk, f"the secure-aggregation key of peer {cid!r}")
+            if cid == self.client_id or pk == mine:
+                raise ProtocolError(f"client {self.client_id!r} was sent its own secure-aggregation key as a peer's.")
+            if pk in seen:
+                raise ProtocolError(f"two peers of client {self.client_id!r} have the same secure-aggregation key.")
+            seen.add(pk)
+            out[str(cid)] = (pk, [str(b) for b in bl])
+        self.peers = out
+        self._keys = {}
+
+    def _pair_key(self, cid: str) -> bytes:
+        if cid not in self._keys:
+            shared = self._sk.exchange(X25519PublicKey.from_public_bytes(self.peers[cid][0]))
+            lo, hi = sorted((self.client_id, cid))
+            info = b"hybridfl secagg v1|" + lo.encode() + b"|" + hi.encode()
+            self._keys[cid] = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+        return self._keys[cid]
+
+    def common(self, cid: str) -> np.ndarray:
+        """Positions in its own vectors of the coordinates peer ``cid`` also holds (the common
+        blocks in sorted name order), ``(m,)`` int64."""
+        common = sorted(set(self.blocks) & set(self.peers[cid][1]))
+        if not common:
+            return np.zeros(0, dtype=np.int64)
+        return np.concatenate([self._pos[b] for b in common])
+
+    def _pair_mask(self, cid: str, tag: int) -> tuple[np.ndarray, np.ndarray]:
+        pos = self.common(cid)
+        nonce = b"\0\0\0\0" + int(tag).to_bytes(12, "little")
+        enc = Cipher(algorithms.ChaCha20(self._pair_key(cid), nonce), mode=None).encryptor()
+        words = np.frombuffer(enc.update(bytes(8 * pos.size)), dtype=np.uint64).copy()
+        return pos, (words if self.client_id < cid else np.zeros_like(words) - words)
+
+    def _mask_sum(self, tag: int, peers: Sequence[str]) -> np.ndarray:
+        out = np.zeros(self.dim, dtype=np.uint64)
+        for cid in peers:
+            pos, m = self._pair_mask(cid, tag)
+            out[pos] += m
+        return out
+
+    def mask(self, fixed: np.ndarray, tag: int, peers: Sequence[str]) -> np.ndarray:
+        """``fixed`` (int64 ``(dim,)``, from :func:`to_fixed`) plus its pair masks with ``peers``
+        for exchange ``tag``, as ``uint64`` ``(dim,)``.
+
+        Raises:
+            ProtocolError: ``tag`` not above every tag it used before (keystream reuse), an
+                unknown peer, itself among the peers, or a repeated peer.
+        """
+        tag = int(tag)
+        if tag <= self.last_tag:
+            raise ProtocolError(
+                f"client {self.client_id!r} was asked to reuse secure-aggregation tag {tag} (last {self.last_tag})."
+            )
+        peers = self._check_peers(peers)
+        self.last_tag, self.last_peers = tag, list(peers)
+        return np.asarray(fixed, dtype=np.int64).view(np.uint64) + self._mask_sum(tag, peers)
+
+    def correction(self, tag: int, dropped: Sequence[str]) -> np.ndarray:
+        """Its masks with the ``dropped`` peers of its last exchange (``tag``), ``uint64``
+        ``(dim,)``: the server subtracts them from the sum (Bonawitz et al. Sec. 4, unmasking).
+
+        Raises:
+            ProtocolError: ``tag`` is not its last exchange, or a dropped client was not a peer of
+                it (the server may only ask about the clients it sent that exchange to).
+        """
+        if int(tag) != self.last_tag:
+            raise ProtocolError(
+                f"client {self.client_id!r} was asked for the masks of exchange {tag}, its last was {self.last_tag}."
+            )
+        dropped = self._check_peers(dropped)
+        if not set(dropped) <= set(self.last_peers):
+            raise ProtocolError(
+                f"client {self.client_id!r} was asked for masks with a client outside its last exchange."
+            )
+        return self._mask_sum(int(tag), dropped)
+
+    def _check_peers(self, peers: Sequence[str]) -> list[str]:
+        peers = [str(p) for p in peers]
+        if len(set(peers)) != len(peers):
+            raise ProtocolError(f"client {self.client_id!r} got a repeated secure-aggregation peer.")
+        for p in peers:
+            if p == self.client_id or p not in self.peers:
+                raise ProtocolError(f"client {self.client_id!r} got the unknown secure-aggregation peer {p!r}.")
+        return peers
+
+    def get_state(self) -> dict:
+        """Codec values: ``secagg_sk`` (32 bytes), ``secagg_peers`` (JSON), ``secagg_tag``."""
+        sk = self._sk.private_bytes(
+            serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
+        )
+        peers = {cid: [pk.hex(), bl] for cid, (pk, bl) in self.peers.items()}
+        return {
+            "secagg_sk": sk,
+            "secagg_peers": json.dumps({"peers": peers, "last_peers": self.last_peers}),
+            "secagg_tag": int(self.last_tag),
+        }
+
+    def set_state(self, state: Mapping) -> None:
+        """Restore :meth:`get_state` (missing entries keep their values)."""
+        if "secagg_sk" in state:
+            self._sk = X25519PrivateKey.from_private_bytes(bytes(state["secagg_sk"]))
+            self._keys = {}
+        if "secagg_peers" in state:
+            d = json.loads(str(state["secagg_peers"]))
+            self.peers = {cid: (bytes.fromhex(pk), list(bl)) for cid, (pk, bl) in d["peers"].items()}
+            self.last_peers = list(d["last_peers"])
+            self._keys = {}
+        if "secagg_tag" in state:
+            self.last_tag = int(state["secagg_tag"])

@@ -1,0 +1,226 @@
+"""Secure aggregation (issue 15 item 4): pairwise masks cancel exactly, dropouts are unmasked, and
+HyFDCA's server sees only masked changes of the primal shares while computing the same ``w``.
+
+Adversary played: the honest-but-curious server, which reads every reply it gets. Without secure
+aggregation the round-1 share of a client with ``local_steps: 1`` is a scaled raw row (exactly
+collinear); with it, the server's view of each client is uniform noise in ``Z_(2^64)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridfl.algorithms.hyfdca import HyFDCAConfig
+from hybridfl.data.dataset import DatasetSplit
+from hybridfl.data.partitioners import GridPartitioner
+from hybridfl.errors import DataError, EncryptionPolicyError, ProtocolError
+from hybridfl.privacy.he import KeyDealer
+from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed
+from hybridfl.runtime.messages import decode
+from hybridfl.runtime.simulation import build_federation
+
+POS = [0, 1, 2, 3, 4]
+
+
+def _clients(layout: dict[str, list[str]], sizes: dict[str, int]) -> dict[str, SecAggClient]:
+    cl = {c: SecAggClient(c, bl, [sizes[b] for b in bl]) for c, bl in layout.items()}
+    for c, me in cl.items():
+        me.set_peers({o: (x.public_bytes(), x.blocks) for o, x in cl.items() if o != c})
+    return cl
+
+
+def _global(layout, sizes, blocks_order):
+    off, start = {}, 0
+    for b in blocks_order:
+        off[b] = np.arange(start, start + sizes[b])
+        start += sizes[b]
+    return {c: np.concatenate([off[b] for b in bl]) for c, bl in layout.items()}, start
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    holders=st.lists(st.sets(st.sampled_from("abc"), min_size=1), min_size=2, max_size=5),
+    dropped=st.sets(st.integers(0, 4)),
+    seed=st.integers(0, 2**31),
+)
+def test_masks_cancel_and_dropouts_are_unmasked(holders, dropped, seed):
+    """Any layout of blocks over 2-5 clients, any set of dropped clients: the unmasked sum equals
+    the plain sum of the fixed-point values of the clients that arrived, exactly (integers)."""
+    sizes = {"a": 3, "b": 1, "c": 4}
+    layout = {f"c{i}": sorted(h) for i, h in enumerate(holders)}
+    cl = _clients(layout, sizes)
+    pos, d = _global(layout, sizes, "abc")
+    rng = np.random.default_rng(seed)
+    names = list(cl)
+    got = [c for i, c in enumerate(names) if i not in dropped]
+    total = np.zeros(d, dtype=np.uint64)
+    want = np.zeros(d, dtype=np.int64)
+    for c in names:
+        x = to_fixed(rng.normal(scale=100, size=cl[c].dim), "x")
+        m = cl[c].mask(x, 7, [o for o in names if o != c])
+        if c in got:
+            total[pos[c]] += m
+            want[pos[c]] += x
+    missing = [c for c in names if c not in got]
+    if missing:
+        for c in got:
+            total[pos[c]] -= cl[c].correction(7, missing)
+    assert np.array_equal(total.view(np.int64), want)
+
+
+def test_a_masked_vector_reveals_nothing_of_the_value():
+    """The server's view of one client: uniform 64-bit words, the same for two very different
+    values up to chance (no value is collinear or correlated with what it hides)."""
+    cl = _clients({"p": ["a"], "q": ["a"]}, {"a": 4096})
+    x = to_fixed(np.ones(4096), "x")
+    m = cl["p"].mask(x, 1, ["q"])
+    frac = m.astype(np.float64) / 2.0**64
+    assert 0.45 < frac.mean() < 0.55 and abs(np.corrcoef(frac, np.arange(4096))[0, 1]) < 0.1
+    assert np.count_nonzero(m == x.view(np.uint64)) == 0
+
+
+def test_client_refuses_tag_reuse_unknown_peers_and_foreign_unmasking():
+    cl = _clients({"p": ["a"], "q": ["a"], "r": ["a"]}, {"a": 2})
+    x = to_fixed(np.zeros(2), "x")
+    cl["p"].mask(x, 5, ["q"])
+    with pytest.raises(ProtocolError, match="reuse secure-aggregation tag 5"):
+        cl["p"].mask(x, 5, ["q"])  # same keystream twice would reveal the difference of two vectors
+    with pytest.raises(ProtocolError, match="unknown secure-aggregation peer 'zz'"):
+        cl["p"].mask(x, 6, ["zz"])
+    with pytest.raises(ProtocolError, match="outside its last exchange"):
+        cl["p"].correction(5, ["r"])  # r was not in exchange 5: its pair mask protects nothing here
+    with pytest.raises(ProtocolError, match="its last was 5"):
+        cl["p"].correction(4, ["q"])
+    with pytest.raises(ProtocolError, match="its own secure-aggregation key"):
+        cl["p"].set_peers({"q": (cl["p"].public_bytes(), ["a"])})
+    with pytest.raises(ProtocolError, match="not a 32-byte X25519 public key"):
+        cl["p"].set_peers({"q": (b"short", ["a"])})
+    with pytest.raises(DataError, match="above secure aggregation's limit"):
+        to_fixed(np.array([1e9]), "the share")
+    with pytest.raises(DataError, match="NaN"):
+        to_fixed(np.array([np.nan]), "the share")
+    assert np.array_equal(from_fixed(to_fixed(np.array([-1.5, 2.25]), "x")), [-1.5, 2.25])
+
+
+@pytest.fixture(scope="module")
+def tiny(digits_split):
+    split = DatasetSplit(digits_split.train.take(np.arange(120)), digits_split.test.take(np.arange(40)))
+    return split, GridPartitioner(2, 3, 1, 0).partition(split.train)
+
+
+def _cfg(**kw) -> HyFDCAConfig:
+    base = {"lam": 0.1, "rounds": 4, "positive_classes": POS, "reference": False, "eval_every": 0}
+    return HyFDCAConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},
+        {"failure_rate": 0.3},
+        {"dual_mode": "consensus", "local_fraction": 0.2, "sigma": 30, "participation": 0.5},
+        {"dual_mode": "segment", "batch_size": 16, "failure_rate": 0.2},
+    ],
+)
+def test_hyfdca_w_equals_the_plaintext_shares_w(tiny, extra):
+    """Same seed, same failures: ``w`` with secure aggregation equals ``w`` from plaintext shares
+    to the fixed point's resolution (2^-33 per share), after every round; with failures the
+    unmasking exchange ran."""
+    split, part = tiny
+    runs = {}
+    for secure in (False, True):
+        fed = build_federation("hyfdca", split, part, _cfg(secure_aggregation=secure, **extra))
+        fed.setup()
+        ws = []
+        for rnd in range(1, 5):
+            fed.server.run_round(rnd, fed.transport)
+            ws.append(fed.server.w.copy())
+        runs[secure] = (ws, fed)
+    for a, b in zip(runs[False][0], runs[True][0]):
+        assert np.abs(a - b).max() <= 1e-9
+    assert np.abs(runs[False][0][-1]).max() > 1e-3
+    kinds = {e.kind for e in runs[True][1].transport.log.entries}
+    assert ("hyfdca.unmask" in kinds) == bool(runs[True][1].transport.failures)
+
+
+def test_server_view_is_masked_and_a_plaintext_share_is_a_raw_row(tiny):
+    """The adversary: the server reads every ``hyfdca.primal`` reply of round 1 with
+    ``local_steps: 1``. Plaintext shares: each is exactly a multiple of one raw row of its client
+    (cosine 1). Masked: no reply is near collinear with any raw row (|cosine| < 0.99; with about 21
+    features per client, chance alone gives up to about 0.6)."""
+    split, part = tiny
+
+    def replies(secure: bool):
+        raw: list[bytes] = []
+        fed = build_federation(
+            "hyfdca", split, part, _cfg(secure_aggregation=secure, local_steps=1), recorder=raw.append
+        )
+        fed.setup()
+        fed.server.run_round(1, fed.transport)
+        out = []
+        for m in map(decode, raw):
+            if m.kind == "hyfdca.primal" and m.receiver == "server":
+                v = m.payload["masked"].view(np.int64) if secure else m.payload["share"]  # signed: centred
+                out.append((fed.clients[m.sender], np.asarray(v, dtype=np.float64)))
+        return out
+
+    def best_cosine(client, v):
+        X = client.X.toarray() if hasattr(client.X, "toarray") else np.asarray(client.X)
+        norms = np.linalg.norm(X, axis=1) * np.linalg.norm(v)
+        ok = norms > 0
+        return float(np.max(np.abs(X[ok] @ v) / norms[ok]))
+
+    plain = replies(False)
+    assert plain and all(best_cosine(c, v) > 1 - 1e-9 for c, v in plain)
+    masked = replies(True)
+    assert masked and all(best_cosine(c, v) < 0.99 for c, v in masked)
+
+
+def test_unmasking_that_fails_counts_nothing_and_the_run_recovers(tiny):
+    """A survivor that fails during ``hyfdca.unmask``: the exchange is dropped, the clients resend
+    their whole change next time (``acked`` false), and the server's sum equals the sum of what
+    each client knows was counted."""
+    split, part = tiny
+    fed = build_federation("hyfdca", split, part, _cfg(failure_rate=0.0))
+    fed.setup()
+    ids = fed.transport.client_ids
+    inner = fed.transport.send_and_receive
+    state = {"drop": ids[0], "victim": ids[1], "done": False}
+
+    def lossy(msgs):
+        msgs = list(msgs)
+        if msgs and msgs[0].kind == "hyfdca.primal" and msgs[0].round == 2:
+            return [r for r in inner(msgs) if r.sender != state["drop"]]
+        if msgs and msgs[0].kind == "hyfdca.unmask" and not state["done"]:
+            state["done"] = True
+            return [r for r in inner(msgs) if r.sender != state["victim"]]
+        return inner(msgs)
+
+    fed.transport.send_and_receive = lossy
+    fed.server.run_round(1, fed.transport)
+    fed.server.run_round(2, fed.transport)
+    assert state["done"] and not any(fed.server.sa_counted.values())
+    fed.transport.send_and_receive = inner
+    for rnd in (3, 4):
+        fed.server.run_round(rnd, fed.transport)
+    counted = np.zeros(fed.server.d, dtype=np.int64)
+    for cid, c in fed.clients.items():
+        mine = c.sa_pending if fed.server.sa_counted.get(cid) else c.sa_base
+        counted[fed.server.feat[cid]] += mine
+    assert np.array_equal(fed.server.sa_sum.view(np.int64), counted)
+    assert np.isfinite(fed.server.w).all() and np.abs(fed.server.w).max() > 0
+
+
+def test_client_with_a_key_refuses_a_run_without_secure_aggregation(tiny):
+    """A client's privacy policy is its own: holding an HE key pair, it refuses a server config
+    that turns secure aggregation off (before sending anything but its hello)."""
+    split, part = tiny
+    secrets = {"he_secret": KeyDealer("paillier", paillier_bits=512).to_bytes()}
+    fed = build_federation(
+        "hyfdca", split, part, _cfg(encryption="paillier", secure_aggregation=False), secrets=secrets
+    )
+    with pytest.raises(EncryptionPolicyError, match="refuses a run without secure aggregation"):
+        fed.setup()
