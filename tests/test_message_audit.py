@@ -146,3 +146,180 @@ def test_fedbcd_messages_carry_no_raw_data():
     )
     assert raw
     assert audit(raw, patterns(canaries, split, part)) == []
+
+
+# -- scale-invariant audit (issue 15 item 4): a leak need not be the raw bytes; a multiple of a raw
+# row, or a vector whose signs are the labels, leaks as much. The adversary is the receiver of
+# the messages audited (the server / coordinator): it reads every array and every plaintext float
+# blob (the "none" scheme's ``enc(v)`` is the float64 bytes of ``v``).
+
+COLLINEAR = 0.999
+"""|centred cosine| above which a message vector counts as a multiple of a raw row or column."""
+
+
+def message_vectors(m) -> list[tuple[str, np.ndarray]]:
+    """Every vector the receiver of ``m`` can read: 1-D arrays, rows and columns of 2-D arrays,
+    ``uint64`` read as signed (masked words), and byte blobs that are plausible float64 vectors."""
+    out: list[tuple[str, np.ndarray]] = []
+
+    def add(name, a):
+        a = np.asarray(a.view(np.int64) if a.dtype == np.uint64 else a, dtype=np.float64)
+        if a.ndim == 1 and a.size >= 4:
+            out.append((name, a))
+        elif a.ndim == 2:
+            out.extend((f"{name}[{i}]", r) for i, r in enumerate(a) if r.size >= 4)
+            out.extend((f"{name}[:, {j}]", c) for j, c in enumerate(a.T) if c.size >= 4)
+
+    for k, v in m.payload.items():
+        items = v if isinstance(v, list) else [v]
+        for i, x in enumerate(items):
+            if isinstance(x, np.ndarray) and x.dtype.kind in "fiu":
+                add(k, x)
+            elif isinstance(x, (bytes, bytearray)) and len(x) >= 36:
+                for head in (0, 4):  # the "none" scheme's blob: a 4-byte length, then float64 values
+                    if (len(x) - head) % 8 == 0:
+                        f = np.frombuffer(bytes(x)[head:], dtype="<f8")
+                        if np.isfinite(f).all() and np.abs(f).max() < 1e6:
+                            add(f"{k}[{i}] (float64 bytes)", f)
+    return out
+
+
+def _centred_cos(v: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """|centred cosine| of ``v`` with every row of ``M`` (0 where either is constant)."""
+    vc = v - v.mean()
+    Mc = M - M.mean(axis=1, keepdims=True)
+    den = np.linalg.norm(Mc, axis=1) * np.linalg.norm(vc)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = np.abs(Mc @ vc) / den
+    return np.where(den > 1e-12, c, 0.0)
+
+
+def scaled_leaks(raw_messages, split, partition, receiver: str = "server") -> list[str]:
+    """What the ``receiver`` reads that is a raw row or column of the sender's data up to scale
+    (``|centred cosine| > COLLINEAR``), or whose signs are the sender's labels (>= 95 % of at least
+    24 non-zero entries, in the partition's or the sorted-ID order)."""
+    refs = {}
+    for c in partition.clients:
+        pos = split.train.positions(c.sample_ids)
+        X = np.concatenate([split.train.blocks[b][pos].reshape(len(pos), -1) for b in c.blocks], axis=1)
+        y = 2.0 * split.train.y[pos] - 1.0 if c.has_labels else None
+        order = np.argsort(np.asarray(c.sample_ids).astype(str), kind="stable")
+        refs[c.client_id] = (X.astype(np.float64), y, order)
+    found = []
+    for raw in raw_messages:
+        m = decode(raw)
+        if m.receiver != receiver or m.sender not in refs:
+            continue
+        X, y, order = refs[m.sender]
+        for name, v in message_vectors(m):
+            where = f"{name} of {m.kind} {m.sender}->{m.receiver} round {m.round}"
+            if v.std() == 0:
+                continue
+            if v.size == X.shape[1] and _centred_cos(v, X).max() > COLLINEAR:
+                found.append(f"a raw row of {m.sender} up to scale in {where}")
+            if v.size == X.shape[0]:
+                for ordered in (X, X[order]):
+                    if _centred_cos(v, ordered.T).max() > COLLINEAR:
+                        found.append(f"a raw column of {m.sender} up to scale in {where}")
+                for lab in () if y is None else (y, y[order]):
+                    nz = v != 0
+                    if nz.sum() >= 24 and np.mean(np.sign(v[nz]) == lab[nz]) >= 0.95:
+                        found.append(f"the labels of {m.sender} as signs in {where}")
+    return found
+
+
+def audit_split(seed: int = 0) -> DatasetSplit:
+    """120 training / 40 test samples, 3 blocks of 16 random features, 2 random classes: enough
+    coordinates that a chance |centred cosine| above 0.999 does not happen."""
+    rng = np.random.default_rng(seed)
+
+    def make(n, prefix):
+        blocks = {f"b{j}": rng.normal(size=(n, 16)).astype(np.float32) for j in range(BLOCKS)}
+        return HybridDataset(
+            "audit", [f"{prefix}-{i}" for i in range(n)], rng.integers(0, 2, size=n), blocks, ["neg", "pos"]
+        )
+
+    return DatasetSplit(make(120, "tr"), make(40, "te"))
+
+
+def _hyfdca_raw(scheme: str, secure: bool, local_steps: int | None = 1, **kw) -> tuple[list[bytes], object, object]:
+    from hybridfl.algorithms.hyfdca import HyFDCAConfig
+    from hybridfl.runtime.simulation import build_federation
+
+    split = audit_split()
+    part = GridPartitioner(2, 3, seed=0).partition(split.train)
+    cfg = HyFDCAConfig(
+        rounds=2,
+        lam=0.1,
+        encryption=scheme,
+        paillier_bits=512,
+        reference=False,
+        eval_every=0,
+        local_steps=local_steps,
+        secure_aggregation=secure,
+        **kw,
+    )
+    raw: list[bytes] = []
+    fed = build_federation("hyfdca", split, part, cfg, seed=0, recorder=raw.append)
+    for c in fed.clients.values():
+        c.require_secagg = secure  # the pre-fix client, which sent its share in the clear whatever its key
+    fed.run(monitor=False)
+    return raw, split, part
+
+
+def test_scaled_audit_catches_plaintext_hyfdca():
+    """The paper's protocol without encryption and without secure aggregation: with ``local_steps:
+    1`` the server reads a scaled raw row in each primal share; with full local passes, the labels
+    as the signs of the dual changes. The byte-exact audit above sees neither (it passes here)."""
+    _, canaries = canary_split()
+    raw, split, part = _hyfdca_raw("none", secure=False)
+    found = scaled_leaks(raw, split, part)
+    assert any("raw row" in f and "hyfdca.primal" in f for f in found), found
+    assert audit(raw, patterns(canaries, split, part)) == []  # blind to it
+    raw, split, part = _hyfdca_raw("none", secure=False, local_steps=None)
+    found = scaled_leaks(raw, split, part)
+    assert any("labels" in f and "hyfdca.dual" in f for f in found), found
+    assert audit(raw, patterns(canaries, split, part)) == []
+
+
+def test_scaled_audit_catches_ckks_shares_without_secure_aggregation():
+    """CKKS hides the duals, but the primal share is plaintext (HyFDCA Alg. 4): with ``local_steps:
+    1`` the round-1 share is a multiple of a raw row (issue 15: 0.1163 x row tr-44)."""
+    raw, split, part = _hyfdca_raw("ckks", secure=False)
+    found = scaled_leaks(raw, split, part)
+    assert found and all("hyfdca.primal" in f for f in found), found
+
+
+@pytest.mark.parametrize("scheme", ["paillier", "ckks"])
+def test_encrypted_hyfdca_with_secure_aggregation_passes_the_scaled_audit(scheme):
+    """The default (secure aggregation) with encryption: nothing the server reads is a raw row or
+    column up to scale, or has the labels' signs (the server's ``w`` is the model, public)."""
+    raw, split, part = _hyfdca_raw(scheme, secure=True)
+    assert scaled_leaks(raw, split, part) == []
+    assert scaled_leaks(raw, split, part, receiver="server") == []
+
+
+def test_hyfem_known_leakage_class_histogram():
+    """Known leakage (docs/privacy.md): HyFEM's properties reply carries each client's exact class
+    histogram (the server weights the output layer per class). This test pins the claim."""
+    from hybridfl.algorithms.hyfem import HyFEMConfig, run_hyfem
+
+    split, _ = canary_split()
+    part = ClassBlockPartitioner(
+        num_clients=3, classes_per_client=2, blocks_per_client=2, no_full_client=False, seed=0
+    ).partition(split.train)
+    raw: list[bytes] = []
+    run_hyfem(
+        split,
+        part,
+        HyFEMConfig(rounds=1, local_steps=2, hidden=8, extractor_dim=4, baselines=False),
+        seed=0,
+        recorder=raw.append,
+    )
+    seen = {}
+    for m in map(decode, raw):
+        if m.kind == "hyfem.properties" and m.receiver == "server":
+            seen[m.sender] = m.payload["class_counts"]
+    for c in part.clients:
+        y = split.train.y[split.train.positions(c.sample_ids)]
+        assert np.array_equal(seen[c.client_id], np.bincount(y, minlength=2))
