@@ -73,7 +73,36 @@ def test_example_configs_validate():
 
     for name in ("hyfdca_mnist.yaml", "hyfdca_credit_default.yaml", "hyfdca_adult.yaml"):
         cfg = load_config(ROOT / "examples" / "configs" / name)
-        assert cfg.algorithm_config().name == "hyfdca"
+        algo = cfg.algorithm_config()
+        assert algo.name == "hyfdca"
+        # issue 15 item 3: examples of a privacy algorithm use encryption and secure aggregation
+        assert algo.encryption != "none" and algo.secure_aggregation, name
+
+
+def test_plaintext_run_prints_what_the_server_learns(tmp_path, monkeypatch, capsys):
+    """``encryption: none``: one warning line naming what the server reads; with CKKS, none."""
+    import sys
+
+    from hybridfl.cli import main as cli_main
+
+    for enc, expect in (("none", True), ("ckks", False)):
+        cfg = tmp_path / f"{enc}.yaml"
+        cfg.write_text(
+            "dataset: {name: digits}\npartition: {kind: grid, sample_groups: 2, block_groups: 2}\n"
+            f"algorithm: {{name: hyfdca, rounds: 1, positive_classes: [0, 1, 2, 3, 4], encryption: {enc}, "
+            "reference: false}\n"
+        )
+        monkeypatch.setattr(sys, "argv", ["hybridfl", "run", "--config", str(cfg), "--out", str(tmp_path / enc), "-q"])
+        with pytest.raises(SystemExit) as e:
+            cli_main.main()
+        assert e.value.code == 0
+        err = capsys.readouterr().err
+        lines = [ln for ln in err.splitlines() if "warning" in ln]
+        if expect:
+            assert len(lines) == 1, err
+            assert "without encryption" in lines[0] and "labels" in lines[0] and "docs/privacy.md" in lines[0]
+        else:
+            assert lines == [], err
 
 
 def _one_sentence(p: subprocess.CompletedProcess, needle: str) -> None:

@@ -196,6 +196,8 @@ class AlgorithmSpec:
             partition, config, seed, progress) -> RunResult`` instead of the round loop.
         clients_hold_test: each client also holds its blocks of the test samples
             (``ClientData.test``; the export writes them), for evaluations that need every party.
+        privacy_warning: ``config -> str | None``: one line saying what the server learns under
+            these settings when a privacy setting is off (printed before training; docs/privacy.md).
     """
 
     name: str
@@ -216,6 +218,7 @@ class AlgorithmSpec:
     baselines: Callable[..., dict] | None = None
     run: Callable[..., Any] | None = None
     clients_hold_test: bool = False
+    privacy_warning: Callable[[Any], str | None] | None = None
 
     @property
     def federated(self) -> bool:

@@ -268,6 +268,24 @@ def final_arrays(server: HyFDCAServer) -> dict[str, np.ndarray]:
     return {"w": np.asarray(server.output_w())}
 
 
+def privacy_warning(cfg: HyFDCAConfig) -> str | None:
+    """The one line a run prints when a privacy setting is off (``None`` when none is): what the
+    server reads (docs/privacy.md, HyFDCA)."""
+    if cfg.encryption == "none":
+        gram = ", per-batch Gram matrices" if cfg.dual_mode == "segment" else ""
+        return (
+            "HyFDCA runs without encryption: the server reads every client's dual changes (their signs are "
+            f"the labels), squared norms{gram} and inner products; set encryption: ckks or paillier "
+            "(docs/privacy.md)."
+        )
+    if not cfg.secure_aggregation:
+        return (
+            "HyFDCA runs without secure aggregation: the server reads each client's primal share, a "
+            "combination of its raw rows (docs/privacy.md)."
+        )
+    return None
+
+
 SPEC = register(
     AlgorithmSpec(
         "hyfdca",
@@ -283,6 +301,7 @@ SPEC = register(
         monitor=monitor,
         final_arrays=final_arrays,
         plots=plots,
+        privacy_warning=privacy_warning,
     )
 )
 """HyFDCA's recipe (registered as ``hyfdca``)."""
