@@ -127,6 +127,54 @@ def case_files(d: Path) -> dict[str, tuple[str, str, list[str]]]:
             "partition: {kind: grid, sample_groups: 2, block_groups: 9}\n",
             ["9 block groups", "only 4 blocks"],
         ),
+        "invalid YAML": ("c.yaml", "a: [1,\n", ["is not valid YAML"]),
+        "unknown algorithm": ("c.yaml", "algorithm: {name: magic}\n", ["unknown algorithm 'magic'"]),
+        "unknown top-level key": ("c.yaml", "foo: 1\n", ["'foo'", "not a known setting"]),
+        "seed not an integer": ("c.yaml", "seed: many\n", ["'seed'", "valid integer"]),
+        "zero rounds": ("c.yaml", "algorithm: {name: hyfem, rounds: 0}\n", ["'algorithm.rounds'"]),
+        "lambda zero": ("c.yaml", "algorithm: {name: hyfdca, lambda: 0}\n", ["'algorithm.lambda'", "greater than 0"]),
+        "participation above one": (
+            "c.yaml",
+            "algorithm: {name: hyfdca, participation: 1.5}\n",
+            ["'algorithm.participation'"],
+        ),
+        "unknown encryption scheme": (
+            "c.yaml",
+            "algorithm: {name: hyfdca, encryption: rsa}\n",
+            ["'algorithm.encryption'", "'paillier' or 'ckks'"],
+        ),
+        "failure rate one": ("c.yaml", "algorithm: {name: hyfdca, failure_rate: 1.0}\n", ["'algorithm.failure_rate'"]),
+        "Paillier key too small in config": (
+            "c.yaml",
+            "algorithm: {name: hyfdca, encryption: paillier, paillier_bits: 100}\n",
+            ["'algorithm.paillier_bits'"],
+        ),
+        "unknown partition kind": ("c.yaml", "partition: {kind: magic}\n", ["'partition.kind'"]),
+        "zero sample groups": (
+            "c.yaml",
+            "partition: {kind: grid, sample_groups: 0, block_groups: 2}\n",
+            ["'partition.sample_groups'"],
+        ),
+        "multiclass labels for the hinge loss": (
+            "c.yaml",
+            "algorithm: {name: hyfdca, rounds: 1}\n",
+            ["needs binary labels", "positive_classes"],
+        ),
+        "positive class out of range": (
+            "c.yaml",
+            "algorithm: {name: hyfdca, positive_classes: [0, 11]}\n",
+            ["positive class 11", "outside"],
+        ),
+        "FedBCD without one label party": (
+            "c.yaml",
+            "partition: {kind: grid, sample_groups: 2, block_groups: 2}\nalgorithm: {name: fedbcd}\n",
+            ["FedBCD needs exactly one label party"],
+        ),
+        "FedBCD zero local steps": (
+            "c.yaml",
+            "algorithm: {name: fedbcd, local_steps: 0}\n",
+            ["'algorithm.local_steps'"],
+        ),
     }
 
 
@@ -172,7 +220,120 @@ def test_bad_input(name, tmp_path, monkeypatch, capsys):
 
 
 def test_corpus_is_large_enough():
-    assert len(_names()) >= 20
+    """Issue 15: at least 40 cases in all, malformed messages and hostile payloads included."""
+    assert len(_names()) >= 30
+    assert len(_names()) + len(MESSAGE_CASES) >= 40
+
+
+# -- malformed messages and hostile payloads: the receiver raises one sentence (a HybridFLError
+# naming the field, no data) and keeps its state (nothing lost)
+
+
+def _hyfdca_client():
+    from hybridfl.algorithms.hyfdca import HyFDCAConfig
+    from hybridfl.data.dataset import DatasetSplit
+    from hybridfl.data.loaders import load_digits
+    from hybridfl.data.partitioners import GridPartitioner
+    from hybridfl.runtime.simulation import build_federation
+
+    split = load_digits(seed=0)
+    split = DatasetSplit(split.train.take(np.arange(60)), split.test.take(np.arange(20)))
+    part = GridPartitioner(2, 2, 1, 0).partition(split.train)
+    cfg = HyFDCAConfig(lam=0.1, rounds=2, positive_classes=[0, 1, 2, 3, 4], reference=False, eval_every=0)
+    fed = build_federation("hyfdca", split, part, cfg)
+    fed.setup()
+    fed.server.run_round(1, fed.transport)
+    return fed
+
+
+def _server_msg(kind, payload, rnd=2):
+    from hybridfl.runtime.messages import SERVER, Message, decode, encode
+
+    def make(fed):
+        cid = fed.transport.client_ids[0]
+        return cid, decode(encode(Message(kind, SERVER, cid, rnd, payload(fed, cid))))
+
+    return make
+
+
+def _peers(fed, cid):
+    return [c for c in fed.transport.client_ids if c != cid]
+
+
+MESSAGE_CASES = {
+    "w of the wrong shape": (_server_msg("hyfdca.ip", lambda f, c: {"w": np.zeros(1)}), "'w' of shape (1,)"),
+    "w with NaN": (_server_msg("hyfdca.ip", lambda f, c: {"w": np.full(f.clients[c].X.shape[1], np.nan)}), "NaN"),
+    "w as integers": (
+        _server_msg("hyfdca.ip", lambda f, c: {"w": np.zeros(f.clients[c].X.shape[1], dtype=np.int64)}),
+        "'w' of dtype int64",
+    ),
+    "an unexpected key": (
+        _server_msg("hyfdca.ip", lambda f, c: {"w": np.zeros(f.clients[c].X.shape[1]), "x": 1}),
+        "'x' not expected",
+    ),
+    "no inner products": (_server_msg("hyfdca.dual", lambda f, c: {"ip": []}), "'ip' holding 0 items"),
+    "alpha sent to a block-mode client": (
+        _server_msg("hyfdca.primal", lambda f, c: {"alpha": [b"x"], "commit": True}),
+        "'alpha' not expected",
+    ),
+    "secure aggregation tag reused": (
+        _server_msg("hyfdca.primal", lambda f, c: {"commit": True, "tag": 1, "peers": _peers(f, c), "acked": True}),
+        "reuse secure-aggregation tag 1",
+    ),
+    "unmasking a client outside the exchange": (
+        _server_msg("hyfdca.unmask", lambda f, c: {"tag": f.server.sa_tag, "dropped": ["mallory"]}),
+        "unknown secure-aggregation peer 'mallory'",
+    ),
+    "unmasking an old exchange": (
+        _server_msg("hyfdca.unmask", lambda f, c: {"tag": 0, "dropped": _peers(f, c)[:1]}),
+        "its last was 1",
+    ),
+    "acked not a bool": (
+        _server_msg("hyfdca.primal", lambda f, c: {"commit": True, "tag": 9, "peers": _peers(f, c), "acked": 3}),
+        "'acked' missing or not a bool",
+    ),
+    "unknown message kind": (_server_msg("hyfdca.steal", lambda f, c: {}), "unknown message kind 'hyfdca.steal'"),
+    "truncated message bytes": ("codec", "truncated"),
+    "trailing garbage after a message": ("codec", "trailing"),
+    "random bytes as a message": ("codec", "the message"),
+}
+
+
+def _codec_bytes(name: str) -> bytes:
+    from hybridfl.runtime.messages import Message, encode
+
+    good = encode(Message("k", "a", "b", 1, {"x": np.arange(8.0)}))
+    return {
+        "truncated message bytes": good[:-9],
+        "trailing garbage after a message": good + b"\x00garbage",
+        "random bytes as a message": bytes(np.random.default_rng(0).integers(0, 256, 64, dtype=np.uint8)),
+    }[name]
+
+
+@pytest.mark.parametrize("name", sorted(MESSAGE_CASES))
+def test_hostile_message(name):
+    from hybridfl.errors import HybridFLError
+    from hybridfl.runtime.messages import decode
+
+    make, needle = MESSAGE_CASES[name]
+    if make == "codec":
+        with pytest.raises(HybridFLError) as e:
+            decode(_codec_bytes(name))
+    else:
+        fed = _hyfdca_client()
+        cid, msg = make(fed)
+        client = fed.clients[cid]
+        before = client.get_state()
+        with pytest.raises(HybridFLError) as e:
+            client.handle(msg)
+        after = client.get_state()
+        assert before.keys() == after.keys()
+        for k in before:  # nothing lost or changed
+            a, b = before[k], after[k]
+            assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, k
+    text = str(e.value)
+    assert "\n" not in text and text.endswith(".") and needle in text, text
+    assert "Traceback" not in text
 
 
 def test_strict_mode_turns_unheld_blocks_into_errors(tmp_path, monkeypatch, capsys):

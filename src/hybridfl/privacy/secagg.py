@@ -190,7 +190,7 @@ class SecAggClient:
             raise ProtocolError(
                 f"client {self.client_id!r} was asked to reuse secure-aggregation tag {tag} (last {self.last_tag})."
             )
-        peers = self._check_peers(peers)
+        peers = self.check_peers(peers)
         self.last_tag, self.last_peers = tag, list(peers)
         return np.asarray(fixed, dtype=np.int64).view(np.uint64) + self._mask_sum(tag, peers)
 
@@ -206,14 +206,19 @@ class SecAggClient:
             raise ProtocolError(
                 f"client {self.client_id!r} was asked for the masks of exchange {tag}, its last was {self.last_tag}."
             )
-        dropped = self._check_peers(dropped)
+        dropped = self.check_peers(dropped)
         if not set(dropped) <= set(self.last_peers):
             raise ProtocolError(
                 f"client {self.client_id!r} was asked for masks with a client outside its last exchange."
             )
         return self._mask_sum(int(tag), dropped)
 
-    def _check_peers(self, peers: Sequence[str]) -> list[str]:
+    def check_peers(self, peers: Sequence[str]) -> list[str]:
+        """``peers`` as a list, each a known peer (not itself), without repeats.
+
+        Raises:
+            ProtocolError: a repeat, itself, or an unknown name.
+        """
         peers = [str(p) for p in peers]
         if len(set(peers)) != len(peers):
             raise ProtocolError(f"client {self.client_id!r} got a repeated secure-aggregation peer.")

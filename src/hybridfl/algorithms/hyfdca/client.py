@@ -454,8 +454,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin):
         secure = ("tag", "peers", "acked") if self.params.get("secure_aggregation") else ()
         validate.only_keys(msg, ("commit" if self.params["dual_mode"] == "block" else "alpha", *secure))
         if secure:
-            validate.integer(msg, "tag", low=0, high=2**62)
-            validate.strings(msg, "peers")
+            self.check_secure(msg)
         if self.params["dual_mode"] == "block":
             if "commit" in p and not isinstance(p["commit"], (bool, np.bool_)):
                 raise PayloadError(msg, "commit", f"of type {type(p['commit']).__name__}, not a bool")

@@ -94,6 +94,26 @@ class SecureSharesClientMixin:
             raise PayloadError(msg, "secagg_keys", f"refused ({e})") from None
         return True
 
+    def check_secure(self, msg: Message) -> None:
+        """Check a ``hyfdca.primal``'s ``acked``, ``tag`` and ``peers`` before anything changes.
+
+        Raises:
+            PayloadError: ``acked`` not a bool, ``tag`` not an integer above every earlier tag,
+                ``peers`` not the names of known peers (itself excluded, no repeats).
+        """
+        if not isinstance(msg.payload.get("acked"), (bool, np.bool_)):
+            raise PayloadError(msg, "acked", "missing or not a bool")
+        tag = validate.integer(msg, "tag", low=0, high=2**62)
+        peers = validate.strings(msg, "peers")
+        if tag <= self.secagg.last_tag:
+            raise PayloadError(
+                msg, "tag", f"refused (client {self.client_id!r} was asked to reuse secure-aggregation tag {tag})"
+            )
+        try:
+            self.secagg.check_peers(peers)
+        except ProtocolError as e:
+            raise PayloadError(msg, "peers", f"refused ({e})") from None
+
     def masked_share(self, msg: Message, share: np.ndarray) -> np.ndarray:
         """Its masked change of share for this exchange (uint64 ``(d_k,)``), after taking the
         server's ``acked`` for the previous one.
@@ -104,10 +124,8 @@ class SecureSharesClientMixin:
             DataError: the share is too large for the fixed point.
         """
         p = msg.payload
-        if not isinstance(p.get("acked"), (bool, np.bool_)):
-            raise PayloadError(msg, "acked", "missing or not a bool")
-        tag = validate.integer(msg, "tag", low=0, high=2**62)
-        peers = validate.strings(msg, "peers")
+        self.check_secure(msg)
+        tag, peers = int(p["tag"]), list(p["peers"])
         fixed = to_fixed(share, f"the primal share of client {self.client_id!r}")
         if bool(p["acked"]) and self.sa_pending is not None:
             self.sa_base = self.sa_pending
