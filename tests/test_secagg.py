@@ -224,3 +224,51 @@ def test_client_with_a_key_refuses_a_run_without_secure_aggregation(tiny):
     )
     with pytest.raises(EncryptionPolicyError, match="refuses a run without secure aggregation"):
         fed.setup()
+
+
+# -- HyFEM: the extractors' weighted sums per block (secure_aggregation: true)
+
+
+@pytest.mark.parametrize("failure_rate", [0.0, 0.3])
+def test_hyfem_secure_aggregation_equals_the_plain_average(digits_split, failure_rate):
+    """Same seed and failures: the server model after 3 rounds equals the plain average's to
+    float32 rounding; the server never receives an extractor array, only ``ext_masked`` (uint64);
+    with failures the unmasking exchange ran."""
+    import torch
+
+    from hybridfl.algorithms.hyfem import HyFEMConfig
+    from hybridfl.data.partitioners import ClassBlockPartitioner
+
+    split = DatasetSplit(digits_split.train.take(np.arange(300)), digits_split.test.take(np.arange(60)))
+    part = ClassBlockPartitioner(
+        num_clients=4, classes_per_client=6, blocks_per_client=2, no_full_client=False, seed=0
+    ).partition(split.train)
+    models = {}
+    for secure in (False, True):
+        raw: list[bytes] = []
+        cfg = HyFEMConfig(
+            rounds=3,
+            local_steps=3,
+            hidden=8,
+            extractor_dim=4,
+            baselines=False,
+            failure_rate=failure_rate,
+            secure_aggregation=secure,
+        )
+        fed = build_federation("hyfem", split, part, cfg, recorder=raw.append)
+        fed.setup()
+        for rnd in range(1, 4):
+            fed.server.run_round(rnd, fed.transport)
+        models[secure] = {k: v.detach().clone() for k, v in fed.server.model.state_dict().items()}
+        to_server = [m for m in map(decode, raw) if m.receiver == "server" and m.kind == "hyfem.fit"]
+        assert to_server
+        for m in to_server:
+            if secure:
+                assert not any(k.startswith("ext.") for k in m.payload) and m.payload["ext_masked"].dtype == np.uint64
+            else:
+                assert any(k.startswith("ext.") for k in m.payload)
+        if secure:
+            kinds = {e.kind for e in fed.transport.log.entries}
+            assert ("hyfem.unmask" in kinds) == bool(fed.transport.failures) == (failure_rate > 0)
+    for k, v in models[False].items():
+        assert torch.allclose(v, models[True][k], atol=1e-5, rtol=1e-5), k

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from hybridfl.algorithms.hyfem.config import HyFEMConfig
+from hybridfl.algorithms.hyfem.secure import SECURE_FIT_KEYS, SecureExtractorsClientMixin
 from hybridfl.algorithms.training import LocalTrainer
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.errors import ProtocolError
@@ -41,7 +42,7 @@ def model_payload(prefix: str, arrays: Mapping[str, np.ndarray]) -> dict[str, np
     return pack_arrays(prefix, {k: np.asarray(v, dtype=np.float32) for k, v in arrays.items()})
 
 
-class HyFEMClient:
+class HyFEMClient(SecureExtractorsClientMixin):
     """Client-side steps of HyFEM for one client.
 
     Args:
@@ -78,6 +79,7 @@ class HyFEMClient:
             extractor_factory or default_extractor(config.extractor),
         )
         self.trainer = LocalTrainer(self.model, data, config.batch_size, config.lr, config.momentum, seed)
+        self._secure_init()  # secure aggregation of its extractors (:mod:`.secure`), if the server asks
 
     def handle(self, msg: Message) -> Message:
         """Answer one message from the server (``hyfem.properties`` or ``hyfem.fit``).
@@ -90,9 +92,14 @@ class HyFEMClient:
                 blocks=list(self.blocks),
                 n_samples=self.data.n_samples,
                 class_counts=np.bincount(self.data.y, minlength=self.n_classes).astype(np.int64),
+                secagg_public=self.secagg.public_bytes(),
             )
         if msg.kind == "hyfem.fit":
             return self.fit(msg)
+        if msg.kind == "hyfem.keys":
+            return self.secure_keys(msg)
+        if msg.kind == "hyfem.unmask":
+            return self.unmask(msg)
         raise ProtocolError(f"HyFEM client {self.client_id!r} got a message of unknown kind {msg.kind!r}.")
 
     # ------------------------------------------------------------------ state between messages
@@ -101,13 +108,14 @@ class HyFEMClient:
         (Flower starts a new ClientApp process per message): the mini-batch generator state
         ``(5056,)`` uint8. Model weights need not be kept: every ``hyfem.fit`` message carries them.
         """
-        return {"trainer.gen": self.trainer.gen.get_state().numpy().copy()}
+        return {"trainer.gen": self.trainer.gen.get_state().numpy().copy(), **self.secagg.get_state()}
 
     def set_state(self, state: Mapping[str, np.ndarray]) -> None:
         """Restore what :meth:`get_state` returned (a freshly built client continues exactly); an
         empty ``state`` (a client's first message) keeps the freshly seeded generator."""
         if "trainer.gen" in state:
             self.trainer.gen.set_state(torch.from_numpy(np.ascontiguousarray(state["trainer.gen"], dtype=np.uint8)))
+        self.secagg.set_state(state)
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Payload key -> shape of every model array a ``hyfem.fit`` message must carry: the
@@ -129,7 +137,10 @@ class HyFEMClient:
             PayloadError: the first problem found (names the sender, the kind and the field).
         """
         shapes = self.expected_shapes()
-        only_keys(msg, ("local_steps", "lr", "mu1", "mu2", *shapes))
+        secure = "tag" in msg.payload
+        only_keys(msg, ("local_steps", "lr", "mu1", "mu2", *shapes, *(SECURE_FIT_KEYS if secure else ())))
+        if secure:
+            self.check_secure_fit(msg)
         for k, shape in shapes.items():
             array(msg, k, shape, kinds="f")
         integer(msg, "local_steps", low=1)
@@ -163,7 +174,10 @@ class HyFEMClient:
         self.trainer.lr = float(p["lr"])
         loss = self.trainer.steps(int(p["local_steps"]), prox)
         out: dict = {"n_samples": self.data.n_samples, "loss": loss}
-        for b in self.blocks:
-            out.update(model_payload(f"ext.{b}.", self.model.extractor_arrays(b)))
+        if "tag" in p:  # secure aggregation: only the masked, weighted extractors
+            out["ext_masked"] = self.masked_extractors(msg)
+        else:
+            for b in self.blocks:
+                out.update(model_payload(f"ext.{b}.", self.model.extractor_arrays(b)))
         out.update(model_payload("clf.", self.model.classifier_arrays()))
         return msg.reply(**out)

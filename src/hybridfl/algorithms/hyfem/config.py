@@ -63,6 +63,10 @@ class HyFEMConfig(BaseModel):
     matching: MatchingSettings = Field(default_factory=MatchingSettings)
     eval_every: int = Field(1, ge=0, description="evaluate every k rounds (0: only at the end)")
     failure_rate: float = Field(0.0, ge=0, lt=1, description="simulated: probability that a client fails mid-round")
+    secure_aggregation: bool = Field(
+        False,
+        description="mask the clients' extractors pairwise so the server learns only each block's weighted sum (our addition; the paper averages in the clear): hybridfl.algorithms.hyfem.secure",
+    )
     baselines: bool = Field(True, description="also train centralised and stand-alone baselines")
 
     @model_validator(mode="after")

@@ -34,6 +34,7 @@ import torch
 
 from hybridfl.algorithms.hyfem.client import model_payload
 from hybridfl.algorithms.hyfem.config import HyFEMConfig
+from hybridfl.algorithms.hyfem.secure import SecureExtractorsServerMixin
 from hybridfl.errors import ProtocolError, TrainingDiverged, UnknownBlockError
 from hybridfl.matching.classifier import ClientClassifier, ServerClassifier, match_classifiers
 from hybridfl.models.hybrid import ExtractorFactory, HybridModel, block_columns, default_extractor
@@ -46,7 +47,7 @@ log = logging.getLogger(__name__)
 _CLF = ("W1", "b1", "W2", "b2")
 
 
-class HyFEMServer:
+class HyFEMServer(SecureExtractorsServerMixin):
     """Server-side steps of HyFEM.
 
     Args:
@@ -90,6 +91,7 @@ class HyFEMServer:
         self.clients: dict[str, dict] = {}
         self.matching = config.matching.to_config()
         self.last_stats: dict = {}
+        self._secure_reset()
 
     # ------------------------------------------------------------------ protocol
     def setup(self, transport: Transport, client_ids: Sequence[str]) -> None:
@@ -115,6 +117,8 @@ class HyFEMServer:
                 # round 0: every client starts from the first `hidden` server neurons
                 "assignment": np.arange(self.config.hidden, dtype=np.int64),
             }
+        if self.config.secure_aggregation:  # relay the clients' keys (:mod:`.secure`)
+            self.secure_setup(transport, replies)
 
     def check_properties(self, r: Message) -> tuple[list[str], int, np.ndarray]:
         """The checked ``(blocks, n_samples, class_counts)`` of a ``hyfem.properties`` reply:
@@ -125,7 +129,7 @@ class HyFEMServer:
             UnknownBlockError: a block that is not in the schema.
             PayloadError: any other problem (names the client and the field).
         """
-        only_keys(r, ("blocks", "n_samples", "class_counts"))
+        only_keys(r, ("blocks", "n_samples", "class_counts", "secagg_public"))
         blocks = strings(r, "blocks")
         unknown = [b for b in blocks if b not in self.block_shapes]
         if unknown:
@@ -148,7 +152,10 @@ class HyFEMServer:
             PayloadError: the first problem found (names the client and the field).
         """
         shapes = {k: v.shape for k, v in sent.payload.items() if isinstance(v, np.ndarray)}
-        only_keys(r, ("n_samples", "loss", *shapes))
+        if self.config.secure_aggregation:  # the extractors arrive masked (:mod:`.secure`)
+            shapes = {k: s for k, s in shapes.items() if not k.startswith("ext.")}
+            self.check_masked(r)
+        only_keys(r, ("n_samples", "loss", *shapes, *(("ext_masked",) if self.config.secure_aggregation else ())))
         n = self.clients[r.sender]["n_samples"]
         integer(r, "n_samples", low=n, high=n)
         loss = r.payload.get("loss")
@@ -174,6 +181,8 @@ class HyFEMServer:
         for b in info["blocks"]:
             payload.update(model_payload(f"ext.{b}.", self.model.extractor_arrays(b)))
         payload.update(model_payload("clf.", self.classifier.client_view(info["assignment"], info["columns"])))
+        if self.config.secure_aggregation:
+            payload.update(self.secure_fit_fields(cid, rnd))
         return Message("hyfem.fit", SERVER, cid, rnd, payload)
 
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
@@ -212,7 +221,10 @@ class HyFEMServer:
         absent = [cid for cid in ids if cid not in seen]
         self.check_finite(replies, rnd)
         if replies:
-            self.aggregate_extractors(replies)
+            if self.config.secure_aggregation:
+                self.aggregate_masked(rnd, transport, replies)
+            else:
+                self.aggregate_extractors(replies)
             self.match(replies, absent)
         n = sum(int(r.payload["n_samples"]) for r in replies)
         loss = sum(float(r.payload["loss"]) * int(r.payload["n_samples"]) for r in replies) / n if n else float("nan")

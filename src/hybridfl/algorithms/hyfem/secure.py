@@ -1,0 +1,240 @@
+"""Secure aggregation of HyFEM's extractors (``secure_aggregation: true``; our addition, off by
+default: the paper's server averages the clients' extractors in the clear, HyFEM Alg. 1 line 7).
+
+With it the server learns, per block, only ``sum_m p_m theta_m,b`` over the clients of the round
+that hold block ``b`` (``p_m`` their sample counts, which it knows), which is exactly what the
+average needs (:mod:`hybridfl.privacy.secagg`: pairwise X25519/HKDF/ChaCha20 masks on fixed-point
+values). The classifiers still cross in the clear: the neuron matching (Alg. 3) needs each one.
+
+Protocol: the ``hyfem.properties`` reply carries ``secagg_public``; a setup exchange
+``hyfem.keys`` relays the other clients' keys and blocks; each ``hyfem.fit`` carries a fresh
+``tag`` and the round's other clients (``peers``); the reply carries ``ext_masked`` (``uint64``,
+the client's blocks' extractor parameters times ``p_m``, flattened in its block order) instead of
+the ``ext.*`` arrays. If a reply is missing, ``hyfem.unmask`` asks the others for their masks with
+it; if one of them fails too, the round keeps its extractors (the classifiers are still matched).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from hybridfl.errors import ProtocolError, TrainingDiverged
+from hybridfl.privacy.secagg import SecAggClient, check_public_key, from_fixed, to_fixed
+from hybridfl.runtime import validate
+from hybridfl.runtime.messages import SERVER, Message
+from hybridfl.runtime.transport import Transport
+from hybridfl.runtime.validate import PayloadError
+
+log = logging.getLogger(__name__)
+
+SECURE_FIT_KEYS = ("tag", "peers")
+"""The keys a ``hyfem.fit`` carries with secure aggregation."""
+
+
+def _flat(arrays: Mapping[str, np.ndarray]) -> np.ndarray:
+    return np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays.values()])
+
+
+def _unflat(v: np.ndarray, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    out, i = {}, 0
+    for k, a in like.items():
+        out[k] = v[i : i + a.size].reshape(a.shape)
+        i += a.size
+    return out
+
+
+class SecureExtractorsClientMixin:
+    """Client side (:class:`~hybridfl.algorithms.hyfem.client.HyFEMClient`)."""
+
+    def _secure_init(self) -> None:
+        sizes = [_flat(self.model.extractor_arrays(b)).size for b in self.blocks]
+        self.secagg = SecAggClient(self.client_id, self.blocks, sizes)
+
+    def secure_keys(self, msg: Message) -> Message:
+        """``hyfem.keys``: keep the other clients' public keys and blocks.
+
+        Raises:
+            PayloadError: lists of other lengths, a key that is not an X25519 public key, a blocks
+                entry that is not a list of names, its own name or key among them.
+        """
+        import json
+
+        validate.only_keys(msg, ("secagg_peers", "secagg_keys", "secagg_blocks"))
+        peers = validate.strings(msg, "secagg_peers")
+        keys = validate.blobs(msg, "secagg_keys", len(peers), max_bytes=32)
+        blocks = msg.payload.get("secagg_blocks")
+        if not isinstance(blocks, list) or len(blocks) != len(peers) or not all(isinstance(b, str) for b in blocks):
+            raise PayloadError(msg, "secagg_blocks", f"not a list of {len(peers)} strings")
+        table = {}
+        for cid, pk, bl in zip(peers, keys, blocks):
+            try:
+                names = json.loads(bl)
+            except ValueError:
+                names = None
+            if not isinstance(names, list) or not all(isinstance(b, str) for b in names):
+                raise PayloadError(msg, "secagg_blocks", "holding an item that is not a JSON list of block names")
+            table[cid] = (pk, names)
+        try:
+            self.secagg.set_peers(table)
+        except ProtocolError as e:
+            raise PayloadError(msg, "secagg_keys", f"refused ({e})") from None
+        return msg.reply()
+
+    def check_secure_fit(self, msg: Message) -> None:
+        """Check a secure ``hyfem.fit``'s ``tag`` (above every earlier one) and ``peers``.
+
+        Raises:
+            PayloadError: a bad or reused tag, unknown or repeated peers.
+        """
+        tag = validate.integer(msg, "tag", low=0, high=2**62)
+        peers = validate.strings(msg, "peers")
+        if tag <= self.secagg.last_tag:
+            raise PayloadError(msg, "tag", f"refused (a reuse of secure-aggregation tag {tag})")
+        try:
+            self.secagg.check_peers(peers)
+        except ProtocolError as e:
+            raise PayloadError(msg, "peers", f"refused ({e})") from None
+
+    def masked_extractors(self, msg: Message) -> np.ndarray:
+        """``p_m`` times its trained extractors' parameters (its blocks in order), masked:
+        ``uint64`` ``(sum of its blocks' parameter counts,)``.
+
+        Raises:
+            TrainingDiverged: a non-finite weight (training diverged; nothing is sent).
+        """
+        v = np.concatenate([_flat(self.model.extractor_arrays(b)) for b in self.blocks]) * float(self.data.n_samples)
+        if not np.isfinite(v).all():
+            raise TrainingDiverged(
+                f"training diverged in round {msg.round}: client {self.client_id!r} has non-finite extractor "
+                f"weights; lower algorithm.lr."
+            )
+        return self.secagg.mask(
+            to_fixed(v, f"the extractors of client {self.client_id!r}"),
+            int(msg.payload["tag"]),
+            list(msg.payload["peers"]),
+        )
+
+    def unmask(self, msg: Message) -> Message:
+        """``hyfem.unmask``: its masks with the ``dropped`` clients of its last exchange.
+
+        Raises:
+            PayloadError: a bad ``tag`` or ``dropped``, or one outside its last exchange.
+        """
+        validate.only_keys(msg, ("tag", "dropped"))
+        tag = validate.integer(msg, "tag", low=0, high=2**62)
+        dropped = validate.strings(msg, "dropped")
+        try:
+            return msg.reply(correction=self.secagg.correction(tag, dropped))
+        except ProtocolError as e:
+            raise PayloadError(msg, "dropped", f"refused ({e})") from None
+
+
+class SecureExtractorsServerMixin:
+    """Server side (:class:`~hybridfl.algorithms.hyfem.server.HyFEMServer`)."""
+
+    def _secure_reset(self) -> None:
+        self.sa_tag = 0
+        self.sa_publics: dict[str, bytes] = {}
+
+    def secure_setup(self, transport: Transport, replies: Sequence[Message]) -> None:
+        """Check every ``secagg_public`` of the properties replies and relay the keys
+        (``hyfem.keys``).
+
+        Raises:
+            PayloadError: a missing, malformed or repeated key.
+            ProtocolError: a client that does not answer ``hyfem.keys``.
+        """
+        import json
+
+        self._secure_reset()
+        for r in replies:
+            try:
+                pk = check_public_key(r.payload.get("secagg_public"), "it")
+            except ProtocolError as e:
+                raise PayloadError(r, "secagg_public", str(e).removeprefix("it ").rstrip(".")) from None
+            if pk in self.sa_publics.values():
+                raise PayloadError(r, "secagg_public", "equal to another client's key")
+            self.sa_publics[r.sender] = pk
+        ids = list(self.clients)
+        msgs = []
+        for cid in ids:
+            peers = [c for c in ids if c != cid]
+            payload = {
+                "secagg_peers": peers,
+                "secagg_keys": [self.sa_publics[c] for c in peers],
+                "secagg_blocks": [json.dumps(self.clients[c]["blocks"]) for c in peers],
+            }
+            msgs.append(Message("hyfem.keys", SERVER, cid, 0, payload))
+        got = {r.sender for r in transport.send_and_receive(msgs) if r.kind == "hyfem.keys"}
+        missing = [c for c in ids if c not in got]
+        if missing:
+            raise ProtocolError(f"client {missing[0]!r} did not answer 'hyfem.keys': HyFEM's setup needs every client.")
+
+    def secure_fit_fields(self, cid: str, rnd: int) -> dict:
+        """The ``tag`` and ``peers`` of round ``rnd``'s ``hyfem.fit`` to ``cid``."""
+        return {"tag": rnd, "peers": [c for c in self.clients if c != cid]}
+
+    def _param_count(self, b: str) -> int:
+        return _flat(self.model.extractor_arrays(b)).size
+
+    def check_masked(self, r: Message) -> None:
+        """``ext_masked``: a ``uint64`` array of exactly the sender's blocks' parameter count.
+
+        Raises:
+            PayloadError: another dtype or shape.
+        """
+        n = sum(self._param_count(b) for b in self.clients[r.sender]["blocks"])
+        v = validate.array(r, "ext_masked", (n,), kinds="u")
+        if v.dtype != np.uint64:
+            raise PayloadError(r, "ext_masked", f"of dtype {v.dtype}, not uint64")
+
+    def _split(self, cid: str, v: np.ndarray) -> dict[str, np.ndarray]:
+        out, i = {}, 0
+        for b in self.clients[cid]["blocks"]:
+            n = self._param_count(b)
+            out[b] = v[i : i + n]
+            i += n
+        return out
+
+    def aggregate_masked(self, rnd: int, transport: Transport, replies: Sequence[Message]) -> None:
+        """HyFEM Alg. 1 line 7 from masked replies: per block, the sum of ``p_m theta_m,b`` over
+        the holders that replied (masks cancel; a missing client's pair masks are unmasked by the
+        others) divided by their ``sum p_m``; stored as float32. A block no reply holds, or a
+        round whose unmasking fails, keeps its extractors."""
+        got = [r.sender for r in replies]
+        totals = {b: np.zeros(self._param_count(b), dtype=np.uint64) for b in self.block_names}
+        for r in replies:
+            for b, v in self._split(r.sender, r.payload["ext_masked"]).items():
+                totals[b] += v
+        dropped = [c for c in self.clients if c not in got]
+        if dropped and got:
+            asks = [Message("hyfem.unmask", SERVER, c, rnd, {"tag": rnd, "dropped": dropped}) for c in got]
+            fixes = []
+            for f in transport.send_and_receive(asks):
+                try:
+                    validate.array(
+                        f,
+                        "correction",
+                        (sum(self._param_count(b) for b in self.clients[f.sender]["blocks"]),),
+                        kinds="u",
+                    )
+                except (PayloadError, KeyError) as e:
+                    log.warning("HyFEM round %d: %s", rnd, e)
+                    continue
+                fixes.append(f)
+            if {f.sender for f in fixes} != set(got):
+                log.warning("HyFEM round %d: secure aggregation could not be unmasked; the extractors stay.", rnd)
+                return
+            for f in fixes:
+                for b, v in self._split(f.sender, f.payload["correction"].astype(np.uint64)).items():
+                    totals[b] -= v
+        for b in self.block_names:
+            weight = sum(float(self.clients[c]["n_samples"]) for c in got if b in self.clients[c]["blocks"])
+            if weight == 0:
+                continue
+            avg = from_fixed(totals[b]) / weight
+            like = self.model.extractor_arrays(b)
+            self.model.load_extractor_arrays(b, {k: a.astype(np.float32) for k, a in _unflat(avg, like).items()})
