@@ -105,6 +105,19 @@ def test_plaintext_run_prints_what_the_server_learns(tmp_path, monkeypatch, caps
             assert lines == [], err
 
 
+def test_privacy_warning_lines():
+    """One line per weakened setting, none for the examples' settings (docs/privacy.md)."""
+    from hybridfl.algorithms.hyfdca import HyFDCAConfig
+    from hybridfl.algorithms.hyfdca.spec import privacy_warning
+
+    assert privacy_warning(HyFDCAConfig(encryption="ckks")) is None
+    assert "without encryption" in privacy_warning(HyFDCAConfig())
+    assert "Gram" in privacy_warning(HyFDCAConfig(dual_mode="segment"))
+    assert "without secure aggregation" in privacy_warning(HyFDCAConfig(encryption="ckks", secure_aggregation=False))
+    assert "at most 1 raw rows" in privacy_warning(HyFDCAConfig(encryption="ckks", local_steps=1))
+    assert privacy_warning(HyFDCAConfig(encryption="ckks", local_steps=10)) is None
+
+
 def _one_sentence(p: subprocess.CompletedProcess, needle: str) -> None:
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr

@@ -283,7 +283,17 @@ def privacy_warning(cfg: HyFDCAConfig) -> str | None:
             "HyFDCA runs without secure aggregation: the server reads each client's primal share, a "
             "combination of its raw rows (docs/privacy.md)."
         )
+    if cfg.local_steps is not None and cfg.local_steps < LOCAL_WORK_FLOOR:
+        return (
+            f"HyFDCA with local_steps {cfg.local_steps}: each round's change of w (public) combines at most "
+            f"{cfg.local_steps} raw rows per client; keep local_steps >= {LOCAL_WORK_FLOOR} (docs/privacy.md)."
+        )
     return None
+
+
+LOCAL_WORK_FLOOR = 10
+"""Fewest local steps per client and round below which a run warns that the public ``w`` changes
+by a combination of very few raw rows (docs/privacy.md, "Known leakage")."""
 
 
 SPEC = register(
