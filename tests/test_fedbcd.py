@@ -239,7 +239,8 @@ def test_message_counts_per_round(variant, k):
     per_round = 2 + 2 * passive if variant != "s" else 4 * passive + 2
     assert msgs[1:] == [per_round] * (cfg.rounds - 1)
     assert msgs[0] == per_round + 2 * passive  # first round also fetches H_k of the first batch
-    setup = 4 * k  # properties + align, both directions
+    # both directions: properties (k), psi_request (1), psi_serve (k-1), psi_result (1), align (k-1)
+    setup = 2 * (k + 1 + (k - 1) + 1 + (k - 1))
     assert res.summary["messages_total"] == setup + sum(msgs)
     per_client = res.summary["bytes_per_client"]
     assert sum(v["bytes_up"] + v["bytes_down"] for v in per_client.values()) == res.summary["bytes_total"]
@@ -281,7 +282,11 @@ def test_no_raw_feature_or_label_in_any_message(credit_dir):
             if isinstance(v, list) and v and all(isinstance(e, (int, float)) for e in v):
                 assert len(set(v)) > 2, f"a 0/1 list {key!r} crossed in {m.kind}"
         assert set(m.payload) <= {
-            "ids",
+            "request",
+            "setup",
+            "response",
+            "dh",
+            "tags",
             "blocks",
             "out_dim",
             "has_labels",
@@ -299,7 +304,7 @@ def test_no_raw_feature_or_label_in_any_message(credit_dir):
             "l2",
             "next_batch",
             "return_current",
-        } | {k for k in m.payload if k.startswith(("h.", "grad."))}
+        } | {k for k in m.payload if k.startswith(("h.", "grad.", "setup.", "response.", "dh.", "tags."))}
 
 
 # ------------------------------------------------------------------ state round trip

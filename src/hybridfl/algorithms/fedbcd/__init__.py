@@ -5,17 +5,17 @@ SPEC.md "FedBCD").
 one of them, the *label party*, also holds the labels. Party ``k`` has a bottom model producing
 ``H_k`` per sample (linear ``x_k theta_k`` or a neural tower, :mod:`hybridfl.models.towers`);
 the label party combines all ``H_k`` with its top model into a logit and computes the logistic
-loss. The *coordinator* (the ``server`` of the message runtime) holds no data: it aligns the
-parties' sample IDs, draws the mini-batch IDs, relays ``H_k`` to the label party and the
+loss. The *coordinator* (the ``server`` of the message runtime) holds no data: it relays the
+parties' private sample alignment (never seeing an ID), draws the mini-batch positions, relays ``H_k`` to the label party and the
 gradients ``dL/dH_k`` back, and sends the step size ``eta_t = eta_0 / sqrt(t + 1)`` (paper Sec. 8;
 ``t`` = 0-based communication round).
 
 Written once as party-side and coordinator-side steps exchanging :class:`~hybridfl.runtime.messages.Message` objects; every
 byte is counted by the transport. Messages (``B`` = batch size, ``r_k`` = width of ``H_k``):
 
-- setup: ``fedbcd.properties`` (each party: its sample IDs, blocks, ``r_k``, whether it has labels,
-  how many test samples it holds) and ``fedbcd.align`` (the coordinator's aligned ID order: the
-  intersection of all parties' IDs);
+- setup: ``fedbcd.properties`` (each party: its blocks, ``r_k``, whether it has labels, how many
+  test samples it holds), then the sample alignment below (``fedbcd.psi_request``,
+  ``.psi_serve``, ``.psi_result``, ``.align``);
 - ``fedbcd.forward`` (passive party): batch positions ``(B,)`` -> ``h`` ``(B, r_k)``, only before
   the first round: later ``H_k`` of the next batch travel with the reply to ``fedbcd.party_step``;
 - ``fedbcd.label`` (label party): batch positions, the ``H_k`` of the passive parties that changed,
@@ -30,6 +30,30 @@ byte is counted by the transport. Messages (``B`` = batch size, ``r_k`` = width 
   rows and every ``h.<k>`` -> ``auc`` and ``accuracy`` of the joint prediction (or ``diverged``).
   Each party holds its blocks of the test samples, only the label party their labels; logits and
   labels never leave it. A missing reply means no metrics for that round.
+
+Sample alignment (private set intersection, :mod:`hybridfl.privacy.psi`; every blob is opaque to the
+coordinator, which only relays it, and checked by the party that receives it):
+
+1. ``fedbcd.psi_request`` (label party ``L``): reply ``request``, its IDs blinded with a fresh PSI
+   client key, and ``dh``, a fresh X25519 public key;
+2. ``fedbcd.psi_serve`` (every passive party ``k``, with ``L``'s ``request`` and ``dh``): ``k``
+   acts as PSI server with a fresh key and replies ``setup`` (its IDs, blinded, sorted),
+   ``response`` (``L``'s request re-blinded) and its own ``dh``; it keeps the tag key
+   ``K_k = SHA-256(X25519(...))`` in its state;
+3. ``fedbcd.psi_result`` (``L``, with every ``setup.<k>``, ``response.<k>``, ``dh.<k>``): ``L``
+   learns which of its IDs each ``k`` holds; the aligned order is the intersection of all of them
+   in ``L``'s own order (as the plaintext alignment had it, so runs are unchanged); it replies
+   ``n_aligned`` (0: no common sample, the setup stops) and ``tags.<k>``, the aligned IDs'
+   ``HMAC-SHA-256(K_k, id)`` (16 bytes each) in that order;
+4. ``fedbcd.align`` (every ``k``, with its ``tags``): ``k`` maps the tags to its rows and replies
+   ``n_aligned``, which must equal ``L``'s.
+
+The coordinator learns the aligned count ``n`` (and, from the blobs' lengths, each party's number
+of IDs), never an ID; a passive party learns the intersection (and ``L``'s number of IDs); ``L``
+learns the intersection with each passive party (for two parties: the intersection). This holds
+against an honest-but-curious coordinator: one that replaced the X25519 keys could test guessed IDs
+against the tags. ``docs/privacy_alignment.md`` has the details; ``tests/test_psi.py`` audits every
+message.
 
 No raw feature value and no label appears in any message (checked on the message log by
 ``tests/test_fedbcd.py``). Note that ``dL/dH_k`` itself is label-dependent (for the logistic loss

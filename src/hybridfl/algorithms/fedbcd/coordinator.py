@@ -3,8 +3,10 @@
 See :mod:`hybridfl.algorithms.fedbcd` for the protocol and its messages.
 
 Every reply is checked before use (:mod:`hybridfl.runtime.validate`): at setup the parties'
-properties (distinct string IDs, ``out_dim`` >= 1, ...) and ``n_aligned`` (the aligned count), a
-bad one stopping the setup with a :class:`~hybridfl.runtime.validate.PayloadError`; in a round every
+properties (``out_dim`` >= 1, ...), the PSI blobs it relays (bytes within the size caps of
+:mod:`hybridfl.privacy.psi`; their content is opaque to it and checked by the parties), the tags'
+length and ``n_aligned`` (the aligned count, the same from every party), a bad one stopping the
+setup with a :class:`~hybridfl.runtime.validate.PayloadError`; in a round every
 ``h``/``h_next``/``grad.<party>`` must be a float array ``(B, r_k)`` (``B`` the batch size sent,
 ``r_k`` the party's reported ``out_dim``) and ``loss`` a number. A malformed reply in a round is
 logged and counts as a missing reply (the round is skipped and undone, or the run stops, as
@@ -22,9 +24,13 @@ import numpy as np
 from hybridfl.algorithms.fedbcd.config import FedBCDConfig, PartyMissingError
 from hybridfl.algorithms.fedbcd.party import EVALUATE
 from hybridfl.errors import ProtocolError
+from hybridfl.privacy import psi
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
 from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys, strings
+
+MAX_BLOB_BYTES = 16 + psi.MAX_IDS * (psi.POINT_BYTES + 2)
+"""The largest PSI request, setup or response the coordinator relays (:data:`hybridfl.privacy.psi.MAX_IDS` IDs)."""
 
 log = logging.getLogger(__name__)
 
@@ -166,15 +172,13 @@ class FedBCDCoordinator:
             array(r, k, [self.out_dim.get(owner) if d == -1 else d for d in shape], kinds="f", finite=False)
 
     def check_properties(self, r: Message) -> None:
-        """Check a ``fedbcd.properties`` reply: ``ids`` distinct strings, ``blocks`` distinct
-        strings, ``out_dim`` an integer >= 1, ``has_labels`` a bool, ``n_test`` (if any) an
-        integer >= 0.
+        """Check a ``fedbcd.properties`` reply: ``blocks`` distinct strings, ``out_dim`` an
+        integer >= 1, ``has_labels`` a bool, ``n_test`` (if any) an integer >= 0.
 
         Raises:
             PayloadError: the first problem found (names the party and the field).
         """
-        only_keys(r, ("ids", "blocks", "out_dim", "has_labels", "n_test"))
-        strings(r, "ids")
+        only_keys(r, ("blocks", "out_dim", "has_labels", "n_test"))
         strings(r, "blocks")
         integer(r, "out_dim", low=1)
         if not isinstance(r.payload.get("has_labels"), (bool, np.bool_)):
@@ -182,16 +186,97 @@ class FedBCDCoordinator:
         if "n_test" in r.payload:
             integer(r, "n_test", low=0)
 
+    @staticmethod
+    def check_blob(r: Message, key: str, max_bytes: int = MAX_BLOB_BYTES, size: int | None = None) -> bytes:
+        """The opaque blob ``r.payload[key]``: bytes, at most ``max_bytes`` long (exactly ``size``
+        if given). The coordinator never parses it.
+
+        Raises:
+            PayloadError: missing, not bytes, or of a wrong size.
+        """
+        v = r.payload.get(key)
+        if v is None:
+            raise PayloadError(r, key, "missing")
+        if not isinstance(v, (bytes, bytearray)):
+            raise PayloadError(r, key, f"of type {type(v).__name__}, not bytes")
+        if len(v) > max_bytes or (size is not None and len(v) != size):
+            raise PayloadError(
+                r, key, f"of {len(v)} bytes, expected {size if size is not None else f'at most {max_bytes}'}"
+            )
+        return bytes(v)
+
+    def _setup_exchange(self, transport: Transport, messages: list[Message]) -> dict[str, Message]:
+        """Send setup messages; every reply must arrive, once, of the same kind (else
+        :class:`ProtocolError`)."""
+        sent = {m.receiver: m for m in messages}
+        got: dict[str, Message] = {}
+        for r in transport.send_and_receive(messages):
+            if r.sender not in sent or r.kind != sent[r.sender].kind or r.sender in got:
+                raise ProtocolError(f"the FedBCD coordinator got an unexpected {r.kind!r} reply from {r.sender!r}.")
+            got[r.sender] = r
+        missing = [p for p in sent if p not in got]
+        if missing:
+            raise ProtocolError(
+                f"FedBCD party {missing[0]!r} sent no reply to {messages[0].kind!r} during the setup, and alignment needs every party."
+            )
+        return got
+
+    def align(self, transport: Transport) -> int:
+        """Align the parties' samples by private set intersection, relaying opaque blobs
+        (:mod:`hybridfl.algorithms.fedbcd`, "Sample alignment"): ``fedbcd.psi_request`` to the
+        label party (its blinded IDs, its X25519 key), ``fedbcd.psi_serve`` to every passive party
+        (its PSI setup and response, its X25519 key), ``fedbcd.psi_result`` to the label party
+        (the aligned count and every passive party's order tags), ``fedbcd.align`` to every
+        passive party (its tags). The coordinator learns the aligned count (and, from the blobs'
+        lengths, the parties' set sizes), never an ID.
+
+        Returns:
+            The aligned count ``n`` (>= 1).
+
+        Raises:
+            ProtocolError: a missing reply, or no common sample.
+            PayloadError: a malformed reply (a blob that is not bytes or over the cap, tags of a
+                wrong length, an ``n_aligned`` other than the label party's).
+        """
+        L = self.label_party
+        req = self._setup_exchange(transport, [Message("fedbcd.psi_request", SERVER, L, 0)])[L]
+        only_keys(req, ("request", "dh"))
+        request = self.check_blob(req, "request")
+        dh = self.check_blob(req, "dh", size=psi.DH_BYTES)
+        served = self._setup_exchange(
+            transport, [Message("fedbcd.psi_serve", SERVER, k, 0, {"request": request, "dh": dh}) for k in self.passive]
+        )
+        relay: dict = {}
+        for k, r in served.items():
+            only_keys(r, ("setup", "response", "dh"))
+            relay[f"setup.{k}"] = self.check_blob(r, "setup")
+            relay[f"response.{k}"] = self.check_blob(r, "response")
+            relay[f"dh.{k}"] = self.check_blob(r, "dh", size=psi.DH_BYTES)
+        res = self._setup_exchange(transport, [Message("fedbcd.psi_result", SERVER, L, 0, relay)])[L]
+        n = integer(res, "n_aligned", low=0, high=psi.MAX_IDS)
+        if n == 0:
+            only_keys(res, ("n_aligned",))
+            raise ProtocolError("the FedBCD parties share no sample ID.")
+        only_keys(res, ("n_aligned", *(f"tags.{k}" for k in self.passive)))
+        tags = {k: self.check_blob(res, f"tags.{k}", size=n * psi.TAG_BYTES) for k in self.passive}
+        aligned = self._setup_exchange(
+            transport, [Message("fedbcd.align", SERVER, k, 0, {"tags": tags[k]}) for k in self.passive]
+        )
+        for r in aligned.values():
+            only_keys(r, ("n_aligned",))
+            integer(r, "n_aligned", low=n, high=n)
+        return n
+
     def setup(self, transport: Transport, client_ids: Sequence[str]) -> None:
-        """Ask every party for its sample IDs, role and test set size (``fedbcd.properties``);
-        send the aligned ID order (``fedbcd.align``: the intersection of all parties' IDs, in the
-        label party's order).
+        """Ask every party for its role, blocks and test set size (``fedbcd.properties``), then
+        align their samples by private set intersection (:meth:`align`): the aligned order is the
+        intersection of all parties' IDs in the label party's order, which only the parties know.
 
         Raises:
             ProtocolError: not exactly one label party, no common sample, parties holding test
-                sets of different sizes, or a reply from a party that was not asked.
-            PayloadError: a malformed reply (:meth:`check_properties`), or an ``n_aligned`` other
-                than the aligned count.
+                sets of different sizes, a missing reply, or a reply from a party that was not
+                asked.
+            PayloadError: a malformed reply (:meth:`check_properties`, :meth:`align`).
         """
         replies = transport.send_and_receive([Message("fedbcd.properties", SERVER, cid, 0) for cid in client_ids])
         asked = set(client_ids)
@@ -211,18 +296,7 @@ class FedBCDCoordinator:
             listed = ", ".join(f"{p!r} {n}" for p, n in sizes.items())
             raise ProtocolError(f"the FedBCD parties hold test sets of different sizes ({listed}).")
         self.n_test = next(iter(sizes.values()), 0)
-        ids = {r.sender: [str(s) for s in r.payload["ids"]] for r in replies}
-        common = set.intersection(*(set(v) for v in ids.values()))
-        order = [s for s in ids[self.label_party] if s in common]
-        if not order:
-            raise ProtocolError("the FedBCD parties share no sample ID.")
-        self.n = len(order)
-        aligned = transport.send_and_receive(
-            [Message("fedbcd.align", SERVER, cid, 0, {"ids": order}) for cid in self.parties]
-        )
-        for r in aligned:
-            only_keys(r, ("n_aligned",))
-            integer(r, "n_aligned", low=self.n, high=self.n)
+        self.n = self.align(transport)
 
     def sample_batch(self) -> np.ndarray:
         """``(B,)`` aligned positions drawn uniformly without replacement (paper A2 / Alg. 1 line 4)."""

@@ -2,7 +2,9 @@
 
 See :mod:`hybridfl.algorithms.fedbcd` for the protocol and its messages.
 
-Every coordinator message is checked before use (:mod:`hybridfl.runtime.validate`): batch positions
+Every coordinator message is checked before use (:mod:`hybridfl.runtime.validate`): the PSI blobs
+of the alignment (:mod:`hybridfl.privacy.psi` checks them; a bad one is refused naming the field),
+batch positions
 are distinct integers in ``[0, n_aligned)``, ``grad`` is a float array ``(B, r_k)``, ``h.<j>`` float
 arrays ``(B, *)``, ``lr`` finite > 0, ``local_steps`` an integer >= 1 (>= 0 for the label party),
 ``mu`` and ``l2`` finite >= 0; a bad message is refused with a
@@ -18,11 +20,39 @@ import torch
 from torch import nn
 
 from hybridfl.errors import ProtocolError
+from hybridfl.privacy import psi
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys, strings
 
 EVALUATE = "fedbcd.evaluate"
 """The kind of the evaluation messages (outside the rounds' protocol: never snapshotted nor undone)."""
+
+ALIGN_CONTEXT = b"hybridfl/fedbcd/align/v1"
+"""Domain separation of the key a passive party and the label party agree on for the order tags."""
+
+SETUP_KINDS = ("fedbcd.properties", "fedbcd.psi_request", "fedbcd.psi_serve", "fedbcd.psi_result", "fedbcd.align")
+"""The setup exchanges, in order (see :mod:`hybridfl.algorithms.fedbcd`, "Sample alignment")."""
+
+
+def _bytes(msg: Message, key: str, size: int | None = None) -> bytes:
+    """The byte string ``msg.payload[key]`` (of exactly ``size`` bytes if given).
+
+    Raises:
+        PayloadError: missing, not bytes, or another size.
+    """
+    if key not in msg.payload:
+        raise PayloadError(msg, key, "missing")
+    v = msg.payload[key]
+    if not isinstance(v, (bytes, bytearray)):
+        raise PayloadError(msg, key, f"of type {type(v).__name__}, not bytes")
+    if size is not None and len(v) != size:
+        raise PayloadError(msg, key, f"of {len(v)} bytes, expected {size}")
+    return bytes(v)
+
+
+def _refuse(msg: Message, key: str, e: psi.PSIError) -> PayloadError:
+    """A :class:`PayloadError` naming ``key`` for a PSI blob the library wrapper refused."""
+    return PayloadError(msg, key, f"that was refused ({str(e).rstrip('.')})")
 
 
 def _params(*modules: nn.Module) -> list[nn.Parameter]:
@@ -121,6 +151,7 @@ class FedBCDParty:
         self._snap: dict[str, np.ndarray] | None = None  # state at the first message of round _snap_round
         self._snap_round: int | None = None
         self._snap_lost = False  # loaded from a state_dict without the snapshot
+        self._align: dict[str, bytes] = {}  # secret keys kept between two setup messages (PSI, X25519, tag key)
         with torch.no_grad():
             self.out_dim = int(self.bottom(self.x[:1]).shape[1])
 
@@ -131,15 +162,18 @@ class FedBCDParty:
 
     # ------------------------------------------------------------------ protocol
     def handle(self, msg: Message) -> Message:
-        """Answer one coordinator message (kinds ``fedbcd.properties``, ``.align``, ``.forward``,
-        ``.label``, ``.party_step``, ``.undo``, ``.evaluate``; see :mod:`hybridfl.algorithms.fedbcd`).
+        """Answer one coordinator message (kinds ``fedbcd.properties``, ``.psi_request``,
+        ``.psi_serve``, ``.psi_result``, ``.align``, ``.forward``, ``.label``, ``.party_step``,
+        ``.undo``, ``.evaluate``; see :mod:`hybridfl.algorithms.fedbcd`).
 
         The first message of each round ``>= 1`` (evaluation excluded) snapshots the party's state
         for ``undo``; an ``undo`` entry in a payload is applied before anything else.
 
         Raises:
             ProtocolError: an unknown kind, or a message out of order (training before ``align``,
-                a step without a current batch, an evaluation without a test set).
+                a step without a current batch, an evaluation without a test set, an alignment
+                message for the other role or out of order).
+            PayloadError: a malformed message (the PSI blobs included).
         """
         if msg.kind == EVALUATE:  # after a round, outside it: no snapshot, no undo
             return self.evaluate(msg)
@@ -153,15 +187,24 @@ class FedBCDParty:
             if self._snap_round != msg.round:
                 self._snap, self._snap_round = self._core_state(), msg.round
         if msg.kind == "fedbcd.properties":
-            return msg.reply(
-                ids=[str(s) for s in self.ids],
-                blocks=self.blocks,
-                out_dim=self.out_dim,
-                has_labels=self.is_label,
-                n_test=self.n_test,
-            )
-        if msg.kind == "fedbcd.align":
-            return self.align(msg)
+            only_keys(msg, ())
+            return msg.reply(blocks=self.blocks, out_dim=self.out_dim, has_labels=self.is_label, n_test=self.n_test)
+        if msg.kind in SETUP_KINDS:
+            if msg.round != 0:
+                raise ProtocolError(
+                    f"FedBCD party {self.party_id!r} got {msg.kind!r} in round {msg.round}, not in the setup."
+                )
+            wants_label = msg.kind in ("fedbcd.psi_request", "fedbcd.psi_result")
+            if wants_label != self.is_label:
+                role = "passive parties" if self.is_label else "the label party"
+                raise ProtocolError(f"FedBCD party {self.party_id!r} got {msg.kind!r}, which only {role} answer.")
+            step = {
+                "fedbcd.psi_request": self.psi_request,
+                "fedbcd.psi_serve": self.psi_serve,
+                "fedbcd.psi_result": self.psi_result,
+                "fedbcd.align": self.align,
+            }[msg.kind]
+            return step(msg)
         if msg.kind == "fedbcd.forward":
             batch = self.check_batch(msg, "batch")
             self.batch = batch
@@ -191,20 +234,111 @@ class FedBCDParty:
             raise PayloadError(msg, key, "holding a repeated position")
         return b
 
-    def align(self, msg: Message) -> Message:
-        """Map the coordinator's aligned ID order (``ids``, list of ``N`` distinct str) to own rows.
+    # ------------------------------------------------------------------ sample alignment (PSI)
+    def _others(self) -> list[str]:
+        return [j for j in self.party_order if j != self.party_id]
+
+    def psi_request(self, msg: Message) -> Message:
+        """Label party, first alignment step: a fresh PSI client key and X25519 key (kept in the
+        party's state, never sent); reply ``request`` (its IDs blinded, :class:`~hybridfl.privacy.psi.PSIClient`)
+        and ``dh`` (its X25519 public key).
 
         Raises:
-            ProtocolError: an aligned ID the party does not hold.
-            PayloadError: ``ids`` is not a list of distinct strings.
+            PayloadError: the message carries a payload (it has none).
         """
-        index = {s: i for i, s in enumerate(self.ids)}
-        order = strings(msg, "ids")
-        missing = [s for s in order if s not in index]
-        if missing:
-            raise ProtocolError(f"FedBCD party {self.party_id!r} does not hold aligned sample {missing[0]!r}.")
-        self.rows = np.array([index[s] for s in order], dtype=np.int64)
-        return msg.reply(n_aligned=len(order))
+        only_keys(msg, ())
+        client = psi.PSIClient(self.ids)
+        dh = psi.KeyAgreement()
+        self._align = {"psi": client.secret_key(), "dh": dh.private_bytes()}
+        self.rows = None
+        return msg.reply(request=client.request(), dh=dh.public())
+
+    def psi_serve(self, msg: Message) -> Message:
+        """Passive party: answer the label party's PSI ``request`` as a PSI server with a fresh key
+        (reply ``setup``, ``response``) and agree on the tag key with its X25519 public key ``dh``
+        (reply its own ``dh``; the tag key stays in the party's state until :meth:`align`).
+
+        Raises:
+            PayloadError: a missing or malformed ``request`` or ``dh``, or another key.
+        """
+        only_keys(msg, ("request", "dh"))
+        request = _bytes(msg, "request")
+        peer = _bytes(msg, "dh", psi.DH_BYTES)
+        server = psi.PSIServer(self.ids)
+        try:
+            n = psi.check_request(request)
+            response = server.respond(request)
+        except psi.PSIError as e:
+            raise _refuse(msg, "request", e) from None
+        dh = psi.KeyAgreement()
+        try:
+            key = dh.shared_key(peer, ALIGN_CONTEXT, initiator=False)
+        except psi.PSIError as e:
+            raise _refuse(msg, "dh", e) from None
+        self._align = {"tag_key": key}
+        self.rows = None
+        return msg.reply(setup=server.setup(n), response=response, dh=dh.public())
+
+    def psi_result(self, msg: Message) -> Message:
+        """Label party: from every passive party ``k``'s ``setup.<k>``, ``response.<k>`` and
+        ``dh.<k>``, the positions of its IDs each party holds; the aligned order is the
+        intersection of them all in its own order. Reply ``n_aligned`` and, for every ``k``,
+        ``tags.<k>``: the aligned IDs' order tags under the key agreed with ``k``
+        (:func:`~hybridfl.privacy.psi.order_tags`); with no common ID only ``n_aligned`` = 0.
+
+        Raises:
+            ProtocolError: no :meth:`psi_request` before.
+            PayloadError: a missing, unexpected or malformed blob (names the field).
+        """
+        if "psi" not in self._align:
+            raise ProtocolError(
+                f"FedBCD label party {self.party_id!r} got fedbcd.psi_result before fedbcd.psi_request."
+            )
+        others = self._others()
+        only_keys(msg, [f"{f}.{k}" for k in others for f in ("setup", "response", "dh")])
+        client = psi.PSIClient(self.ids, key=self._align["psi"])
+        dh = psi.KeyAgreement(self._align["dh"])
+        common = np.arange(len(self.ids), dtype=np.int64)
+        keys = {}
+        for k in others:
+            setup, response = _bytes(msg, f"setup.{k}"), _bytes(msg, f"response.{k}")
+            try:
+                keys[k] = dh.shared_key(_bytes(msg, f"dh.{k}", psi.DH_BYTES), ALIGN_CONTEXT, initiator=True)
+            except psi.PSIError as e:
+                raise _refuse(msg, f"dh.{k}", e) from None
+            try:
+                held = client.intersect(setup, response)
+            except psi.PSIError as e:
+                raise _refuse(msg, f"{e.part if e.part in ('setup', 'response') else 'response'}.{k}", e) from None
+            common = np.intersect1d(common, held)  # sorted: the label party's order
+        self._align = {}
+        if common.size == 0:
+            return msg.reply(n_aligned=0)
+        self.rows = common.astype(np.int64)
+        ids = self.ids[self.rows]
+        return msg.reply(n_aligned=int(self.rows.size), **{f"tags.{k}": psi.order_tags(keys[k], ids) for k in others})
+
+    def align(self, msg: Message) -> Message:
+        """Passive party: map the label party's order ``tags`` (bytes,
+        :func:`~hybridfl.privacy.psi.order_tags` of the aligned IDs under the agreed key) to own
+        rows; reply ``n_aligned``.
+
+        Raises:
+            ProtocolError: no :meth:`psi_serve` before.
+            PayloadError: ``tags`` missing, not bytes, or naming a sample twice or one the party
+                does not hold.
+        """
+        if "tag_key" not in self._align:
+            raise ProtocolError(f"FedBCD party {self.party_id!r} got fedbcd.align before fedbcd.psi_serve.")
+        only_keys(msg, ("tags",))
+        tags = _bytes(msg, "tags")
+        try:
+            rows = psi.match_tags(self._align["tag_key"], self.ids, tags)
+        except psi.PSIError as e:
+            raise _refuse(msg, "tags", e) from None
+        self._align = {}
+        self.rows = rows
+        return msg.reply(n_aligned=int(rows.size))
 
     def _x(self, batch: np.ndarray) -> torch.Tensor:
         if self.rows is None:
@@ -430,12 +564,14 @@ class FedBCDParty:
 
     def state_dict(self, snapshot: bool = False) -> dict[str, np.ndarray]:
         """The party's state as arrays: parameters (``bottom.*``, ``top.*``), the aligned rows,
-        the current batch, and (label party) the stored ``H_j`` (``h.*``). With ``snapshot``, also
+        the current batch, (label party) the stored ``H_j`` (``h.*``), and during the setup the
+        alignment's secret keys (``align.*``, uint8; they never leave the node). With ``snapshot``, also
         the round snapshot that ``undo`` restores (``snap.*``, ``snap_round``; -1: none taken yet).
         :meth:`get_state` is this with the snapshot; without it, for comparing models."""
         sd = self._core_state()
         if self.rows is not None:
             sd["rows"] = self.rows.copy()
+        sd.update({f"align.{k}": np.frombuffer(v, dtype=np.uint8).copy() for k, v in self._align.items()})
         if snapshot:
             sd.update({f"snap.{k}": v.copy() for k, v in (self._snap or {}).items()})
             sd["snap_round"] = np.array([-1 if self._snap_round is None else self._snap_round], dtype=np.int64)
@@ -444,8 +580,9 @@ class FedBCDParty:
     def load_state_dict(self, sd: Mapping[str, np.ndarray]) -> None:
         """Inverse of :meth:`state_dict`. A state without ``snap_round`` leaves the party unable to
         ``undo`` a round it had snapshotted (:meth:`undo` then raises)."""
-        self._load_core({k: v for k, v in sd.items() if not k.startswith("snap")})
+        self._load_core({k: v for k, v in sd.items() if not k.startswith(("snap", "align."))})
         self.rows = np.asarray(sd["rows"]) if "rows" in sd else None
+        self._align = {k[6:]: np.asarray(v, dtype=np.uint8).tobytes() for k, v in sd.items() if k.startswith("align.")}
         if "snap_round" in sd:
             r = int(np.asarray(sd["snap_round"]).reshape(-1)[0])
             self._snap = {k[5:]: np.asarray(v) for k, v in sd.items() if k.startswith("snap.")} if r >= 0 else None
