@@ -30,7 +30,16 @@ partition: {{kind: vertical, parties: [[demographic], [repayment], [bill, paymen
 algorithm: {{name: fedbcd, variant: p, local_steps: 5, rounds: 60, batch_size: 512, lr: 0.3, model: mlp,
             representation_dim: 8, hidden: 64, eval_every: 10, eval_subset: 2000, failure_rate: 0.2}}
 """
-TIMING = {"seconds", "train_seconds", "centralized_seconds", "wall_seconds", "seconds_total"}
+TIMING = {
+    "seconds",
+    "train_seconds",
+    "centralized_seconds",
+    "wall_seconds",
+    "seconds_total",
+    "checkpoint_seconds",
+    "checkpoint_share",
+    "checkpoint_writes",
+}
 
 
 def results(d: Path) -> tuple[dict, list[dict]]:
@@ -155,3 +164,111 @@ def test_resume_errors(tmp_path):
         cli("run", "--resume", str(tmp_path), "--rounds", "3"), capture_output=True, text=True, timeout=300
     )
     assert p.returncode == 2 and "--resume takes the run directory only" in p.stderr
+
+
+def _hyfem_small(rounds: int = 6):
+    from hybridfl.algorithms.hyfem import HyFEMConfig
+    from hybridfl.data import load_digits
+    from hybridfl.data.partitioners import ClassBlockPartitioner
+
+    split = load_digits()
+    part = ClassBlockPartitioner(num_clients=3, classes_per_client=(5, 7), blocks_per_client=3, seed=1).partition(
+        split.train
+    )
+    cfg = HyFEMConfig(rounds=rounds, local_steps=5, baselines=False, eval_every=2)
+    return split, part, cfg
+
+
+def test_checkpoint_every_n_rounds_and_always_the_last(tmp_path):
+    from hybridfl.runtime.checkpoint import CheckpointPolicy
+    from hybridfl.runtime.simulation import simulate
+
+    split, part, cfg = _hyfem_small(rounds=7)
+    ck = tmp_path / CHECKPOINT_NAME
+    held = []
+
+    def watch(rnd, total, row):
+        held.append(load_checkpoint(ck)[0] if ck.exists() else 0)
+
+    res = simulate(
+        "hyfem", split, part, cfg, seed=1, progress=watch, checkpoint=ck, checkpoint_policy=CheckpointPolicy(3)
+    )
+    assert held == [0, 0, 3, 3, 3, 6, 7]
+    s = res.summary
+    assert s["checkpoint_writes"] == 3 and 0 < s["checkpoint_seconds"] < s["wall_seconds"]
+    assert s["checkpoint_share"] == pytest.approx(s["checkpoint_seconds"] / s["wall_seconds"])
+
+
+def test_checkpoint_policy_rules():
+    from hybridfl.runtime.checkpoint import CheckpointPolicy
+
+    p = CheckpointPolicy(every=2, seconds=0.0, max_share=0.1)
+    p.begin(4)  # resumed after round 4
+    assert not p.due(5) and p.due(6) and p.due(5, force=True)
+    p.record(6, 1e3)  # a very slow write: the budget now forbids the next ones for a long time
+    assert not p.due(8) and p.due(8, force=True)
+    q = CheckpointPolicy(seconds=3600)
+    q.begin()
+    assert not q.due(1) and q.due(1, force=True)
+    assert q.summary(10.0) == {"checkpoint_writes": 0, "checkpoint_seconds": 0.0, "checkpoint_share": 0.0}
+
+
+def test_sigint_stops_cleanly_with_a_checkpoint_and_resumes(tmp_path):
+    """SIGINT mid-run: the round in progress ends and is checkpointed (although the policy would
+    not checkpoint it), the run raises KeyboardInterrupt, and resuming gives the uninterrupted result."""
+    import os
+    import signal
+
+    from hybridfl.runtime.checkpoint import CheckpointPolicy
+    from hybridfl.runtime.simulation import simulate
+
+    split, part, cfg = _hyfem_small(rounds=6)
+    full = simulate("hyfem", split, part, cfg, seed=1)
+    ck = tmp_path / CHECKPOINT_NAME
+
+    def interrupt(rnd, total, row):
+        if rnd == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(
+            "hyfem",
+            split,
+            part,
+            cfg,
+            seed=1,
+            progress=interrupt,
+            checkpoint=ck,
+            checkpoint_policy=CheckpointPolicy(100),
+        )
+    assert load_checkpoint(ck)[0] in (2, 3)  # the signal arrives after round 2's hook, or during round 3
+    assert signal.getsignal(signal.SIGINT) is before  # handlers restored
+    res = simulate("hyfem", split, part, cfg, seed=1, checkpoint=ck, resume=True)
+    strip = lambda h: [{k: v for k, v in r.items() if k != "seconds"} for r in h]  # noqa: E731
+    assert strip(res.history) == strip(full.history)
+
+
+def test_cli_checkpoint_settings_and_their_cost_in_results(tmp_path):
+    """The config's ``checkpoint`` section and ``--checkpoint-every`` pick the checkpointed rounds;
+    results.json records what checkpointing cost."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(
+        "dataset: {name: digits}\n"
+        "partition: {kind: class_block, num_clients: 3, classes_per_client: [5, 7], blocks_per_client: 3}\n"
+        "algorithm: {name: hyfem, rounds: 5, local_steps: 5, baselines: false}\n"
+        "checkpoint: {every: 1, max_share: null}\n"
+    )
+    out = tmp_path / "run"
+    p = subprocess.run(
+        cli("run", "--config", str(cfg), "--out", str(out), "-q", "--checkpoint-every", "2"),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert p.returncode == 0, p.stderr
+    res = json.loads((out / "results.json").read_text())
+    assert res["checkpoint_writes"] == 3  # rounds 2, 4 and the last
+    assert 0 < res["checkpoint_seconds"] < res["wall_seconds"] and 0 < res["checkpoint_share"] < 1
+    assert load_checkpoint(out / CHECKPOINT_NAME)[0] == 5
+    assert res["config"]["checkpoint"] == {"every": 2, "seconds": 0.0, "max_share": None}

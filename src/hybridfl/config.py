@@ -1,6 +1,7 @@
 """Run configuration: a YAML or TOML file validated with pydantic.
 
-A run config has four sections (see ``examples/configs/`` for complete, commented examples)::
+A run config has four sections and an optional fifth, ``checkpoint`` (see ``examples/configs/`` for
+complete, commented examples)::
 
     seed: 0
     dataset:            # which data, from which directory, and how it is split into blocks
@@ -15,6 +16,10 @@ A run config has four sections (see ``examples/configs/`` for complete, commente
       name: hyfem
       rounds: 30
       local_steps: 20
+    checkpoint:         # optional: when `hybridfl run --out` checkpoints (never changes results)
+      every: 1          # at most every N rounds
+      seconds: 0        # at least S seconds apart
+      max_share: 0.1    # within 10 % of the run's wall time; the last round always
 
 Every problem is reported as a :class:`ConfigError` with one sentence naming the file and the
 field (``algorithm.rounds: Input should be greater than or equal to 1``).
@@ -95,14 +100,33 @@ class PartitionConfig(BaseModel):
     path: str | None = Field(None, description="file: a partition JSON written by `hybridfl partition --save`")
 
 
+class CheckpointConfig(BaseModel):
+    """When a run with an output directory writes its checkpoint (``checkpoint.hfl``).
+
+    A round is checkpointed once ``every`` rounds and ``seconds`` seconds have passed since the last
+    checkpoint and writing it keeps checkpointing within ``max_share`` of the run's wall time so
+    far; the last round and a clean stop (Ctrl-C, SIGTERM) are always checkpointed. The settings
+    do not change the results: a resumed run equals an uninterrupted one.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    every: int = Field(1, ge=1, description="at most one checkpoint every this many rounds")
+    seconds: float = Field(0.0, ge=0, description="at least this many seconds between two checkpoints")
+    max_share: float | None = Field(
+        0.1, gt=0, le=1, description="skip a checkpoint that would take checkpointing above this share of wall time"
+    )
+
+
 class RunConfig(BaseModel):
-    """A whole run: seed, dataset, partition and algorithm (validated per algorithm)."""
+    """A whole run: seed, dataset, partition and algorithm (validated per algorithm), and when to
+    checkpoint."""
 
     model_config = ConfigDict(extra="forbid")
     seed: int = 0
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     algorithm: dict[str, Any] = Field(default_factory=lambda: {"name": "hyfem"})
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
 
     def algorithm_config(self) -> BaseModel:
         """The ``algorithm`` section validated by the registered algorithm's config model."""

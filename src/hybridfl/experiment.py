@@ -72,6 +72,14 @@ def prepare(
     notes = [str(w.message) for w in caught if issubclass(w.category, CoverageWarning)]
     if strict and notes:
         raise PartitionError(f"{notes[0].rstrip('.')} (strict mode treats coverage warnings as errors).")
+    from hybridfl.algorithms.spec import get_algorithm
+
+    spec = get_algorithm(algo.name)  # type: ignore[attr-defined]
+    if spec.check is not None:  # the algorithm's own input checks, before anything is written
+        spec.check(split, partition, algo)
+    privacy = spec.privacy_warning(algo) if spec.privacy_warning is not None else None
+    if privacy:
+        notes.append(privacy)
     return PreparedRun(config, algo, split, partition, notes)
 
 
@@ -89,7 +97,8 @@ def execute(
     ``out_dir``, write the results files.
 
     With ``out_dir``, the validated config is written first to ``config.json`` and, for federated
-    algorithms, a checkpoint after every round (``checkpoint.hfl``); ``resume`` continues from it.
+    algorithms, a checkpoint (``checkpoint.hfl``) after the rounds the config's ``checkpoint``
+    section picks and after the last one; ``resume`` continues from it.
 
     Raises:
         HybridFLError: ``resume`` for an algorithm without checkpoints, or without ``out_dir``.
@@ -100,6 +109,7 @@ def execute(
     from hybridfl.files import atomic_write
     from hybridfl.reporting.plots import plot_coverage
     from hybridfl.reporting.results import write_results
+    from hybridfl.runtime.checkpoint import CheckpointPolicy
     from hybridfl.runtime.simulation import simulate
 
     spec = get_algorithm(prep.algorithm.name)  # type: ignore[attr-defined]
@@ -112,6 +122,7 @@ def execute(
         for name in ("results.json", CHECKPOINT_NAME):
             (Path(out_dir) / name).unlink(missing_ok=True)
         atomic_write(Path(out_dir) / "config.json", json.dumps(run_config_dict(prep), indent=2))
+    ck = prep.config.checkpoint
     t0 = time.perf_counter()
     with single_threaded():
         result = simulate(
@@ -123,6 +134,7 @@ def execute(
             progress,
             checkpoint=checkpoint,
             resume=resume,
+            checkpoint_policy=CheckpointPolicy(ck.every, ck.seconds, ck.max_share),
         )
     result.summary.setdefault("dataset", prep.split.name)
     result.summary["seconds_total"] = time.perf_counter() - t0

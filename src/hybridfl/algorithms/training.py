@@ -33,7 +33,16 @@ class LocalTrainer:
         self, model: HybridModel, data: HybridDataset, batch_size: int, lr: float, momentum: float = 0.0, seed: int = 0
     ):
         self.model = model
-        self.x = {b: torch.from_numpy(np.ascontiguousarray(data.blocks[b])) for b in model.blocks}
+        # a view of a shared dataset (HybridDataset.row_source): gather each mini-batch from the
+        # shared array through the client's row indices, never a copy of its rows (issue 17)
+        src = {b: data.row_source(b) for b in model.blocks}
+        self.x = {b: torch.from_numpy(np.ascontiguousarray(a)) for b, (a, _) in src.items()}
+        rows = {None if r is None else id(r): r for _, r in src.values()}
+        self.rows = None
+        if len(rows) == 1 and next(iter(rows.values())) is not None:
+            self.rows = torch.from_numpy(np.asarray(next(iter(rows.values())), dtype=np.int64))
+        elif any(r is not None for r in rows.values()):  # blocks indexed differently: gather each one
+            self.x = {b: torch.from_numpy(np.ascontiguousarray(a if r is None else a[r])) for b, (a, r) in src.items()}
         self.y = torch.from_numpy(data.y)
         self.n = int(self.y.shape[0])
         self.batch_size = max(1, min(int(batch_size), self.n))
@@ -61,7 +70,8 @@ class LocalTrainer:
         self.model.train()
         for _ in range(int(q)):
             idx = torch.randint(self.n, (self.batch_size,), generator=self.gen)
-            xb = {b: x[idx] for b, x in self.x.items()}
+            at = idx if self.rows is None else self.rows[idx]
+            xb = {b: x[at] for b, x in self.x.items()}
             loss = self.loss_fn(self.model(xb), self.y[idx])
             total += float(loss.detach())
             reg = 0.0

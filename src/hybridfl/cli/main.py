@@ -59,6 +59,43 @@ def report_rows(summary: dict) -> list[tuple[str, object, str]]:
     ]
 
 
+def _execute_with_progress(prep, out_dir: Path, resume: bool, quiet: bool):
+    """``execute`` the prepared run, with a progress bar unless ``quiet``."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from hybridfl.experiment import execute
+
+    if quiet:
+        return execute(prep, out_dir, resume=resume)
+    with Progress(
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[info]}"),
+        console=console,
+    ) as bar:
+        task = bar.add_task("rounds", total=None, info="")
+
+        def progress(done: int, total: int, row: dict) -> None:
+            info = "  ".join(
+                f"{k}={v:.3f}"
+                for k, v in row.items()
+                if k in ("server_accuracy", "client_accuracy_mean", "accuracy", "relative_suboptimality", "auc")
+            )
+            bar.update(task, completed=done, total=total, info=info)
+
+        return execute(prep, out_dir, progress, resume=resume)
+
+
 @app.command()
 def run(
     config: Optional[Path] = typer.Option(
@@ -81,19 +118,21 @@ def run(
     force: bool = typer.Option(
         False, "--force", help="Overwrite the run already in --out (refused without it: use --resume to continue it)."
     ),
+    checkpoint_every: Optional[int] = typer.Option(
+        None, "--checkpoint-every", min=1, help="Override checkpoint.every: checkpoint at most every N rounds."
+    ),
+    checkpoint_seconds: Optional[float] = typer.Option(
+        None, "--checkpoint-seconds", min=0, help="Override checkpoint.seconds: at least S seconds between checkpoints."
+    ),
 ) -> None:
-    """Train a federated model and write results.json, metrics.csv and plots."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
+    """Train a federated model and write results.json, metrics.csv and plots.
 
+    A checkpoint is written after the last round and, between, as the config's ``checkpoint``
+    section allows (by default within 10 % of the run time); Ctrl-C stops after the current round
+    with a checkpoint, which ``--resume`` continues."""
     from hybridfl.config import config_with_overrides, run_dir_config
-    from hybridfl.experiment import execute, prepare
+    from hybridfl.experiment import prepare
+    from hybridfl.runtime.checkpoint import CHECKPOINT_NAME
 
     if resume is not None:
         if force or any(v is not None for v in (config, out, dataset, data_dir, rounds, seed)):
@@ -102,6 +141,9 @@ def run(
         out = resume
     else:
         cfg = config_with_overrides(config, dataset, data_dir, rounds, seed)
+    ck_update = {k: v for k, v in (("every", checkpoint_every), ("seconds", checkpoint_seconds)) if v is not None}
+    if ck_update:  # when to checkpoint never changes the results, so a resumed run may change it too
+        cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update=ck_update)})
     algo_name = cfg.algorithm.get("name", "hyfem")
     out_dir = out or Path("runs") / f"{cfg.dataset.name}-{algo_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     prep = prepare(cfg, out_dir, strict=strict, resume=resume is not None, force=force)
@@ -112,29 +154,14 @@ def run(
             f"[bold]{algo_name}[/] on [bold]{prep.split.name}[/]: {prep.partition.description}; "
             f"{prep.split.train.n_samples} train / {prep.split.test.n_samples} test samples, blocks {', '.join(prep.split.train.block_names)}"
         )
-    if quiet:
-        result = execute(prep, out_dir, resume=resume is not None)
-    else:
-        with Progress(
-            TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            TimeRemainingColumn(),
-            TextColumn("{task.fields[info]}"),
-            console=console,
-        ) as bar:
-            task = bar.add_task("rounds", total=None, info="")
-
-            def progress(done: int, total: int, row: dict) -> None:
-                info = "  ".join(
-                    f"{k}={v:.3f}"
-                    for k, v in row.items()
-                    if k in ("server_accuracy", "client_accuracy_mean", "accuracy", "relative_suboptimality", "auc")
-                )
-                bar.update(task, completed=done, total=total, info=info)
-
-            result = execute(prep, out_dir, progress, resume=resume is not None)
+    try:
+        result = _execute_with_progress(prep, out_dir, resume is not None, quiet)
+    except KeyboardInterrupt:
+        if (Path(out_dir) / CHECKPOINT_NAME).is_file():
+            err_console.print(f"interrupted: continue the run with `hybridfl run --resume {out_dir}`.")
+        else:
+            err_console.print("interrupted before the first checkpoint: nothing to resume.")
+        raise typer.Exit(130) from None
     s = result.summary
     table = Table(title=f"{algo_name} on {prep.split.name}: final results after {s.get('rounds')} rounds")
     table.add_column("model / quantity")

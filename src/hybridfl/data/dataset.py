@@ -11,16 +11,67 @@ of table columns; SPEC.md "The setting"). A :class:`HybridDataset` stores, for `
 
 The block order of the mapping is the global block order: a model concatenates extractor outputs
 in that order.
+
+:meth:`HybridDataset.view` selects samples and blocks without copying any feature: the view's
+``blocks`` is a :class:`RowBlocks` mapping that gathers a block's rows from the shared array only
+when it is read (once, then kept), and :meth:`HybridDataset.row_source` gives code that samples
+mini-batches the shared array and the row indices, so that it can gather each batch itself.
+Clients that hold the same rows then hold them once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from hybridfl.errors import DataError
+
+
+class RowBlocks(Mapping[str, np.ndarray]):
+    """Block name -> the rows ``rows`` of a shared array, read lazily.
+
+    Reading a block (``blocks[b]``) gathers its rows once and keeps the result; :meth:`source`
+    gives the shared array and the row indices without gathering anything.
+
+    Args:
+        base: block name -> shared ``(N, *shape)`` array.
+        names: the blocks of the view, in global block order.
+        rows: ``(n,)`` int64 row indices into the shared arrays, or ``None`` for all rows in order
+            (then a block is the shared array itself).
+    """
+
+    def __init__(self, base: Mapping[str, np.ndarray], names: Sequence[str], rows: np.ndarray | None):
+        self._base = {b: base[b] for b in names}
+        self.rows = rows
+        self._gathered: dict[str, np.ndarray] = {}
+
+    def __getitem__(self, b: str) -> np.ndarray:
+        if self.rows is None:
+            return self._base[b]
+        if b not in self._gathered:
+            self._gathered[b] = self._base[b][self.rows]
+        return self._gathered[b]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._base)
+
+    def __len__(self) -> int:
+        return len(self._base)
+
+    def source(self, b: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(shared array, row indices or None)`` of block ``b``, without gathering."""
+        return self._base[b], self.rows
+
+    def shape(self, b: str) -> tuple[int, ...]:
+        """The per-sample shape of block ``b``."""
+        return tuple(int(s) for s in self._base[b].shape[1:])
+
+    @property
+    def gathered_nbytes(self) -> int:
+        """Bytes of the blocks gathered so far (0 while only shared arrays are referenced)."""
+        return int(sum(x.nbytes for x in self._gathered.values()))
 
 
 @dataclass
@@ -93,6 +144,22 @@ class HybridDataset:
         self.blocks = clean
         self._index = {s: i for i, s in enumerate(self.ids)}
 
+    @classmethod
+    def _trusted(
+        cls, name: str, ids: np.ndarray, y: np.ndarray, blocks: Mapping[str, np.ndarray], classes: list[str]
+    ) -> HybridDataset:
+        """A dataset from parts that come from a validated one (no checks, no copies; the ID index
+        is built when first needed)."""
+        ds = object.__new__(cls)
+        ds.name, ds.ids, ds.y, ds.blocks, ds.classes = name, ids, y, blocks, classes  # type: ignore[assignment]
+        return ds
+
+    def _lookup(self) -> dict[str, int]:
+        index = self.__dict__.get("_index")
+        if index is None:
+            index = self._index = {s: i for i, s in enumerate(self.ids)}
+        return index
+
     # ------------------------------------------------------------------ properties
     @property
     def n_samples(self) -> int:
@@ -112,6 +179,8 @@ class HybridDataset:
     @property
     def block_shapes(self) -> dict[str, tuple[int, ...]]:
         """Block name -> per-sample shape (without the sample axis)."""
+        if isinstance(self.blocks, RowBlocks):
+            return {b: self.blocks.shape(b) for b in self.blocks}
         return {b: tuple(int(s) for s in x.shape[1:]) for b, x in self.blocks.items()}
 
     def __len__(self) -> int:
@@ -125,8 +194,9 @@ class HybridDataset:
             DataError: if an ID is not in the dataset (names the first unknown ID and ``where``).
         """
         out = []
+        index = self._lookup()
         for s in ids:
-            i = self._index.get(str(s))
+            i = index.get(str(s))
             if i is None:
                 place = f" ({where})" if where else ""
                 raise DataError(f"sample ID {str(s)!r}{place} is not in dataset {self.name!r}.")
@@ -149,6 +219,54 @@ class HybridDataset:
             blocks={b: self.blocks[b][rows] for b in names},
             classes=self.classes,
         )
+
+    def view(
+        self,
+        ids: Sequence[str] | np.ndarray | None = None,
+        blocks: Sequence[str] | None = None,
+        y: np.ndarray | None = None,
+    ) -> HybridDataset:
+        """Like :meth:`subset`, but sharing the features: the view's blocks are a
+        :class:`RowBlocks` over this dataset's arrays (nothing is copied until a block is read).
+
+        Args:
+            y: the view's labels instead of the selected ones (e.g. zeros for a party without labels).
+
+        Raises:
+            DataError: an unknown sample ID or block.
+        """
+        base, rows = (
+            (self.blocks._base, self.blocks.rows) if isinstance(self.blocks, RowBlocks) else (self.blocks, None)
+        )
+        sel = None if ids is None else self.positions(ids)
+        if sel is not None:
+            rows = sel if rows is None else rows[sel]
+            if rows.size == len(next(iter(base.values()))) and np.array_equal(rows, np.arange(rows.size)):
+                rows = None  # all rows in order: the shared arrays themselves
+        names = self.block_names if blocks is None else list(blocks)
+        for b in names:
+            if b not in self.blocks:
+                raise DataError(f"block {b!r} is not in dataset {self.name!r} (blocks: {', '.join(self.blocks)}).")
+        labels = (self.y if sel is None else self.y[sel]) if y is None else np.asarray(y, dtype=np.int64)
+        return HybridDataset._trusted(
+            self.name,
+            self.ids if sel is None else self.ids[sel],
+            labels,
+            RowBlocks(base, names, rows),
+            self.classes,
+        )
+
+    def row_source(self, block: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """``(array, rows)``: block ``block`` of sample ``i`` is ``array[rows[i]]`` (``array[i]`` when
+        ``rows`` is ``None``). For a :meth:`view` the array is the shared one and nothing is copied,
+        so a trainer can gather each mini-batch from it.
+
+        Raises:
+            KeyError: no block of that name.
+        """
+        if isinstance(self.blocks, RowBlocks):
+            return self.blocks.source(block)
+        return self.blocks[block], None
 
     def take(self, rows: np.ndarray) -> HybridDataset:
         """The samples at row positions ``rows`` (all blocks)."""

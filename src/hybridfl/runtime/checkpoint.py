@@ -6,12 +6,19 @@ history, communication log, small state) as one JSON document. It is written to 
 and renamed into place, so a run killed at any moment leaves either the previous or the new
 checkpoint, never a broken one. The file is readable by its owner only (a simulated run holds
 every party's state).
+
+:class:`CheckpointPolicy` decides after which rounds a checkpoint is written: at most every
+``every`` rounds, at least ``seconds`` apart, and (with ``max_share``) only while writing them keeps
+below that share of the run's wall time; the last round (or an early stop) and a clean stop
+(SIGINT/SIGTERM, see :mod:`hybridfl.runtime.simulation`) always write one.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +29,65 @@ from hybridfl.files import atomic_write
 from hybridfl.runtime.messages import Message, decode, encode
 
 CHECKPOINT_NAME = "checkpoint.hfl"
+
+
+@dataclass
+class CheckpointPolicy:
+    """After which rounds to write a checkpoint, and what writing them cost.
+
+    A round that is not the last is checkpointed when all of these hold: at least ``every`` rounds
+    and at least ``seconds`` seconds have passed since the last checkpoint (or the start), and,
+    with ``max_share``, the time spent checkpointing so far plus the last write's duration stays
+    within ``max_share`` of the wall time since the start. The last round, an early stop and a
+    clean stop are always checkpointed (``force``). The default writes after every round.
+
+    Attributes:
+        every: rounds between two checkpoints, at least 1.
+        seconds: minimum seconds between two checkpoints (0: no minimum).
+        max_share: the largest share of wall time checkpointing may take (``None``: no limit).
+        writes: checkpoints written so far (by this process).
+        spent: seconds spent writing them (state capture, encoding, writing, ``fsync``).
+    """
+
+    every: int = 1
+    seconds: float = 0.0
+    max_share: float | None = None
+    writes: int = 0
+    spent: float = 0.0
+    _start: float = field(default_factory=time.perf_counter, repr=False)
+    _last_round: int = field(default=0, repr=False)
+    _last_time: float | None = field(default=None, repr=False)
+    _last_cost: float = field(default=0.0, repr=False)
+
+    def begin(self, last_round: int = 0) -> None:
+        """Start the clock; ``last_round`` is the round of the checkpoint the run resumes from (0)."""
+        self._start = self._last_time = time.perf_counter()
+        self._last_round = int(last_round)
+
+    def due(self, rnd: int, force: bool = False) -> bool:
+        """Whether to checkpoint after round ``rnd`` (always with ``force``)."""
+        if force:
+            return True
+        now = time.perf_counter()
+        last = self._start if self._last_time is None else self._last_time
+        if rnd - self._last_round < max(1, int(self.every)) or now - last < float(self.seconds):
+            return False
+        if self.max_share is not None and self.writes:
+            return self.spent + self._last_cost <= float(self.max_share) * (now - self._start)
+        return True
+
+    def record(self, rnd: int, seconds: float) -> None:
+        """Note that the checkpoint of round ``rnd`` took ``seconds``."""
+        self.writes += 1
+        self.spent += float(seconds)
+        self._last_cost = float(seconds)
+        self._last_round = int(rnd)
+        self._last_time = time.perf_counter()
+
+    def summary(self, wall_seconds: float) -> dict[str, float]:
+        """``checkpoint_writes``, ``checkpoint_seconds`` and ``checkpoint_share`` (of ``wall_seconds``)."""
+        share = self.spent / wall_seconds if wall_seconds > 0 else 0.0
+        return {"checkpoint_writes": self.writes, "checkpoint_seconds": self.spent, "checkpoint_share": share}
 
 
 def save_checkpoint(path: str | Path, rnd: int, values: Mapping[str, Any], meta: dict[str, Any]) -> None:

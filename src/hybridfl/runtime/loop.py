@@ -1,9 +1,10 @@
 """The round loop: one implementation, run by the simulation and by the Flower ServerApp.
 
 :class:`RoundLoop` calls ``server.run_round(rnd, transport)`` for each round, evaluates when due,
-records one metrics row per round with the bytes and messages that crossed, checkpoints through a
-callback after every completed round, reports progress, and stops early when the algorithm says
-so. Resuming is the same loop started at ``start`` with the history so far: the state of the
+records one metrics row per round with the bytes and messages that crossed, calls a hook after
+every completed round (the simulation checkpoints there, as its
+:class:`~hybridfl.runtime.checkpoint.CheckpointPolicy` decides), reports progress, and stops early
+when the algorithm says so. Resuming is the same loop started at ``start`` with the history so far: the state of the
 server, the clients and the transport is restored by the caller (build, setup, restore).
 
 Each row has ``round`` (1-based), the server's round metrics, ``bytes`` and ``messages`` of that

@@ -15,6 +15,8 @@ simulated failures, so they never count as round traffic nor change a round's fa
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -27,7 +29,13 @@ from hybridfl.algorithms.spec import AlgorithmSpec, get_algorithm
 from hybridfl.data.dataset import DatasetSplit, HybridDataset
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
-from hybridfl.runtime.checkpoint import federation_state, open_for_resume, restore_federation, save_checkpoint
+from hybridfl.runtime.checkpoint import (
+    CheckpointPolicy,
+    federation_state,
+    open_for_resume,
+    restore_federation,
+    save_checkpoint,
+)
 from hybridfl.runtime.loop import ProgressFn, RoundLoop
 from hybridfl.runtime.transport import CommLog, InProcessTransport
 
@@ -74,7 +82,7 @@ class RunResult:
 
 
 def _unlabelled(ds: HybridDataset) -> HybridDataset:
-    return HybridDataset(ds.name, ds.ids, np.zeros(ds.n_samples, dtype=np.int64), ds.blocks, ds.classes)
+    return ds.view(y=np.zeros(ds.n_samples, dtype=np.int64))
 
 
 def client_data(
@@ -82,13 +90,17 @@ def client_data(
 ) -> list[ClientData]:
     """One :class:`ClientData` per partition entry, in memory: what ``hybridfl export-clients``
     would write into its directory (its samples restricted to its blocks; labels all zero unless
-    it holds them; ``secrets``; with ``with_test`` its blocks of the test set)."""
+    it holds them; ``secrets``; with ``with_test`` its blocks of the test set).
+
+    Every client's data is a :meth:`~hybridfl.data.dataset.HybridDataset.view` of the split: the
+    clients index the one copy of the features (a block's rows are gathered only if a client
+    reads it whole; :meth:`~hybridfl.data.dataset.HybridDataset.row_source` avoids even that)."""
     train = split.train
     schema = dict(train.block_shapes)
     out = []
     for i, c in enumerate(partition.clients):
-        data = train.subset(c.sample_ids, c.blocks)
-        test = split.test.subset(None, c.blocks) if with_test else None
+        data = train.view(c.sample_ids, c.blocks)
+        test = split.test.view(None, c.blocks) if with_test else None
         if not c.has_labels:
             data = _unlabelled(data)
             test = _unlabelled(test) if test is not None else None
@@ -239,14 +251,21 @@ def simulate(
     resume: bool = False,
     secrets: dict[str, bytes] | None = None,
     fail_at: Any = (),
+    checkpoint_policy: CheckpointPolicy | None = None,
 ) -> RunResult:
     """Run an algorithm in process: build, set up, the round loop, the report, the baselines.
 
     Args:
-        checkpoint: file to write the whole federation's state to after every round (atomically,
-            mode 0600: it holds every party's state and shared secrets).
+        checkpoint: file to write the whole federation's state to (atomically, mode 0600: it holds
+            every party's state and shared secrets), after the rounds ``checkpoint_policy`` picks
+            and always after the last one. While the loop runs, SIGINT or SIGTERM (in the main
+            thread) stops the run cleanly after the current round, with a checkpoint, by raising
+            :class:`KeyboardInterrupt`; a second SIGINT interrupts at once.
         resume: continue from ``checkpoint`` after its last completed round (build, setup, restore:
             the same order for every algorithm); the result equals an uninterrupted run's.
+        checkpoint_policy: when to checkpoint (default: after every round). Its cost goes into the
+            summary as ``checkpoint_writes``, ``checkpoint_seconds`` and ``checkpoint_share`` (of
+            ``wall_seconds``) when ``checkpoint`` is given.
 
     Raises:
         HybridFLError: an input problem, or ``resume`` without a checkpoint of this federation.
@@ -267,9 +286,14 @@ def simulate(
         fed.transport.set_state(meta["transport"])
         _set_global_rng(values)
 
+    policy = checkpoint_policy if checkpoint_policy is not None else CheckpointPolicy()
+    policy.begin(start - 1)
+    stop = _StopRequest()
+
     def on_round(rnd: int, history: list[dict], finished: bool) -> None:
-        if checkpoint is None:
+        if checkpoint is None or not policy.due(rnd, finished or stop.requested):
             return
+        t0 = time.perf_counter()
         vals, s_meta = federation_state(fed.server, fed.clients)
         vals.update({f"secrets.{k}": v for k, v in fed.secrets.items()})
         vals.update(_global_rng())
@@ -285,16 +309,50 @@ def simulate(
                 "history": history,
             },
         )
+        policy.record(rnd, time.perf_counter() - t0)
+        if stop.requested and not finished:
+            raise KeyboardInterrupt(f"stopped after round {rnd}, checkpoint written")
 
     loop = fed.loop(progress, on_round)
-    history = loop.run(start, history0)
+    with stop.catching(checkpoint is not None):
+        history = loop.run(start, history0)
     base = spec.baselines(split, partition, config, seed) if spec.baselines is not None else {}
     summary = loop.summary(history, len(fed.clients), split.name, base)
     summary["dataset"] = split.name
     summary["wall_seconds"] = time.perf_counter() - t_start
+    if checkpoint is not None:
+        summary.update(policy.summary(summary["wall_seconds"]))
     title = f"{spec.name} on {split.name}"
     plots = spec.plots(history, config, title) if spec.plots is not None else []
     return RunResult(summary, history, fed.transport.log, plots)
+
+
+class _StopRequest:
+    """A clean stop asked for by SIGINT/SIGTERM: the round in progress ends, is checkpointed, and
+    the run raises :class:`KeyboardInterrupt`. A second SIGINT interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+
+    @contextlib.contextmanager
+    def catching(self, active: bool = True) -> Iterator[None]:
+        """Route SIGINT and SIGTERM to this request inside the block (main thread only)."""
+        if not active or threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+        for s in before:
+            signal.signal(s, self._handle)
+        try:
+            yield
+        finally:
+            for s, h in before.items():
+                signal.signal(s, h)
 
 
 def _global_rng() -> dict[str, np.ndarray]:

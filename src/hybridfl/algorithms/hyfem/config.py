@@ -62,6 +62,9 @@ class HyFEMConfig(BaseModel):
     hidden: int = Field(64, ge=1, description="client classifier hidden width")
     matching: MatchingSettings = Field(default_factory=MatchingSettings)
     eval_every: int = Field(1, ge=0, description="evaluate every k rounds (0: only at the end)")
+    test_subsample: int = Field(
+        0, ge=0, description="per-client metrics on k test samples before the last round (0: all; the last in full)"
+    )
     failure_rate: float = Field(0.0, ge=0, lt=1, description="simulated: probability that a client fails mid-round")
     secure_aggregation: bool = Field(
         False,
