@@ -323,3 +323,38 @@ def test_hyfem_known_leakage_class_histogram():
     for c in part.clients:
         y = split.train.y[split.train.positions(c.sample_ids)]
         assert np.array_equal(seen[c.client_id], np.bincount(y, minlength=2))
+
+
+def test_fedbcd_known_leakage_labels_in_gradient_signs():
+    """Known leakage (docs/privacy.md, FedBCD): with a linear top on binary labels, each column of
+    ``dL/dH_k`` that the label party sends through the coordinator has the batch labels as its
+    signs (up to one global sign per column: ``(sigmoid(z) - y) w_k``). This test pins the claim."""
+    from hybridfl.algorithms.fedbcd import FedBCDConfig
+    from hybridfl.runtime.simulation import build_federation
+
+    split = audit_split()
+    part = VerticalPartitioner(3, label_party=0).partition(split.train)
+    raw: list[bytes] = []
+    cfg = FedBCDConfig(variant="p", rounds=3, local_steps=2, batch_size=32)
+    fed = build_federation("fedbcd", split, part, cfg, seed=0, recorder=raw.append)
+    fed.run(monitor=False)
+    label_id = part.clients[0].client_id
+    party = fed.clients[label_id]
+    y = 2.0 * party.y.numpy() - 1.0
+    batch, checked, leaked = None, 0, 0
+    for m in map(decode, raw):
+        if m.receiver == label_id and "batch" in m.payload:
+            batch = np.asarray(m.payload["batch"])
+        if m.sender == label_id and m.receiver == "server" and batch is not None:
+            for k, g in m.payload.items():
+                if not k.startswith("grad.") or g.shape[0] != batch.size:
+                    continue
+                lab = y[party.rows[batch]]
+                for col in np.asarray(g, dtype=np.float64).T:
+                    nz = col != 0
+                    if nz.sum() < 24:
+                        continue
+                    checked += 1
+                    agree = np.mean(np.sign(col[nz]) == lab[nz])
+                    leaked += agree >= 0.95 or agree <= 0.05
+    assert checked > 0 and leaked == checked, (leaked, checked)
