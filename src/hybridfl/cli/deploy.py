@@ -7,7 +7,9 @@
   server: the server receives only the public material, from the clients, in the hello exchange);
 - ``hybridfl flower-app [--out DIR]``: print (or copy) the Flower app directory for ``flwr run``;
 - ``hybridfl deploy-local --config FILE --out DIR``: export, start a SuperLink and one SuperNode
-  per client on 127.0.0.1, run the algorithm over Flower, stop everything, print the results.
+  per client on 127.0.0.1, run the algorithm over Flower, stop everything, print the results;
+- ``hybridfl flower-executor --runtime-api-address HOST:PORT``: the warm ClientApp executor for a
+  SuperNode started with ``--isolation process`` (one long-lived process answers every message).
 """
 
 from __future__ import annotations
@@ -118,23 +120,41 @@ def deploy_local_cmd(
     rounds: Optional[int] = typer.Option(None, help="Override algorithm.rounds."),
     seed: Optional[int] = typer.Option(None, help="Override the seed."),
     stock: bool = typer.Option(
-        False, "--stock", help="Stock flower-supernode (3 s polling) instead of the fast-polling launcher."
+        False,
+        "--stock",
+        help="Stock flower-supernode (3 s polling, a ClientApp process per message) instead of the fast-polling launcher.",
     ),
-    poll_interval: float = typer.Option(0.05, help="SuperNode poll interval in seconds (fast launcher)."),
+    executor: str = typer.Option(
+        "warm",
+        help="warm: one long-lived hybridfl executor per SuperNode keeps the client in memory; "
+        "flower: Flower's default path, a new ClientApp process per message.",
+    ),
+    poll_interval: float = typer.Option(0.1, help="SuperNode poll interval in seconds (fast launcher)."),
     timeout: float = typer.Option(3600.0, help="Seconds the run may take."),
 ) -> None:
     """Export, start a SuperLink and one SuperNode per client on 127.0.0.1, run over Flower, stop."""
+    from hybridfl.errors import ConfigError
     from hybridfl.runtime.flower.local import LocalFederation
+
+    if executor not in ("warm", "flower"):
+        raise ConfigError(f"--executor must be warm or flower, got {executor!r}.")
+    if stock and executor == "warm":
+        executor = "flower"  # the stock SuperNode has no warm executor
 
     export_clients_cmd(config, out / "export", rounds, seed, False)
     dirs = [d for d in sorted((out / "export").iterdir()) if (d / "client.json").is_file()]
     order = json.loads((out / "export" / "manifest.json").read_text())["client_ids"]
     dirs.sort(key=lambda d: order.index(d.name))
     (out / "flower").mkdir(parents=True, exist_ok=True)
-    fed = LocalFederation(dirs, fast=not stock, poll_interval=poll_interval, work_dir=out / "flower")
+    fed = LocalFederation(
+        dirs, fast=not stock, poll_interval=poll_interval, work_dir=out / "flower", warm=executor == "warm"
+    )
     try:
         fed.start()
-        console.print(f"SuperLink on 127.0.0.1:{fed.port}, {len(dirs)} SuperNodes; running (logs in {out / 'flower'})")
+        console.print(
+            f"SuperLink on 127.0.0.1:{fed.port}, {len(dirs)} SuperNodes ({executor} executor); "
+            f"running (logs in {out / 'flower'})"
+        )
         fed.run(
             {"server-dir": str((out / "export" / "server").resolve()), "out-dir": str((out / "results").resolve())},
             timeout=timeout,
@@ -146,9 +166,39 @@ def deploy_local_cmd(
     console.print(f"results in {out / 'results'}")
 
 
+def flower_executor_cmd(
+    runtime_api_address: str = typer.Option(
+        "127.0.0.1:9094", help="The SuperNode's Runtime API, HOST:PORT (its --host and --port)."
+    ),
+    insecure: bool = typer.Option(False, "--insecure", help="Connect to the Runtime API without TLS."),
+    root_certificates: Optional[Path] = typer.Option(
+        None, help="CA certificate (PEM) of the Runtime API's TLS (the SuperNode's --ssl-ca-certfile)."
+    ),
+    poll_interval: float = typer.Option(0.02, help="Seconds between two polls for tasks."),
+    parent_pid: Optional[int] = typer.Option(None, help="Exit when this process (the SuperNode) exits."),
+) -> None:
+    """Run the warm ClientApp executor for a SuperNode started with --isolation process (keeps the client in memory)."""
+    from hybridfl.errors import ConfigError
+    from hybridfl.runtime.flower.executor import serve
+
+    if not insecure and root_certificates is None:
+        raise ConfigError("give --insecure (a Runtime API without TLS) or --root-certificates CA_FILE.")
+    import logging
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    serve(
+        runtime_api_address,
+        insecure,
+        str(root_certificates) if root_certificates is not None else None,
+        poll_interval,
+        parent_pid,
+    )
+
+
 def register(app: typer.Typer) -> None:
     """Add the deployment commands to the ``hybridfl`` app."""
     app.command("export-clients")(export_clients_cmd)
     app.command("he-keys")(he_keys_cmd)
     app.command("flower-app")(flower_app_cmd)
     app.command("deploy-local")(deploy_local_cmd)
+    app.command("flower-executor")(flower_executor_cmd)

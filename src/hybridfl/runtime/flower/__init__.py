@@ -5,8 +5,12 @@
   both build the algorithm only through its :class:`~hybridfl.algorithms.spec.AlgorithmSpec` and
   run the simulation's :class:`~hybridfl.runtime.loop.RoundLoop`.
 - :mod:`.serverapp` / :mod:`.clientapp`: the Flower ServerApp and ClientApp.
+- :mod:`.executor`: the warm ClientApp executor (``hybridfl flower-executor``): one long-lived
+  process per SuperNode (``--isolation process``) answers every message, keeping the client object
+  in memory, instead of a new ClientApp process per message.
 - :mod:`.local`: start a SuperLink and SuperNodes on 127.0.0.1 (tests, benchmarks, ``hybridfl``
-  ``deploy-local``); :mod:`.supernode`: a SuperNode with a shorter poll interval.
+  ``deploy-local``); :mod:`.supernode`: a SuperNode with a shorter poll interval (``--warm``: with
+  the warm executor).
 
 The Flower app directory (its ``pyproject.toml``) is :data:`APP_DIR`.
 """

@@ -13,6 +13,11 @@ config ``data-dir``, and keeps the client's state between messages in two places
   message safe). A hello of a new run removes the files of earlier runs.
 
 The state never leaves the node (no secret key is in it: HE keys are read from ``data-dir``).
+
+The warm executor (:mod:`hybridfl.runtime.flower.executor`) answers the same messages with
+:func:`answer` in one long-lived process: it keeps the state in a :class:`FileStore` (memory,
+backed by the same state file) and the client object in a
+:class:`~hybridfl.runtime.flower.node.WarmClient` instead of ``context.state``.
 """
 
 from __future__ import annotations
@@ -106,13 +111,34 @@ class _StateStore(MutableMapping[str, bytes]):
             self.dirty = False
 
 
-@app.query("hybridfl")
-def query(msg: Message, context: Context) -> Message:
+class FileStore(dict):
+    """A node's state for one run in memory (the warm executor's store), backed by its state file:
+    loaded from ``path`` when it exists, written back by :meth:`save` after a message changed it.
+
+    Raises:
+        ValueError: the file at ``path`` is not a hybridfl node state file.
+    """
+
+    def __init__(self, path: Path | None):
+        super().__init__(read_state(path) if path is not None and path.is_file() else {})
+        self.path = path
+        self.saved = dict(self)
+
+    def save(self) -> None:
+        """Write the state file if the state changed since it was loaded or last saved."""
+        if self.path is not None and self != self.saved:
+            write_state(self.path, {k: bytes(v) for k, v in self.items()})
+            self.saved = dict(self)
+
+
+def answer(msg: Message, context: Context, store, warm=None) -> Message:
     """Answer one ``query.hybridfl`` Flower message as the client of node config ``data-dir``.
 
     Unpacks our bytes and sequence numbers, answers with :func:`hybridfl.runtime.flower.node.serve`
-    on the node's state store, saves the state file, and (for a hello) removes earlier runs'
-    state files. Returns the Flower reply carrying our encoded reply.
+    on ``store`` (a mapping of bytes with a ``save()`` method that writes the run's state file),
+    saves it, and (for a hello) removes earlier runs' state files. ``warm`` (a
+    :class:`~hybridfl.runtime.flower.node.WarmClient`) keeps the client object for the next
+    message. Returns the Flower reply carrying our encoded reply.
 
     Raises:
         ValueError: the Flower message carries no hybridfl message.
@@ -125,11 +151,23 @@ def query(msg: Message, context: Context) -> Message:
     data_dir = context.node_config.get("data-dir")
     raw, seq, acked = unpack_meta(msg.content)
     path = state_path(context.node_config, context.run_id)
-    store = _StateStore(context, path)
-    reply = serve(raw, seq, str(data_dir) if data_dir else None, store, acked)
+    reply = serve(raw, seq, str(data_dir) if data_dir else None, store, acked, warm)
     store.save()
     if path is not None and seq is None and decode(raw).kind == HELLO:
         for old in path.parent.glob("run-*.state"):  # earlier runs' state: no longer needed
             if old != path:
                 old.unlink(missing_ok=True)
     return Message(pack(reply), reply_to=msg)
+
+
+@app.query("hybridfl")
+def query(msg: Message, context: Context) -> Message:
+    """Answer one ``query.hybridfl`` Flower message in a ClientApp process of its own: :func:`answer`
+    with the state in ``context.state``, backed by the run's state file.
+
+    Raises:
+        ValueError: the Flower message carries no hybridfl message.
+        StaleMessage: a message the server had given up, delivered late (not applied).
+        RuntimeError: the node's saved state does not belong with the message.
+    """
+    return answer(msg, context, _StateStore(context, state_path(context.node_config, context.run_id)))

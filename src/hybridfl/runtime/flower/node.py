@@ -5,6 +5,9 @@
   save its state, return the encoded reply.
 - :func:`serve`: :func:`client_step` made safe to repeat: a message the server re-sends after a
   node failure (same sequence number, same bytes) gets the reply already given.
+- :class:`WarmClient`: for a long-lived process (the warm executor,
+  :mod:`hybridfl.runtime.flower.executor`), the client object and its data kept in memory between
+  the messages of a run; the state is still saved after every message.
 - :func:`run_server`: what the ServerApp does: learn which client each SuperNode holds
   (``deploy.hello``), build the server from the algorithm's
   :class:`~hybridfl.algorithms.spec.AlgorithmSpec`, run its ``setup`` and then the
@@ -70,7 +73,55 @@ def _one_thread() -> Iterator[None]:
             torch.set_num_threads(before)
 
 
-def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, bytes]) -> bytes:
+class WarmClient:
+    """One client object kept in memory between the messages of a run, by a long-lived process.
+
+    :func:`client_step` reuses the object only while the store still holds the setup and the
+    state the object was left in (so a store loaded from the state file after a restart, or any
+    other change of the store, rebuilds it), and forgets it when its ``handle`` raises (the object
+    may be half-updated). The loaded client directory is kept too, keyed by the directory and the
+    modification time of its ``client.json``.
+    """
+
+    def __init__(self) -> None:
+        self.client: Any = None
+        self.key: tuple[bytes, bytes] | None = None
+        self._data: tuple[tuple[str, int], ClientData] | None = None
+
+    def load(self, data_dir: str | None) -> ClientData:
+        """The client directory ``data_dir``, loaded once while its ``client.json`` is unchanged.
+
+        Raises:
+            HybridFLError: no or a bad data directory.
+        """
+        if not data_dir:
+            return _load(data_dir)
+        try:
+            stamp = (str(data_dir), (Path(data_dir) / "client.json").stat().st_mtime_ns)
+        except OSError:
+            return _load(data_dir)  # its one-sentence error
+        if self._data is None or self._data[0] != stamp:
+            self._data = (stamp, _load(data_dir))
+        return self._data[1]
+
+    def get(self, setup: bytes, state: bytes | None) -> Any:
+        """The kept client if it was left with exactly ``setup`` and ``state``, else None."""
+        if self.key is None or state is None or self.client is None:
+            return None
+        return self.client if self.key == (setup, state) else None
+
+    def keep(self, client: Any, setup: bytes, state: bytes) -> None:
+        """Keep ``client``, which is now at ``setup`` and ``state``."""
+        self.client, self.key = client, (setup, state)
+
+    def forget(self) -> None:
+        """Drop the kept client (the next message rebuilds it from the store)."""
+        self.client, self.key = None, None
+
+
+def client_step(
+    raw: bytes, data_dir: str | None, store: MutableMapping[str, bytes], warm: WarmClient | None = None
+) -> bytes:
     """Answer one encoded message as the client whose exported directory is ``data_dir``.
 
     Args:
@@ -78,6 +129,8 @@ def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, byt
         data_dir: the node's own client directory (node config ``data-dir``).
         store: bytes kept by this node between messages (Flower's ``context.state``; it never
             leaves the node): the algorithm settings from the hello and the client's state.
+        warm: keep the client object (and its loaded data) in memory for the next message
+            (``None``: build it for this message only, as a ClientApp process per message must).
 
     Returns:
         The encoded reply.
@@ -87,7 +140,7 @@ def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, byt
         RuntimeError: an algorithm message before the hello.
     """
     msg = decode(raw)
-    cd = _load(data_dir)
+    cd = warm.load(data_dir) if warm is not None else _load(data_dir)
     if msg.kind == PING:  # no algorithm: measures Flower's own cost of one exchange
         return encode(msg.reply(client_id=cd.client_id, echo=msg.payload.get("echo", b"")))
     if msg.kind == HELLO:
@@ -104,6 +157,8 @@ def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, byt
             for k in ("state", "request", "reply"):
                 store.pop(k, None)
             store["seq"] = b"0"
+            if warm is not None:
+                warm.forget()
         return encode(
             msg.reply(
                 client_id=cd.client_id,
@@ -118,19 +173,27 @@ def client_step(raw: bytes, data_dir: str | None, store: MutableMapping[str, byt
         raise RuntimeError(f"client {cd.client_id!r} got {msg.kind!r} before the {HELLO!r} exchange of its run.")
     if msg.receiver != cd.client_id:
         raise HybridFLError(f"a message for client {msg.receiver!r} reached the node holding client {cd.client_id!r}.")
-    setup = decode(store["setup"]).payload
-    spec = deployable(str(setup["algorithm"]))
-    cfg = spec.config_model.model_validate_json(str(setup["config"]))
+    setup_raw = bytes(store["setup"])
     with _one_thread():  # as `hybridfl run` does in process: one compute thread
-        layout = [
-            (str(c), [str(b) for b in blocks], bool(lab))
-            for c, blocks, lab in json.loads(str(setup.get("layout", "[]")))
-        ]
-        client = spec.build_client(cd, cfg, int(setup["seed"]), layout)
-        if "state" in store:
-            client.set_state(decode(store["state"]).payload)
+        client = warm.get(setup_raw, store.get("state")) if warm is not None else None
+        if client is None:
+            setup = decode(setup_raw).payload
+            spec = deployable(str(setup["algorithm"]))
+            cfg = spec.config_model.model_validate_json(str(setup["config"]))
+            layout = [
+                (str(c), [str(b) for b in blocks], bool(lab))
+                for c, blocks, lab in json.loads(str(setup.get("layout", "[]")))
+            ]
+            client = spec.build_client(cd, cfg, int(setup["seed"]), layout)
+            if "state" in store:
+                client.set_state(decode(store["state"]).payload)
+        if warm is not None:
+            warm.forget()  # until handle and get_state have succeeded: the object may be half-updated
         reply = client.handle(msg)
-        store["state"] = encode(Message("state", cd.client_id, cd.client_id, msg.round, dict(client.get_state())))
+        state = encode(Message("state", cd.client_id, cd.client_id, msg.round, dict(client.get_state())))
+        store["state"] = state
+        if warm is not None:
+            warm.keep(client, setup_raw, state)
     return encode(reply)
 
 
@@ -139,7 +202,12 @@ class StaleMessage(RuntimeError):
 
 
 def serve(
-    raw: bytes, seq: int | None, data_dir: str | None, store: MutableMapping[str, bytes], acked: int | None = None
+    raw: bytes,
+    seq: int | None,
+    data_dir: str | None,
+    store: MutableMapping[str, bytes],
+    acked: int | None = None,
+    warm: WarmClient | None = None,
 ) -> bytes:
     """What the ClientApp does with one Flower message: :func:`client_step`, made safe to repeat.
 
@@ -156,13 +224,15 @@ def serve(
       never arrived: the transport's deadline passed) and goes on; whether this node handled
       them or never got them, the algorithm's missing-reply policy has already accounted for it.
 
+    ``warm`` is passed on to :func:`client_step` (keep the client object between messages).
+
     Raises:
         StaleMessage: ``seq`` is below the last number handled (a message the server abandoned,
             delivered late): it is not applied.
         RuntimeError: any other number: the saved state does not belong with this message.
     """
     if seq is None or "setup" not in store:
-        return client_step(raw, data_dir, store)
+        return client_step(raw, data_dir, store, warm)
     last = int(store.get("seq", b"0"))
     digest = hashlib.sha256(raw).digest()
     if seq == last and store.get("request") == digest and "reply" in store:
@@ -174,7 +244,7 @@ def serve(
             f"client got message #{seq} but its saved state is after message #{last}: the node's state (Flower's "
             "context.state and the state-dir) was lost or belongs to another run."
         )
-    reply = client_step(raw, data_dir, store)
+    reply = client_step(raw, data_dir, store, warm)
     store["seq"] = str(seq).encode()
     store["request"] = digest
     store["reply"] = reply

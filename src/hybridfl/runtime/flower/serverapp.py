@@ -5,7 +5,7 @@ Run config (``flwr run APP FEDERATION --run-config "server-dir='...' rounds=2"``
 - ``server-dir`` (required): the ``server/`` directory written by ``hybridfl export-clients``;
 - ``out-dir``: where to write ``history.json``, ``summary.json``, ``wire.json`` ("" = nowhere);
 - ``rounds``: override the exported config's rounds (0 = keep);
-- ``poll-interval``: seconds between pulls for replies (default 0.02);
+- ``poll-interval``: seconds between pulls for replies (default 0.05);
 - ``reply-timeout``: seconds a client may take to answer one message, or to come back after its
   SuperNode failed (default 600);
 - ``node-wait``: seconds to wait until a node holding every client answered the hello (default 300);
@@ -21,6 +21,21 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 app = ServerApp()
+
+
+def fast_object_retries(first: float) -> None:
+    """In this (ServerApp) process, retry pulling a reply's objects first after ``first`` seconds
+    (then doubling up to 1 s) instead of Flower 1.41's fixed 1 s: a reply is often listed by the
+    SuperLink before the SuperNode has uploaded its objects, and a fast poller then always waits
+    the full second. Flower's overall limit (``PULL_MAX_TIME``) still applies."""
+    import functools
+
+    import flwr.superlink.grid.http_grid as http_grid
+
+    if not isinstance(http_grid.pull_objects, functools.partial):  # once per process
+        http_grid.pull_objects = functools.partial(
+            http_grid.pull_objects, initial_backoff=float(first), backoff_cap=1.0, max_tries_per_object=None
+        )
 
 
 @app.main()
@@ -44,12 +59,14 @@ def main(grid: Grid, context: Context) -> None:
             "the run config has no server-dir: pass --run-config \"server-dir='/path/to/export/server'\"."
         )
     out = str(rc.get("out-dir", "") or "") or None
+    if float(rc.get("poll-interval", 0.05)) < 1.0:
+        fast_object_retries(max(float(rc.get("poll-interval", 0.05)), 0.005))
     summary = run_server(
         grid,
         server_dir,
         out,
         rounds=int(rc.get("rounds", 0) or 0) or None,
-        poll_interval=float(rc.get("poll-interval", 0.02)),
+        poll_interval=float(rc.get("poll-interval", 0.05)),
         reply_timeout=float(rc.get("reply-timeout", 600.0)),
         node_wait=float(rc.get("node-wait", 300.0)),
         pings=int(rc.get("pings", 0) or 0),
