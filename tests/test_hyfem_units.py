@@ -129,3 +129,68 @@ def test_model_for_blocks_cuts_the_server_model():
     cols = np.r_[0:2, 4:6]
     h = np.maximum(v[:, cols] @ server.classifier.W1[:, cols].T + server.classifier.b1, 0)
     assert np.allclose(sub(x).detach().numpy(), h @ server.classifier.W2.T + server.classifier.b2, atol=1e-5)
+
+
+def _shard(cid, split, rows, blocks):
+    from hybridfl.data.partition import ClientShard
+
+    return ClientShard(cid, split.train.ids[rows], tuple(blocks))
+
+
+def test_held_cells_match_the_partition_coverage(mfeat_split):
+    """The pooled rows and block mask of "centralised on the held cells" are exactly the
+    (sample, block) cells some client holds: their complement is the partition's unused share."""
+    from hybridfl.algorithms.hyfem.baselines import held_cells
+    from hybridfl.data.partition import Partition
+
+    split = mfeat_split
+    names = split.train.block_names
+    y = split.train.y
+    part = Partition(
+        [
+            _shard("a", split, np.flatnonzero(y < 5), names[:3]),
+            _shard("b", split, np.flatnonzero((y >= 3) & (y < 8)), names[2:5]),
+        ]
+    )
+    rows, mask = held_cells(split, part)
+    assert rows.tolist() == np.flatnonzero(y < 8).tolist()  # classes 8 and 9: nobody
+    assert mask[y[rows] < 3].tolist() == [[True] * 3 + [False] * 3] * int((y < 3).sum())
+    assert mask[(y[rows] >= 3) & (y[rows] < 5)].all(axis=0).tolist() == [True] * 5 + [False]
+    assert 1 - mask.sum() / (y.size * len(names)) == pytest.approx(part.coverage(split.train).unused_share)
+
+
+def test_centralized_on_held_cells_is_centralized_when_everything_is_held_and_ignores_unheld_blocks(mfeat_split):
+    """With every cell held, the held-cells bound is the centralised baseline step for step (same
+    initialisation, batches and weights); an unheld block's extractor gets no gradient (its output
+    is zero-padded, HyFEM Appendix A) and keeps its initial weights."""
+    from hybridfl.algorithms.hyfem.baselines import (
+        make_model_factory,
+        train_centralized,
+        train_centralized_held,
+    )
+    from hybridfl.data.partition import Partition
+    from hybridfl.models.hybrid import default_extractor
+
+    split = mfeat_split
+    names = split.train.block_names
+    make = make_model_factory(split, 4, 8, default_extractor("mlp"))
+    n = split.train.n_samples
+    everything = Partition(
+        [_shard("a", split, np.arange(n // 2), names), _shard("b", split, np.arange(n // 2, n), names)]
+    )
+    m1, acc1 = train_centralized(split, make, 40, 16, 0.05, 0.9, seed=3)
+    m2, acc2 = train_centralized_held(split, everything, make, 40, 16, 0.05, 0.9, seed=3)
+    assert acc1 == acc2
+    for k, v in m1.state_dict().items():
+        assert torch.equal(v, m2.state_dict()[k]), k
+    partial = Partition([_shard("a", split, np.arange(n), names[1:])])  # block names[0] held by nobody
+    torch.manual_seed(3)
+    init = make(names).extractor_arrays(names[0])
+    m3, _ = train_centralized_held(split, partial, make, 40, 16, 0.05, 0.9, seed=3)
+    for k, v in m3.extractor_arrays(names[0]).items():
+        assert np.array_equal(v, init[k]), k
+    torch.manual_seed(3)
+    init1 = make(names).extractor_arrays(names[1])
+    assert not np.array_equal(
+        m3.extractor_arrays(names[1])["net.0.weight"], init1["net.0.weight"]
+    )  # a held block trains

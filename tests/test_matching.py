@@ -6,6 +6,7 @@ import itertools
 import os
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -17,6 +18,7 @@ from hybridfl.matching import (
     euclidean_cost,
     match_classifiers,
     pfnm_cost,
+    uncovered_share,
 )
 
 
@@ -115,9 +117,11 @@ def test_matching_recovers_a_hidden_permutation(seed, cost):
         assert np.allclose(res.server.W1[inv][:, clients[m].columns], truth.W1[:, clients[m].columns], atol=0.05)
 
 
-def test_closed_form_average_per_covered_entry():
+@pytest.mark.parametrize("uncovered", ["zero", "previous"])
+def test_closed_form_average_per_covered_entry(uncovered):
     """With known assignments and no sweeps, each server entry is the p_m-weighted mean over the
-    clients covering it; an uncovered entry keeps its previous value (brute force check)."""
+    clients covering it; an uncovered entry is 0 (HyFEM Appendix A's zero padding, the default) or
+    keeps its previous value (``uncovered="previous"``) (brute force check)."""
     rng = np.random.default_rng(1)
     L, D0, C = 4, 6, 2
     prev = _server(L, D0, C, rng)
@@ -139,14 +143,20 @@ def test_closed_form_average_per_covered_entry():
         weight=3.0,
         assignment=np.array([1, 2]),
     )
-    res = match_classifiers([a, b], prev, MatchingConfig(sweeps=0), rng)
+    res = match_classifiers([a, b], prev, MatchingConfig(sweeps=0, uncovered=uncovered), rng)
     S = res.server
     assert S.width == 3  # neuron 3 was matched by nobody and is dropped
     assert np.allclose(S.W1[0, :3], a.W1[0])
-    assert np.allclose(S.W1[0, 3:], prev.W1[0, 3:])  # uncovered: previous value
+    if uncovered == "previous":
+        assert np.allclose(S.W1[0, 3:], prev.W1[0, 3:])  # uncovered: previous value
+        assert np.allclose(S.W1[1, 5], prev.W1[1, 5])
+    else:
+        assert np.all(S.W1[0, 3:] == 0) and S.W1[1, 5] == 0 and S.W1[2, [0, 1, 5]].tolist() == [0, 0, 0]
+    assert res.stats["uncovered_share"] == pytest.approx((3 + 1 + 3) / 18)
+    views = [(res.assignments[0], a.columns), (res.assignments[1], b.columns)]
+    assert uncovered_share(S.width, D0, views) == pytest.approx((3 + 1 + 3) / 18)
     assert np.allclose(S.W1[1, 2], (1 * a.W1[1, 2] + 3 * b.W1[0, 0]) / 4)
     assert np.allclose(S.W1[1, :2], a.W1[1, :2]) and np.allclose(S.W1[1, 3:5], b.W1[0, 1:])
-    assert np.allclose(S.W1[1, 5], prev.W1[1, 5])
     assert np.allclose(S.b1[1], (a.b1[1] + 3 * b.b1[0]) / 4)
     assert np.allclose(S.W2[:, 2], b.W2[:, 1])
     assert np.allclose(S.b2, (a.b2 + 3 * b.b2) / 4)
@@ -195,3 +205,61 @@ def test_reserved_neurons_of_absent_clients_survive_and_remap():
     assert (new >= 0).all() and res.server.width == 4  # neurons 2 and 3 are dropped, 4 and 5 kept
     assert np.allclose(res.server.W1[new], prev.W1[absent])  # nobody updated them
     assert (res.index[[2, 3]] == -1).all()
+
+
+def _agreement(a: ServerClassifier, b: ServerClassifier, x: np.ndarray) -> float:
+    """Share of inputs ``x`` on which two classifiers predict the same class."""
+
+    def pred(s):
+        return (np.maximum(x @ s.W1.T + s.b1, 0) @ s.W2.T + s.b2).argmax(1)
+
+    return float(np.mean(pred(a) == pred(b)))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_matching_opens_neurons_when_clients_do_not_align_and_beats_index_averaging(seed):
+    """Issue 16 "matching that matters": three clients hold *different* subsets of a true
+    classifier's 12 neurons (8 each, in their own order) over different input columns. PFNM
+    matching (no previous assignments) widens the server beyond the client width to the 12 true
+    neurons and reproduces the true classifier; plain index-wise averaging (``cost="index"``)
+    stays at 8 neurons and mixes unrelated ones."""
+    rng = np.random.default_rng(seed)
+    L, D0, C = 12, 12, 4
+    truth = _server(L, D0, C, rng)
+    truth.W1 *= 3.0
+    subsets = [np.arange(0, 8), np.arange(4, 12), np.r_[0:4, 8:12]]
+    columns = [np.arange(0, 8), np.arange(4, 12), np.r_[0:4, 8:12]]
+    clients = []
+    for rows, cols in zip(subsets, columns):
+        c = _client_from(truth, rng.permutation(rows), cols, 0.01, rng)
+        c.b2 = truth.b2.copy()
+        clients.append(c)
+    # every true neuron is held by two clients whose columns together cover all D0 columns
+    prev = _server(8, D0, C, rng)
+    pf = match_classifiers(clients, prev, MatchingConfig(cost="pfnm", sweeps=3, sigma=0.1, sigma0=10.0), rng)
+    ix = match_classifiers(clients, prev, MatchingConfig(cost="index"), rng)
+    assert pf.server.width == L > clients[0].width  # the matching opened new neurons
+    assert pf.stats["new_neurons"] == L
+    assert ix.server.width == clients[0].width
+    x = rng.normal(size=(4000, D0))
+    agree_pf = _agreement(pf.server, truth, x)
+    agree_ix = _agreement(ix.server, truth, x)
+    print(f"agreement with the truth: pfnm {agree_pf:.3f}, index-wise {agree_ix:.3f}")
+    assert agree_pf > 0.95
+    assert agree_pf > agree_ix + 0.2
+
+
+def test_matching_options_are_checked_and_reach_the_matcher():
+    """``uncovered`` and ``cost="index"`` are validated and passed from HyFEM's config; the defaults
+    are the paper's (PFNM cost, zero padding of uncovered entries)."""
+    from pydantic import ValidationError
+
+    from hybridfl.algorithms.hyfem import HyFEMConfig
+
+    with pytest.raises(ValueError, match="uncovered"):
+        MatchingConfig(uncovered="random")
+    with pytest.raises(ValidationError):
+        HyFEMConfig(matching={"uncovered": "random"})
+    assert (MatchingConfig().cost, MatchingConfig().uncovered) == ("pfnm", "zero")
+    mc = HyFEMConfig(matching={"uncovered": "previous", "cost": "index"}).matching.to_config()
+    assert (mc.cost, mc.uncovered) == ("index", "previous")

@@ -6,6 +6,7 @@ from hybridfl.matching.classifier import (
     MatchingResult,
     ServerClassifier,
     match_classifiers,
+    uncovered_share,
 )
 from hybridfl.matching.neurons import assign, euclidean_cost, pfnm_cost
 
@@ -18,4 +19,5 @@ __all__ = [
     "euclidean_cost",
     "match_classifiers",
     "pfnm_cost",
+    "uncovered_share",
 ]

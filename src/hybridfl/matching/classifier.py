@@ -16,9 +16,20 @@ Procedure (:func:`match_classifiers`):
    from the other clients (Alg. 3 line 5), and re-assign ``m'`` by the Hungarian method (line
    7-8); a sweep in which no assignment changes is a fixed point and ends the sweeps early;
 3. the server classifier is the ``p_m``-weighted average, per entry, over the clients whose
-   matched weights cover that entry (the closed form of (11), Alg. 3 line 9); an entry covered by
-   nobody keeps its previous value (0 for a new neuron); server neurons no client is matched to
-   are dropped; the width never exceeds ``max_width``.
+   matched weights cover that entry (the closed form of (11), Alg. 3 line 9); server neurons no
+   client is matched to are dropped; the width never exceeds ``max_width``.
+
+An entry covered by nobody (a server neuron's input columns of blocks that none of the clients
+matched to it holds) is where ``sum_m p_m Pi_m^T Pi_m`` of Alg. 3 line 9 is singular. With
+``uncovered="zero"`` (default, the paper's) it is 0: ``Pi_m^T w_m`` pads zeros where a client
+lacks features (``P_m^T v_m``, HyFEM Appendix A, eq. (14)), so the numerator is 0 there and the
+pseudo-inverse gives 0. With ``uncovered="previous"`` (the behaviour before issue 16) it keeps its
+previous value, i.e. the random initialisation for a column nobody ever covered. Neurons reserved
+for absent clients keep their previous values in both modes.
+
+``cost="index"`` is not matching: every client keeps its previous assignment (a client without
+one takes server neurons ``0 .. H_m - 1``) and the server averages entry by entry, as FedAvg
+would (the "plain index-wise averaging" baseline).
 """
 
 from __future__ import annotations
@@ -88,7 +99,8 @@ class MatchingConfig:
     """Matching hyperparameters.
 
     Attributes:
-        cost: ``"pfnm"`` or ``"euclidean"``.
+        cost: ``"pfnm"``, ``"euclidean"``, or ``"index"`` (no matching: index-wise averaging with
+            the previous assignments, a baseline).
         sweeps: number of sweeps ``P`` over the clients.
         sigma, sigma0, gamma: PFNM hyperparameters (reference defaults 1, 1, 1; FedMA uses gamma 7).
         new_penalty: Euclidean cost of opening a new neuron (``None``: the median squared norm of
@@ -97,6 +109,9 @@ class MatchingConfig:
         output_weighting: ``"samples"`` (SPEC: ``p_m`` for every entry) or ``"class"`` (output
             row ``c`` weighted by the client's sample count of class ``c``; clients without class
             ``c`` do not cover it).
+        uncovered: value of a server entry no client covers: ``"zero"`` (HyFEM Appendix A's zero
+            padding ``P_m^T v_m``, the pseudo-inverse in Alg. 3 line 9; default) or
+            ``"previous"`` (keep the previous value, e.g. the random initialisation).
     """
 
     cost: str = "pfnm"
@@ -107,10 +122,13 @@ class MatchingConfig:
     new_penalty: float | None = None
     max_width: int | None = None
     output_weighting: str = "samples"
+    uncovered: str = "zero"
 
     def __post_init__(self) -> None:
-        if self.cost not in ("pfnm", "euclidean"):
-            raise ValueError(f"matching cost must be 'pfnm' or 'euclidean', got {self.cost!r}")
+        if self.cost not in ("pfnm", "euclidean", "index"):
+            raise ValueError(f"matching cost must be 'pfnm', 'euclidean' or 'index', got {self.cost!r}")
+        if self.uncovered not in ("zero", "previous"):
+            raise ValueError(f"uncovered must be 'zero' or 'previous', got {self.uncovered!r}")
         if self.output_weighting not in ("samples", "class"):
             raise ValueError(f"output_weighting must be 'samples' or 'class', got {self.output_weighting!r}")
         if self.sweeps < 0:
@@ -163,6 +181,25 @@ def _vectors(c: ClientClassifier, D0: int, C: int) -> tuple[np.ndarray, np.ndarr
     mask[c.columns] = 1.0
     mask[D0:] = 1.0
     return V, mask
+
+
+def uncovered_share(width: int, n_inputs: int, views: list[tuple[np.ndarray, np.ndarray]]) -> float:
+    """Share of the ``(width, n_inputs)`` server ``W1`` entries that no client's view covers.
+
+    Args:
+        views: per client ``(assignment, columns)``: its hidden neurons' server rows and its input
+            columns (``Pi_m``, ``P_m``).
+
+    Returns:
+        A fraction in ``[0, 1]`` (0 for an empty ``W1``): the entries whose value the option
+        :attr:`MatchingConfig.uncovered` decides.
+    """
+    if width * n_inputs == 0:
+        return 0.0
+    cov = np.zeros((width, n_inputs), dtype=bool)
+    for a, cols in views:
+        cov[np.ix_(np.asarray(a, dtype=np.int64), np.asarray(cols, dtype=np.int64))] = True
+    return float(1.0 - cov.mean())
 
 
 def match_classifiers(
@@ -285,11 +322,19 @@ def match_classifiers(
         pool.add(ids, vecs[m] * precs[m][None, :], precs[m], +1)
         return old is None or not np.array_equal(old, ids)
 
+    sweeps_done = 0
+    if config.cost == "index":
+        # no matching: keep the previous assignments; a client without one takes 0 .. H_m - 1
+        for m, a in enumerate(assignments):
+            if a is None:
+                assignments[m] = np.arange(clients[m].width, dtype=np.int64)
+                next_id = max(next_id, clients[m].width)
+        if cap is not None and next_id > cap:
+            raise ValueError(f"max_width {cap} is smaller than the index-wise server width {next_id}")
     # clients without a valid previous assignment: largest first, as PFNM initialises
     for m in sorted((m for m, a in enumerate(assignments) if a is None), key=lambda m: -clients[m].width):
         rematch(m)
-    sweeps_done = 0
-    for _ in range(config.sweeps):
+    for _ in range(config.sweeps if config.cost != "index" else 0):
         sweeps_done += 1
         changed = [rematch(int(m)) for m in rng.permutation(M)]
         if not any(changed):
@@ -331,9 +376,18 @@ def match_classifiers(
         nW2[:, rows] += pc[:, None]
         sb2 += pc * c.b2
         nb2 += pc
-    for s, n, out in ((sW1, nW1, W1), (sb1, nb1, b1), (sW2, nW2, W2), (sb2, nb2, b2)):
+    keep = np.isin(used, kept)  # neurons reserved for absent clients keep uncovered entries
+    uncovered_share = float(((nW1 == 0) & ~keep[:, None]).mean()) if nW1.size else 0.0
+    for s, n, out, held in (
+        (sW1, nW1, W1, keep[:, None]),
+        (sb1, nb1, b1, keep),
+        (sW2, nW2, W2, keep[None, :]),
+        (sb2, nb2, b2, np.zeros(C, bool)),
+    ):
         cov = n > 0
         out[cov] = s[cov] / n[cov]
+        if config.uncovered == "zero":
+            out[~cov & ~held] = 0.0  # Alg. 3 line 9 with P_m^T zero padding (Appendix A, eq. (14))
     server = ServerClassifier(
         W1.astype(np.float32), b1.astype(np.float32), W2.astype(np.float32), b2.astype(np.float32)
     )
@@ -348,5 +402,6 @@ def match_classifiers(
         "new_neurons": int((~old).sum()),
         "dropped_neurons": int(previous.width - old.sum()),
         "reassigned": moved,
+        "uncovered_share": uncovered_share,
     }
     return MatchingResult(server, new_assign, stats, index[: previous.width].copy())

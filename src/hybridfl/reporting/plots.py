@@ -26,22 +26,38 @@ def _save(fig, path: Path) -> Path:
 
 
 def plot_accuracy(result: RunResult, path: str | Path) -> Path:
-    """Test accuracy vs round: server (global), mean client (local), and the baselines as
-    horizontal lines (centralised, mean stand-alone) when present."""
+    """Test accuracy vs round: server (global), mean client (local: the clients' models after
+    their local steps, HyFEM's client models, and the models they receive), and the baselines as
+    horizontal lines (centralised, centralised on the held cells, mean stand-alone) when present."""
     h = [r for r in result.history if "server_accuracy" in r or "accuracy" in r]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     rounds = [r["round"] for r in h]
     if any("server_accuracy" in r for r in h):
         ax.plot(rounds, [100 * r["server_accuracy"] for r in h], "o-", ms=3, label="server (global, all blocks)")
+    if any("client_accuracy_local_mean" in r for r in h):
+        hl = [r for r in h if "client_accuracy_local_mean" in r]
+        ax.plot(
+            [r["round"] for r in hl],
+            [100 * r["client_accuracy_local_mean"] for r in hl],
+            "^-",
+            ms=3,
+            label="clients, mean, after Q local steps (own blocks)",
+        )
     if any("client_accuracy_mean" in r for r in h):
         ax.plot(
-            rounds, [100 * r["client_accuracy_mean"] for r in h], "s-", ms=3, label="clients, mean (local, own blocks)"
+            rounds,
+            [100 * r["client_accuracy_mean"] for r in h],
+            "s-",
+            ms=3,
+            label="clients, mean, received model (own blocks)",
         )
     if any("accuracy" in r for r in h):
         ax.plot(rounds, [100 * r["accuracy"] for r in h], "o-", ms=3, label="test accuracy")
     s = result.summary
     if s.get("centralized_accuracy") is not None:
         ax.axhline(100 * s["centralized_accuracy"], color="k", ls="--", lw=1, label="centralised")
+    if s.get("centralized_held_accuracy") is not None:
+        ax.axhline(100 * s["centralized_held_accuracy"], color="k", ls="-.", lw=1, label="centralised, held cells")
     if s.get("standalone_accuracy_mean") is not None:
         ax.axhline(100 * s["standalone_accuracy_mean"], color="gray", ls=":", lw=1.5, label="stand-alone, mean")
     ax.set_xlabel("round")

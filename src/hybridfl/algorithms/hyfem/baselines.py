@@ -3,6 +3,11 @@
 - Centralised: the server-shaped model (all blocks) trained on all training samples.
 - Stand-alone: each client trains its own client-shaped model on its own samples and blocks,
   with no communication.
+- Centralised on the held cells (not in the paper; issue 16 "a fair upper bound"): the
+  server-shaped model trained on the pooled data the clients hold, each sample with only the
+  blocks some client holds for it; an unheld block's extractor output is 0 in the classifier
+  input, the zero padding ``P_m^T v_m`` of HyFEM Appendix A. It is the best a federation of these
+  holdings could do, whereas "centralised" also learns from the (sample, block) cells nobody holds.
 
 Both take ``steps = T * Q`` SGD steps of ``batch_size`` samples, the budget of one HyFEM client.
 Accuracy follows the papers: the centralised model on all test samples with all blocks; each
@@ -60,6 +65,66 @@ def train_centralized(
         done += k
         if on_eval is not None and eval_every:
             on_eval(done, accuracy(model, split.test))
+    return model, accuracy(model, split.test)
+
+
+def held_cells(split: DatasetSplit, partition: Partition) -> tuple[np.ndarray, np.ndarray]:
+    """The pooled data the clients hold: the training rows some labelled client holds and, per row,
+    which blocks (in ``split.train.block_names`` order) some client holds for it.
+
+    Returns:
+        ``rows`` ``(n,)`` training row positions and ``mask`` ``(n, d0)`` bool.
+    """
+    train = split.train
+    bidx = {b: j for j, b in enumerate(train.block_names)}
+    held = np.zeros((train.n_samples, len(bidx)), dtype=bool)
+    for c in partition.clients:
+        if not c.has_labels:
+            continue
+        rows = train.positions(np.asarray(c.sample_ids).astype(str), where=f"client {c.client_id}")
+        held[np.ix_(rows, [bidx[b] for b in c.blocks])] = True
+    rows = np.flatnonzero(held.any(axis=1))
+    return rows, held[rows]
+
+
+def train_centralized_held(
+    split: DatasetSplit,
+    partition: Partition,
+    make_model: Callable[[list[str]], HybridModel],
+    steps: int,
+    batch_size: int,
+    lr: float,
+    momentum: float = 0.0,
+    seed: int = 0,
+) -> tuple[HybridModel, float]:
+    """Train the server-shaped model for ``steps`` SGD steps on the cells the clients hold
+    (:func:`held_cells`): mini-batches drawn uniformly from the pooled rows, every unheld block's
+    extractor output set to 0 in the classifier input (HyFEM Appendix A's zero padding
+    ``P_m^T v_m``); ``torch.manual_seed(seed)`` before the model is made, as
+    :func:`train_centralized`, so both start from the same weights.
+
+    Returns:
+        The model and its test accuracy (all test samples, all blocks).
+    """
+    rows, mask = held_cells(split, partition)
+    torch.manual_seed(seed)
+    model = make_model(split.train.block_names)
+    x = {b: torch.from_numpy(np.ascontiguousarray(split.train.blocks[b][rows])) for b in model.blocks}
+    y = torch.from_numpy(split.train.y[rows])
+    m = torch.from_numpy(mask.astype(np.float32))
+    n = int(rows.size)
+    bs = max(1, min(int(batch_size), n))
+    gen = torch.Generator().manual_seed(int(seed))
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    model.train()
+    for _ in range(int(steps)):
+        idx = torch.randint(n, (bs,), generator=gen)
+        feats = [model.extractors[b](x[b][idx]) * m[idx, j : j + 1] for j, b in enumerate(model.blocks)]
+        loss = loss_fn(model.classifier(torch.cat(feats, dim=1)), y[idx])
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
     return model, accuracy(model, split.test)
 
 

@@ -13,16 +13,20 @@ class MatchingSettings(BaseModel):
     """Classifier matching settings (HyFEM Alg. 3; see :class:`hybridfl.matching.MatchingConfig`).
 
     Attributes:
-        cost: ``pfnm`` (the PFNM posterior cost) or ``euclidean``.
+        cost: ``pfnm`` (the PFNM posterior cost), ``euclidean``, or ``index`` (no matching: plain
+            index-wise averaging, a baseline to show what matching buys).
         sweeps: matching sweeps ``P`` over the clients.
         sigma, sigma0, gamma: the PFNM prior's variances and the new-neuron rate (> 0).
         new_penalty: optional fixed cost of opening a new server neuron (> 0).
         max_width: cap on the server hidden width (>= ``hidden``).
         output_weighting: weight the output layer's average by sample counts or per class.
+        uncovered: a server classifier entry no client covers is ``zero`` (default: HyFEM Appendix
+            A's zero padding ``P_m^T v_m``, Alg. 3 line 9 with a pseudo-inverse) or keeps its
+            ``previous`` value (its random initialisation if nobody ever covered it).
     """
 
     model_config = ConfigDict(extra="forbid")
-    cost: Literal["pfnm", "euclidean"] = "pfnm"
+    cost: Literal["pfnm", "euclidean", "index"] = "pfnm"
     sweeps: int = Field(3, ge=0, description="matching sweeps P over the clients")
     sigma: float = Field(1.0, gt=0)
     sigma0: float = Field(1.0, gt=0)
@@ -30,6 +34,9 @@ class MatchingSettings(BaseModel):
     new_penalty: float | None = Field(None, gt=0)
     max_width: int | None = Field(None, ge=1, description="cap on the server hidden width")
     output_weighting: Literal["samples", "class"] = "samples"
+    uncovered: Literal["zero", "previous"] = Field(
+        "zero", description="server classifier entries no client covers: zero (paper) or previous value"
+    )
 
     def to_config(self) -> MatchingConfig:
         """The same settings as the :class:`~hybridfl.matching.MatchingConfig` the matcher takes."""

@@ -9,8 +9,15 @@ unchanged. Metrics (HyFEM Sec. 4, SPEC.md "Test data"):
   over clients (``client_accuracy[<client>]`` each); ``client_accuracy_local_mean`` (simulation
   only) is the same for the clients' models right after their ``Q`` local steps;
 - ``centralized_accuracy``: the server-shaped model trained on all training data for ``T * Q``
-  steps; ``standalone_accuracy_mean``: each client alone for ``T * Q`` steps, local inference
+  steps; ``centralized_held_accuracy``: the same on only the (sample, block) cells the clients
+  hold (unheld blocks zero-padded, HyFEM Appendix A), the best these holdings allow;
+  ``standalone_accuracy_mean``: each client alone for ``T * Q`` steps, local inference
   (simulation only, ``baselines: true``).
+
+Which client model: HyFEM's client model (Alg. 1 line 10 output, Sec. 4 "the clients evaluate
+their model") is the one after its ``Q`` local steps, ``client_accuracy_local_mean``;
+``client_accuracy_mean`` scores the model a client receives (the server cut to its blocks).
+The final table reports both, named by what they are.
 
 Plug-in extractors: :func:`spec_with` returns the spec with another extractor factory.
 """
@@ -24,7 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from hybridfl.algorithms.hyfem.baselines import accuracy, make_model_factory, train_centralized, train_standalone
+from hybridfl.algorithms.hyfem.baselines import (
+    accuracy,
+    make_model_factory,
+    train_centralized,
+    train_centralized_held,
+    train_standalone,
+)
 from hybridfl.algorithms.hyfem.client import HyFEMClient
 from hybridfl.algorithms.hyfem.config import HyFEMConfig
 from hybridfl.algorithms.hyfem.server import HyFEMServer
@@ -33,6 +46,7 @@ from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
 from hybridfl.errors import PartitionError
+from hybridfl.matching.classifier import uncovered_share
 from hybridfl.models.hybrid import ExtractorFactory, default_extractor
 
 _ACC = "client_accuracy["
@@ -98,20 +112,110 @@ def build_client(
     )
 
 
+_EVAL_BATCH = 2048  # the batch of ``predict``: the same batches give bit-identical predictions
+
+
+def _test_rows(n: int, k: int | None) -> np.ndarray | None:
+    """A fixed random subset of ``k`` of ``n`` test rows in increasing order (``None``: all rows)."""
+    if not k or k >= n:
+        return None
+    return np.sort(np.random.default_rng(0).permutation(n)[: int(k)])
+
+
+def _block_features(server: HyFEMServer, test: Any) -> dict[str, Any]:
+    """Each block's server extractor output on all test samples, ``(N, e)`` tensors, computed once
+    in the batches of ``predict`` (every received model has the server's extractors)."""
+    import torch
+
+    model = server.model
+    model.eval()
+    out = {}
+    with torch.no_grad():
+        for b in model.blocks:
+            x = test.blocks[b]
+            out[b] = torch.cat(
+                [model.extractors[b](torch.from_numpy(x[s : s + _EVAL_BATCH])) for s in range(0, len(x), _EVAL_BATCH)]
+            )
+    model.train()
+    return out
+
+
+def _classify(classifier: Any, feats: Any) -> np.ndarray:
+    """Class predictions of ``classifier`` (a module, or ``fc1.weight``/``fc1.bias``/``fc2.weight``/
+    ``fc2.bias`` tensors applied as the same two linear layers) on ``feats`` ``(N, in_dim)``, batch by batch."""
+    import torch
+    from torch.nn.functional import linear, relu
+
+    if isinstance(classifier, dict):
+        w = classifier
+        fn = lambda v: linear(relu(linear(v, w["fc1.weight"], w["fc1.bias"])), w["fc2.weight"], w["fc2.bias"])  # noqa: E731
+    else:
+        fn = classifier
+    with torch.no_grad():
+        return np.concatenate(
+            [fn(feats[s : s + _EVAL_BATCH]).argmax(dim=1).numpy() for s in range(0, len(feats), _EVAL_BATCH)]
+        )
+
+
+def _received_accuracies(server: HyFEMServer, feats: dict[str, Any], y: np.ndarray, rows: Any) -> dict[str, float]:
+    """Accuracy of every client's received model (``P_m Theta_0``, ``Pi_m w_0``) on the cached
+    extractor features, each distinct model once: clients with the same blocks, matched neurons
+    and columns receive the same model."""
+    import torch
+
+    done: dict[tuple, float] = {}
+    out: dict[str, float] = {}
+    for cid, info in server.clients.items():
+        blocks = tuple(info["blocks"])
+        assignment = np.asarray(info["assignment"])
+        columns = np.asarray(info["columns"])
+        key = (blocks, assignment.tobytes(), columns.tobytes())
+        if key not in done:
+            arrays = server.classifier.client_view(assignment, columns)
+            w = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in arrays.items()}
+            v = torch.cat([feats[b] for b in blocks], dim=1)
+            pred = _classify(w, v if rows is None else v[torch.from_numpy(rows)])
+            done[key] = float(np.mean(pred == y))
+        out[cid] = done[key]
+    return out
+
+
 def evaluate(ctx: EvalContext) -> dict[str, float]:
     """Test accuracies in ``[0, 1]`` after a round on the server's test set (``{}`` without one):
     ``server_accuracy``, ``client_accuracy_mean`` and ``client_accuracy[<client>]`` of the models
     the clients receive and, when ``ctx.monitor`` (client ID -> :class:`HyFEMClient`) is given,
-    ``client_accuracy_local_mean`` of the clients' models after their ``Q`` local steps."""
+    ``client_accuracy_local_mean`` of the clients' models after their ``Q`` local steps.
+
+    Every block's server extractor runs once on the test set; each distinct received model is then
+    only its classifier on those features (the same predictions as the whole model, batch for
+    batch). With ``test_subsample: k`` in the config (``0``/absent: all), the per-client metrics
+    of rounds before the last use a fixed random subset of ``k`` test samples; the server accuracy
+    and the last round always use all of them."""
     test = ctx.server_data.test
     if test is None:
         return {}
     server: HyFEMServer = ctx.server
-    row = {"server_accuracy": accuracy(server.model, test)}
-    local = {cid: accuracy(server.client_model(cid), test) for cid in server.clients}
+    final = int(ctx.round) >= int(getattr(ctx.config, "rounds", ctx.round))
+    rows = None if final else _test_rows(test.n_samples, getattr(ctx.config, "test_subsample", None))
+    y = test.y if rows is None else test.y[rows]
+    if hasattr(server, "clients") and hasattr(server, "classifier") and hasattr(server.model, "extractors"):
+        feats = _block_features(server, test)
+        import torch
+
+        all_feats = torch.cat([feats[b] for b in server.model.blocks], dim=1)
+        server_model = server.model
+        server_model.eval()
+        row = {"server_accuracy": float(np.mean(_classify(server_model.classifier, all_feats) == test.y))}
+        server_model.train()
+        local = _received_accuracies(server, feats, y, rows)
+    else:  # a server without HyFEM's internals: every model on its own
+        row = {"server_accuracy": accuracy(server.model, test)}
+        sub = test if rows is None else test.take(rows)
+        local = {cid: accuracy(server.client_model(cid), sub) for cid in server.clients}
     row["client_accuracy_mean"] = float(np.mean(list(local.values()))) if local else float("nan")
     if ctx.monitor is not None:
-        after = {cid: accuracy(c.model, test) for cid, c in ctx.monitor.items()}
+        sub = test if rows is None else test.take(rows)
+        after = {cid: accuracy(c.model, sub) for cid, c in ctx.monitor.items()}
         row["client_accuracy_local_mean"] = float(np.mean(list(after.values()))) if after else float("nan")
     for cid, v in local.items():
         row[f"{_ACC}{cid}]"] = v
@@ -134,10 +238,15 @@ def monitor(
 def report(ctx: ReportContext) -> tuple[dict[str, Any], list[list]]:
     """HyFEM's summary keys and final table rows.
 
-    Summary: ``variant``, the last evaluation's ``server_accuracy``, ``client_accuracy_mean``,
-    ``client_accuracy_local_mean`` (``None`` over Flower), ``client_accuracy`` (client ->
-    accuracy), ``local_steps``, ``server_width`` ``H``, and ``centralized_accuracy`` and
-    ``standalone_accuracy_mean`` from the baselines (``None`` when they did not run).
+    Summary: ``variant``, the last evaluation's ``server_accuracy``, ``client_accuracy_mean``
+    (received models), ``client_accuracy_local_mean`` (models after the ``Q`` local steps, the
+    paper's client models; ``None`` over Flower), ``client_accuracy`` (client -> accuracy of the
+    received model), ``local_steps``, ``server_width`` ``H``, ``matching_cost`` and
+    ``matching_uncovered`` (the matching options that produced the numbers),
+    ``matching_uncovered_share`` (share of the server's ``W1`` entries no client's view covers:
+    where ``matching_uncovered`` matters), and
+    ``centralized_accuracy``, ``centralized_held_accuracy`` and ``standalone_accuracy_mean`` from
+    the baselines (``None`` when they did not run).
     """
     cfg: HyFEMConfig = ctx.config
     last = ctx.history[-1] if ctx.history else {}
@@ -150,17 +259,27 @@ def report(ctx: ReportContext) -> tuple[dict[str, Any], list[list]]:
         "client_accuracy": {k[len(_ACC) : -1]: v for k, v in last.items() if k.startswith(_ACC)},
         "local_steps": cfg.local_steps,
         "server_width": ctx.server.classifier.width,
+        "matching_cost": cfg.matching.cost,
+        "matching_uncovered": cfg.matching.uncovered,
+        "matching_uncovered_share": uncovered_share(
+            ctx.server.classifier.width,
+            ctx.server.classifier.W1.shape[1],
+            [(i["assignment"], i["columns"]) for i in getattr(ctx.server, "clients", {}).values()],
+        ),
         "centralized_accuracy": base.get("centralized_accuracy"),
+        "centralized_held_accuracy": base.get("centralized_held_accuracy"),
         "standalone_accuracy_mean": base.get("standalone_accuracy_mean"),
     }
     rows = [
         ["server (global: all test samples, all blocks)", s["server_accuracy"], "percent"],
-        ["clients, mean (local: all test samples, own blocks)", s["client_accuracy_mean"], "percent"],
-    ]
-    if s["client_accuracy_local_mean"] is not None:
-        rows.append(["clients, mean after their Q local steps", s["client_accuracy_local_mean"], "percent"])
-    rows += [
+        [
+            "clients, mean, after their Q local steps (paper's client model; own blocks)",
+            s["client_accuracy_local_mean"],
+            "percent",
+        ],
+        ["clients, mean, model received from the server (own blocks)", s["client_accuracy_mean"], "percent"],
         ["centralised (all training data, same T*Q budget)", s["centralized_accuracy"], "percent"],
+        ["centralised on the cells the clients hold (same budget)", s["centralized_held_accuracy"], "percent"],
         ["stand-alone clients, mean (no communication)", s["standalone_accuracy_mean"], "percent"],
     ]
     return s, rows
@@ -175,19 +294,23 @@ def baselines(
 ) -> dict[str, Any]:
     """The centralised and stand-alone baselines (HyFEM Sec. 4) with the federation's budget of
     ``T * Q`` steps: ``centralized_accuracy``, ``centralized_seconds`` (wall time, s),
+    ``centralized_held_accuracy`` (on the cells the clients hold,
+    :func:`~hybridfl.algorithms.hyfem.baselines.train_centralized_held`),
     ``standalone_accuracy_mean`` and ``standalone_accuracy`` (client -> accuracy); with
-    ``cfg.baselines`` false only the two headline keys, ``None``."""
+    ``cfg.baselines`` false only the three headline keys, ``None``."""
     if not cfg.baselines:
-        return {"centralized_accuracy": None, "standalone_accuracy_mean": None}
+        return {"centralized_accuracy": None, "centralized_held_accuracy": None, "standalone_accuracy_mean": None}
     make = make_model_factory(split, cfg.extractor_dim, cfg.hidden, _factory(cfg, extractor_factory))
     budget = cfg.rounds * cfg.local_steps
     t0 = time.perf_counter()
     _, cen = train_centralized(split, make, budget, cfg.batch_size, cfg.lr, cfg.momentum, seed)
     seconds = time.perf_counter() - t0
+    _, held = train_centralized_held(split, partition, make, budget, cfg.batch_size, cfg.lr, cfg.momentum, seed)
     alone = train_standalone(split, partition, make, budget, cfg.batch_size, cfg.lr, cfg.momentum, seed)
     return {
         "centralized_seconds": seconds,
         "centralized_accuracy": cen,
+        "centralized_held_accuracy": held,
         "standalone_accuracy_mean": float(np.mean(list(alone.values()))),
         "standalone_accuracy": alone,
     }
