@@ -28,15 +28,14 @@ So ``w = fixed-point sum / (2^32 lambda N)`` equals the plaintext ``w`` of the s
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 
 import numpy as np
 
 from hybridfl.errors import ProtocolError
-from hybridfl.privacy.secagg import SecAggClient, check_public_key, from_fixed, to_fixed
-from hybridfl.runtime import validate
+from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed
+from hybridfl.runtime import secagg_messages as sm
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
 from hybridfl.runtime.validate import PayloadError
@@ -72,26 +71,7 @@ class SecureSharesClientMixin:
                     f"of the primal shares."
                 )
             return False
-        peers = validate.strings(msg, "secagg_peers")
-        keys = validate.blobs(msg, "secagg_keys", len(peers), max_bytes=32)
-        blocks = p.get("secagg_blocks", [])
-        if not isinstance(blocks, list) or not all(isinstance(b, str) for b in blocks):
-            raise PayloadError(msg, "secagg_blocks", "not a list of strings")
-        if len(blocks) != len(peers):
-            raise PayloadError(msg, "secagg_blocks", f"holding {len(blocks)} items, expected {len(peers)}")
-        table = {}
-        for cid, pk, bl in zip(peers, keys, blocks):
-            try:
-                names = json.loads(bl)
-            except ValueError:
-                names = None
-            if not isinstance(names, list) or not all(isinstance(b, str) for b in names):
-                raise PayloadError(msg, "secagg_blocks", "holding an item that is not a JSON list of block names")
-            table[cid] = (pk, names)
-        try:
-            self.secagg.set_peers(table)
-        except ProtocolError as e:
-            raise PayloadError(msg, "secagg_keys", f"refused ({e})") from None
+        sm.set_peers(self.secagg, msg)
         return True
 
     def check_secure(self, msg: Message) -> None:
@@ -103,16 +83,7 @@ class SecureSharesClientMixin:
         """
         if not isinstance(msg.payload.get("acked"), (bool, np.bool_)):
             raise PayloadError(msg, "acked", "missing or not a bool")
-        tag = validate.integer(msg, "tag", low=0, high=2**62)
-        peers = validate.strings(msg, "peers")
-        if tag <= self.secagg.last_tag:
-            raise PayloadError(
-                msg, "tag", f"refused (client {self.client_id!r} was asked to reuse secure-aggregation tag {tag})"
-            )
-        try:
-            self.secagg.check_peers(peers)
-        except ProtocolError as e:
-            raise PayloadError(msg, "peers", f"refused ({e})") from None
+        sm.check_exchange(self.secagg, msg)
 
     def masked_share(self, msg: Message, share: np.ndarray) -> np.ndarray:
         """Its masked change of share for this exchange (uint64 ``(d_k,)``), after taking the
@@ -142,13 +113,7 @@ class SecureSharesClientMixin:
         Raises:
             PayloadError: a bad ``tag`` or ``dropped``, or one outside its last exchange.
         """
-        validate.only_keys(msg, ("tag", "dropped"))
-        tag = validate.integer(msg, "tag", low=0, high=2**62)
-        dropped = validate.strings(msg, "dropped")
-        try:
-            return self.secagg.correction(tag, dropped)
-        except ProtocolError as e:
-            raise PayloadError(msg, "dropped", f"refused ({e})") from None
+        return sm.correction(self.secagg, msg)
 
     def _secure_state(self) -> dict:
         st = dict(self.secagg.get_state())
@@ -181,32 +146,17 @@ class SecureSharesServerMixin:
         Raises:
             PayloadError: missing, not a 32-byte X25519 public key, or another client's key.
         """
-        try:
-            pk = check_public_key(r.payload.get("secagg_public"), "it")
-        except ProtocolError as e:
-            raise PayloadError(r, "secagg_public", str(e).removeprefix("it ").rstrip(".")) from None
-        if pk in self.sa_publics.values():
-            raise PayloadError(r, "secagg_public", "equal to another client's key")
-        self.sa_publics[r.sender] = pk
+        self.sa_publics[r.sender] = sm.public_key(r, self.sa_publics)
 
     def secure_init_payload(self, cid: str, blocks: Mapping[str, list[str]]) -> dict:
         """The ``hyfdca.init`` entries for ``cid``: the other clients' names, keys and blocks."""
-        peers = [c for c in self.client_ids if c != cid]
-        return {
-            "secagg_peers": peers,
-            "secagg_keys": [self.sa_publics[c] for c in peers],
-            "secagg_blocks": [json.dumps(list(blocks[c])) for c in peers],
-        }
+        return sm.peer_table({c: self.sa_publics[c] for c in self.client_ids}, blocks, cid)
 
     def _check_masked(self, r: Message) -> None:
-        validate.array(r, "masked", (len(self.feat[r.sender]),), kinds="u")
-        if r.payload["masked"].dtype != np.uint64:
-            raise PayloadError(r, "masked", f"of dtype {r.payload['masked'].dtype}, not uint64")
+        sm.uint64_array(r, "masked", len(self.feat[r.sender]))
 
     def _check_correction(self, r: Message) -> None:
-        validate.array(r, "correction", (len(self.feat[r.sender]),), kinds="u")
-        if r.payload["correction"].dtype != np.uint64:
-            raise PayloadError(r, "correction", f"of dtype {r.payload['correction'].dtype}, not uint64")
+        sm.uint64_array(r, "correction", len(self.feat[r.sender]))
 
     def collect_masked(self, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
         """PrimalAggregation with secure aggregation (module docstring): send ``msgs`` with

@@ -22,7 +22,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from hybridfl.errors import ProtocolError, TrainingDiverged
-from hybridfl.privacy.secagg import SecAggClient, check_public_key, from_fixed, to_fixed
+from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed
+from hybridfl.runtime import secagg_messages as sm
 from hybridfl.runtime import validate
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
@@ -60,27 +61,8 @@ class SecureExtractorsClientMixin:
             PayloadError: lists of other lengths, a key that is not an X25519 public key, a blocks
                 entry that is not a list of names, its own name or key among them.
         """
-        import json
-
         validate.only_keys(msg, ("secagg_peers", "secagg_keys", "secagg_blocks"))
-        peers = validate.strings(msg, "secagg_peers")
-        keys = validate.blobs(msg, "secagg_keys", len(peers), max_bytes=32)
-        blocks = msg.payload.get("secagg_blocks")
-        if not isinstance(blocks, list) or len(blocks) != len(peers) or not all(isinstance(b, str) for b in blocks):
-            raise PayloadError(msg, "secagg_blocks", f"not a list of {len(peers)} strings")
-        table = {}
-        for cid, pk, bl in zip(peers, keys, blocks):
-            try:
-                names = json.loads(bl)
-            except ValueError:
-                names = None
-            if not isinstance(names, list) or not all(isinstance(b, str) for b in names):
-                raise PayloadError(msg, "secagg_blocks", "holding an item that is not a JSON list of block names")
-            table[cid] = (pk, names)
-        try:
-            self.secagg.set_peers(table)
-        except ProtocolError as e:
-            raise PayloadError(msg, "secagg_keys", f"refused ({e})") from None
+        sm.set_peers(self.secagg, msg)
         return msg.reply()
 
     def check_secure_fit(self, msg: Message) -> None:
@@ -89,14 +71,7 @@ class SecureExtractorsClientMixin:
         Raises:
             PayloadError: a bad or reused tag, unknown or repeated peers.
         """
-        tag = validate.integer(msg, "tag", low=0, high=2**62)
-        peers = validate.strings(msg, "peers")
-        if tag <= self.secagg.last_tag:
-            raise PayloadError(msg, "tag", f"refused (a reuse of secure-aggregation tag {tag})")
-        try:
-            self.secagg.check_peers(peers)
-        except ProtocolError as e:
-            raise PayloadError(msg, "peers", f"refused ({e})") from None
+        sm.check_exchange(self.secagg, msg)
 
     def masked_extractors(self, msg: Message) -> np.ndarray:
         """``p_m`` times its trained extractors' parameters (its blocks in order), masked:
@@ -123,13 +98,7 @@ class SecureExtractorsClientMixin:
         Raises:
             PayloadError: a bad ``tag`` or ``dropped``, or one outside its last exchange.
         """
-        validate.only_keys(msg, ("tag", "dropped"))
-        tag = validate.integer(msg, "tag", low=0, high=2**62)
-        dropped = validate.strings(msg, "dropped")
-        try:
-            return msg.reply(correction=self.secagg.correction(tag, dropped))
-        except ProtocolError as e:
-            raise PayloadError(msg, "dropped", f"refused ({e})") from None
+        return msg.reply(correction=sm.correction(self.secagg, msg))
 
 
 class SecureExtractorsServerMixin:
@@ -147,27 +116,13 @@ class SecureExtractorsServerMixin:
             PayloadError: a missing, malformed or repeated key.
             ProtocolError: a client that does not answer ``hyfem.keys``.
         """
-        import json
-
         self._secure_reset()
         for r in replies:
-            try:
-                pk = check_public_key(r.payload.get("secagg_public"), "it")
-            except ProtocolError as e:
-                raise PayloadError(r, "secagg_public", str(e).removeprefix("it ").rstrip(".")) from None
-            if pk in self.sa_publics.values():
-                raise PayloadError(r, "secagg_public", "equal to another client's key")
-            self.sa_publics[r.sender] = pk
+            self.sa_publics[r.sender] = sm.public_key(r, self.sa_publics)
         ids = list(self.clients)
-        msgs = []
-        for cid in ids:
-            peers = [c for c in ids if c != cid]
-            payload = {
-                "secagg_peers": peers,
-                "secagg_keys": [self.sa_publics[c] for c in peers],
-                "secagg_blocks": [json.dumps(self.clients[c]["blocks"]) for c in peers],
-            }
-            msgs.append(Message("hyfem.keys", SERVER, cid, 0, payload))
+        blocks = {c: self.clients[c]["blocks"] for c in ids}
+        publics = {c: self.sa_publics[c] for c in ids}
+        msgs = [Message("hyfem.keys", SERVER, cid, 0, sm.peer_table(publics, blocks, cid)) for cid in ids]
         got = {r.sender for r in transport.send_and_receive(msgs) if r.kind == "hyfem.keys"}
         missing = [c for c in ids if c not in got]
         if missing:
@@ -186,10 +141,7 @@ class SecureExtractorsServerMixin:
         Raises:
             PayloadError: another dtype or shape.
         """
-        n = sum(self._param_count(b) for b in self.clients[r.sender]["blocks"])
-        v = validate.array(r, "ext_masked", (n,), kinds="u")
-        if v.dtype != np.uint64:
-            raise PayloadError(r, "ext_masked", f"of dtype {v.dtype}, not uint64")
+        sm.uint64_array(r, "ext_masked", sum(self._param_count(b) for b in self.clients[r.sender]["blocks"]))
 
     def _split(self, cid: str, v: np.ndarray) -> dict[str, np.ndarray]:
         out, i = {}, 0
@@ -215,11 +167,8 @@ class SecureExtractorsServerMixin:
             fixes = []
             for f in transport.send_and_receive(asks):
                 try:
-                    validate.array(
-                        f,
-                        "correction",
-                        (sum(self._param_count(b) for b in self.clients[f.sender]["blocks"]),),
-                        kinds="u",
+                    sm.uint64_array(
+                        f, "correction", sum(self._param_count(b) for b in self.clients[f.sender]["blocks"])
                     )
                 except (PayloadError, KeyError) as e:
                     log.warning("HyFEM round %d: %s", rnd, e)
@@ -229,7 +178,7 @@ class SecureExtractorsServerMixin:
                 log.warning("HyFEM round %d: secure aggregation could not be unmasked; the extractors stay.", rnd)
                 return
             for f in fixes:
-                for b, v in self._split(f.sender, f.payload["correction"].astype(np.uint64)).items():
+                for b, v in self._split(f.sender, f.payload["correction"]).items():
                     totals[b] -= v
         for b in self.block_names:
             weight = sum(float(self.clients[c]["n_samples"]) for c in got if b in self.clients[c]["blocks"])
