@@ -226,6 +226,9 @@ def list_algorithms() -> None:
 from hybridfl.cli import deploy as _deploy  # noqa: E402  (export-clients, flower-app, deploy-local)
 
 _deploy.register(app)
+from hybridfl.cli import federation as _federation  # noqa: E402  (federation init, client prepare)
+
+_federation.register(app)
 
 
 def main() -> None:

@@ -1,0 +1,91 @@
+"""Commands for organisations that each bring their own table (registered in :mod:`hybridfl.cli.main`).
+
+- ``hybridfl federation init --config run.yaml --out federation.toml``: the federation schema
+  (blocks and their columns, categorical levels, label column and classes, ID column, seed and
+  algorithm) from a run config's ``dataset:`` section of kind ``table``; no data is read;
+- ``hybridfl client prepare --table customers.csv --schema federation.toml --out client-dir/``:
+  one organisation's own table -> a client directory in the layout ``hybridfl export-clients``
+  writes (checked against the schema; nothing is written on an error).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+console = Console(soft_wrap=True)
+
+federation_app = typer.Typer(
+    no_args_is_help=True, help="The federation schema every organisation prepares its data against."
+)
+client_app = typer.Typer(no_args_is_help=True, help="One organisation's client directory from its own table.")
+
+
+@federation_app.command("init")
+def federation_init_cmd(
+    config: Path = typer.Option(
+        ...,
+        "--config",
+        "-c",
+        help="Run config with a dataset of kind table (blocks, label_column, id_column, classes).",
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="Federation schema file to write (TOML)."),
+) -> None:
+    """Write the federation schema (blocks, columns, classes, algorithm) from a run config; no data is read."""
+    from hybridfl.data.federation import schema_from_config, write_schema
+
+    schema = schema_from_config(config)
+    write_schema(schema, out)
+    console.print(
+        f"federation schema written to {out}: {len(schema.blocks)} blocks ({', '.join(schema.blocks)}), "
+        f"{len(schema.classes)} classes, algorithm {schema.algorithm.get('name')}",
+        markup=False,
+        highlight=False,
+    )
+
+
+@client_app.command("prepare")
+def client_prepare_cmd(
+    table: Path = typer.Option(..., "--table", "-t", help="The organisation's table: CSV, Parquet or .npz."),
+    schema: Path = typer.Option(..., "--schema", "-s", help="Federation schema (hybridfl federation init)."),
+    out: Path = typer.Option(..., "--out", "-o", help="Client directory to create (new or empty)."),
+    id_column: Optional[str] = typer.Option(None, "--id-column", help="The table's ID column (default: the schema's)."),
+    label_column: Optional[str] = typer.Option(
+        None, "--label-column", help="The table's label column (default: the schema's, if the table has it)."
+    ),
+    client_id: Optional[str] = typer.Option(None, "--client-id", help="The client's name (default: --out's name)."),
+    index: int = typer.Option(
+        0, "--index", min=0, help="The client's position in the federation (seeds it); distinct per organisation."
+    ),
+) -> None:
+    """Check the organisation's own table against the schema and write its client directory."""
+    from hybridfl.data.prepare import STATS_FILE, prepare_client
+
+    r = prepare_client(
+        table, schema, out, id_column=id_column, label_column=label_column, client_id=client_id, index=index
+    )
+    console.print(
+        f"{r.path}  (client {r.client_id}: {r.n_samples} samples, blocks {', '.join(r.blocks)}, "
+        f"labels {'yes' if r.has_labels else 'no'})",
+        markup=False,
+        highlight=False,
+    )
+    if r.ignored:
+        console.print(f"ignored columns in no block: {', '.join(r.ignored)}", markup=False, highlight=False)
+    if r.stats:
+        console.print(
+            f"{STATS_FILE}: per-block sums for a federated standardisation (not applied: the data is raw)"
+            if not r.standardized
+            else f"{STATS_FILE} written; blocks standardised with the schema's global means and stds",
+            markup=False,
+            highlight=False,
+        )
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``federation`` and ``client`` command groups to the ``hybridfl`` app."""
+    app.add_typer(federation_app, name="federation")
+    app.add_typer(client_app, name="client")

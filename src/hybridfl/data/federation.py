@@ -1,0 +1,359 @@
+"""The federation schema: what every organisation's client directory must agree on, without any data.
+
+``hybridfl federation init --config run.yaml --out federation.toml`` writes it from a run config's
+``dataset:`` section of kind ``table`` (nothing is read but the config), and ``hybridfl client
+prepare`` checks an organisation's own table against it. The file is plain TOML, meant to be read
+and edited by people::
+
+    format = 1
+    name = "customers"             # dataset name recorded in every client directory
+    id_column = "ID"
+    label_column = "default"
+    classes = ["0", "1"]           # label values, class index = position
+    standardize = true             # clients write per-block sums for a federated z-score
+    seed = 0
+
+    [blocks]                       # block name -> its columns, in global block order
+    demographic = ["AGE", "SEX"]
+    bill = ["BILL_AMT1", "BILL_AMT2"]
+
+    [categorical]                  # column -> its levels (one-hot, in this order); others numeric
+    SEX = ["1", "2"]
+
+    [algorithm]                    # the run's algorithm section, validated
+    name = "hyfem"
+    rounds = 30
+
+Optional ``[means]`` and ``[stds]`` tables (block -> one value per feature, after one-hot encoding)
+hold global standardisation statistics; a client then standardises its blocks with them.
+
+The config's ``dataset`` section may carry, for this command only, string ``classes`` and a
+``levels`` mapping (column -> levels) of its ``categorical`` columns.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hybridfl.errors import ConfigError
+from hybridfl.files import atomic_write
+
+SCHEMA_FORMAT = 1
+"""Version of the federation schema file."""
+
+
+class FederationSchema(BaseModel):
+    """The public schema a federation agrees on before any client reads its data.
+
+    Attributes:
+        format: schema file version (:data:`SCHEMA_FORMAT`).
+        name: dataset name recorded in every client directory.
+        id_column: the column holding the sample IDs (the join key across organisations).
+        label_column: the column holding the labels (only some organisations have it).
+        classes: the label values as strings; class index = position (``C = len(classes)``).
+        standardize: whether features are to be z-scored (clients record per-block sums).
+        seed: the run seed.
+        blocks: block name -> its column names, in global block order.
+        categorical: column -> its levels, one-hot encoded in this order; every other column of a
+            block is numeric.
+        means, stds: optional global standardisation statistics, block -> one value per feature
+            (the block's width after one-hot encoding).
+        algorithm: the run's ``algorithm`` section.
+
+    Raises:
+        pydantic.ValidationError: on construction, for an inconsistent schema (use
+            :func:`load_schema` to get a one-sentence :class:`ConfigError` instead).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    format: int = SCHEMA_FORMAT
+    name: str = Field(min_length=1)
+    id_column: str = Field(min_length=1)
+    label_column: str = Field(min_length=1)
+    classes: list[str] = Field(min_length=1)
+    standardize: bool = False
+    seed: int = 0
+    blocks: dict[str, list[str]] = Field(min_length=1)
+    categorical: dict[str, list[str]] = Field(default_factory=dict)
+    means: dict[str, list[float]] = Field(default_factory=dict)
+    stds: dict[str, list[float]] = Field(default_factory=dict)
+    algorithm: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FederationSchema:
+        if self.format != SCHEMA_FORMAT:
+            raise ValueError(f"format {self.format} is not supported (this hybridfl reads format {SCHEMA_FORMAT})")
+        if len(set(self.classes)) != len(self.classes):
+            raise ValueError("classes repeat a value")
+        seen: dict[str, str] = {}
+        for b, cols in self.blocks.items():
+            if not cols:
+                raise ValueError(f"block {b!r} has no columns")
+            for c in cols:
+                if c in (self.id_column, self.label_column):
+                    raise ValueError(f"column {c!r} of block {b!r} is the ID or label column")
+                if c in seen:
+                    raise ValueError(f"column {c!r} is in both block {seen[c]!r} and block {b!r}")
+                seen[c] = b
+        for c, levels in self.categorical.items():
+            if c not in seen:
+                raise ValueError(f"categorical column {c!r} is in no block")
+            if not levels:
+                raise ValueError(f"categorical column {c!r} has no levels")
+            if len(set(levels)) != len(levels):
+                raise ValueError(f"categorical column {c!r} repeats a level")
+        for what, table in (("means", self.means), ("stds", self.stds)):
+            for b, v in table.items():
+                if b not in self.blocks:
+                    raise ValueError(f"{what} names block {b!r}, which is not in blocks")
+                if len(v) != self.width(b):
+                    raise ValueError(f"{what} of block {b!r} has {len(v)} values for {self.width(b)} features")
+                if not all(math.isfinite(x) for x in v):
+                    raise ValueError(f"{what} of block {b!r} holds a value that is not finite")
+        if set(self.means) != set(self.stds):
+            raise ValueError("means and stds must name the same blocks")
+        return self
+
+    def width(self, block: str) -> int:
+        """The number of features of ``block``: 1 per numeric column, one per level of a categorical one."""
+        return sum(len(self.categorical[c]) if c in self.categorical else 1 for c in self.blocks[block])
+
+    @property
+    def block_shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every block name -> its per-sample shape ``(width,)``, in global block order."""
+        return {b: (self.width(b),) for b in self.blocks}
+
+    def column_type(self, column: str) -> str:
+        """``"categorical"`` or ``"numeric"``."""
+        return "categorical" if column in self.categorical else "numeric"
+
+
+# ------------------------------------------------------------------------------------ from a config
+
+
+def _read_mapping(path: Path) -> dict:
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} does not exist.")
+    text = path.read_text(encoding="utf-8", errors="replace")
+    try:
+        if path.suffix.lower() == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix.lower() in (".yaml", ".yml"):
+            data = yaml.safe_load(text)
+        else:
+            raise ConfigError(f"config file {str(path)!r} must end in .yaml, .yml or .toml.")
+    except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ConfigError(f"config file {str(path)!r} is not valid {path.suffix[1:].upper()}: {first}.") from None
+    if data is None:
+        raise ConfigError(f"config file {str(path)!r} is empty.")
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(path)!r} must be a mapping of sections (seed, dataset, algorithm).")
+    return data
+
+
+def schema_from_config(path: str | Path) -> FederationSchema:
+    """The federation schema a run config's ``dataset:`` section (kind ``table``) describes; no data is read.
+
+    Needs ``dataset.name: table``, ``dataset.blocks``, ``dataset.label_column``, ``dataset.id_column``
+    and ``dataset.classes`` (label values; strings allowed here), and ``dataset.levels`` (column ->
+    levels) for every column listed in ``dataset.categorical``. The ``algorithm`` section is
+    validated by its algorithm's config model and written in full (defaults included, ``null``
+    values left out).
+
+    Raises:
+        ConfigError: an unreadable or invalid config, or a missing field (one sentence naming it).
+    """
+    from hybridfl.algorithms.spec import get_algorithm
+    from hybridfl.config import parse_config
+
+    p = Path(path).expanduser()
+    raw = _read_mapping(p)
+    ds = raw.get("dataset")
+    if not isinstance(ds, dict):
+        raise ConfigError(f"config {p.name} has no 'dataset' section (federation init needs dataset.name: table).")
+    ds = dict(ds)
+    classes = ds.pop("classes", None)
+    levels = ds.pop("levels", None)
+    cfg = parse_config({**raw, "dataset": ds}, where=p.name)
+    d = cfg.dataset
+    if d.name != "table":
+        raise ConfigError(
+            f"config field 'dataset.name' in {p.name} must be 'table' for federation init, not {d.name!r}."
+        )
+    for fld in ("blocks", "label_column", "id_column"):
+        if not getattr(d, fld):
+            raise ConfigError(f"config {p.name} is missing the field 'dataset.{fld}', which federation init needs.")
+    if classes is None:
+        raise ConfigError(
+            f"config {p.name} is missing the field 'dataset.classes' (the label values), which federation init needs."
+        )
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, (str, int)) for c in classes):
+        raise ConfigError(f"config field 'dataset.classes' in {p.name} must be a non-empty list of label values.")
+    if any(isinstance(c, bool) for c in classes):
+        raise ConfigError(
+            f"config field 'dataset.classes' in {p.name} holds a boolean (YAML reads yes/no/true/false so): quote it."
+        )
+    levels = levels if levels is not None else {}
+    if not isinstance(levels, dict):
+        raise ConfigError(f"config field 'dataset.levels' in {p.name} must map columns to lists of levels.")
+    cat: dict[str, list[str]] = {}
+    for c in d.categorical or []:
+        lv = levels.get(c)
+        if not isinstance(lv, list) or not lv:
+            raise ConfigError(
+                f"config {p.name} is missing the field 'dataset.levels.{c}' (the levels of categorical column {c!r})."
+            )
+        cat[c] = [str(v) for v in lv]
+    extra = [c for c in levels if c not in cat]
+    if extra:
+        raise ConfigError(
+            f"config field 'dataset.levels.{extra[0]}' in {p.name} names a column not in 'dataset.categorical'."
+        )
+    algo = cfg.algorithm_config()
+    spec = get_algorithm(cfg.algorithm.get("name", "hyfem"))
+    algo_json = _drop_none(algo.model_dump(mode="json"))
+    if spec.config_model.model_validate(algo_json) != algo:
+        raise ConfigError(f"config section 'algorithm' in {p.name} sets a value to null that TOML cannot hold.")
+    name = Path(d.path).stem if d.path else p.stem
+    try:
+        return FederationSchema(
+            name=name,
+            id_column=d.id_column,
+            label_column=d.label_column,
+            classes=[str(c) for c in classes],
+            standardize=d.standardize,
+            seed=cfg.seed,
+            blocks=d.blocks,
+            categorical=cat,
+            algorithm=algo_json,
+        )
+    except ValidationError as e:
+        raise ConfigError(f"config {p.name} does not give a valid federation schema: {_first(e)}.") from None
+
+
+def _drop_none(v: Any) -> Any:
+    """``v`` without ``None`` values in mappings, recursively (TOML has no null)."""
+    if isinstance(v, dict):
+        return {k: _drop_none(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list):
+        return [_drop_none(x) for x in v]
+    return v
+
+
+def _first(e: ValidationError) -> str:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    return f"{loc}: {msg}" if loc else msg
+
+
+# ------------------------------------------------------------------------------------ TOML file
+
+_BARE = re.compile(r"[A-Za-z0-9_-]+")
+
+
+def _key(k: str) -> str:
+    return k if _BARE.fullmatch(k) else _str(k)
+
+
+def _str(s: str) -> str:
+    out = []
+    for ch in s:
+        if ch == "\\":
+            out.append("\\\\")
+        elif ch == '"':
+            out.append('\\"')
+        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if math.isnan(v):
+            return "nan"
+        if math.isinf(v):
+            return "inf" if v > 0 else "-inf"
+        return repr(v)
+    if isinstance(v, str):
+        return _str(v)
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{_key(str(k))} = {_value(x)}" for k, x in v.items() if x is not None) + "}"
+    raise ConfigError(f"a value of type {type(v).__name__} cannot be written to the federation schema.")
+
+
+def schema_to_toml(schema: FederationSchema) -> str:
+    """The schema as TOML text (top-level keys, then one table per mapping); ``tomllib`` reads it back equal.
+
+    Raises:
+        ConfigError: an algorithm value TOML cannot hold (not str, number, bool, list or mapping).
+    """
+    data = schema.model_dump()
+    lines = ["# hybridfl federation schema: written by `hybridfl federation init`, read by `hybridfl client prepare`"]
+    tables = ("blocks", "categorical", "means", "stds", "algorithm")
+    for k, v in data.items():
+        if k not in tables:
+            lines.append(f"{_key(k)} = {_value(v)}")
+    for t in tables:
+        if data[t] or t in ("blocks", "algorithm"):
+            lines += ["", f"[{t}]"] + [f"{_key(str(k))} = {_value(v)}" for k, v in data[t].items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def write_schema(schema: FederationSchema, path: str | Path) -> Path:
+    """Write ``schema`` as TOML to ``path`` (atomically); return the path.
+
+    Raises:
+        ConfigError: ``path`` is an existing directory, or a value TOML cannot hold.
+    """
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise ConfigError(f"federation schema path {str(p)!r} is a directory.")
+    text = schema_to_toml(schema)
+    if FederationSchema.model_validate(tomllib.loads(text)) != schema:  # the writer is ours: check the round trip
+        raise ConfigError(f"the federation schema cannot be written to {str(p)!r} without changing a value.")
+    p.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(p, text.encode())
+    return p
+
+
+def load_schema(path: str | Path) -> FederationSchema:
+    """Read a federation schema TOML file (written by :func:`write_schema`, possibly edited by hand).
+
+    Raises:
+        ConfigError: a missing or unreadable file, invalid TOML, or an invalid schema (one sentence).
+    """
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise ConfigError(f"federation schema {str(p)!r} does not exist (write it with `hybridfl federation init`).")
+    try:
+        data = tomllib.loads(p.read_text(encoding="utf-8", errors="replace"))
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"federation schema {str(p)!r} is not valid TOML: {str(e).splitlines()[0]}.") from None
+    try:
+        return FederationSchema.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(f"federation schema {str(p)!r} is invalid: {_first(e)}.") from None
+
+
+def schema_digest(path: str | Path) -> str:
+    """SHA-256 (hex) of a schema file's bytes: recorded in each client directory, so a later step can
+    check that every organisation prepared its data against the same schema."""
+    return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()

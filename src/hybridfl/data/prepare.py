@@ -1,0 +1,350 @@
+"""An organisation turns its own table into a client directory: ``hybridfl client prepare``.
+
+``prepare_client`` reads one table (CSV, Parquet, or NumPy ``.npz`` with an ``ids`` array and one
+1-D array per column), keeps the blocks of the federation schema (:mod:`hybridfl.data.federation`)
+the table holds, checks every held column, and writes a client directory in exactly the layout
+``hybridfl export-clients`` writes (:mod:`hybridfl.data.export`), so :func:`load_client_dir`
+reads it and a Flower SuperNode can serve it. No data leaves the organisation and nothing is
+pooled: with ``standardize = true`` the directory gets a ``stats.json`` of per-block feature sums,
+sums of squares and counts, for a federated combination; only global ``means``/``stds`` already in
+the schema are applied.
+
+Rules (each violation is one sentence naming the column and the problem; nothing is written):
+
+- a block is held when all its columns are in the table; a block with only some is an error;
+- columns in no block of the schema are ignored; the table must hold at least one block;
+- numeric columns: numbers, finite, no missing value; categorical columns: values among the
+  schema's levels (compared as stripped strings), one-hot encoded in the schema's order;
+- IDs: present, non-empty, unique; labels (if the table has the label column): among the classes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from hybridfl.data.dataset import HybridDataset
+from hybridfl.data.export import _CLIENT_NAME, DIR_MODE, FILE_MODE, FORMAT_VERSION, _write_dataset_dir
+from hybridfl.data.federation import FederationSchema, load_schema, schema_digest
+from hybridfl.errors import DataError
+from hybridfl.files import atomic_write
+
+STATS_FILE = "stats.json"
+"""A prepared client directory's local standardisation statistics (per block: count, sum, sumsq)."""
+
+
+@dataclass
+class PreparedClient:
+    """What :func:`prepare_client` wrote.
+
+    Attributes:
+        path: the client directory.
+        client_id: the client's name.
+        n_samples: rows of the table (``n_m``).
+        blocks: the schema's blocks the table holds, in global block order.
+        has_labels: whether the table holds the label column.
+        ignored: the table's columns that are in no block (nor the ID or label column).
+        standardized: whether global means/stds from the schema were applied.
+        stats: whether ``stats.json`` was written.
+    """
+
+    path: Path
+    client_id: str
+    n_samples: int
+    blocks: list[str]
+    has_labels: bool
+    ignored: list[str] = field(default_factory=list)
+    standardized: bool = False
+    stats: bool = False
+
+
+def read_client_table(path: str | Path):
+    """Read an organisation's table into a pandas DataFrame: ``.csv`` (any other suffix too),
+    ``.parquet``/``.pq``, or ``.npz`` (an ``ids`` array and one 1-D array per column, all of the same
+    length; the ID column is then called ``ids``).
+
+    Raises:
+        DataError: a missing, empty or unparsable file, or an ``.npz`` with arrays of other shapes.
+    """
+    import pandas as pd
+
+    from hybridfl.data.loaders import _read_table
+
+    p = Path(path).expanduser()
+    if p.suffix.lower() != ".npz":
+        return _read_table(p, None)
+    if not p.is_file():
+        raise DataError(f"table file {str(p)!r} does not exist.")
+    try:
+        with np.load(p, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except Exception as e:  # zip and format errors of every kind
+        raise DataError(f"cannot read {str(p)!r} as a NumPy .npz file: {str(e).splitlines()[0]}.") from None
+    if "ids" not in arrays:
+        raise DataError(f"{p.name} has no array 'ids' (the sample IDs).")
+    n = arrays["ids"].shape[0] if arrays["ids"].ndim == 1 else -1
+    for k, a in arrays.items():
+        if a.ndim != 1 or a.shape[0] != n:
+            raise DataError(
+                f"array {k!r} of {p.name} has shape {a.shape}; every array must have shape ({n},) like 'ids'."
+            )
+    return pd.DataFrame(arrays)
+
+
+def _check_ids(frame, id_column: str, where: str) -> np.ndarray:
+    if id_column not in frame.columns:
+        raise DataError(f"ID column {id_column!r} is not in {where}.")
+    col = frame[id_column]
+    if col.isna().any():
+        row = int(np.flatnonzero(col.isna().to_numpy())[0])
+        raise DataError(f"ID column {id_column!r} of {where} is empty at row {row + 1}.")
+    ids = col.astype(str).str.strip().to_numpy()
+    empty = np.flatnonzero(ids == "")
+    if empty.size:
+        raise DataError(f"ID column {id_column!r} of {where} is empty at row {int(empty[0]) + 1}.")
+    uniq, first, counts = np.unique(ids, return_index=True, return_counts=True)
+    if uniq.size != ids.size:
+        dup = uniq[counts > 1][0]
+        rows = np.flatnonzero(ids == dup)[:2] + 1
+        raise DataError(
+            f"ID column {id_column!r} of {where} holds ID {str(dup)!r} twice (rows {rows[0]} and {rows[1]})."
+        )
+    return ids
+
+
+def _check_labels(frame, label_column: str, classes: list[str], where: str) -> np.ndarray:
+    col = frame[label_column]
+    if col.isna().any():
+        row = int(np.flatnonzero(col.isna().to_numpy())[0])
+        raise DataError(f"label column {label_column!r} of {where} is empty at row {row + 1}.")
+    lab = col.astype(str).str.strip().to_numpy()
+    lookup = {c: i for i, c in enumerate(classes)}
+    bad = [i for i, v in enumerate(lab) if v not in lookup]
+    if bad:
+        raise DataError(
+            f"label column {label_column!r} of {where} has value {lab[bad[0]]!r} at row {bad[0] + 1}, "
+            f"which is not one of the schema's classes {classes}."
+        )
+    return np.array([lookup[v] for v in lab], dtype=np.int64)
+
+
+def _numeric(frame, c: str, where: str) -> np.ndarray:
+    import pandas as pd
+
+    col = frame[c]
+    if col.isna().any():
+        row = int(np.flatnonzero(col.isna().to_numpy())[0])
+        raise DataError(f"column {c!r} of {where} has a missing value at row {row + 1}.")
+    if not pd.api.types.is_numeric_dtype(col):  # e.g. strings: all must parse as numbers
+        parsed = pd.to_numeric(col.astype(str).str.strip(), errors="coerce")
+        if parsed.isna().any():
+            row = int(np.flatnonzero(parsed.isna().to_numpy())[0])
+            raise DataError(
+                f"column {c!r} of {where} is numeric in the schema but has the value {str(col.iloc[row])!r} "
+                f"at row {row + 1}."
+            )
+        col = parsed
+    v = col.to_numpy(np.float64)
+    if not np.isfinite(v).all():
+        row = int(np.flatnonzero(~np.isfinite(v))[0])
+        raise DataError(f"column {c!r} of {where} has a value that is not finite ({v[row]}) at row {row + 1}.")
+    return v[:, None]
+
+
+def _categorical(frame, c: str, levels: list[str], where: str) -> np.ndarray:
+    col = frame[c]
+    if col.isna().any():
+        row = int(np.flatnonzero(col.isna().to_numpy())[0])
+        raise DataError(f"column {c!r} of {where} has a missing value at row {row + 1}.")
+    values = col.astype(str).str.strip().to_numpy()
+    known = set(levels)
+    bad = [i for i, v in enumerate(values) if v not in known]
+    if bad:
+        raise DataError(
+            f"column {c!r} of {where} has the value {values[bad[0]]!r} at row {bad[0] + 1}, "
+            f"which is not one of its levels {levels} in the schema."
+        )
+    return np.stack([(values == lv).astype(np.float64) for lv in levels], axis=1)
+
+
+def table_to_client_dataset(
+    frame,
+    schema: FederationSchema,
+    *,
+    id_column: str | None = None,
+    label_column: str | None = None,
+    where: str = "table",
+) -> tuple[HybridDataset, bool, list[str]]:
+    """Check an organisation's table against the schema and encode its held blocks.
+
+    Args:
+        frame: the table, one row per sample (pandas DataFrame).
+        schema: the federation schema.
+        id_column: the table's ID column (default: the schema's).
+        label_column: the table's label column; ``None``: the schema's, if the table has it (else
+            the table holds no labels). A given column must be in the table.
+        where: the file name used in error messages.
+
+    Returns:
+        ``(dataset, has_labels, ignored)``: the samples with the held blocks (``(n_m, width_b)``
+        float64 each, global block order; ``y`` all zeros without labels), whether the table holds
+        labels, and the columns in no block.
+
+    Raises:
+        DataError: an empty table, a missing/empty/duplicate ID, a block with only some of its
+            columns, no block at all, a bad value in a held column, or a label not in the classes.
+    """
+    cols = [str(c) for c in frame.columns]
+    frame = frame.set_axis(cols, axis=1)
+    if len(frame) == 0:
+        raise DataError(f"{where} has no data rows.")
+    id_column = id_column or schema.id_column
+    ids = _check_ids(frame, id_column, where)
+    if label_column is not None and label_column not in cols:
+        raise DataError(f"label column {label_column!r} is not in {where}.")
+    label_column = label_column or (schema.label_column if schema.label_column in cols else None)
+    in_block = {c: b for b, bcols in schema.blocks.items() for c in bcols}
+    for what, c in (("ID", id_column), ("label", label_column)):
+        if c in in_block:
+            raise DataError(
+                f"{what} column {c!r} of {where} is a feature column of block {in_block[c]!r} in the schema."
+            )
+    present = set(cols)
+    held: list[str] = []
+    for b, bcols in schema.blocks.items():
+        have = [c for c in bcols if c in present]
+        if have and len(have) < len(bcols):
+            missing = next(c for c in bcols if c not in present)
+            raise DataError(
+                f"{where} holds column {have[0]!r} of block {b!r} but not its column {missing!r} "
+                "(a block is held with all its columns or not at all)."
+            )
+        if have:
+            held.append(b)
+    if not held:
+        raise DataError(
+            f"{where} holds none of the schema's blocks ({', '.join(repr(b) for b in schema.blocks)}): "
+            "check its column names against the schema."
+        )
+    blocks: dict[str, np.ndarray] = {}
+    for b in held:
+        parts = [
+            _categorical(frame, c, schema.categorical[c], where)
+            if c in schema.categorical
+            else _numeric(frame, c, where)
+            for c in schema.blocks[b]
+        ]
+        blocks[b] = np.concatenate(parts, axis=1)
+    has_labels = label_column is not None
+    y = _check_labels(frame, label_column, schema.classes, where) if has_labels else np.zeros(len(ids), np.int64)
+    ignored = [c for c in cols if c not in in_block and c not in (id_column, label_column)]
+    return HybridDataset(schema.name, ids, y, blocks, list(schema.classes)), has_labels, ignored
+
+
+def block_stats(ds: HybridDataset) -> dict[str, dict]:
+    """Per block: ``count`` (n_m), ``sum`` and ``sumsq`` (one float per feature, float64) of the
+    raw features: what a federated mean and variance need (``mean = sum/count``, ``var =
+    sumsq/count - mean**2`` over all organisations holding the block)."""
+    out = {}
+    for b, x in ds.blocks.items():
+        x = np.asarray(x, dtype=np.float64).reshape(x.shape[0], -1)
+        out[b] = {"count": int(x.shape[0]), "sum": x.sum(axis=0).tolist(), "sumsq": (x * x).sum(axis=0).tolist()}
+    return out
+
+
+def prepare_client(
+    table: str | Path,
+    schema_path: str | Path,
+    out_dir: str | Path,
+    *,
+    id_column: str | None = None,
+    label_column: str | None = None,
+    client_id: str | None = None,
+    index: int = 0,
+) -> PreparedClient:
+    """Write the client directory ``out_dir`` from an organisation's own table and the federation schema.
+
+    The directory has the layout of ``hybridfl export-clients`` (``client.json``, ``blocks.json``,
+    ``sample_ids.npy``, ``block-<k>-<name>.npz`` of float32 ``(n_m, width)``, ``labels.npy`` if the
+    table holds labels), plus ``stats.json`` when the schema says ``standardize = true``. It is
+    written in a temporary directory next to ``out_dir`` and renamed at the end: on any error
+    nothing is left.
+
+    Args:
+        table: CSV, Parquet or ``.npz`` file (see :func:`read_client_table`).
+        schema_path: the federation schema TOML (``hybridfl federation init``).
+        out_dir: the client directory to create; an existing one must be empty.
+        id_column, label_column: see :func:`table_to_client_dataset`.
+        client_id: the client's name (default: ``out_dir``'s name).
+        index: the client's position in the federation (its seed is ``seed + 1 + index``; give each
+            organisation a different one).
+
+    Raises:
+        ConfigError: a missing or invalid schema.
+        DataError: the table does not match the schema (see :func:`table_to_client_dataset`), an
+            unreadable table, a non-empty ``out_dir``, or a client name that is not a safe
+            directory name.
+    """
+    schema = load_schema(schema_path)
+    table = Path(table).expanduser()
+    out = Path(out_dir).expanduser()
+    cid = client_id if client_id is not None else out.resolve().name
+    if not _CLIENT_NAME.fullmatch(cid) or cid.lower() == "server":
+        raise DataError(
+            f"client name {cid!r} cannot be a directory name (use letters, digits, '_', '.', '-', at most 128, "
+            "not starting with '.'; not 'server')."
+        )
+    if index < 0:
+        raise DataError(f"client index {index} must be 0 or more.")
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        raise DataError(f"client directory {str(out)!r} exists and is not an empty directory: prepare into a new one.")
+    frame = read_client_table(table)
+    ds, has_labels, ignored = table_to_client_dataset(
+        frame, schema, id_column=id_column, label_column=label_column, where=table.name
+    )
+    stats = block_stats(ds) if schema.standardize else None
+    standardized = False
+    if schema.means:
+        blocks = {}
+        for b, x in ds.blocks.items():
+            if b in schema.means:
+                sd = np.asarray(schema.stds[b], dtype=np.float64)
+                sd[sd < 1e-12] = 1.0
+                x = (np.asarray(x, dtype=np.float64) - np.asarray(schema.means[b])) / sd
+            blocks[b] = x
+        ds = HybridDataset(ds.name, ds.ids, ds.y, blocks, ds.classes)
+        standardized = True
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.prepare-", dir=out.parent))
+    try:
+        stage = tmp / "client"
+        info = _write_dataset_dir(stage, ds, with_labels=has_labels)
+        meta = {
+            "format": FORMAT_VERSION,
+            "dataset": schema.name,
+            "classes": list(schema.classes),
+            "block_shapes": {b: list(s) for b, s in schema.block_shapes.items()},
+            "client_id": cid,
+            "index": int(index),
+            "has_labels": bool(has_labels),
+            **info,
+            "prepared": True,
+            "schema_sha256": schema_digest(schema_path),
+            "standardized": standardized,
+        }
+        if stats is not None:
+            atomic_write(stage / STATS_FILE, json.dumps({"blocks": stats}, indent=1), mode=FILE_MODE)
+        atomic_write(stage / "client.json", json.dumps(meta, indent=1), mode=FILE_MODE)
+        os.chmod(stage, DIR_MODE)
+        os.rename(stage, out)  # an existing out is empty (checked above): the rename replaces it
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return PreparedClient(
+        out, cid, ds.n_samples, list(ds.block_names), has_labels, ignored, standardized, stats is not None
+    )
