@@ -264,3 +264,22 @@ def test_loopback_warm_executor_equals_simulation(tmp_path):
     assert s["messages_total"] == log_ref.messages_total and len(s["ping_seconds"]) == 2
     np.testing.assert_allclose(np.load(tmp_path / "res" / "final.npz")["w"], w_ref, rtol=1e-9, atol=1e-12)
     fed.close()
+
+
+@pytest.mark.parametrize("bad", [1.5, "3", True, -1])
+def test_a_record_with_a_bad_acked_or_seq_is_one_sentence(bad):
+    """Issue 15: a non-integer ``acked`` (or ``seq``) in a Flower record was cast with ``int()``
+    (a float truncated, a string parsed); now it is refused with one sentence."""
+    from flwr.app import ConfigRecord
+
+    from hybridfl.runtime.flower.bridge import ACKED, RECORD, SEQ, pack, unpack_meta
+    from hybridfl.runtime.messages import Message, encode
+
+    for key in (ACKED, SEQ):
+        rec = pack(encode(Message("k", "server", "c", 1)), 1, 0)
+        cfg = dict(rec[RECORD])
+        cfg[key] = bad
+        rec[RECORD] = ConfigRecord(cfg)
+        with pytest.raises(ValueError) as e:
+            unpack_meta(rec)
+        assert "\n" not in str(e.value) and f"{key!r}" in str(e.value) and "non-negative integer" in str(e.value)

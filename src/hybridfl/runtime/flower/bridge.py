@@ -64,11 +64,22 @@ def unpack_seq(content: RecordDict) -> tuple[bytes, int | None]:
 
 
 def unpack_meta(content: RecordDict) -> tuple[bytes, int | None, int | None]:
-    """Inverse of :func:`pack`: ``(our bytes, sequence number or None, acked or None)``."""
+    """Inverse of :func:`pack`: ``(our bytes, sequence number or None, acked or None)``.
+
+    Raises:
+        ValueError: no hybridfl message, or a ``seq``/``acked`` that is not a non-negative integer
+            (one sentence; an untrusted sender's record is never cast blindly).
+    """
     raw = unpack(content)
-    seq = content[RECORD].get(SEQ)
-    acked = content[RECORD].get(ACKED)
-    return raw, (int(seq) if seq is not None else None), (int(acked) if acked is not None else None)
+    return raw, _count(content[RECORD].get(SEQ), SEQ), _count(content[RECORD].get(ACKED), ACKED)
+
+
+def _count(v: object, name: str) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ValueError(f"the hybridfl record's {name!r} is {type(v).__name__} {v!r:.40}, not a non-negative integer.")
+    return int(v)
 
 
 def unpack(content: RecordDict) -> bytes:
