@@ -272,3 +272,42 @@ def test_hyfem_secure_aggregation_equals_the_plain_average(digits_split, failure
             assert ("hyfem.unmask" in kinds) == bool(fed.transport.failures) == (failure_rate > 0)
     for k, v in models[False].items():
         assert torch.allclose(v, models[True][k], atol=1e-5, rtol=1e-5), k
+
+
+def test_hyfem_samples_clients_per_round(digits_split):
+    """``fraction_fit: 0.5`` of 4 clients: 2 fit messages a round, drawn from the seed and the round
+    alone (the same in two runs), the others absent; with secure aggregation the masks run over the
+    round's sample only and the model equals the plain average's."""
+    import torch
+
+    from hybridfl.algorithms.hyfem import HyFEMConfig
+    from hybridfl.data.partitioners import ClassBlockPartitioner
+
+    split = DatasetSplit(digits_split.train.take(np.arange(300)), digits_split.test.take(np.arange(60)))
+    part = ClassBlockPartitioner(
+        num_clients=4, classes_per_client=6, blocks_per_client=2, no_full_client=False, seed=0
+    ).partition(split.train)
+    asked, models = {}, {}
+    for secure in (False, True):
+        cfg = HyFEMConfig(
+            rounds=3,
+            local_steps=3,
+            hidden=8,
+            extractor_dim=4,
+            baselines=False,
+            fraction_fit=0.5,
+            secure_aggregation=secure,
+        )
+        fed = build_federation("hyfem", split, part, cfg)
+        fed.setup()
+        rows = [fed.server.run_round(rnd, fed.transport) for rnd in range(1, 4)]
+        assert all(r["clients_sampled"] == 2 == r["clients_answered"] for r in rows)
+        fits = [
+            (e.round, e.receiver) for e in fed.transport.log.entries if e.kind == "hyfem.fit" and e.sender == "server"
+        ]
+        asked[secure] = fits
+        assert len(fits) == 6 and len({c for _, c in fits}) > 2  # different clients in different rounds
+        models[secure] = {k: v.detach().clone() for k, v in fed.server.model.state_dict().items()}
+    assert asked[False] == asked[True]
+    for k, v in models[False].items():
+        assert torch.allclose(v, models[True][k], atol=1e-5, rtol=1e-5), k

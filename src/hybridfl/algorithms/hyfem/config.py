@@ -69,6 +69,12 @@ class HyFEMConfig(BaseModel):
     hidden: int = Field(64, ge=1, description="client classifier hidden width")
     matching: MatchingSettings = Field(default_factory=MatchingSettings)
     eval_every: int = Field(1, ge=0, description="evaluate every k rounds (0: only at the end)")
+    fraction_fit: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="share of the clients sampled each round, at least one (Flower's fraction_fit; 1: all, the paper's setting)",
+    )
     test_subsample: int = Field(
         0, ge=0, description="per-client metrics on k test samples before the last round (0: all; the last in full)"
     )

@@ -128,9 +128,10 @@ class SecureExtractorsServerMixin:
         if missing:
             raise ProtocolError(f"client {missing[0]!r} did not answer 'hyfem.keys': HyFEM's setup needs every client.")
 
-    def secure_fit_fields(self, cid: str, rnd: int) -> dict:
-        """The ``tag`` and ``peers`` of round ``rnd``'s ``hyfem.fit`` to ``cid``."""
-        return {"tag": rnd, "peers": [c for c in self.clients if c != cid]}
+    def secure_fit_fields(self, cid: str, rnd: int, asked: Sequence[str]) -> dict:
+        """The ``tag`` and ``peers`` (the round's other ``asked`` clients) of round ``rnd``'s
+        ``hyfem.fit`` to ``cid``."""
+        return {"tag": rnd, "peers": [c for c in asked if c != cid]}
 
     def _param_count(self, b: str) -> int:
         return _flat(self.model.extractor_arrays(b)).size
@@ -151,7 +152,9 @@ class SecureExtractorsServerMixin:
             i += n
         return out
 
-    def aggregate_masked(self, rnd: int, transport: Transport, replies: Sequence[Message]) -> None:
+    def aggregate_masked(
+        self, rnd: int, transport: Transport, replies: Sequence[Message], asked: Sequence[str]
+    ) -> None:
         """HyFEM Alg. 1 line 7 from masked replies: per block, the sum of ``p_m theta_m,b`` over
         the holders that replied (masks cancel; a missing client's pair masks are unmasked by the
         others) divided by their ``sum p_m``; stored as float32. A block no reply holds, or a
@@ -161,7 +164,7 @@ class SecureExtractorsServerMixin:
         for r in replies:
             for b, v in self._split(r.sender, r.payload["ext_masked"]).items():
                 totals[b] += v
-        dropped = [c for c in self.clients if c not in got]
+        dropped = [c for c in asked if c not in got]
         if dropped and got:
             asks = [Message("hyfem.unmask", SERVER, c, rnd, {"tag": rnd, "dropped": dropped}) for c in got]
             fixes = []

@@ -88,6 +88,7 @@ class HyFEMServer(SecureExtractorsServerMixin):
         arr = self.model.classifier_arrays()
         self.classifier = ServerClassifier(arr["fc1.weight"], arr["fc1.bias"], arr["fc2.weight"], arr["fc2.bias"])
         self.rng = np.random.default_rng(seed)
+        self.seed = int(seed)
         self.clients: dict[str, dict] = {}
         self.matching = config.matching.to_config()
         self.last_stats: dict = {}
@@ -166,7 +167,7 @@ class HyFEMServer(SecureExtractorsServerMixin):
         for k, shape in shapes.items():
             array(r, k, shape, kinds="f", finite=False)
 
-    def fit_message(self, cid: str, rnd: int) -> Message:
+    def fit_message(self, cid: str, rnd: int, asked: Sequence[str] | None = None) -> Message:
         """The ``hyfem.fit`` message of round ``rnd`` to client ``cid`` (HyFEM Alg. 1 line 9 /
         Alg. 2 line 2): the server extractors of its blocks ``P_m Theta_0``, its view of the server
         classifier ``Pi_m w_0`` (``hidden`` neurons, its blocks' columns), and ``Q``, ``eta``,
@@ -182,17 +183,18 @@ class HyFEMServer(SecureExtractorsServerMixin):
             payload.update(model_payload(f"ext.{b}.", self.model.extractor_arrays(b)))
         payload.update(model_payload("clf.", self.classifier.client_view(info["assignment"], info["columns"])))
         if self.config.secure_aggregation:
-            payload.update(self.secure_fit_fields(cid, rnd))
+            payload.update(self.secure_fit_fields(cid, rnd, list(self.clients) if asked is None else asked))
         return Message("hyfem.fit", SERVER, cid, rnd, payload)
 
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
-        """One round of HyFEM Alg. 1 (lines 3-9): every client is asked; the server aggregates
-        the replies that arrive. A client that failed keeps its extractors' and classifier's
+        """One round of HyFEM Alg. 1 (lines 3-9): every client is asked (or the round's sample,
+        ``fraction_fit`` < 1, :meth:`sampled`); the server aggregates the replies that arrive; a
+        client not sampled counts as absent. A client that failed keeps its extractors' and classifier's
         server positions and takes part again in the next round.
 
         Returns:
             ``train_loss`` (the sample-weighted mean of the clients' mean mini-batch losses; NaN
-            if no reply arrived), ``server_width`` ``H`` and ``clients_answered``.
+            if no reply arrived), ``server_width`` ``H``, ``clients_answered`` and ``clients_sampled``.
 
         A malformed reply (:meth:`check_fit_reply`) is logged and treated as missing.
 
@@ -200,8 +202,8 @@ class HyFEMServer(SecureExtractorsServerMixin):
             ProtocolError: a reply of another kind, from a client that was not asked, or twice.
             TrainingDiverged: a reply holds a non-finite weight or loss (nothing of the round is used).
         """
-        ids = list(self.clients)
-        sent = {cid: self.fit_message(cid, rnd) for cid in ids}
+        ids = self.sampled(rnd)
+        sent = {cid: self.fit_message(cid, rnd, ids) for cid in ids}
         arrived = transport.send_and_receive(list(sent.values()))
         seen: set[str] = set()
         replies = []
@@ -218,11 +220,11 @@ class HyFEMServer(SecureExtractorsServerMixin):
                 continue
             replies.append(r)
         seen = {r.sender for r in replies}
-        absent = [cid for cid in ids if cid not in seen]
+        absent = [cid for cid in self.clients if cid not in seen]  # unsampled clients too
         self.check_finite(replies, rnd)
         if replies:
             if self.config.secure_aggregation:
-                self.aggregate_masked(rnd, transport, replies)
+                self.aggregate_masked(rnd, transport, replies, ids)
             else:
                 self.aggregate_extractors(replies)
             self.match(replies, absent)
@@ -232,7 +234,20 @@ class HyFEMServer(SecureExtractorsServerMixin):
             "train_loss": loss,
             "server_width": float(self.classifier.width),
             "clients_answered": float(len(replies)),
+            "clients_sampled": float(len(ids)),
         }
+
+    def sampled(self, rnd: int) -> list[str]:
+        """The clients asked in round ``rnd``: all of them with ``fraction_fit: 1`` (HyFEM Alg. 1),
+        else ``max(1, round(fraction_fit * M))`` drawn without replacement by
+        ``default_rng([seed, 13, rnd])`` (no state: a resumed run draws the same), in client order."""
+        ids = list(self.clients)
+        frac = float(self.config.fraction_fit)
+        if frac >= 1.0:
+            return ids
+        k = max(1, round(frac * len(ids)))
+        pick = set(np.random.default_rng([self.seed, 13, rnd]).choice(len(ids), size=k, replace=False).tolist())
+        return [c for j, c in enumerate(ids) if j in pick]
 
     def check_finite(self, replies: Sequence[Message], rnd: int) -> None:
         """Refuse replies of round ``rnd`` holding NaN or infinity in an extractor, the classifier or
