@@ -178,6 +178,16 @@ def load_config(path: str | Path) -> RunConfig:
         ConfigError: missing or unreadable file, syntax error, or an invalid field.
     """
     p = Path(path).expanduser()
+    return parse_config(read_config_file(p), where=p.name)
+
+
+def read_config_file(path: str | Path) -> object:
+    """The parsed content of a ``.yaml``/``.yml`` or ``.toml`` file (not yet validated).
+
+    Raises:
+        ConfigError: missing file, another suffix, a syntax error, or an empty file.
+    """
+    p = Path(path).expanduser()
     if not p.is_file():
         raise ConfigError(f"config file {str(p)!r} does not exist.")
     text = p.read_text(encoding="utf-8", errors="replace")
@@ -193,7 +203,7 @@ def load_config(path: str | Path) -> RunConfig:
         raise ConfigError(f"config file {str(p)!r} is not valid {p.suffix[1:].upper()}: {first}.") from None
     if data is None:
         raise ConfigError(f"config file {str(p)!r} is empty.")
-    return parse_config(data, where=p.name)
+    return data
 
 
 def default_config() -> RunConfig:

@@ -40,9 +40,9 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hybridfl.config import read_config_file
 from hybridfl.errors import ConfigError
 from hybridfl.files import atomic_write
 
@@ -140,21 +140,7 @@ class FederationSchema(BaseModel):
 
 
 def _read_mapping(path: Path) -> dict:
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} does not exist.")
-    text = path.read_text(encoding="utf-8", errors="replace")
-    try:
-        if path.suffix.lower() == ".toml":
-            data = tomllib.loads(text)
-        elif path.suffix.lower() in (".yaml", ".yml"):
-            data = yaml.safe_load(text)
-        else:
-            raise ConfigError(f"config file {str(path)!r} must end in .yaml, .yml or .toml.")
-    except (yaml.YAMLError, tomllib.TOMLDecodeError) as e:
-        first = str(e).splitlines()[0] if str(e) else type(e).__name__
-        raise ConfigError(f"config file {str(path)!r} is not valid {path.suffix[1:].upper()}: {first}.") from None
-    if data is None:
-        raise ConfigError(f"config file {str(path)!r} is empty.")
+    data = read_config_file(path)
     if not isinstance(data, dict):
         raise ConfigError(f"config file {str(path)!r} must be a mapping of sections (seed, dataset, algorithm).")
     return data
