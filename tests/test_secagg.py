@@ -229,36 +229,40 @@ def test_client_with_a_key_refuses_a_run_without_secure_aggregation(tiny):
 # -- HyFEM: the extractors' weighted sums per block (secure_aggregation: true)
 
 
-@pytest.mark.parametrize("failure_rate", [0.0, 0.3])
-def test_hyfem_secure_aggregation_equals_the_plain_average(digits_split, failure_rate):
-    """Same seed and failures: the server model after 3 rounds equals the plain average's to
-    float32 rounding; the server never receives an extractor array, only ``ext_masked`` (uint64);
-    with failures the unmasking exchange ran."""
-    import torch
-
-    from hybridfl.algorithms.hyfem import HyFEMConfig
+@pytest.fixture(scope="module")
+def hyfem_small(digits_split):
+    """300 training / 60 test digits, 4 clients with 6 of 10 classes and 2 of 4 blocks each."""
     from hybridfl.data.partitioners import ClassBlockPartitioner
 
     split = DatasetSplit(digits_split.train.take(np.arange(300)), digits_split.test.take(np.arange(60)))
     part = ClassBlockPartitioner(
         num_clients=4, classes_per_client=6, blocks_per_client=2, no_full_client=False, seed=0
     ).partition(split.train)
+    return split, part
+
+
+def _hyfem_fed(split, part, recorder=None, **kw):
+    """A HyFEM federation on ``hyfem_small`` after 3 rounds (3 local steps, tiny model) and its round rows."""
+    from hybridfl.algorithms.hyfem import HyFEMConfig
+
+    cfg = HyFEMConfig(rounds=3, local_steps=3, hidden=8, extractor_dim=4, baselines=False, **kw)
+    fed = build_federation("hyfem", split, part, cfg, recorder=recorder)
+    fed.setup()
+    return fed, [fed.server.run_round(rnd, fed.transport) for rnd in range(1, 4)]
+
+
+@pytest.mark.parametrize("failure_rate", [0.0, 0.3])
+def test_hyfem_secure_aggregation_equals_the_plain_average(hyfem_small, failure_rate):
+    """Same seed and failures: the server model after 3 rounds equals the plain average's to
+    float32 rounding; the server never receives an extractor array, only ``ext_masked`` (uint64);
+    with failures the unmasking exchange ran."""
+    import torch
+
+    split, part = hyfem_small
     models = {}
     for secure in (False, True):
         raw: list[bytes] = []
-        cfg = HyFEMConfig(
-            rounds=3,
-            local_steps=3,
-            hidden=8,
-            extractor_dim=4,
-            baselines=False,
-            failure_rate=failure_rate,
-            secure_aggregation=secure,
-        )
-        fed = build_federation("hyfem", split, part, cfg, recorder=raw.append)
-        fed.setup()
-        for rnd in range(1, 4):
-            fed.server.run_round(rnd, fed.transport)
+        fed, _ = _hyfem_fed(split, part, raw.append, failure_rate=failure_rate, secure_aggregation=secure)
         models[secure] = {k: v.detach().clone() for k, v in fed.server.model.state_dict().items()}
         to_server = [m for m in map(decode, raw) if m.receiver == "server" and m.kind == "hyfem.fit"]
         assert to_server
@@ -274,33 +278,16 @@ def test_hyfem_secure_aggregation_equals_the_plain_average(digits_split, failure
         assert torch.allclose(v, models[True][k], atol=1e-5, rtol=1e-5), k
 
 
-def test_hyfem_samples_clients_per_round(digits_split):
+def test_hyfem_samples_clients_per_round(hyfem_small):
     """``fraction_fit: 0.5`` of 4 clients: 2 fit messages a round, drawn from the seed and the round
     alone (the same in two runs), the others absent; with secure aggregation the masks run over the
     round's sample only and the model equals the plain average's."""
     import torch
 
-    from hybridfl.algorithms.hyfem import HyFEMConfig
-    from hybridfl.data.partitioners import ClassBlockPartitioner
-
-    split = DatasetSplit(digits_split.train.take(np.arange(300)), digits_split.test.take(np.arange(60)))
-    part = ClassBlockPartitioner(
-        num_clients=4, classes_per_client=6, blocks_per_client=2, no_full_client=False, seed=0
-    ).partition(split.train)
+    split, part = hyfem_small
     asked, models = {}, {}
     for secure in (False, True):
-        cfg = HyFEMConfig(
-            rounds=3,
-            local_steps=3,
-            hidden=8,
-            extractor_dim=4,
-            baselines=False,
-            fraction_fit=0.5,
-            secure_aggregation=secure,
-        )
-        fed = build_federation("hyfem", split, part, cfg)
-        fed.setup()
-        rows = [fed.server.run_round(rnd, fed.transport) for rnd in range(1, 4)]
+        fed, rows = _hyfem_fed(split, part, fraction_fit=0.5, secure_aggregation=secure)
         assert all(r["clients_sampled"] == 2 == r["clients_answered"] for r in rows)
         fits = [
             (e.round, e.receiver) for e in fed.transport.log.entries if e.kind == "hyfem.fit" and e.sender == "server"
