@@ -324,6 +324,10 @@ def _f(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _table_row(label: str, first: str, cells: list[str]) -> str:
+    return f"| {label} | {first} | " + " | ".join(cells) + " |"
+
+
 def write_md(r: dict) -> None:
     """``flower_overhead.md``: the tables of whatever parts ``r`` holds."""
     out = []
@@ -368,37 +372,20 @@ def write_md(r: dict) -> None:
         ip = h["in_process"]
         names = [s for s in SETTINGS if s in h]
         rows = ["| | in process | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-        rows.append(
-            f"| seconds per round (median) | {_f(median(ip['round_seconds']))} | "
-            + " | ".join(_f(median(h[s]["round_seconds"])) for s in names)
-            + " |"
-        )
-        rows.append(
-            "| seconds per exchange (median) | - | "
-            + " | ".join(_f(median(h[s]["exchange_seconds"])) for s in names)
-            + " |"
-        )
-        rows.append(
-            "| seconds per empty exchange, 3 clients (median) | - | "
-            + " | ".join(_f(median(h[s]["ping_exchange_seconds"])) for s in names)
-            + " |"
-        )
-        rows.append(
-            f"| counted bytes (our codec) | {ip['bytes_total']} | "
-            + " | ".join(str(h[s]["bytes_total"]) for s in names)
-            + " |"
-        )
-        rows.append(
-            "| Flower serialized bytes | - | " + " | ".join(str(h[s]["wire_bytes_total"]) for s in names) + " |"
-        )
-        rows.append(
-            f"| messages | {ip['messages_total']} | " + " | ".join(str(h[s]["messages_total"]) for s in names) + " |"
-        )
-        rows.append(
-            "| metrics equal to in process | - | "
-            + " | ".join(str(h[s]["metrics_equal_in_process"]) for s in names)
-            + " |"
-        )
+        for label, first, cell in (
+            ("seconds per round (median)", _f(median(ip["round_seconds"])), lambda x: _f(median(x["round_seconds"]))),
+            ("seconds per exchange (median)", "-", lambda x: _f(median(x["exchange_seconds"]))),
+            (
+                "seconds per empty exchange, 3 clients (median)",
+                "-",
+                lambda x: _f(median(x["ping_exchange_seconds"])),
+            ),
+            ("counted bytes (our codec)", str(ip["bytes_total"]), lambda x: str(x["bytes_total"])),
+            ("Flower serialized bytes", "-", lambda x: str(x["wire_bytes_total"])),
+            ("messages", str(ip["messages_total"]), lambda x: str(x["messages_total"])),
+            ("metrics equal to in process", "-", lambda x: str(x["metrics_equal_in_process"])),
+        ):
+            rows.append(_table_row(label, first, [cell(h[s]) for s in names]))
         a = h["algorithm"]
         out.append(
             f"HyFEM, digits, 3 clients, {a['rounds']} rounds x {a['local_steps']} local steps, seed 0; load average "
@@ -410,29 +397,18 @@ def write_md(r: dict) -> None:
         ip = d["in_process"]
         names = [s for s in SETTINGS if s in d]
         rows = ["| | in process | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-        rows.append(
-            f"| seconds per round (median) | {_f(median(ip['round_seconds']))} | "
-            + " | ".join(_f(median(d[s]["round_seconds"])) for s in names)
-            + " |"
-        )
-        rows.append(
-            "| seconds per exchange (median) | - | "
-            + " | ".join(_f(median(d[s]["exchange_seconds"])) for s in names)
-            + " |"
-        )
-        rows.append(
-            f"| counted bytes ({ip['messages_total']} messages) | {ip['bytes_total']} | "
-            + " | ".join(str(d[s]["bytes_total"]) for s in names)
-            + " |"
-        )
-        rows.append(
-            "| Flower serialized bytes | - | " + " | ".join(str(d[s]["wire_bytes_total"]) for s in names) + " |"
-        )
-        rows.append(
-            "| max relative difference of w | - | "
-            + " | ".join(f"{d[s]['w_max_relative_difference']:.1e}" for s in names)
-            + " |"
-        )
+        for label, first, cell in (
+            ("seconds per round (median)", _f(median(ip["round_seconds"])), lambda x: _f(median(x["round_seconds"]))),
+            ("seconds per exchange (median)", "-", lambda x: _f(median(x["exchange_seconds"]))),
+            (
+                f"counted bytes ({ip['messages_total']} messages)",
+                str(ip["bytes_total"]),
+                lambda x: str(x["bytes_total"]),
+            ),
+            ("Flower serialized bytes", "-", lambda x: str(x["wire_bytes_total"])),
+            ("max relative difference of w", "-", lambda x: f"{x['w_max_relative_difference']:.1e}"),
+        ):
+            rows.append(_table_row(label, first, [cell(d[s]) for s in names]))
         out.append(
             f"HyFDCA (plaintext), digits, 3 clients, {d['algorithm']['rounds']} rounds of 3 exchanges (+3 setup); load "
             f"average {d['load_average_start'][0]:.1f} -> {d['load_average_end'][0]:.1f}.\n\n" + "\n".join(rows)
