@@ -333,3 +333,86 @@ def test_bad_schema_file_is_one_sentence(tmp_path, monkeypatch, capsys):
     )
     assert code == 2 and "is invalid" in err and "ID or label column" in err and "Traceback" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_federated_standardisation_from_the_organisations_sums(tmp_path, schema_file, monkeypatch, capsys):
+    """Two shops hold the same block with different customers, the bank another block: ``federation
+    stats`` combines their ``stats.json`` (sums, sums of squares, counts; no rows) into the pooled
+    means and stds, and preparing again with that schema standardises each shop's block with them."""
+    shop2 = "ID,visits,spend\n" + "".join(f"d{i},{3 * i},{7.0 - i}\n" for i in range(5))
+    tables = {"bank": BANK, "shop": SHOP, "shop2": shop2}
+    stats = []
+    for i, (org, text) in enumerate(tables.items()):
+        t = tmp_path / f"{org}.csv"
+        t.write_text(text)
+        d = tmp_path / "clients" / org
+        code, _, err = run_cli(
+            monkeypatch,
+            capsys,
+            "client",
+            "prepare",
+            "--table",
+            str(t),
+            "--schema",
+            str(schema_file),
+            "--out",
+            str(d),
+            "--index",
+            str(i),
+        )
+        assert code == 0, err
+        stats.append(str(d / "stats.json"))
+    std_schema = tmp_path / "federation-std.toml"
+    code, _, err = run_cli(
+        monkeypatch,
+        capsys,
+        "federation",
+        "stats",
+        "--schema",
+        str(schema_file),
+        "--stats",
+        stats[0],
+        "--stats",
+        stats[1],
+        "--stats",
+        stats[2],
+        "--out",
+        str(std_schema),
+    )
+    assert code == 0, err
+    pooled = np.array([[2.5 * i, i] for i in range(2, 10)] + [[7.0 - i, 3 * i] for i in range(5)])
+    schema = load_schema(std_schema)
+    np.testing.assert_allclose(schema.means["shop"], pooled.mean(axis=0))
+    np.testing.assert_allclose(schema.stds["shop"], pooled.std(axis=0))
+    assert set(schema.means) == {"bank", "shop"}  # nobody holds demo: no statistics for it
+    parts = []
+    for org in ("shop", "shop2"):
+        d = tmp_path / "std" / org
+        code, _, err = run_cli(
+            monkeypatch,
+            capsys,
+            "client",
+            "prepare",
+            "--table",
+            str(tmp_path / f"{org}.csv"),
+            "--schema",
+            str(std_schema),
+            "--out",
+            str(d),
+        )
+        assert code == 0, err
+        parts.append(load_client_dir(d).data.blocks["shop"])
+    z = np.concatenate(parts).astype(np.float64)
+    np.testing.assert_allclose(z.mean(axis=0), 0, atol=1e-6)
+    np.testing.assert_allclose(z.std(axis=0), 1, atol=1e-5)
+    # bad statistics: one sentence, exit 2, nothing written; an existing --out is refused
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"blocks": {"colour": {"count": 3, "sum": [1], "sumsq": [1]}}}))
+    for args, needle in (
+        (["--stats", str(bad), "--out", str(tmp_path / "x.toml")], "block 'colour', which is not in the schema"),
+        (["--stats", stats[0], "--out", str(std_schema)], "exists"),
+    ):
+        code, _, err = run_cli(monkeypatch, capsys, "federation", "stats", "--schema", str(schema_file), *args)
+        lines = [ln for ln in err.splitlines() if ln.strip()]
+        assert code == 2 and len(lines) == 1 and needle in lines[0], err
+    assert not (tmp_path / "x.toml").exists()

@@ -5,7 +5,10 @@
   algorithm) from a run config's ``dataset:`` section of kind ``table``; no data is read;
 - ``hybridfl client prepare --table customers.csv --schema federation.toml --out client-dir/``:
   one organisation's own table -> a client directory in the layout ``hybridfl export-clients``
-  writes (checked against the schema; nothing is written on an error).
+  writes (checked against the schema; nothing is written on an error);
+- ``hybridfl federation stats --schema federation.toml --stats a/stats.json b/stats.json --out
+  federation-std.toml``: global means and stds per block from the organisations' sums, sums of
+  squares and counts (federated standardisation; no rows are pooled).
 """
 
 from __future__ import annotations
@@ -42,6 +45,36 @@ def federation_init_cmd(
     console.print(
         f"federation schema written to {out}: {len(schema.blocks)} blocks ({', '.join(schema.blocks)}), "
         f"{len(schema.classes)} classes, algorithm {schema.algorithm.get('name')}",
+        markup=False,
+        highlight=False,
+    )
+
+
+@federation_app.command("stats")
+def federation_stats_cmd(
+    schema: Path = typer.Option(..., "--schema", "-s", help="Federation schema (hybridfl federation init)."),
+    stats: list[Path] = typer.Option(..., "--stats", help="Each organisation's stats.json (from client prepare)."),
+    out: Path = typer.Option(..., "--out", "-o", help="New schema file with the global means and stds (TOML)."),
+) -> None:
+    """Combine the organisations' per-block sums and counts into global means and stds (no rows pooled)."""
+    import json
+
+    from hybridfl.data.federation import combine_stats, load_schema, write_schema
+    from hybridfl.errors import ConfigError
+
+    if out.exists():
+        raise ConfigError(f"{str(out)!r} exists: choose a new file for the schema with statistics.")
+    contents = []
+    for p in stats:
+        try:
+            contents.append((str(p), json.loads(p.read_text(encoding="utf-8"))))
+        except (OSError, ValueError):
+            raise ConfigError(f"{str(p)!r} is not a readable stats.json.") from None
+    combined = combine_stats(load_schema(schema), contents)
+    write_schema(combined, out)
+    console.print(
+        f"{out}: global means and stds of blocks {', '.join(combined.means)} from {len(stats)} organisations; "
+        "give it to every organisation to prepare again (client prepare applies them)",
         markup=False,
         highlight=False,
     )

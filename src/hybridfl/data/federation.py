@@ -37,9 +37,11 @@ import hashlib
 import math
 import re
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hybridfl.config import read_config_file
@@ -343,3 +345,52 @@ def schema_digest(path: str | Path) -> str:
     """SHA-256 (hex) of a schema file's bytes: recorded in each client directory, so a later step can
     check that every organisation prepared its data against the same schema."""
     return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
+
+
+def combine_stats(schema: FederationSchema, stats: Sequence[tuple[str, Mapping[str, Any]]]) -> FederationSchema:
+    """The schema with global ``means`` and ``stds`` per block from the organisations' ``stats.json``
+    (``{"blocks": {block: {"count", "sum", "sumsq"}}}``, :func:`hybridfl.data.prepare.block_stats`):
+    ``mean = sum_k sum_k / sum_k n_k`` and ``std = sqrt(sum_k sumsq_k / sum_k n_k - mean^2)`` (a
+    feature with std 0 gets 1), per feature, over the organisations holding the block. Only these
+    aggregates are combined, never rows; a block nobody holds gets no statistics.
+
+    Args:
+        stats: ``(where, content)`` per organisation (``where`` names it in errors).
+
+    Raises:
+        ConfigError: no statistics, a block not in the schema, a count that is not a positive
+            integer, sums of another length than the block's features, or a non-finite value.
+    """
+    if not stats:
+        raise ConfigError("no statistics to combine (give every organisation's stats.json).")
+    total: dict[str, list] = {}
+    for where, content in stats:
+        blocks = content.get("blocks") if isinstance(content, Mapping) else None
+        if not isinstance(blocks, Mapping):
+            raise ConfigError(f"{where} holds no 'blocks' statistics.")
+        for b, s in blocks.items():
+            if b not in schema.blocks:
+                raise ConfigError(f"{where} has statistics for block {b!r}, which is not in the schema.")
+            n = s.get("count") if isinstance(s, Mapping) else None
+            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+                raise ConfigError(f"{where}: the count of block {b!r} is not a positive integer.")
+            sums = []
+            for key in ("sum", "sumsq"):
+                v = s.get(key)
+                if not isinstance(v, list) or len(v) != schema.width(b):
+                    raise ConfigError(f"{where}: {key!r} of block {b!r} does not hold {schema.width(b)} values.")
+                a = np.asarray(v, dtype=np.float64)
+                if not np.isfinite(a).all():
+                    raise ConfigError(f"{where}: {key!r} of block {b!r} holds a value that is not finite.")
+                sums.append(a)
+            acc = total.setdefault(b, [0, np.zeros(schema.width(b)), np.zeros(schema.width(b))])
+            acc[0] += n
+            acc[1] += sums[0]
+            acc[2] += sums[1]
+    means, stds = {}, {}
+    for b, (n, s, sq) in total.items():
+        mean = s / n
+        std = np.sqrt(np.maximum(sq / n - mean * mean, 0.0))
+        means[b] = mean.tolist()
+        stds[b] = np.where(std > 0, std, 1.0).tolist()
+    return schema.model_copy(update={"means": means, "stds": stds})
