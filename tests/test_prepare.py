@@ -416,3 +416,77 @@ def test_federated_standardisation_from_the_organisations_sums(tmp_path, schema_
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert code == 2 and len(lines) == 1 and needle in lines[0], err
     assert not (tmp_path / "x.toml").exists()
+
+
+def test_prepared_clients_assemble_into_a_federation_that_trains(tmp_path, schema_file, monkeypatch, capsys):
+    """Two organisations with their own labelled tables (horizontal: the same block, different
+    customers) prepare their directories; ``federation assemble`` writes the server directory from
+    the schema and their public client.json; the deployment's client steps (what the Flower
+    ClientApp runs) train hybrid FedAvg on them for the schema's rounds. A client.json prepared
+    against another schema, and repeated indices, are refused in one sentence."""
+    from tests.test_flower import StepTransport, run_steps
+
+    bank2 = "ID,balance,loans,default\n" + "".join(
+        f"k{i},{50.0 * i},{i % 2},{'no' if i % 3 else 'yes'}\n" for i in range(9)
+    )
+    dirs = []
+    for i, (org, text) in enumerate((("bank", BANK), ("bank2", bank2))):
+        t = tmp_path / f"{org}.csv"
+        t.write_text(text)
+        d = tmp_path / "clients" / org
+        code, _, err = run_cli(
+            monkeypatch,
+            capsys,
+            "client",
+            "prepare",
+            "--table",
+            str(t),
+            "--schema",
+            str(schema_file),
+            "--out",
+            str(d),
+            "--index",
+            str(i),
+        )
+        assert code == 0, err
+        dirs.append(d)
+    server = tmp_path / "server"
+    args = ["federation", "assemble", "--schema", str(schema_file)]
+    code, _, err = run_cli(
+        monkeypatch,
+        capsys,
+        *args,
+        "--client",
+        str(dirs[0] / "client.json"),
+        "--client",
+        str(dirs[1] / "client.json"),
+        "--out",
+        str(server),
+    )
+    assert code == 0, err
+    srv, hist, _ = run_steps(StepTransport(dirs), server)
+    assert len(hist) == 4  # the schema's rounds
+    assert np.isfinite(srv.w).all() and np.abs(srv.w).sum() > 0  # it trained on the prepared data
+    assert (server.stat().st_mode & 0o777) == 0o700
+    # refused: the same index twice; a client.json of another schema
+    other = tmp_path / "other.toml"
+    other.write_text(schema_file.read_text().replace("seed = 7", "seed = 8"))
+    for extra, needle in (
+        (["--client", str(dirs[0] / "client.json"), "--client", str(dirs[0] / "client.json")], "same client name"),
+    ):
+        code, _, err = run_cli(monkeypatch, capsys, *args, *extra, "--out", str(tmp_path / "s2"))
+        assert code == 2 and needle in err and len([ln for ln in err.splitlines() if ln.strip()]) == 1, err
+    code, _, err = run_cli(
+        monkeypatch,
+        capsys,
+        "federation",
+        "assemble",
+        "--schema",
+        str(other),
+        "--client",
+        str(dirs[0] / "client.json"),
+        "--out",
+        str(tmp_path / "s3"),
+    )
+    assert code == 2 and "another federation schema" in err, err
+    assert not (tmp_path / "s2").exists() and not (tmp_path / "s3").exists()

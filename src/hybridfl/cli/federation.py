@@ -8,7 +8,9 @@
   writes (checked against the schema; nothing is written on an error);
 - ``hybridfl federation stats --schema federation.toml --stats a/stats.json b/stats.json --out
   federation-std.toml``: global means and stds per block from the organisations' sums, sums of
-  squares and counts (federated standardisation; no rows are pooled).
+  squares and counts (federated standardisation; no rows are pooled);
+- ``hybridfl federation assemble --schema federation.toml --client a/client.json ... --out server/``:
+  the server directory of the prepared clients, from their public ``client.json`` only.
 """
 
 from __future__ import annotations
@@ -78,6 +80,30 @@ def federation_stats_cmd(
         markup=False,
         highlight=False,
     )
+
+
+@federation_app.command("assemble")
+def federation_assemble_cmd(
+    schema: Path = typer.Option(..., "--schema", "-s", help="The federation schema the clients prepared against."),
+    client_json: list[Path] = typer.Option(
+        ..., "--client", help="Each organisation's client.json (public: name, index, blocks, labels yes/no)."
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="The server directory to create."),
+) -> None:
+    """Write the server directory of a federation of prepared clients (schema + their public client.json)."""
+    import json
+
+    from hybridfl.data.federation import assemble_server
+    from hybridfl.errors import ConfigError
+
+    infos = []
+    for p in client_json:
+        try:
+            infos.append((str(p), json.loads(p.read_text(encoding="utf-8"))))
+        except (OSError, ValueError):
+            raise ConfigError(f"{str(p)!r} is not a readable client.json.") from None
+    path = assemble_server(schema, infos, out)
+    console.print(f"server directory written to {path} ({len(infos)} clients)", markup=False, highlight=False)
 
 
 @client_app.command("prepare")

@@ -394,3 +394,69 @@ def combine_stats(schema: FederationSchema, stats: Sequence[tuple[str, Mapping[s
         means[b] = mean.tolist()
         stds[b] = np.where(std > 0, std, 1.0).tolist()
     return schema.model_copy(update={"means": means, "stds": stds})
+
+
+def assemble_server(
+    schema_path: str | Path, client_infos: Sequence[tuple[str, Mapping[str, Any]]], out_dir: str | Path
+) -> Path:
+    """Write the ``server/`` directory of a federation of prepared clients (the layout
+    :func:`hybridfl.data.export.load_server_dir` reads) from the schema and each organisation's
+    public ``client.json`` (its name, index, blocks and whether it holds labels; never data). The
+    server gets no test set: evaluation needs an algorithm whose clients hold one, or none.
+
+    Args:
+        client_infos: ``(where, client.json content)`` per organisation.
+
+    Raises:
+        ConfigError: no clients, a client prepared against another schema, a repeated name or
+            index, indices that are not ``0..K-1``, a block not in the schema, or an ``out_dir``
+            that exists.
+    """
+    import json
+
+    from hybridfl.data.export import DIR_MODE, FILE_MODE, FORMAT_VERSION
+
+    schema = load_schema(schema_path)
+    digest = schema_digest(schema_path)
+    out = Path(out_dir).expanduser()
+    if out.exists():
+        raise ConfigError(f"{str(out)!r} exists: assemble the server directory into a new path.")
+    if not client_infos:
+        raise ConfigError("no clients to assemble (give every organisation's client.json).")
+    rows = []
+    for where, info in client_infos:
+        try:
+            cid, index = str(info["client_id"]), int(info["index"])
+            blocks, labels = [str(b) for b in info["blocks"]], bool(info["has_labels"])
+        except (KeyError, TypeError, ValueError):
+            raise ConfigError(f"{where} is not a client.json of a prepared client.") from None
+        if info.get("schema_sha256") not in (None, digest):
+            raise ConfigError(f"{where} was prepared against another federation schema than {str(schema_path)!r}.")
+        unknown = [b for b in blocks if b not in schema.blocks]
+        if unknown:
+            raise ConfigError(f"{where} holds block {unknown[0]!r}, which is not in the schema.")
+        rows.append((index, cid, blocks, labels))
+    rows.sort()
+    names = [r[1] for r in rows]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"two organisations prepared the same client name {names[0]!r}.")
+    if [r[0] for r in rows] != list(range(len(rows))):
+        raise ConfigError(
+            f"the clients' --index values are {[r[0] for r in rows]}, not 0..{len(rows) - 1} (one per organisation)."
+        )
+    meta = {
+        "format": FORMAT_VERSION,
+        "dataset": "federation",
+        "classes": list(schema.classes),
+        "block_shapes": {b: list(s) for b, s in schema.block_shapes.items()},
+        "client_ids": names,
+        "seed": int(schema.seed),
+        "has_test": False,
+        "client_blocks": {r[1]: r[2] for r in rows},
+        "client_labels": {r[1]: r[3] for r in rows},
+        "run_config": {"seed": int(schema.seed), "algorithm": dict(schema.algorithm)},
+        "schema_sha256": digest,
+    }
+    out.mkdir(mode=DIR_MODE, parents=True)
+    atomic_write(out / "server.json", json.dumps(meta, indent=1), mode=FILE_MODE)
+    return out
