@@ -57,6 +57,21 @@ def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def prepare_tables(tmp_path, schema, monkeypatch, capsys, tables: dict[str, str], *extra: str) -> list[Path]:
+    """``client prepare`` of each organisation's table (written to ``<org>.csv``) into
+    ``clients/<org>`` with ``--index`` its position; returns the client directories."""
+    dirs = []
+    for i, (org, text) in enumerate(tables.items()):
+        t = tmp_path / f"{org}.csv"
+        t.write_text(text)
+        d = tmp_path / "clients" / org
+        args = ["client", "prepare", "--table", str(t), *extra, "--schema", str(schema), "--out", str(d)]
+        code, _, err = run_cli(monkeypatch, capsys, *args, "--index", str(i))
+        assert code == 0, err
+        dirs.append(d)
+    return dirs
+
+
 @pytest.fixture
 def schema_file(tmp_path, monkeypatch, capsys) -> Path:
     cfg = tmp_path / "run.yaml"
@@ -122,29 +137,7 @@ def test_federation_init_names_the_missing_field(tmp_path, monkeypatch, capsys, 
 
 def test_three_organisations_prepare_their_own_client_directories(tmp_path, schema_file, monkeypatch, capsys):
     tables = {"bank": BANK, "census": CENSUS, "shop": SHOP}
-    dirs = {}
-    for i, (org, text) in enumerate(tables.items()):
-        t = tmp_path / f"{org}.csv"
-        t.write_text(text)
-        d = tmp_path / "clients" / org
-        code, out, err = run_cli(
-            monkeypatch,
-            capsys,
-            "client",
-            "prepare",
-            "--table",
-            str(t),
-            "--id-column",
-            "ID",
-            "--schema",
-            str(schema_file),
-            "--out",
-            str(d),
-            "--index",
-            str(i),
-        )
-        assert code == 0, err
-        dirs[org] = d
+    dirs = dict(zip(tables, prepare_tables(tmp_path, schema_file, monkeypatch, capsys, tables, "--id-column", "ID")))
 
     bank = load_client_dir(dirs["bank"])
     assert bank.client_id == "bank" and bank.index == 0 and bank.has_labels
@@ -341,27 +334,7 @@ def test_federated_standardisation_from_the_organisations_sums(tmp_path, schema_
     means and stds, and preparing again with that schema standardises each shop's block with them."""
     shop2 = "ID,visits,spend\n" + "".join(f"d{i},{3 * i},{7.0 - i}\n" for i in range(5))
     tables = {"bank": BANK, "shop": SHOP, "shop2": shop2}
-    stats = []
-    for i, (org, text) in enumerate(tables.items()):
-        t = tmp_path / f"{org}.csv"
-        t.write_text(text)
-        d = tmp_path / "clients" / org
-        code, _, err = run_cli(
-            monkeypatch,
-            capsys,
-            "client",
-            "prepare",
-            "--table",
-            str(t),
-            "--schema",
-            str(schema_file),
-            "--out",
-            str(d),
-            "--index",
-            str(i),
-        )
-        assert code == 0, err
-        stats.append(str(d / "stats.json"))
+    stats = [str(d / "stats.json") for d in prepare_tables(tmp_path, schema_file, monkeypatch, capsys, tables)]
     std_schema = tmp_path / "federation-std.toml"
     code, _, err = run_cli(
         monkeypatch,
@@ -429,27 +402,7 @@ def test_prepared_clients_assemble_into_a_federation_that_trains(tmp_path, schem
     bank2 = "ID,balance,loans,default\n" + "".join(
         f"k{i},{50.0 * i},{i % 2},{'no' if i % 3 else 'yes'}\n" for i in range(9)
     )
-    dirs = []
-    for i, (org, text) in enumerate((("bank", BANK), ("bank2", bank2))):
-        t = tmp_path / f"{org}.csv"
-        t.write_text(text)
-        d = tmp_path / "clients" / org
-        code, _, err = run_cli(
-            monkeypatch,
-            capsys,
-            "client",
-            "prepare",
-            "--table",
-            str(t),
-            "--schema",
-            str(schema_file),
-            "--out",
-            str(d),
-            "--index",
-            str(i),
-        )
-        assert code == 0, err
-        dirs.append(d)
+    dirs = prepare_tables(tmp_path, schema_file, monkeypatch, capsys, {"bank": BANK, "bank2": bank2})
     server = tmp_path / "server"
     args = ["federation", "assemble", "--schema", str(schema_file)]
     code, _, err = run_cli(
