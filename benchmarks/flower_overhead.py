@@ -157,6 +157,12 @@ def ping_part(nodes: list[int], pings: int, settings: list[str]) -> dict:
     return res
 
 
+def _digits_config(algo: dict):
+    """The run config of the HyFEM and HyFDCA parts: digits, 3 clients with 5-7 classes and 2 blocks each."""
+    partition = {"kind": "class_block", "num_clients": 3, "classes_per_client": [5, 7], "blocks_per_client": 2}
+    return parse_config({"seed": 0, "dataset": {"name": "digits"}, "partition": partition, "algorithm": algo})
+
+
 def _hyfem_setup(rounds: int, local_steps: int):
     algo = {
         "name": "hyfem",
@@ -167,19 +173,7 @@ def _hyfem_setup(rounds: int, local_steps: int):
         "momentum": 0.9,
         "baselines": False,
     }
-    cfg = parse_config(
-        {
-            "seed": 0,
-            "dataset": {"name": "digits"},
-            "partition": {
-                "kind": "class_block",
-                "num_clients": 3,
-                "classes_per_client": [5, 7],
-                "blocks_per_client": 2,
-            },
-            "algorithm": algo,
-        }
-    )
+    cfg = _digits_config(algo)
     return algo, cfg, prepare(cfg)
 
 
@@ -237,19 +231,7 @@ def hyfdca_part(settings: list[str], rounds: int = 5) -> dict:
         "reference": False,
         "local_fraction": 0.5,
     }
-    cfg = parse_config(
-        {
-            "seed": 0,
-            "dataset": {"name": "digits"},
-            "partition": {
-                "kind": "class_block",
-                "num_clients": 3,
-                "classes_per_client": [5, 7],
-                "blocks_per_client": 2,
-            },
-            "algorithm": algo,
-        }
-    )
+    cfg = _digits_config(algo)
     prep = prepare(cfg)
     res: dict = {"algorithm": algo, "clients": 3, "machine": machine(), "load_average_start": os.getloadavg()}
     with single_threaded():
