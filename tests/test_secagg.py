@@ -19,7 +19,7 @@ from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import DataError, EncryptionPolicyError, ProtocolError
 from hybridfl.privacy.he import KeyDealer
 from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed
-from hybridfl.runtime.messages import decode
+from hybridfl.runtime.messages import Message, decode
 from hybridfl.runtime.simulation import build_federation
 
 POS = [0, 1, 2, 3, 4]
@@ -241,14 +241,15 @@ def hyfem_small(digits_split):
     return split, part
 
 
-def _hyfem_fed(split, part, recorder=None, **kw):
-    """A HyFEM federation on ``hyfem_small`` after 3 rounds (3 local steps, tiny model) and its round rows."""
+def _hyfem_fed(split, part, recorder=None, rounds_to_run=3, **kw):
+    """A HyFEM federation on ``hyfem_small`` (3 local steps, tiny model) after ``rounds_to_run``
+    rounds, and its round rows."""
     from hybridfl.algorithms.hyfem import HyFEMConfig
 
     cfg = HyFEMConfig(rounds=3, local_steps=3, hidden=8, extractor_dim=4, baselines=False, **kw)
     fed = build_federation("hyfem", split, part, cfg, recorder=recorder)
     fed.setup()
-    return fed, [fed.server.run_round(rnd, fed.transport) for rnd in range(1, 4)]
+    return fed, [fed.server.run_round(rnd, fed.transport) for rnd in range(1, rounds_to_run + 1)]
 
 
 @pytest.mark.parametrize("failure_rate", [0.0, 0.3])
@@ -298,3 +299,80 @@ def test_hyfem_samples_clients_per_round(hyfem_small):
     assert asked[False] == asked[True]
     for k, v in models[False].items():
         assert torch.allclose(v, models[True][k], atol=1e-5, rtol=1e-5), k
+
+
+def test_hyfem_hostile_masked_and_unmask_replies(hyfem_small, caplog):
+    """The server does not trust HyFEM's secure-aggregation replies: an ``ext_masked`` of another
+    dtype (float with NaN), of another shape, or missing is a missing reply (logged, the others'
+    masks with that client unmasked); a correction sent twice, from a client not asked, or of
+    another kind is ignored. Each run equals the one in which that client crashed at that point."""
+    import logging
+
+    import torch
+
+    split, part = hyfem_small
+
+    def run(corrupt):
+        fed, _ = _hyfem_fed(split, part, rounds_to_run=0, secure_aggregation=True)
+        inner = fed.transport.send_and_receive
+
+        def hostile(msgs):
+            msgs = list(msgs)
+            return corrupt(msgs, inner(msgs)) if msgs and msgs[0].round == 2 else inner(msgs)
+
+        fed.transport.send_and_receive = hostile
+        rows = [fed.server.run_round(rnd, fed.transport) for rnd in range(1, 4)]
+        return fed, rows
+
+    victim = part.clients[1].client_id
+
+    def replace(key, value):
+        def corrupt(msgs, replies):
+            out = []
+            for r in replies:
+                if r.kind == "hyfem.fit" and r.sender == victim:
+                    p = dict(r.payload)
+                    if value is None:
+                        del p[key]
+                    else:
+                        p[key] = value(p[key])
+                    r = Message(r.kind, r.sender, r.receiver, r.round, p)
+                out.append(r)
+            return out
+
+        return corrupt
+
+    def crash(msgs, replies):
+        return [r for r in replies if not (r.kind == "hyfem.fit" and r.sender == victim)]
+
+    ref, ref_rows = run(crash)
+    assert ref_rows[1]["clients_answered"] == 3
+    want = {k: v.detach().clone() for k, v in ref.server.model.state_dict().items()}
+    for corrupt in (
+        replace("ext_masked", lambda v: np.full(v.shape, np.nan)),
+        replace("ext_masked", lambda v: v[:-1].copy()),
+        replace("ext_masked", None),
+    ):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            bad, rows = run(corrupt)
+        assert [r["clients_answered"] for r in rows] == [r["clients_answered"] for r in ref_rows]
+        assert any("ext_masked" in r.getMessage() for r in caplog.records)
+        for k, v in bad.server.model.state_dict().items():
+            assert torch.equal(v, want[k]), k
+
+    def noisy_unmask(msgs, replies):
+        replies = crash(msgs, replies)
+        if msgs[0].kind != "hyfem.unmask":
+            return replies
+        first = next(r for r in replies if r.payload["correction"].any())  # shares a block with the victim
+        junk = [
+            first,  # the same correction twice: subtracting it twice would corrupt the sum
+            Message("hyfem.unmask", "mallory", "server", 2, dict(first.payload)),  # nobody asked mallory
+            Message("hyfem.fit", first.sender, "server", 2, dict(first.payload)),  # another kind
+        ]
+        return replies + junk
+
+    noisy, _ = run(noisy_unmask)
+    for k, v in noisy.server.model.state_dict().items():
+        assert torch.equal(v, want[k]), k

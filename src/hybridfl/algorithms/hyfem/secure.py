@@ -167,20 +167,22 @@ class SecureExtractorsServerMixin:
         dropped = [c for c in asked if c not in got]
         if dropped and got:
             asks = [Message("hyfem.unmask", SERVER, c, rnd, {"tag": rnd, "dropped": dropped}) for c in got]
-            fixes = []
+            fixes: dict[str, Message] = {}
             for f in transport.send_and_receive(asks):
+                if f.kind != "hyfem.unmask" or f.sender not in got or f.sender in fixes:
+                    continue  # not an answer to this request, or a second one: never subtracted twice
                 try:
-                    sm.uint64_array(
-                        f, "correction", sum(self._param_count(b) for b in self.clients[f.sender]["blocks"])
-                    )
-                except (PayloadError, KeyError) as e:
+                    validate.only_keys(f, ("correction",))
+                    n = sum(self._param_count(b) for b in self.clients[f.sender]["blocks"])
+                    sm.uint64_array(f, "correction", n)
+                except PayloadError as e:
                     log.warning("HyFEM round %d: %s", rnd, e)
                     continue
-                fixes.append(f)
-            if {f.sender for f in fixes} != set(got):
+                fixes[f.sender] = f
+            if set(fixes) != set(got):
                 log.warning("HyFEM round %d: secure aggregation could not be unmasked; the extractors stay.", rnd)
                 return
-            for f in fixes:
+            for f in fixes.values():
                 for b, v in self._split(f.sender, f.payload["correction"]).items():
                     totals[b] -= v
         for b in self.block_names:
