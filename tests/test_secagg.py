@@ -376,3 +376,38 @@ def test_hyfem_hostile_masked_and_unmask_replies(hyfem_small, caplog):
     noisy, _ = run(noisy_unmask)
     for k, v in noisy.server.model.state_dict().items():
         assert torch.equal(v, want[k]), k
+
+
+def test_hyfdca_ignores_replies_that_answer_nothing(tiny):
+    """HyFDCA's server takes from each exchange only the first reply of each client it asked, of the
+    kind it sent: a wrong-kind message carrying a ``correction`` ahead of the real one, a second
+    correction, and one from a client nobody asked leave ``w`` as the run without them."""
+    split, part = tiny
+
+    def run(junk):
+        fed = build_federation("hyfdca", split, part, _cfg(failure_rate=0.3))
+        fed.setup()
+        inner = fed.transport.send_and_receive
+
+        def noisy(msgs):
+            msgs = list(msgs)
+            replies = inner(msgs)
+            if junk and msgs and msgs[0].kind == "hyfdca.unmask" and replies:
+                r = replies[0]
+                forged = {**r.payload, "correction": r.payload["correction"] + np.uint64(12345)}
+                replies = [
+                    Message("hyfdca.primal", r.sender, "server", r.round, forged),  # another kind, first
+                    *replies,
+                    Message(r.kind, r.sender, "server", r.round, forged),  # a second answer
+                    Message(r.kind, "mallory", "server", r.round, forged),  # nobody asked
+                ]
+            return replies
+
+        fed.transport.send_and_receive = noisy
+        for rnd in range(1, 5):
+            fed.server.run_round(rnd, fed.transport)
+        return fed
+
+    clean, noisy = run(False), run(True)
+    assert any(e.kind == "hyfdca.unmask" for e in clean.transport.log.entries)
+    assert np.array_equal(clean.server.w, noisy.server.w)

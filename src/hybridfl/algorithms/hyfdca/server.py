@@ -119,16 +119,17 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
     ) -> list[Message]:
         """Send ``msgs`` and return the good replies that arrived: each checked (its timings and
         ``check``); a bad one is logged and dropped, and its sender's later replies this round are
-        dropped too (:attr:`bad`), as a client that failed there.
+        dropped too (:attr:`bad`), as a client that failed there. A reply from a client not asked,
+        of another kind than its message, or a second one is not an answer and is ignored.
 
         Raises:
             PayloadError: with ``strict`` (setup), the first bad reply.
         """
-        sent = {m.receiver for m in msgs}
+        sent = {m.receiver: m.kind for m in msgs}
         replies = []
         for r in transport.send_and_receive(msgs):
-            if r.sender not in sent or r.sender in self.bad:
-                continue
+            if sent.get(r.sender) != r.kind or r.sender in self.bad:
+                continue  # not asked, already answered, or not an answer to this message
             try:
                 validate.number(r, "client_seconds", low=0.0)
                 validate.number(r, "he_seconds", low=0.0)
@@ -140,7 +141,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 log.warning("HyFDCA: the reply of %r is treated as missing: %s", r.sender, e)
                 self.bad.add(r.sender)
                 continue
-            sent.discard(r.sender)
+            del sent[r.sender]
             replies.append(r)
         if replies:
             stats["client_max"] += max(float(r.payload.get("client_seconds", 0.0)) for r in replies)
