@@ -411,3 +411,32 @@ def test_hyfdca_ignores_replies_that_answer_nothing(tiny):
     clean, noisy = run(False), run(True)
     assert any(e.kind == "hyfdca.unmask" for e in clean.transport.log.entries)
     assert np.array_equal(clean.server.w, noisy.server.w)
+
+
+def test_a_bad_peer_table_is_refused_in_one_sentence(hyfem_small):
+    """``hyfem.keys`` (the same checks serve HyFDCA's ``hyfdca.init``): a key of another length, the
+    client's own key as a peer's, blocks that are not JSON lists, lists of other lengths and an
+    extra key are refused naming the field; the client keeps its earlier peers."""
+    from hybridfl.runtime.messages import SERVER, encode
+    from hybridfl.runtime.validate import PayloadError
+
+    split, part = hyfem_small
+    fed, _ = _hyfem_fed(split, part, rounds_to_run=0, secure_aggregation=True)
+    cid = fed.transport.client_ids[0]
+    client = fed.clients[cid]
+    before = dict(client.secagg.peers)
+    peer = fed.transport.client_ids[1]
+    good = {"secagg_peers": [peer], "secagg_keys": [fed.server.sa_publics[peer]], "secagg_blocks": ['["a"]']}
+    for change, field in (
+        ({"secagg_keys": [b"\x01" * 31]}, "secagg_keys"),
+        ({"secagg_keys": [fed.server.sa_publics[cid]]}, "secagg_keys"),
+        ({"secagg_blocks": ["not json"]}, "secagg_blocks"),
+        ({"secagg_blocks": []}, "secagg_blocks"),
+        ({"secagg_peers": [peer, peer]}, "secagg_peers"),
+        ({"extra": 1}, "extra"),
+    ):
+        msg = decode(encode(Message("hyfem.keys", SERVER, cid, 0, {**good, **change})))
+        with pytest.raises(PayloadError) as e:
+            client.handle(msg)
+        assert e.value.field == field and "\n" not in str(e.value), (change, str(e.value))
+        assert client.secagg.peers == before
