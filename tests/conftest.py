@@ -71,6 +71,19 @@ def digits_split():
     return load_digits()
 
 
+@pytest.fixture(scope="module")
+def tiny(digits_split):
+    """80 training / 40 test digits on a 2 x 2 grid (four clients, two holders per sample): the
+    small HyFDCA federation of the adversary and security tests."""
+    import numpy as np
+
+    from hybridfl.data.dataset import DatasetSplit
+    from hybridfl.data.partitioners import GridPartitioner
+
+    split = DatasetSplit(digits_split.train.take(np.arange(80)), digits_split.test.take(np.arange(40)))
+    return split, GridPartitioner(2, 2, 1, 0).partition(split.train)
+
+
 # CI runs the property tests derandomized (the same examples every run, so a red CI is
 # reproducible); local runs explore new random examples each time.
 _hsettings.register_profile("ci", derandomize=True, print_blob=True)

@@ -18,8 +18,6 @@ import numpy as np
 import pytest
 
 from hybridfl.algorithms.hyfdca import HyFDCAConfig
-from hybridfl.data.dataset import DatasetSplit
-from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import KeyDealer
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
@@ -27,13 +25,6 @@ from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
 
 POS = [0, 1, 2, 3, 4]
-
-
-@pytest.fixture(scope="module")
-def tiny(digits_split):
-    """80 training / 40 test digits on a 2 x 2 grid (four clients, two holders per sample)."""
-    split = DatasetSplit(digits_split.train.take(np.arange(80)), digits_split.test.take(np.arange(40)))
-    return split, GridPartitioner(2, 2, 1, 0).partition(split.train)
 
 
 @pytest.fixture(scope="module")

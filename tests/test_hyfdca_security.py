@@ -10,9 +10,7 @@ import pytest
 
 from hybridfl.algorithms.hyfdca import HyFDCAConfig
 from hybridfl.algorithms.hyfdca.spec import SECRET, build_client, hello_payload
-from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import export_clients
-from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import EncryptionPolicyError
 from hybridfl.privacy.he import (
     MIN_CKKS_DEGREE,
@@ -30,13 +28,6 @@ from hybridfl.runtime.messages import SERVER, Message, decode, encode
 from hybridfl.runtime.simulation import build_federation, client_data
 
 POS = [0, 1, 2, 3, 4]
-
-
-@pytest.fixture(scope="module")
-def tiny(digits_split):
-    """80 training / 40 test digits on a 2 x 2 grid (four clients)."""
-    split = DatasetSplit(digits_split.train.take(np.arange(80)), digits_split.test.take(np.arange(40)))
-    return split, GridPartitioner(2, 2, 1, 0).partition(split.train)
 
 
 @pytest.fixture(scope="module")

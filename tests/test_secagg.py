@@ -106,7 +106,7 @@ def test_client_refuses_tag_reuse_unknown_peers_and_foreign_unmasking():
 
 
 @pytest.fixture(scope="module")
-def tiny(digits_split):
+def grid_2x3(digits_split):
     split = DatasetSplit(digits_split.train.take(np.arange(120)), digits_split.test.take(np.arange(40)))
     return split, GridPartitioner(2, 3, 1, 0).partition(split.train)
 
@@ -125,11 +125,11 @@ def _cfg(**kw) -> HyFDCAConfig:
         {"dual_mode": "segment", "batch_size": 16, "failure_rate": 0.2},
     ],
 )
-def test_hyfdca_w_equals_the_plaintext_shares_w(tiny, extra):
+def test_hyfdca_w_equals_the_plaintext_shares_w(grid_2x3, extra):
     """Same seed, same failures: ``w`` with secure aggregation equals ``w`` from plaintext shares
     to the fixed point's resolution (2^-33 per share), after every round; with failures the
     unmasking exchange ran."""
-    split, part = tiny
+    split, part = grid_2x3
     runs = {}
     for secure in (False, True):
         fed = build_federation("hyfdca", split, part, _cfg(secure_aggregation=secure, **extra))
@@ -146,12 +146,12 @@ def test_hyfdca_w_equals_the_plaintext_shares_w(tiny, extra):
     assert ("hyfdca.unmask" in kinds) == bool(runs[True][1].transport.failures)
 
 
-def test_server_view_is_masked_and_a_plaintext_share_is_a_raw_row(tiny):
+def test_server_view_is_masked_and_a_plaintext_share_is_a_raw_row(grid_2x3):
     """The adversary: the server reads every ``hyfdca.primal`` reply of round 1 with
     ``local_steps: 1``. Plaintext shares: each is exactly a multiple of one raw row of its client
     (cosine 1). Masked: no reply is near collinear with any raw row (|cosine| < 0.99; with about 21
     features per client, chance alone gives up to about 0.6)."""
-    split, part = tiny
+    split, part = grid_2x3
 
     def replies(secure: bool):
         raw: list[bytes] = []
@@ -179,11 +179,11 @@ def test_server_view_is_masked_and_a_plaintext_share_is_a_raw_row(tiny):
     assert masked and all(best_cosine(c, v) < 0.99 for c, v in masked)
 
 
-def test_unmasking_that_fails_counts_nothing_and_the_run_recovers(tiny):
+def test_unmasking_that_fails_counts_nothing_and_the_run_recovers(grid_2x3):
     """A survivor that fails during ``hyfdca.unmask``: the exchange is dropped, the clients resend
     their whole change next time (``acked`` false), and the server's sum equals the sum of what
     each client knows was counted."""
-    split, part = tiny
+    split, part = grid_2x3
     fed = build_federation("hyfdca", split, part, _cfg(failure_rate=0.0))
     fed.setup()
     ids = fed.transport.client_ids
@@ -214,10 +214,10 @@ def test_unmasking_that_fails_counts_nothing_and_the_run_recovers(tiny):
     assert np.isfinite(fed.server.w).all() and np.abs(fed.server.w).max() > 0
 
 
-def test_client_with_a_key_refuses_a_run_without_secure_aggregation(tiny):
+def test_client_with_a_key_refuses_a_run_without_secure_aggregation(grid_2x3):
     """A client's privacy policy is its own: holding an HE key pair, it refuses a server config
     that turns secure aggregation off (before sending anything but its hello)."""
-    split, part = tiny
+    split, part = grid_2x3
     secrets = {"he_secret": KeyDealer("paillier", paillier_bits=512).to_bytes()}
     fed = build_federation(
         "hyfdca", split, part, _cfg(encryption="paillier", secure_aggregation=False), secrets=secrets
@@ -378,11 +378,11 @@ def test_hyfem_hostile_masked_and_unmask_replies(hyfem_small, caplog):
         assert torch.equal(v, want[k]), k
 
 
-def test_hyfdca_ignores_replies_that_answer_nothing(tiny):
+def test_hyfdca_ignores_replies_that_answer_nothing(grid_2x3):
     """HyFDCA's server takes from each exchange only the first reply of each client it asked, of the
     kind it sent: a wrong-kind message carrying a ``correction`` ahead of the real one, a second
     correction, and one from a client nobody asked leave ``w`` as the run without them."""
-    split, part = tiny
+    split, part = grid_2x3
 
     def run(junk):
         fed = build_federation("hyfdca", split, part, _cfg(failure_rate=0.3))
