@@ -207,6 +207,29 @@ def test_reserved_neurons_of_absent_clients_survive_and_remap():
     assert (res.index[[2, 3]] == -1).all()
 
 
+@pytest.mark.parametrize("cost", ["pfnm", "euclidean"])
+def test_width_cap_holds_when_absent_clients_fill_it(cost):
+    """Partial participation with ``max_width``: the absent clients' reserved neurons already fill
+    the cap and a new client (no previous assignment) must place all its neurons. It shares
+    reserved ones instead of growing the server past the cap (this raised 'server width exceeds
+    max_width' with fraction_fit < 1, found by benchmarks/scale.py)."""
+    rng = np.random.default_rng(4)
+    prev = _server(4, 6, 2, rng)
+    newcomer = ClientClassifier(
+        rng.normal(size=(3, 3)),
+        rng.normal(size=3),
+        rng.normal(size=(2, 3)),
+        rng.normal(size=2),
+        columns=np.array([0, 1, 2]),
+        weight=1.0,
+    )
+    cfg = MatchingConfig(cost=cost, sweeps=2, max_width=4)
+    res = match_classifiers([newcomer], prev, cfg, rng, reserved=[np.array([0, 1]), np.array([2, 3])])
+    assert res.server.width == 4
+    a = res.assignments[0]
+    assert len(set(a.tolist())) == 3 and a.max() < 4
+
+
 def _agreement(a: ServerClassifier, b: ServerClassifier, x: np.ndarray) -> float:
     """Share of inputs ``x`` on which two classifiers predict the same class."""
 

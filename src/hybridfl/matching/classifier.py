@@ -283,6 +283,12 @@ def match_classifiers(
         alive = np.union1d(cand, kept).size
         room = J if cap is None else max(cap - alive, 0)
         max_new = min(J, room)
+        if cand.size + max_new < J:
+            # the cap is filled by neurons reserved for absent clients (partial participation):
+            # this client may share some of them (their values are then averaged with its own)
+            # rather than open neurons past max_width
+            extra = np.setdiff1d(kept, cand)[: J - cand.size - max_new]
+            cand = np.union1d(cand, extra)
         if cand.size + max_new < J:  # cannot happen when cap >= J, kept as a guard
             max_new = J - cand.size
         if config.cost == "pfnm":
@@ -291,7 +297,7 @@ def match_classifiers(
                 precs[m],
                 pool.natural[cand],
                 pool.prec[cand] + 1.0 / config.sigma0,
-                pool.count[cand],
+                np.maximum(pool.count[cand], 1),  # a shared reserved neuron counts its absent holder
                 M,
                 sigma0=config.sigma0,
                 gamma=config.gamma,
