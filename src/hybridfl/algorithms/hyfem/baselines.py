@@ -24,7 +24,7 @@ import torch
 from hybridfl.algorithms.training import LocalTrainer
 from hybridfl.data.dataset import DatasetSplit, HybridDataset
 from hybridfl.data.partition import Partition
-from hybridfl.models.hybrid import ExtractorFactory, HybridModel, predict
+from hybridfl.models.hybrid import ExtractorFactory, HybridModel, model_device, predict
 
 
 def accuracy(model: HybridModel, test: HybridDataset) -> float:
@@ -109,9 +109,10 @@ def train_centralized_held(
     rows, mask = held_cells(split, partition)
     torch.manual_seed(seed)
     model = make_model(split.train.block_names)
-    x = {b: torch.from_numpy(np.ascontiguousarray(split.train.blocks[b][rows])) for b in model.blocks}
-    y = torch.from_numpy(split.train.y[rows])
-    m = torch.from_numpy(mask.astype(np.float32))
+    dev = model_device(model)
+    x = {b: torch.from_numpy(np.ascontiguousarray(split.train.blocks[b][rows])).to(dev) for b in model.blocks}
+    y = torch.from_numpy(split.train.y[rows]).to(dev)
+    m = torch.from_numpy(mask.astype(np.float32)).to(dev)
     n = int(rows.size)
     bs = max(1, min(int(batch_size), n))
     gen = torch.Generator().manual_seed(int(seed))
@@ -119,7 +120,7 @@ def train_centralized_held(
     loss_fn = torch.nn.CrossEntropyLoss()
     model.train()
     for _ in range(int(steps)):
-        idx = torch.randint(n, (bs,), generator=gen)
+        idx = torch.randint(n, (bs,), generator=gen).to(dev)
         feats = [model.extractors[b](x[b][idx]) * m[idx, j : j + 1] for j, b in enumerate(model.blocks)]
         loss = loss_fn(model.classifier(torch.cat(feats, dim=1)), y[idx])
         opt.zero_grad(set_to_none=True)
@@ -164,12 +165,18 @@ def train_standalone(
 
 
 def make_model_factory(
-    split: DatasetSplit, extractor_dim: int, hidden: int, factory: ExtractorFactory
+    split: DatasetSplit,
+    extractor_dim: int,
+    hidden: int,
+    factory: ExtractorFactory,
+    device: torch.device | str = "cpu",
 ) -> Callable[[list[str]], HybridModel]:
     """``blocks -> HybridModel`` over ``split``'s schema with extractor width ``extractor_dim``,
-    classifier hidden width ``hidden`` and the extractors ``factory`` makes."""
+    classifier hidden width ``hidden`` and the extractors ``factory`` makes, initialised on the CPU
+    (the same weights on any device) and moved to ``device``; the trainers put their data there."""
 
     def make(blocks: list[str]) -> HybridModel:
-        return HybridModel(blocks, split.train.block_shapes, split.train.n_classes, extractor_dim, hidden, factory)
+        model = HybridModel(blocks, split.train.block_shapes, split.train.n_classes, extractor_dim, hidden, factory)
+        return model.to(device)
 
     return make

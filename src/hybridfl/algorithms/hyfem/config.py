@@ -6,7 +6,9 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hybridfl.errors import ConfigError
 from hybridfl.matching.classifier import MatchingConfig
+from hybridfl.models.device import check_device
 
 
 class MatchingSettings(BaseModel):
@@ -49,9 +51,13 @@ class HyFEMConfig(BaseModel):
     ``variant: avg`` (HyFEM-Avg) forces ``mu1 = mu2 = 0``; ``variant: prox`` (HyFEM-Prox) uses the
     given proximal weights ``mu1`` (extractors) and ``mu2`` (classifier) in the local steps.
 
+    ``device`` (``cpu`` default, ``cuda``, ``auto``): where the server's, the clients' and the
+    baselines' models and every tensor made from client data live
+    (:func:`hybridfl.models.device.resolve_device`); messages stay NumPy arrays.
+
     Raises:
-        pydantic.ValidationError: ``variant: avg`` with a proximal weight, or ``matching.max_width``
-            below ``hidden``.
+        pydantic.ValidationError: ``variant: avg`` with a proximal weight, ``matching.max_width``
+            below ``hidden``, or ``device: cuda`` on a machine without a CUDA GPU.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -84,6 +90,14 @@ class HyFEMConfig(BaseModel):
         description="mask the clients' extractors pairwise so the server learns only each block's weighted sum (our addition; the paper averages in the clear): hybridfl.algorithms.hyfem.secure",
     )
     baselines: bool = Field(True, description="also train centralised and stand-alone baselines")
+    batched_clients: bool = Field(
+        False,
+        description="simulation only: the clients of a round train as one batched model (each block's extractors and each classifier shape vmap-ed; hybridfl.algorithms.hyfem.batched); equal to the sequential run up to float rounding",
+    )
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        "cpu",
+        description="where the torch models and the tensors made from client data live: cpu, cuda or auto (hybridfl.models.device)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> HyFEMConfig:
@@ -91,4 +105,8 @@ class HyFEMConfig(BaseModel):
             raise ValueError("variant 'avg' has mu1 = mu2 = 0; use variant 'prox' for proximal terms")
         if self.matching.max_width is not None and self.matching.max_width < self.hidden:
             raise ValueError(f"matching.max_width {self.matching.max_width} is smaller than hidden {self.hidden}")
+        try:
+            check_device(self.device)
+        except ConfigError as e:
+            raise ValueError(str(e).rstrip(".")) from None
         return self

@@ -32,11 +32,13 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
+from hybridfl.algorithms.hyfem.batched import prefit
 from hybridfl.algorithms.hyfem.client import model_payload
 from hybridfl.algorithms.hyfem.config import HyFEMConfig
 from hybridfl.algorithms.hyfem.secure import SecureExtractorsServerMixin
 from hybridfl.errors import ProtocolError, TrainingDiverged, UnknownBlockError
 from hybridfl.matching.classifier import ClientClassifier, ServerClassifier, match_classifiers
+from hybridfl.models.device import resolve_device
 from hybridfl.models.hybrid import ExtractorFactory, HybridModel, block_columns, default_extractor
 from hybridfl.runtime.messages import SERVER, Message, pack_arrays, unpack_arrays
 from hybridfl.runtime.transport import Transport
@@ -66,6 +68,7 @@ class HyFEMServer(SecureExtractorsServerMixin):
         clients: client ID -> ``blocks``, ``n_samples``, ``class_counts (C,)``, ``columns`` (its
             input columns of ``W1``) and ``assignment`` (its hidden neurons' server indices).
         last_stats: the last matching's statistics.
+        device: where :attr:`model` and the models it hands out live (``config.device``).
     """
 
     def __init__(
@@ -82,9 +85,10 @@ class HyFEMServer(SecureExtractorsServerMixin):
         self.n_classes = n_classes
         self.factory = extractor_factory or default_extractor(config.extractor)
         torch.manual_seed(seed)
+        self.device = resolve_device(config.device)
         self.model = HybridModel(
             self.block_names, block_shapes, n_classes, config.extractor_dim, config.hidden, self.factory
-        )
+        ).to(self.device)  # initialised on the CPU: the same weights on any device
         arr = self.model.classifier_arrays()
         self.classifier = ServerClassifier(arr["fc1.weight"], arr["fc1.bias"], arr["fc2.weight"], arr["fc2.bias"])
         self.rng = np.random.default_rng(seed)
@@ -196,7 +200,9 @@ class HyFEMServer(SecureExtractorsServerMixin):
             ``train_loss`` (the sample-weighted mean of the clients' mean mini-batch losses; NaN
             if no reply arrived), ``server_width`` ``H``, ``clients_answered`` and ``clients_sampled``.
 
-        A malformed reply (:meth:`check_fit_reply`) is logged and treated as missing.
+        A malformed reply (:meth:`check_fit_reply`) is logged and treated as missing. With
+        ``batched_clients`` and an in-process transport, the asked clients that share a model shape
+        train as one batched model first (:func:`~hybridfl.algorithms.hyfem.batched.prefit`).
 
         Raises:
             ProtocolError: a reply of another kind, from a client that was not asked, or twice.
@@ -204,6 +210,8 @@ class HyFEMServer(SecureExtractorsServerMixin):
         """
         ids = self.sampled(rnd)
         sent = {cid: self.fit_message(cid, rnd, ids) for cid in ids}
+        if self.config.batched_clients and isinstance(getattr(transport, "clients", None), Mapping):
+            prefit(transport.clients, list(sent.values()))  # in process: train same-shape clients together
         arrived = transport.send_and_receive(list(sent.values()))
         seen: set[str] = set()
         replies = []
@@ -395,7 +403,7 @@ class HyFEMServer(SecureExtractorsServerMixin):
             self.config.extractor_dim,
             self.config.hidden,
             self.factory,
-        )
+        ).to(self.device)
         for b in info["blocks"]:
             m.load_extractor_arrays(b, self.model.extractor_arrays(b))
         m.load_classifier_arrays(self.classifier.client_view(info["assignment"], info["columns"]))
@@ -409,7 +417,7 @@ class HyFEMServer(SecureExtractorsServerMixin):
         cols = block_columns(order, self.block_names, self.config.extractor_dim)
         m = HybridModel(
             order, self.block_shapes, self.n_classes, self.config.extractor_dim, self.classifier.width, self.factory
-        )
+        ).to(self.device)
         for b in order:
             m.load_extractor_arrays(b, self.model.extractor_arrays(b))
         m.load_classifier_arrays(self.classifier.client_view(np.arange(self.classifier.width), cols))

@@ -47,7 +47,8 @@ from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
 from hybridfl.errors import PartitionError
 from hybridfl.matching.classifier import uncovered_share
-from hybridfl.models.hybrid import ExtractorFactory, default_extractor
+from hybridfl.models.device import resolve_device
+from hybridfl.models.hybrid import EVAL_BATCH, ExtractorFactory, default_extractor
 
 _ACC = "client_accuracy["
 
@@ -112,9 +113,6 @@ def build_client(
     )
 
 
-_EVAL_BATCH = 2048  # the batch of ``predict``: the same batches give bit-identical predictions
-
-
 def _test_rows(n: int, k: int | None) -> np.ndarray | None:
     """A fixed random subset of ``k`` of ``n`` test rows in increasing order (``None``: all rows)."""
     if not k or k >= n:
@@ -124,17 +122,22 @@ def _test_rows(n: int, k: int | None) -> np.ndarray | None:
 
 def _block_features(server: HyFEMServer, test: Any) -> dict[str, Any]:
     """Each block's server extractor output on all test samples, ``(N, e)`` tensors, computed once
-    in the batches of ``predict`` (every received model has the server's extractors)."""
+    in the batches of ``predict`` (every received model has the server's extractors), on the
+    server model's device."""
     import torch
 
     model = server.model
+    dev = next(model.parameters()).device
     model.eval()
     out = {}
     with torch.no_grad():
         for b in model.blocks:
             x = test.blocks[b]
             out[b] = torch.cat(
-                [model.extractors[b](torch.from_numpy(x[s : s + _EVAL_BATCH])) for s in range(0, len(x), _EVAL_BATCH)]
+                [
+                    model.extractors[b](torch.from_numpy(x[s : s + EVAL_BATCH]).to(dev))
+                    for s in range(0, len(x), EVAL_BATCH)
+                ]
             )
     model.train()
     return out
@@ -153,7 +156,7 @@ def _classify(classifier: Any, feats: Any) -> np.ndarray:
         fn = classifier
     with torch.no_grad():
         return np.concatenate(
-            [fn(feats[s : s + _EVAL_BATCH]).argmax(dim=1).numpy() for s in range(0, len(feats), _EVAL_BATCH)]
+            [fn(feats[s : s + EVAL_BATCH]).argmax(dim=1).cpu().numpy() for s in range(0, len(feats), EVAL_BATCH)]
         )
 
 
@@ -172,9 +175,9 @@ def _received_accuracies(server: HyFEMServer, feats: dict[str, Any], y: np.ndarr
         key = (blocks, assignment.tobytes(), columns.tobytes())
         if key not in done:
             arrays = server.classifier.client_view(assignment, columns)
-            w = {k: torch.from_numpy(np.ascontiguousarray(v, dtype=np.float32)) for k, v in arrays.items()}
             v = torch.cat([feats[b] for b in blocks], dim=1)
-            pred = _classify(w, v if rows is None else v[torch.from_numpy(rows)])
+            w = {k: torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(v.device) for k, a in arrays.items()}
+            pred = _classify(w, v if rows is None else v[torch.from_numpy(rows).to(v.device)])
             done[key] = float(np.mean(pred == y))
         out[cid] = done[key]
     return out
@@ -184,7 +187,9 @@ def evaluate(ctx: EvalContext) -> dict[str, float]:
     """Test accuracies in ``[0, 1]`` after a round on the server's test set (``{}`` without one):
     ``server_accuracy``, ``client_accuracy_mean`` and ``client_accuracy[<client>]`` of the models
     the clients receive and, when ``ctx.monitor`` (client ID -> :class:`HyFEMClient`) is given,
-    ``client_accuracy_local_mean`` of the clients' models after their ``Q`` local steps.
+    ``client_accuracy_local_mean`` of the clients' models after their ``Q`` local steps, over the
+    clients asked in this round (all of them with ``fraction_fit: 1``; with sampling, the others'
+    models are those of an earlier round).
 
     Every block's server extractor runs once on the test set; each distinct received model is then
     only its classifier on those features (the same predictions as the whole model, batch for
@@ -215,7 +220,8 @@ def evaluate(ctx: EvalContext) -> dict[str, float]:
     row["client_accuracy_mean"] = float(np.mean(list(local.values()))) if local else float("nan")
     if ctx.monitor is not None:
         sub = test if rows is None else test.take(rows)
-        after = {cid: accuracy(c.model, sub) for cid, c in ctx.monitor.items()}
+        trained = set(server.sampled(int(ctx.round))) if hasattr(server, "sampled") else set(ctx.monitor)
+        after = {cid: accuracy(c.model, sub) for cid, c in ctx.monitor.items() if cid in trained}
         row["client_accuracy_local_mean"] = float(np.mean(list(after.values()))) if after else float("nan")
     for cid, v in local.items():
         row[f"{_ACC}{cid}]"] = v
@@ -300,7 +306,9 @@ def baselines(
     ``cfg.baselines`` false only the three headline keys, ``None``."""
     if not cfg.baselines:
         return {"centralized_accuracy": None, "centralized_held_accuracy": None, "standalone_accuracy_mean": None}
-    make = make_model_factory(split, cfg.extractor_dim, cfg.hidden, _factory(cfg, extractor_factory))
+    make = make_model_factory(
+        split, cfg.extractor_dim, cfg.hidden, _factory(cfg, extractor_factory), resolve_device(cfg.device)
+    )
     budget = cfg.rounds * cfg.local_steps
     t0 = time.perf_counter()
     _, cen = train_centralized(split, make, budget, cfg.batch_size, cfg.lr, cfg.momentum, seed)
