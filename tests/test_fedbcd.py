@@ -78,16 +78,17 @@ def params_of(parties, order):
 # ------------------------------------------------------------------ FedSGD == central SGD
 
 
-@pytest.mark.parametrize("model", ["linear", "mlp"])
-def test_fedsgd_equals_central_sgd_on_the_joint_model(model):
+@pytest.mark.parametrize("model,top", [("linear", "party_slice"), ("mlp", "party_slice"), ("mlp", "concat")])
+def test_fedsgd_equals_central_sgd_on_the_joint_model(model, top):
     """The split model's gradients equal those of the same model trained centrally: after every
     FedSGD round the parties' parameters equal those of central mini-batch SGD on the joint model
-    (same initial weights, batches and step sizes eta_0 / sqrt(t + 1), L2 included)."""
+    (same initial weights, batches and step sizes eta_0 / sqrt(t + 1), L2 included), in both
+    layouts of the top layer (the paper's party slices, the wide concatenated top)."""
     split = synthetic()
     part = vertical(split)
     order = [c.client_id for c in part.clients]
     cfg = FedBCDConfig(
-        variant="sgd", rounds=6, batch_size=32, lr=0.3, l2=0.01, model=model, representation_dim=8, hidden=16
+        variant="sgd", rounds=6, batch_size=32, lr=0.3, l2=0.01, model=model, representation_dim=8, hidden=16, top=top
     )
     server, parties, transport = build(split, part, cfg, seed=4)
     label = next(p for p in parties.values() if p.is_label)
@@ -692,3 +693,211 @@ def test_mnist_halves_cnn_towers_small_run(mnist_dir):
     s = run_fedbcd(split, part, cfg, seed=0).summary
     assert s["auc"] > 0.9  # 3 vs 8 from two halves: far above chance after 18 local steps
     assert s["eval_samples"] == 400
+
+
+# ------------------------------------------------------------------ top layout, local gradient, device (issue 16, 17)
+
+
+def training_arrays(raw):
+    """``(kind, key, shape)`` of every array in the round messages (alignment and evaluation excluded)."""
+    out = []
+    for r in raw:
+        m = decode(r)
+        if m.kind in ("fedbcd.forward", "fedbcd.label", "fedbcd.party_step"):
+            out += [(m.kind, k, v.shape) for k, v in m.payload.items() if isinstance(v, np.ndarray) and k != "batch"]
+    return [a for a in out if a[1] not in ("next_batch",)]
+
+
+def test_party_slice_sends_one_value_per_sample_and_is_the_concat_model():
+    """``top: party_slice`` (paper eq. (2), Fig. 1a): every ``H_k`` and ``dL/dH_k`` in a round
+    message is ``(B, 1)``; ``concat`` sends ``(B, representation_dim)``. Under FedSGD both layouts
+    train the same joint model: the towers are equal and each party's slice equals its segment of
+    the concatenated top layer (same initial weights)."""
+    split = synthetic(seed=9)
+    part = vertical(split, k=3, label_party=1)
+    order = [c.client_id for c in part.clients]
+    feds, shapes, per_round = {}, {}, {}
+    for top in ("party_slice", "concat"):
+        raw: list[bytes] = []
+        cfg = FedBCDConfig(
+            variant="sgd", rounds=4, batch_size=25, lr=0.4, model="mlp", representation_dim=8, hidden=6, top=top
+        )
+        res = run_fedbcd(split, part, cfg, seed=3, recorder=raw.append)
+        shapes[top] = {s for _, _, s in training_arrays(raw)}
+        per_round[top] = res.history[-1]["bytes"]
+        server, parties, transport = build(split, part, cfg, seed=3)
+        run_rounds(server, transport, cfg.rounds)
+        feds[top] = parties
+    assert shapes["party_slice"] == {(25, 1)}
+    assert shapes["concat"] == {(25, 8)}
+    assert per_round["concat"] > 3 * per_round["party_slice"]
+    sliced, wide = feds["party_slice"], feds["concat"]
+    fc = wide["party-1"].top.fc
+    for i, cid in enumerate(order):
+        for a, b in zip(sliced[cid].bottom.tower.parameters(), wide[cid].bottom.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(sliced[cid].bottom.weight, fc.weight[:, 8 * i : 8 * (i + 1)], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(sliced["party-1"].top.bias, fc.bias, rtol=1e-5, atol=1e-6)
+
+
+def test_round_messages_are_checked_with_exact_widths():
+    """The label party refuses an ``h.<j>`` of another width than its top model takes; a passive
+    party refuses a ``curv`` that is negative, non-finite or of another shape, and a non-bool
+    ``curvature`` is refused; nothing is changed."""
+    from hybridfl.runtime.messages import SERVER
+    from hybridfl.runtime.validate import PayloadError
+
+    split = synthetic(seed=8)
+    part = vertical(split, k=3, label_party=1)
+    cfg = FedBCDConfig(variant="p", local_steps=2, rounds=1, model="mlp", representation_dim=4, hidden=5)
+    server, parties, transport = build(split, part, cfg, seed=0)
+    run_rounds(server, transport, 1)
+    label, passive = parties["party-1"], parties["party-0"]
+    assert label.in_dims == {"party-0": 1, "party-1": 1, "party-2": 1}
+    B = len(server.batch)
+    good = {f"h.{j}": np.zeros((B, 1), np.float32) for j in ("party-0", "party-2")}
+    before = {k: v.copy() for k, v in label.state_dict().items()}
+    with pytest.raises(PayloadError, match=rf"'h.party-2'.*expected \({B}, 1\)"):
+        label.handle(Message("fedbcd.label", SERVER, "party-1", 2, {**good, "h.party-2": np.zeros((B, 4), np.float32)}))
+    with pytest.raises(PayloadError, match="'curvature'"):
+        label.handle(Message("fedbcd.label", SERVER, "party-1", 2, {**good, "curvature": "yes"}))
+    step = {"grad": np.zeros((B, 1), np.float32), "local_steps": 2, "lr": 0.1, "mu": 0.0, "l2": 0.0}
+    before_p = {k: v.copy() for k, v in passive.state_dict().items()}
+    for curv in (-np.ones((B, 1), np.float32), np.full((B, 1), np.nan, np.float32), np.zeros((B, 4), np.float32)):
+        with pytest.raises(PayloadError, match="'curv'"):
+            passive.handle(Message("fedbcd.party_step", SERVER, "party-0", 2, {**step, "curv": curv}))
+    for p, ref in ((label, before), (passive, before_p)):
+        sd = p.state_dict()
+        assert all(np.array_equal(sd[k], ref[k]) for k in ref if not k.startswith("h."))
+
+
+def test_linear_passive_q_local_steps_are_one_step_of_q_eta():
+    """For the linear model a passive party's gradient ``X_k^T d`` does not depend on its own
+    parameters once ``d = dL/dH_k`` is fixed (paper Alg. 2 with the received gradient), so its
+    ``Q`` local steps of size eta are exactly one step of size ``Q * eta``: after round 1, FedBCD-p
+    with ``Q = 4`` and eta_0 leaves every passive party where FedSGD with ``4 * eta_0`` does (the
+    label party, which recomputes its loss, differs)."""
+    split = synthetic(seed=10)
+    part = vertical(split, k=3, label_party=1)
+    out = {}
+    for v, q, lr in (("p", 4, 0.3), ("sgd", 1, 1.2)):
+        server, parties, transport = build(split, part, FedBCDConfig(variant=v, local_steps=q, rounds=1, lr=lr), seed=1)
+        run_rounds(server, transport, 1)
+        out[v] = {cid: p.bottom.theta.weight.detach().clone() for cid, p in parties.items()}
+    for cid in ("party-0", "party-2"):
+        assert out["p"][cid].abs().sum() > 0
+        torch.testing.assert_close(out["p"][cid], out["sgd"][cid], rtol=1e-6, atol=1e-7)
+    assert not torch.allclose(out["p"]["party-1"], out["sgd"]["party-1"])
+
+
+@pytest.mark.parametrize("variant", ["p", "s"])
+def test_taylor_with_one_local_step_equals_fixed(variant):
+    split = synthetic(seed=11)
+    part = vertical(split, k=3, label_party=2)
+    order = [c.client_id for c in part.clients]
+    traj = {}
+    for lg in ("fixed", "taylor"):
+        cfg = FedBCDConfig(
+            variant=variant,
+            local_steps=1,
+            rounds=4,
+            batch_size=30,
+            lr=0.5,
+            model="mlp",
+            representation_dim=5,
+            hidden=6,
+            local_gradient=lg,
+        )
+        server, parties, transport = build(split, part, cfg, seed=2)
+        server.setup(transport, transport.client_ids)
+        traj[lg] = []
+        for r in range(1, 5):
+            server.run_round(r, transport)
+            traj[lg].append(params_of(parties, order))
+    for a_round, b_round in zip(traj["fixed"], traj["taylor"]):
+        assert all(torch.equal(a, b) for a, b in zip(a_round, b_round))
+
+
+def numpy_taylor_reference(split, part, cfg, batches):
+    """Linear FedBCD-p/-s with ``local_gradient: taylor`` from the rule: a passive party's local
+    step ``q`` uses ``d + c * (X_k (w_k - w_k^0))`` with ``c = sigmoid'(H) / B`` at the exchange."""
+    order = [c.client_id for c in part.clients]
+    lab = next(c.client_id for c in part.clients if c.has_labels)
+    X = {c.client_id: party_input(split.train, list(c.blocks)).astype(np.float64) for c in part.clients}
+    y = split.train.y.astype(np.float64)
+    w = {cid: np.zeros(X[cid].shape[1]) for cid in order}
+    b = 0.0
+    sig = lambda z: 1 / (1 + np.exp(-z))  # noqa: E731
+    Q = cfg.Q
+    for t, S in enumerate(batches[: cfg.rounds]):
+        lr, B = cfg.step_size(t), len(S)
+        z = sum(X[j][S] @ w[j] for j in order) + b
+        for k in [c for c in order if c != lab]:
+            if cfg.variant == "s":
+                z = sum(X[j][S] @ w[j] for j in order) + b
+            d, c = (sig(z) - y[S]) / B, sig(z) * (1 - sig(z)) / B
+            w0 = w[k].copy()
+            for _ in range(Q):
+                w[k] = w[k] - lr * (X[k][S].T @ (d + c * (X[k][S] @ (w[k] - w0))))
+        stale = sum(X[j][S] @ w[j] for j in order if j != lab) if cfg.variant == "s" else z - b - X[lab][S] @ w[lab]
+        for _ in range(Q):
+            dK = (sig(X[lab][S] @ w[lab] + stale + b) - y[S]) / B
+            w[lab], b = w[lab] - lr * (X[lab][S].T @ dK), b - lr * dK.sum()
+    return w, b
+
+
+@pytest.mark.parametrize("variant", ["p", "s"])
+def test_linear_taylor_matches_numpy_reference(variant):
+    split = synthetic(seed=12)
+    part = vertical(split, k=3, label_party=1)
+    cfg = FedBCDConfig(variant=variant, local_steps=5, rounds=6, batch_size=50, lr=0.8, local_gradient="taylor")
+    server, parties, transport = build(split, part, cfg, seed=5)
+    batches = record_batches(server)
+    run_rounds(server, transport, cfg.rounds)
+    w, b = numpy_taylor_reference(split, part, cfg, batches)
+    for cid, p in parties.items():
+        np.testing.assert_allclose(p.bottom.theta.weight.detach().numpy().ravel(), w[cid], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(float(parties["party-1"].top.bias.detach()), b, rtol=1e-4, atol=1e-5)
+    # and it is not the fixed-gradient run
+    fixed = numpy_reference(split, part, cfg.model_copy(update={"local_gradient": "fixed"}), batches)[0]
+    assert not np.allclose(fixed["party-0"], w["party-0"])
+
+
+@pytest.mark.parametrize(
+    "algo,needle",
+    [
+        ({"model": "mlp", "top": "concat", "local_gradient": "taylor"}, "needs H_k of width 1"),
+        ({"top": "wide"}, "algorithm.top"),
+        ({"local_gradient": "exact"}, "algorithm.local_gradient"),
+        ({"device": "tpu"}, "algorithm.device"),
+    ],
+)
+def test_layout_gradient_and_device_errors(algo, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_config(
+            {"dataset": {"name": "digits"}, "partition": {"kind": "vertical"}, "algorithm": {"name": "fedbcd", **algo}}
+        )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the machine has a GPU")
+def test_device_cuda_without_gpu_is_refused_and_auto_is_cpu():
+    with pytest.raises(ConfigError, match="no CUDA GPU"):
+        parse_config(
+            {
+                "dataset": {"name": "digits"},
+                "partition": {"kind": "vertical"},
+                "algorithm": {"name": "fedbcd", "device": "cuda"},
+            }
+        )
+    split = synthetic(seed=13)
+    part = vertical(split)
+    runs = []
+    for dev in ("cpu", "auto"):
+        cfg = FedBCDConfig(
+            variant="p", local_steps=2, rounds=3, model="mlp", representation_dim=4, hidden=5, device=dev
+        )
+        server, parties, transport = build(split, part, cfg, seed=0)
+        run_rounds(server, transport, 3)
+        assert all(p.device.type == "cpu" for p in parties.values())
+        runs.append(params_of(parties, [c.client_id for c in part.clients]))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))

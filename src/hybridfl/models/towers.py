@@ -9,9 +9,21 @@ loss.
   :class:`SumTop` ``H = sum_k H_k + b``: logistic regression split over the parties.
 - ``cnn``: :class:`PaperCNNTower`, the public reference setup (``yankang18/FedBCD``): two 2x2
   convolutions with 64 channels (stride 1, "same" padding, ReLU), then a fully connected
-  representation of 256 units; top :class:`LinearTop` over the concatenated representations
-  (the paper's "logistic regression model with 512 parameters" for two parties).
-- ``mlp``: :class:`MLPTower` for vector blocks, top :class:`LinearTop`.
+  representation of 256 units.
+- ``mlp``: :class:`MLPTower` for vector blocks.
+
+Two layouts of the top layer for the neural towers (``top`` setting, :func:`bottom_factory`,
+:func:`make_top`):
+
+- ``party_slice`` (the paper's, eq. (2) with ``x_k`` replaced by the tower's output, Fig. 1a;
+  the reference code's ``VFLHostModel.W``): each party owns its slice ``w_k`` of the final
+  logistic layer, so its bottom model is :class:`SlicedTower` ``H_k = w_k^T G_k(x_k)``, one value
+  per sample, and the label party's top is :class:`SumTop` ``sum_k H_k + b``. The joint model is
+  the same function as ``concat``'s (a logistic layer over the concatenated representations,
+  ``sum_k r_k + 1`` parameters: the paper's "512 parameters" for two 256-unit towers); only where
+  ``w_k`` lives, and so what crosses the network, differs.
+- ``concat``: the bottom model is the tower itself (``H_k`` of width ``r_k``) and the label party
+  holds the whole layer, :class:`LinearTop` over the concatenated ``H_k``.
 
 Any ``torch.nn.Module`` mapping ``(batch, *input_shape)`` to ``(batch, out_dim)`` can be a bottom
 model (``TowerFactory``), any module mapping a list of ``(batch, out_dim_k)`` tensors to
@@ -116,28 +128,65 @@ class LinearTop(nn.Module):
         return self.fc(torch.cat(list(hs), dim=1)).reshape(-1)
 
 
-def bottom_factory(kind: str, representation_dim: int = 256, hidden: int = 128, channels: int = 64) -> TowerFactory:
-    """Built-in bottom models: ``linear``, ``cnn`` (:class:`PaperCNNTower`), ``mlp``."""
+class SlicedTower(nn.Module):
+    """A tower followed by the party's own slice of the top layer (``top: party_slice``):
+    ``H_k = G_k(x_k) w_k``, ``(batch, *shape)`` -> ``(batch, 1)``; ``w_k`` ``(r_k,)`` starts at zero
+    (as :class:`LinearTop`'s weights). FedBCD paper eq. (2) with ``x_k`` replaced by the tower's
+    output ``G_k(x_k)`` (Sec. 6 and Fig. 1a: local models connected at the final prediction
+    layer); "a single value per sample" is exchanged (Sec. 1)."""
+
+    def __init__(self, tower: nn.Module, in_dim: int):
+        super().__init__()
+        self.tower = tower
+        # zeros without drawing from torch's random state: the towers' initial weights are the
+        # same as with top: concat
+        self.weight = nn.Parameter(torch.zeros(1, int(in_dim)))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``H_k = G_k(x_k) w_k``: ``(batch, *shape)`` -> ``(batch, 1)``."""
+        return self.tower(x) @ self.weight.T
+
+
+TOPS: tuple[str, ...] = ("party_slice", "concat")
+"""The layouts of the top layer (see the module docs); ``party_slice`` is the paper's."""
+
+
+def bottom_factory(
+    kind: str, representation_dim: int = 256, hidden: int = 128, channels: int = 64, top: str = "party_slice"
+) -> TowerFactory:
+    """Built-in bottom models: ``linear`` (:class:`LinearBottom`), ``cnn`` (:class:`PaperCNNTower`),
+    ``mlp`` (:class:`MLPTower`); with ``top`` = ``party_slice`` a ``cnn`` or ``mlp`` tower of
+    width ``out_dim`` is wrapped in :class:`SlicedTower` (output width 1).
+
+    Raises:
+        ValueError: (when the factory is called) an unknown ``kind`` or ``top``.
+    """
 
     def factory(party: int, shape: tuple[int, ...], out_dim: int) -> nn.Module:
+        if top not in TOPS:
+            raise ValueError(f"unknown top layout {top!r} (party_slice, concat)")
         if kind == "linear":
             return LinearBottom(int(np.prod(shape)))
         if kind == "cnn":
-            return PaperCNNTower(shape, out_dim, channels)
-        if kind == "mlp":
-            return MLPTower(int(np.prod(shape)), out_dim, hidden)
-        raise ValueError(f"unknown bottom model kind {kind!r} (linear, cnn, mlp)")
+            tower: nn.Module = PaperCNNTower(shape, out_dim, channels)
+        elif kind == "mlp":
+            tower = MLPTower(int(np.prod(shape)), out_dim, hidden)
+        else:
+            raise ValueError(f"unknown bottom model kind {kind!r} (linear, cnn, mlp)")
+        return SlicedTower(tower, out_dim) if top == "party_slice" else tower
 
     return factory
 
 
-def bottom_out_dim(kind: str, representation_dim: int) -> int:
-    """Output width of the built-in bottom models: 1 for ``linear``, else ``representation_dim``."""
-    return 1 if kind == "linear" else int(representation_dim)
+def bottom_out_dim(kind: str, representation_dim: int, top: str = "party_slice") -> int:
+    """Output width of the built-in bottom models (the width of the ``H_k`` a party sends): 1 for
+    ``linear`` or ``top`` = ``party_slice``, else ``representation_dim``."""
+    return 1 if kind == "linear" or top == "party_slice" else int(representation_dim)
 
 
-def make_top(kind: str, out_dims: Sequence[int]) -> nn.Module:
-    """The label party's top model: :class:`SumTop` for ``linear``, else :class:`LinearTop`."""
-    if kind == "linear":
+def make_top(kind: str, out_dims: Sequence[int], top: str = "party_slice") -> nn.Module:
+    """The label party's top model: :class:`SumTop` for ``linear`` or ``top`` = ``party_slice``,
+    else :class:`LinearTop` over ``sum(out_dims)`` inputs."""
+    if kind == "linear" or top == "party_slice":
         return SumTop()
     return LinearTop(int(sum(out_dims)))

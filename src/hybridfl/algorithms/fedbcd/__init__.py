@@ -5,7 +5,17 @@ SPEC.md "FedBCD").
 one of them, the *label party*, also holds the labels. Party ``k`` has a bottom model producing
 ``H_k`` per sample (linear ``x_k theta_k`` or a neural tower, :mod:`hybridfl.models.towers`);
 the label party combines all ``H_k`` with its top model into a logit and computes the logistic
-loss. The *coordinator* (the ``server`` of the message runtime) holds no data: it relays the
+loss.
+
+Top layer (``top``, neural towers): by default each party owns its slice ``w_k`` of the final
+logistic layer and sends ``H_k = w_k^T G_k(x_k)``, a single value per sample (``party_slice``:
+paper eq. (2) with the tower output in place of ``x_k``, Sec. 6 and Fig. 1a; the reference code's
+``VFLHostModel.W``); the label party adds them and the bias, and returns ``dL/dH_k`` of width 1.
+``top: concat`` keeps the towers' ``representation_dim``-wide outputs as ``H_k`` and a
+:class:`~hybridfl.models.towers.LinearTop` at the label party: the same joint model, ``r_k``
+times the bytes of ``H_k`` and ``dL/dH_k``, and different staleness in the local steps (the
+passive party's tower sees ``dL/dH_k = (sigmoid(z) - y) w_k / B`` with the label party's ``w_k``
+of the exchange instead of updating ``w_k`` itself). The *coordinator* (the ``server`` of the message runtime) holds no data: it relays the
 parties' private sample alignment (never seeing an ID), draws the mini-batch positions, relays ``H_k`` to the label party and the
 gradients ``dL/dH_k`` back, and sends the step size ``eta_t = eta_0 / sqrt(t + 1)`` (paper Sec. 8;
 ``t`` = 0-based communication round).
@@ -21,9 +31,10 @@ byte is counted by the transport. Messages (``B`` = batch size, ``r_k`` = width 
 - ``fedbcd.label`` (label party): batch positions, the ``H_k`` of the passive parties that changed,
   which gradients to return and how many local steps to take -> ``grad.<party>`` ``(B, r_k)``
   (``dL/dH_k`` at the current point, computed *before* the label party's local steps) and the loss;
-- ``fedbcd.party_step`` (passive party): ``grad`` ``(B, r_k)``, ``Q``, ``eta_t``, ``mu``, the next
-  batch -> ``h_next`` ``(B, r_k)`` on the next batch (and, for FedBCD-s, ``h`` on the current
-  batch after its update);
+  with ``local_gradient: taylor`` (payload ``curvature``) also ``curv.<party>`` ``(B, r_k)``;
+- ``fedbcd.party_step`` (passive party): ``grad`` ``(B, r_k)`` (and ``curv`` ``(B, r_k)``), ``Q``,
+  ``eta_t``, ``mu``, the next batch -> ``h_next`` ``(B, r_k)`` on the next batch (and, for
+  FedBCD-s, ``h`` on the current batch after its update);
 - ``fedbcd.evaluate`` (after an evaluated round, carrying its number; outside the round's protocol:
   no snapshot, no undo): to every passive party the test rows to evaluate ``(n,)`` -> ``h``
   ``(n, r_k)`` (its bottom model on its blocks of those test samples); then to the label party the
@@ -62,11 +73,28 @@ its sign is the label's): that is the information FedSGD/FedBCD exchange by desi
 Local steps (paper eq. (7), (10), (15)): during its ``Q`` local steps a party recomputes its own
 ``H_k`` from its own data and keeps everything from the other parties at the value of the last
 exchange. The label party recomputes the loss exactly with the stale ``H_{-K}``; a passive party
-has neither labels nor ``H_{-k}``, so it reuses the stale ``dL/dH_k`` it received (as the public
-reference code ``yankang18/FedBCD`` does: ``vlr_demo/async_lr.py`` reuses ``d``; ``vfl.py``
-backpropagates the received gradient through the recomputed tower). The local gradient of party
-``k`` is ``g_k + lambda theta_k + mu (theta_k - theta_k^{r0})`` (L2 weight ``lambda``; the
-proximal term of FedPBCD-p, eq. (15), with ``theta_k^{r0}`` the parameters at the exchange).
+has neither labels nor ``H_{-k}``, so (``local_gradient: fixed``, the default, paper Alg. 2 with
+eq. (5): the label party sends ``g(H_i, y_i)``) it reuses the stale ``dL/dH_k`` it received (as the
+public reference code ``yankang18/FedBCD`` does: ``vlr_demo/async_lr.py`` reuses ``d``)
+through its recomputed ``H_k``. The local gradient of party ``k`` is ``g_k + lambda theta_k + mu
+(theta_k - theta_k^{r0})`` (L2 weight ``lambda``; the proximal term of FedPBCD-p, eq. (15), with
+``theta_k^{r0}`` the parameters at the exchange).
+
+For the linear model this makes a passive party's ``Q`` local steps exactly one step of size
+``Q * eta_t``: its gradient ``X_k^T g`` does not depend on ``theta_k`` once ``g`` is fixed
+(without L2 and proximal term; ``tests/test_fedbcd.py`` shows it). Only the label party, which
+recomputes its loss, gains from local steps there; for neural towers the gradient through the
+recomputed tower changes from step to step.
+
+``local_gradient: taylor`` refreshes a passive party's gradient with its fresh output, as the
+reference code's ``vfl.py`` ``VFLHostModel._compute_common_gradient`` does (its label party sends
+the gradient of a second-order Taylor approximation of the logistic loss, affine in ``H``, and
+the host adds its fresh ``A_U``). Here the label party also sends ``c_i = sigmoid'(z_i) / B`` (the
+curvature of the loss in ``H_k,i`` at the exchange) and the passive party uses
+``g_i + c_i (H'_k,i - H_k,i)`` at local step ``q`` (``H'_k`` its output at that step, ``H_k`` the
+exchanged one): the first-order Taylor expansion of ``dL/dH_k`` with the others' ``H_j`` stale.
+Step 0 is unchanged, so with ``Q = 1`` it equals ``fixed``; it needs ``H_k`` of width 1
+(``linear`` or ``top: party_slice``) and adds one ``(B, 1)`` array per passive party and round.
 
 Variants (one communication round = one exchange on one mini-batch):
 
@@ -99,6 +127,9 @@ the label party's or a passive party's -- cannot be completed, and ``on_missing_
   received any message in those rounds (``tests/test_fedbcd_reliability.py``).
 - ``error``: the run stops with :class:`PartyMissingError`, one sentence naming the round and the
   missing party (or parties).
+
+``device`` (``cpu`` default, ``cuda``, ``auto``; :mod:`hybridfl.models.device`): where each party's
+models and the tensors made from its data live; messages carry host NumPy arrays either way.
 
 Modules: :mod:`~hybridfl.algorithms.fedbcd.config` (settings), :mod:`~hybridfl.algorithms.fedbcd.party`
 (client steps), :mod:`~hybridfl.algorithms.fedbcd.coordinator` (server steps),

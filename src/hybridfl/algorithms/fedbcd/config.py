@@ -7,7 +7,8 @@ from typing import Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from hybridfl.errors import HybridFLError
+from hybridfl.errors import ConfigError, HybridFLError
+from hybridfl.models.device import check_device
 
 MIN_PARTIES, MAX_PARTIES = 2, 8
 """The number of parties ``K`` FedBCD accepts (SPEC.md "FedBCD": 2 to 8)."""
@@ -25,9 +26,31 @@ class FedBCDConfig(BaseModel):
     ``local_steps`` defaults to 1 for ``sgd`` and 5 otherwise. ``failure_rate`` and
     ``on_missing_party``: see :mod:`hybridfl.algorithms.fedbcd` ("A missing party").
 
+    ``top`` (``cnn``/``mlp`` towers; ``linear`` always sums one value per party): where the final
+    logistic layer lives. ``party_slice`` (default, the paper's layout: eq. (2) with each party's
+    tower output in place of ``x_k``, Sec. 6 / Fig. 1a "connect at the final prediction layer",
+    "a single value per sample" in Sec. 1; the reference code's per-party ``W``): every party owns
+    its slice ``w_k`` of that layer, sends ``H_k = w_k^T G_k(x_k)`` of width 1 and receives a
+    ``dL/dH_k`` of width 1; the label party sums them and adds the bias. ``concat``: the towers'
+    ``representation_dim``-wide outputs go to a :class:`~hybridfl.models.towers.LinearTop` at the
+    label party (``representation_dim`` times the bytes of ``H_k`` and of ``dL/dH_k``).
+
+    ``local_gradient``: what a passive party uses for ``dL/dH_k`` during its ``Q`` local steps.
+    ``fixed`` (default, paper Alg. 2/3 and eq. (7) with the stale ``H_{-k}``): the gradient it
+    received, for all ``Q`` steps. ``taylor`` (the reference code ``yankang18/FedBCD``,
+    ``vfl.py``, ``VFLHostModel._compute_common_gradient``, which refreshes the gradient with the
+    party's fresh output through a Taylor-approximated loss): the label party also sends the
+    curvature ``c_i = sigmoid'(z_i) / B`` and the party uses ``g_i + c_i (H'_k,i - H_k,i)`` with its
+    fresh ``H'_k`` (first-order Taylor expansion of ``dL/dH_k`` around the exchanged point, the
+    others' ``H_j`` stale). Needs ``H_k`` of width 1 (``linear`` or ``top: party_slice``).
+
+    ``device``: where the torch models and the tensors made from a party's data live
+    (:mod:`hybridfl.models.device`; ``cpu`` default, ``cuda``, ``auto``).
+
     Raises:
         pydantic.ValidationError: ``sgd`` with ``local_steps`` != 1, ``prox`` with ``mu`` = 0,
-            ``mu`` for another variant, or ``stop_at_target`` without ``target_auc``.
+            ``mu`` for another variant, ``stop_at_target`` without ``target_auc``, ``taylor`` with
+            ``top: concat`` towers, or a ``device`` that is unknown or absent.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -47,7 +70,18 @@ class FedBCDConfig(BaseModel):
     model: Literal["linear", "cnn", "mlp"] = Field(
         "linear", description="bottom models: linear (summed), cnn or mlp towers (+ linear top)"
     )
-    representation_dim: int = Field(256, ge=1, description="width of a tower's output H_k (cnn, mlp)")
+    representation_dim: int = Field(256, ge=1, description="width of a tower's output G_k(x_k) (cnn, mlp)")
+    top: Literal["party_slice", "concat"] = Field(
+        "party_slice",
+        description="cnn/mlp: party_slice = each party owns its slice of the top layer and sends one value per "
+        "sample (paper eq. (2), Fig. 1a); concat = representation_dim-wide H_k to a linear top at the label party",
+    )
+    local_gradient: Literal["fixed", "taylor"] = Field(
+        "fixed",
+        description="a passive party's dL/dH_k in its local steps: fixed = the received one (paper Alg. 2); "
+        "taylor = refreshed with its fresh H_k, g + c (H' - H) (reference code's VFLHostModel)",
+    )
+    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="where the torch models run")
     hidden: int = Field(128, ge=1, description="mlp tower hidden width")
     channels: int = Field(64, ge=1, description="cnn tower channels")
     target_auc: float | None = Field(
@@ -93,6 +127,14 @@ class FedBCDConfig(BaseModel):
             self.mu = 0.0
         if self.stop_at_target and self.target_auc is None:
             raise ValueError("stop_at_target needs target_auc")
+        if self.local_gradient == "taylor" and self.model != "linear" and self.top != "party_slice":
+            raise ValueError(
+                "local_gradient 'taylor' needs H_k of width 1 (model 'linear' or top 'party_slice'), not top 'concat'"
+            )
+        try:
+            check_device(self.device)
+        except ConfigError as e:
+            raise ValueError(str(e).rstrip(".")) from None
         return self
 
     @property

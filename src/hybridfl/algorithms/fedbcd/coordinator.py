@@ -7,7 +7,7 @@ properties (``out_dim`` >= 1, ...), the PSI blobs it relays (bytes within the si
 :mod:`hybridfl.privacy.psi`; their content is opaque to it and checked by the parties), the tags'
 length and ``n_aligned`` (the aligned count, the same from every party), a bad one stopping the
 setup with a :class:`~hybridfl.runtime.validate.PayloadError`; in a round every
-``h``/``h_next``/``grad.<party>`` must be a float array ``(B, r_k)`` (``B`` the batch size sent,
+``h``/``h_next``/``grad.<party>``/``curv.<party>`` must be a float array ``(B, r_k)`` (``B`` the batch size sent,
 ``r_k`` the party's reported ``out_dim``) and ``loss`` a number. A malformed reply in a round is
 logged and counts as a missing reply (the round is skipped and undone, or the run stops, as
 ``on_missing_party`` says). Non-finite values are not refused here: they are what a diverging run
@@ -168,7 +168,7 @@ class FedBCDCoordinator:
                 if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
                     raise PayloadError(r, "loss", f"of type {type(v).__name__}, not a number")
                 continue
-            owner = k[len("grad.") :] if k.startswith("grad.") else r.sender  # whose H_k this is
+            owner = k.split(".", 1)[1] if k.startswith(("grad.", "curv.")) else r.sender  # whose H_k this is
             array(r, k, [self.out_dim.get(owner) if d == -1 else d for d in shape], kinds="f", finite=False)
 
     def check_properties(self, r: Message) -> None:
@@ -307,6 +307,20 @@ class FedBCDCoordinator:
         c = self.config
         return {"local_steps": c.Q, "lr": float(c.step_size(rnd - 1)), "mu": float(c.mu or 0.0), "l2": float(c.l2)}
 
+    @property
+    def taylor(self) -> bool:
+        """``local_gradient: taylor``: the label party also returns ``curv.<k>`` and each passive
+        party gets ``curv`` with its ``grad``."""
+        return self.config.local_gradient == "taylor"
+
+    def _grad_payload(self, lab: Message, k: str) -> dict:
+        """``grad`` (and, with :attr:`taylor`, ``curv``) of passive party ``k`` from the label
+        party's reply."""
+        out = {"grad": lab.payload[f"grad.{k}"]}
+        if self.taylor:
+            out["curv"] = lab.payload[f"curv.{k}"]
+        return out
+
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
         """One communication round: one exchange on a fresh mini-batch and the local steps
         (FedSGD Alg. 1, FedBCD-p Alg. 2, FedBCD-s Alg. 3, FedPBCD-p eq. (15)).
@@ -378,17 +392,17 @@ class FedBCDCoordinator:
         payload = {"batch": batch, "grads_for": list(self.passive), **common}
         payload.update({f"h.{k}": self.h[k] for k in self.passive})
         B = len(batch)
-        (lab,) = self._exchange(
-            transport,
-            [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)],
-            {"loss": (), **{f"grad.{k}": (B, -1) for k in self.passive}},
-        )
+        expect: dict = {"loss": (), **{f"grad.{k}": (B, -1) for k in self.passive}}
+        if self.taylor:
+            payload["curvature"] = True
+            expect.update({f"curv.{k}": (B, -1) for k in self.passive})
+        (lab,) = self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)], expect)
         nxt = self.sample_batch()
         replies = self._exchange(
             transport,
             [
                 Message(
-                    "fedbcd.party_step", SERVER, k, rnd, {"grad": lab.payload[f"grad.{k}"], "next_batch": nxt, **common}
+                    "fedbcd.party_step", SERVER, k, rnd, {**self._grad_payload(lab, k), "next_batch": nxt, **common}
                 )
                 for k in self.passive
             ],
@@ -412,10 +426,12 @@ class FedBCDCoordinator:
             if i == 0:
                 payload["batch"] = batch
             payload.update({f"h.{j}": v for j, v in fresh.items()})
+            expect: dict = {"loss": (), f"grad.{k}": (len(batch), -1)}
+            if self.taylor:
+                payload["curvature"] = True
+                expect[f"curv.{k}"] = (len(batch), -1)
             (lab,) = self._exchange(
-                transport,
-                [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)],
-                {"loss": (), f"grad.{k}": (len(batch), -1)},
+                transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)], expect
             )
             if first_loss is None:
                 first_loss = float(lab.payload["loss"])
@@ -427,7 +443,7 @@ class FedBCDCoordinator:
                         SERVER,
                         k,
                         rnd,
-                        {"grad": lab.payload[f"grad.{k}"], "next_batch": nxt, "return_current": True, **common},
+                        {**self._grad_payload(lab, k), "next_batch": nxt, "return_current": True, **common},
                     )
                 ],
                 {"h": (len(batch), -1), "h_next": (len(nxt), -1)},

@@ -5,8 +5,9 @@ See :mod:`hybridfl.algorithms.fedbcd` for the protocol and its messages.
 Every coordinator message is checked before use (:mod:`hybridfl.runtime.validate`): the PSI blobs
 of the alignment (:mod:`hybridfl.privacy.psi` checks them; a bad one is refused naming the field),
 batch positions
-are distinct integers in ``[0, n_aligned)``, ``grad`` is a float array ``(B, r_k)``, ``h.<j>`` float
-arrays ``(B, *)``, ``lr`` finite > 0, ``local_steps`` an integer >= 1 (>= 0 for the label party),
+are distinct integers in ``[0, n_aligned)``, ``grad`` is a finite float array ``(B, r_k)``, ``curv``
+(``local_gradient: taylor``) a finite float array ``(B, r_k)`` >= 0, ``h.<j>`` float arrays
+``(B, r_j)`` (``r_j`` the width the label party's top model takes from party ``j``), ``lr`` finite > 0, ``local_steps`` an integer >= 1 (>= 0 for the label party),
 ``mu`` and ``l2`` finite >= 0; a bad message is refused with a
 :class:`~hybridfl.runtime.validate.PayloadError`.
 """
@@ -107,6 +108,12 @@ class FedBCDParty:
         test_x: ``(n_test, *input_shape)`` float32: its blocks of the test samples (evaluation), or
             ``None`` (the party then cannot take part in an evaluation).
         test_y: ``(n_test,)`` test labels in {0, 1} (label party only).
+        device: where the models and the tensors made from the party's data live (a
+            :class:`torch.device` or its name; see :mod:`hybridfl.models.device`). Messages always
+            carry NumPy arrays on the host.
+        in_dims: (label party) the width ``r_j`` of ``H_j`` its top model takes from every party
+            (from the public layout, :func:`~hybridfl.algorithms.fedbcd.spec.build_client`); every
+            ``h.<j>`` must have exactly that width. ``None``: only ``(B, *)`` is checked.
 
     State (plain arrays, see :meth:`get_state`): model parameters, the aligned positions, the
     current batch, and (label party) the last ``H_j`` received for it; plus a snapshot of that
@@ -130,18 +137,21 @@ class FedBCDParty:
         party_order: Sequence[str] | None = None,
         test_x: np.ndarray | None = None,
         test_y: np.ndarray | None = None,
+        device: torch.device | str = "cpu",
+        in_dims: Mapping[str, int] | None = None,
     ):
         self.party_id = party_id
+        self.device = torch.device(device)
         self.ids = np.asarray(ids).astype(str)
-        self.x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
-        self.bottom = bottom
+        self.x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device)
+        self.bottom = bottom.to(self.device)
         self.blocks = list(blocks)
         self.is_label = labels is not None
         if self.is_label:
             if top is None or party_order is None:
                 raise ValueError(f"label party {party_id!r} needs a top model and the party order")
-            self.y = torch.from_numpy(np.asarray(labels, dtype=np.float32))
-            self.top = top
+            self.y = torch.from_numpy(np.asarray(labels, dtype=np.float32)).to(self.device)
+            self.top = top.to(self.device)
             self.party_order = list(party_order)
         self.test_x = None if test_x is None else np.ascontiguousarray(test_x, dtype=np.float32)
         self.test_y = None if (test_y is None or not self.is_label) else np.asarray(test_y)
@@ -154,6 +164,17 @@ class FedBCDParty:
         self._align: dict[str, bytes] = {}  # secret keys kept between two setup messages (PSI, X25519, tag key)
         with torch.no_grad():
             self.out_dim = int(self.bottom(self.x[:1]).shape[1])
+        # label party: party -> the width of H_j its top model takes (None: not known, only (B, *) checked)
+        self.in_dims = {str(j): int(w) for j, w in in_dims.items()} if in_dims is not None else None
+
+    def _tensor(self, a: np.ndarray) -> torch.Tensor:
+        """A float32 tensor on the party's device from a (checked) array of a message."""
+        return torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)).to(self.device)
+
+    @staticmethod
+    def _numpy(t: torch.Tensor) -> np.ndarray:
+        """A tensor as a float32 NumPy array on the host (for a message)."""
+        return t.detach().cpu().numpy().astype(np.float32)
 
     @property
     def n_test(self) -> int:
@@ -343,7 +364,7 @@ class FedBCDParty:
     def _x(self, batch: np.ndarray) -> torch.Tensor:
         if self.rows is None:
             raise ProtocolError(f"FedBCD party {self.party_id!r} got a training message before fedbcd.align.")
-        return self.x[torch.from_numpy(self.rows[batch])]
+        return self.x[torch.from_numpy(self.rows[batch]).to(self.device)]
 
     def _current(self) -> np.ndarray:
         if self.batch is None:
@@ -357,34 +378,51 @@ class FedBCDParty:
         Raises:
             ProtocolError: before ``align``.
         """
-        return self.bottom(self._x(batch)).numpy().astype(np.float32)
+        return self._numpy(self.bottom(self._x(batch)))
 
     def party_step(self, msg: Message) -> Message:
         """Passive party: ``Q`` local steps with the stale ``dL/dH_k`` (FedSGD Alg. 1 line 6 for
         Q = 1, FedBCD Alg. 2 lines 5-8, Alg. 3 lines 5-7, eq. (15)), then ``H_k`` of the next batch.
 
-        Payload: ``grad`` ``(B, r_k)``, ``local_steps``, ``lr``, ``mu``, ``l2``, optional
-        ``next_batch`` ``(B,)`` and ``return_current``. Reply: ``h_next`` ``(B, r_k)`` and, with
-        ``return_current`` (FedBCD-s), ``h`` ``(B, r_k)`` on the current batch after the update.
+        With ``curv`` (``local_gradient: taylor``) the gradient of local step ``q`` is refreshed
+        with the party's fresh output: ``grad + curv * (H_k^(q) - H_k^(0))`` (first-order Taylor
+        expansion of ``dL/dH_k`` around the exchanged ``H_k^(0)``, the output at the start of the
+        steps, which is the ``H_k`` the label party used; as the reference code's
+        ``VFLHostModel._compute_common_gradient`` refreshes its gradient); step 0 is unchanged.
+
+        Payload: ``grad`` ``(B, r_k)``, optional ``curv`` ``(B, r_k)``, ``local_steps``, ``lr``,
+        ``mu``, ``l2``, optional ``next_batch`` ``(B,)`` and ``return_current``. Reply: ``h_next``
+        ``(B, r_k)`` and, with ``return_current`` (FedBCD-s), ``h`` ``(B, r_k)`` on the current
+        batch after the update.
 
         Raises:
             ProtocolError: no current batch, or before ``align``.
-            PayloadError: a malformed message (``grad`` not a finite float ``(B, r_k)``, a bad
-                ``next_batch`` or step setting); nothing is changed.
+            PayloadError: a malformed message (``grad`` not a finite float ``(B, r_k)``, ``curv``
+                not a finite float ``(B, r_k)`` >= 0, a bad ``next_batch`` or step setting);
+                nothing is changed.
         """
         p = msg.payload
         batch = self._current()
         g = array(msg, "grad", (len(batch), self.out_dim), kinds="f")
+        c = array(msg, "curv", (len(batch), self.out_dim), kinds="f") if "curv" in p else None
+        if c is not None and c.size and float(np.min(c)) < 0:
+            raise PayloadError(msg, "curv", "holding a negative value")
         Q, lr, mu, l2 = _step_settings(msg)
         nxt = self.check_batch(msg, "next_batch") if "next_batch" in p else None
-        grad = torch.from_numpy(np.asarray(g, dtype=np.float32))
+        grad = self._tensor(g)
+        curv = None if c is None else self._tensor(c)
         x = self._x(batch)
         params = _params(self.bottom)
         anchor = [t.detach().clone() for t in params] if mu else None
+        h0: torch.Tensor | None = None
         for _ in range(Q):
             h = self.bottom(x)
-            # d/dtheta sum_i <H_k,i(theta), dL/dH_k,i> = grad of the loss w.r.t. theta_k at the stale dL/dH_k
-            (h * grad).sum().backward()
+            g_q = grad
+            if curv is not None:
+                h0 = h.detach() if h0 is None else h0
+                g_q = grad + curv * (h.detach() - h0)
+            # d/dtheta sum_i <H_k,i(theta), dL/dH_k,i> = grad of the loss w.r.t. theta_k at the given dL/dH_k
+            (h * g_q).sum().backward()
             _sgd_update(params, lr, l2, mu, anchor)
         out: dict = {}
         if p.get("return_current"):
@@ -403,34 +441,44 @@ class FedBCDParty:
         ``grads_for`` at the current point; then ``Q`` local steps on its bottom and top models
         with the others' ``H_j`` fixed (FedBCD Alg. 2 lines 5-8 with exact local loss, eq. (15)).
 
+        With ``curvature`` (``local_gradient: taylor``) it also returns ``curv.<j>``
+        ``(B, r_j)``: the diagonal ``d^2 L / dH_j,i^2 = sigmoid'(z_i) (dz_i/dH_j,i)^2 / B``
+        (Gauss-Newton; exact for a top model linear in ``H_j`` such as
+        :class:`~hybridfl.models.towers.SumTop`, where ``dz_i/dH_j,i`` = 1).
+
         Payload: optional ``batch`` ``(B,)`` (a new batch), ``h.<j>`` ``(B, r_j)``, ``grads_for``,
-        ``local_steps`` and (if > 0) ``lr``, ``mu``, ``l2``. Reply: ``loss`` (mean logistic loss
-        of the batch before the local steps) and ``grad.<j>`` ``(B, r_j)``.
+        optional ``curvature``, ``local_steps`` and (if > 0) ``lr``, ``mu``, ``l2``. Reply:
+        ``loss`` (mean logistic loss of the batch before the local steps), ``grad.<j>``
+        ``(B, r_j)`` and, with ``curvature``, ``curv.<j>`` ``(B, r_j)``.
 
         Raises:
             ProtocolError: no current batch, before ``align``, or no ``H_j`` of a party.
             PayloadError: a malformed message (a bad ``batch``, an ``h.<j>`` not a finite float
-                ``(B, *)``, ``grads_for`` naming an unknown party, a bad step setting); nothing is
-                changed.
+                ``(B, r_j)``, ``grads_for`` naming an unknown party, a bad step setting); nothing
+                is changed.
         """
         p = msg.payload
         new_batch = self.check_batch(msg, "batch") if "batch" in p else None
         B = len(new_batch) if new_batch is not None else len(self._current())
         others = [j for j in self.party_order if j != self.party_id]
-        hs = {j: array(msg, f"h.{j}", (B, None), kinds="f") for j in others if f"h.{j}" in p}
+        width = self.in_dims or {}
+        hs = {j: array(msg, f"h.{j}", (B, width.get(j)), kinds="f") for j in others if f"h.{j}" in p}
         want = strings(msg, "grads_for", allowed=others) if "grads_for" in p else []
+        curvature = p.get("curvature", False)
+        if not isinstance(curvature, (bool, np.bool_)):
+            raise PayloadError(msg, "curvature", "not a bool")
         Q, lr, mu, l2 = _step_settings(msg, min_steps=0) if "local_steps" in p else (0, 0.0, 0.0, 0.0)
         if new_batch is not None:
             self.batch = new_batch
             self.others = {}
         batch = self._current()
         for j, h in hs.items():
-            self.others[j] = torch.from_numpy(np.asarray(h, dtype=np.float32))
+            self.others[j] = self._tensor(h)
         absent = [j for j in self.party_order if j != self.party_id and j not in self.others]
         if absent:
             raise ProtocolError(f"FedBCD label party {self.party_id!r} has no H of party {absent[0]!r} for its batch.")
         x = self._x(batch)
-        y = self.y[torch.from_numpy(self.rows[batch])]  # type: ignore[index]
+        y = self.y[torch.from_numpy(self.rows[batch]).to(self.device)]  # type: ignore[index]
         out: dict = {}
         for j in want:
             self.others[j].requires_grad_(True)
@@ -439,9 +487,15 @@ class FedBCDParty:
         out["loss"] = float(loss.detach())
         params = _params(self.bottom, self.top)
         if want:
-            grads = torch.autograd.grad(loss, [self.others[j] for j in want] + (params if Q else []), allow_unused=True)
+            hw = [self.others[j] for j in want]
+            if curvature:  # dz_i/dH_j,i (the logits of different samples do not mix)
+                dz = torch.autograd.grad(logits.sum(), hw, retain_graph=True)
+                s2 = torch.sigmoid(logits.detach()) * (1 - torch.sigmoid(logits.detach())) / len(batch)
+                for j, d in zip(want, dz):
+                    out[f"curv.{j}"] = self._numpy(s2.reshape(-1, 1) * d.detach() ** 2)
+            grads = torch.autograd.grad(loss, hw + (params if Q else []), allow_unused=True)
             for j, g in zip(want, grads[: len(want)]):
-                out[f"grad.{j}"] = g.numpy().astype(np.float32)
+                out[f"grad.{j}"] = self._numpy(g)
                 self.others[j] = self.others[j].detach()
             own = grads[len(want) :]
         else:
@@ -472,7 +526,7 @@ class FedBCDParty:
             ProtocolError: the party holds no test set, a row outside it, or (label party) no
                 ``H`` of a party.
             PayloadError: ``rows`` is not an integer array ``(n,)``, a key nobody sends is present,
-                or (label party) an ``h.<j>`` is not a float array ``(n, *)`` (NaN is allowed: a
+                or (label party) an ``h.<j>`` is not a float array ``(n, r_j)`` (NaN is allowed: a
                 diverged party's ``H`` gives ``diverged`` = 1).
         """
         if self.test_x is None or (self.is_label and self.test_y is None):
@@ -490,7 +544,8 @@ class FedBCDParty:
         absent = [j for j in others if f"h.{j}" not in msg.payload]
         if absent:
             raise ProtocolError(f"FedBCD label party {self.party_id!r} got no test H of party {absent[0]!r}.")
-        hs = {j: array(msg, f"h.{j}", (rows.size, None), kinds="f", finite=False) for j in others}
+        width = self.in_dims or {}
+        hs = {j: array(msg, f"h.{j}", (rows.size, width.get(j)), kinds="f", finite=False) for j in others}
         hs[self.party_id] = h
         z = self.top_logits(hs)
         y = self.test_y[rows]  # type: ignore[index]
@@ -506,10 +561,7 @@ class FedBCDParty:
         """``H_k`` of arbitrary inputs ``(n, *input_shape)`` -> ``(n, r_k)`` float32, in eval
         mode, ``batch_size`` samples at a time (evaluation)."""
         self.bottom.eval()
-        out = [
-            self.bottom(torch.from_numpy(np.ascontiguousarray(x[s : s + batch_size], dtype=np.float32))).numpy()
-            for s in range(0, len(x), batch_size)
-        ]
+        out = [self._numpy(self.bottom(self._tensor(x[s : s + batch_size]))) for s in range(0, len(x), batch_size)]
         self.bottom.train()
         return np.concatenate(out) if out else np.zeros((0, self.out_dim), np.float32)
 
@@ -520,7 +572,7 @@ class FedBCDParty:
         Raises:
             KeyError: ``hs`` lacks a party.
         """
-        return self.top([torch.from_numpy(np.asarray(hs[j], dtype=np.float32)) for j in self.party_order]).numpy()
+        return self.top([self._tensor(hs[j]) for j in self.party_order]).cpu().numpy()
 
     def undo(self, rnd: int) -> None:
         """Discard round ``rnd`` and everything after it (the coordinator skipped it): restore the
@@ -543,10 +595,10 @@ class FedBCDParty:
             self._load_core({k: np.array(v, copy=True) for k, v in self._snap.items()})
 
     def _core_state(self) -> dict[str, np.ndarray]:
-        sd = {f"bottom.{k}": v.detach().numpy().copy() for k, v in self.bottom.state_dict().items()}
+        sd = {f"bottom.{k}": v.detach().cpu().numpy().copy() for k, v in self.bottom.state_dict().items()}
         if self.is_label:
-            sd.update({f"top.{k}": v.detach().numpy().copy() for k, v in self.top.state_dict().items()})
-            sd.update({f"h.{j}": v.detach().numpy().copy() for j, v in self.others.items()})
+            sd.update({f"top.{k}": v.detach().cpu().numpy().copy() for k, v in self.top.state_dict().items()})
+            sd.update({f"h.{j}": v.detach().cpu().numpy().copy() for j, v in self.others.items()})
         if self.batch is not None:
             sd["batch"] = self.batch.copy()
         return sd
@@ -559,7 +611,9 @@ class FedBCDParty:
             self.top.load_state_dict(
                 {k[4:]: torch.from_numpy(np.asarray(v)) for k, v in sd.items() if k.startswith("top.")}
             )
-            self.others = {k[2:]: torch.from_numpy(np.asarray(v)) for k, v in sd.items() if k.startswith("h.")}
+            self.others = {
+                k[2:]: torch.from_numpy(np.asarray(v)).to(self.device) for k, v in sd.items() if k.startswith("h.")
+            }
         self.batch = np.asarray(sd["batch"]) if "batch" in sd else None
 
     def state_dict(self, snapshot: bool = False) -> dict[str, np.ndarray]:

@@ -48,7 +48,8 @@ from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
 from hybridfl.errors import PartitionError, UnknownBlockError
-from hybridfl.models.towers import TowerFactory, bottom_factory, bottom_out_dim, make_top
+from hybridfl.models.device import resolve_device
+from hybridfl.models.towers import SlicedTower, TowerFactory, bottom_factory, make_top
 from hybridfl.runtime.loop import finite
 
 TopFactory = Callable[[list[int]], torch.nn.Module]
@@ -72,6 +73,15 @@ def build_client(
     from the same weights. Its input is its blocks in the layout's order (training and, if
     ``cd.test`` is set, test samples).
 
+    The top layer's layout is ``cfg.top`` (:class:`FedBCDConfig`): the built-in ``cnn``/``mlp``
+    towers of width ``representation_dim`` are wrapped in their party's slice of the top layer
+    (:class:`~hybridfl.models.towers.SlicedTower`, ``party_slice``) or not (``concat``); a custom
+    ``tower_factory`` (called with ``out_dim`` = ``representation_dim``, 1 for ``linear``) is
+    wrapped likewise with ``party_slice`` unless a ``top_factory`` is given (which then takes the
+    towers' outputs as they are). The models and the party's data live on ``cfg.device``
+    (:func:`~hybridfl.models.device.resolve_device`; initialised on the CPU, then moved, so the
+    initial weights do not depend on the device).
+
     Raises:
         PartitionError: the client is not in the layout, holds other blocks than the layout
             says, or its input has another shape than the schema gives.
@@ -92,13 +102,19 @@ def build_client(
         raise PartitionError(
             f"client {cd.client_id!r} holds blocks {', '.join(cd.data.block_names)}, the run's layout says {', '.join(own)}."
         )
-    factory = tower_factory or bottom_factory(cfg.model, cfg.representation_dim, cfg.hidden, cfg.channels)
-    out_dim = bottom_out_dim(cfg.model, cfg.representation_dim)
+    device = resolve_device(cfg.device)
+    layout_top = "concat" if top_factory is not None else cfg.top
+    factory = tower_factory or bottom_factory(cfg.model, cfg.representation_dim, cfg.hidden, cfg.channels, layout_top)
+    out_dim = 1 if cfg.model == "linear" else int(cfg.representation_dim)
     torch.manual_seed(seed)
     bottoms, shapes = {}, {}
     for i, (cid, blocks, _) in enumerate(layout):
         shapes[str(cid)] = party_shape(cd.block_shapes, [str(b) for b in blocks])
         bottoms[str(cid)] = factory(i, shapes[str(cid)], out_dim)
+        if tower_factory is not None and layout_top == "party_slice" and cfg.model != "linear":
+            with torch.no_grad():
+                width = int(bottoms[str(cid)](torch.zeros((1, *shapes[str(cid)]))).shape[1])
+            bottoms[str(cid)] = SlicedTower(bottoms[str(cid)], width)
     x = party_input(cd.data, own)
     if tuple(x.shape[1:]) != shapes[cd.client_id]:
         raise PartitionError(
@@ -106,10 +122,10 @@ def build_client(
         )
     test_x = party_input(cd.test, own) if cd.test is not None else None
     if not cd.has_labels:
-        return FedBCDParty(cd.client_id, cd.data.ids, x, bottoms[cd.client_id], own, test_x=test_x)
+        return FedBCDParty(cd.client_id, cd.data.ids, x, bottoms[cd.client_id], own, test_x=test_x, device=device)
     with torch.no_grad():
         dims = [int(bottoms[c](torch.zeros((1, *shapes[c]))).shape[1]) for c in order]
-    top = top_factory(dims) if top_factory is not None else make_top(cfg.model, dims)
+    top = top_factory(dims) if top_factory is not None else make_top(cfg.model, dims, cfg.top)
     return FedBCDParty(
         cd.client_id,
         cd.data.ids,
@@ -121,6 +137,8 @@ def build_client(
         party_order=order,
         test_x=test_x,
         test_y=cd.test.y if cd.test is not None else None,
+        device=device,
+        in_dims=dict(zip(order, dims)),
     )
 
 
