@@ -12,7 +12,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from hybridfl.config import RunConfig
 from hybridfl.data.dataset import DatasetSplit
@@ -56,15 +56,7 @@ def prepare(
     """
     algo = config.algorithm_config()
     if out_dir is not None:
-        out = Path(out_dir)
-        if out.exists() and not out.is_dir():
-            raise ConfigError(f"output path {str(out)!r} exists and is not a directory.")
-        held = [f for f in RUN_FILES if (out / f).exists()] if out.is_dir() else []
-        if held and not (resume or force):
-            raise ConfigError(
-                f"output directory {str(out)!r} already holds a run ({held[0]}): continue it with --resume, "
-                "overwrite it with --force, or choose another --out."
-            )
+        _check_out_dir(Path(out_dir), resume, force)
     split = load_dataset(config.dataset, config.seed)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CoverageWarning)
@@ -150,4 +142,144 @@ def execute(
         }
         write_results(out_dir, result, run_config_dict(prep), extra)
         plot_coverage(cov, Path(out_dir) / "coverage.png")
+    return result
+
+
+@dataclass
+class PreparedFederation:
+    """A run of a federation of prepared client directories (``hybridfl run --federation``),
+    checked and loaded: see :func:`prepare_federation`.
+
+    Attributes:
+        schema: the federation schema file (absolute).
+        clients: the client directories (absolute), in the clients' ``--index`` order.
+        algorithm: the schema's validated algorithm config (``rounds`` overridden if asked).
+        seed: the schema's seed.
+        server_data: what the server knows (schema and public layout; no test set).
+        client_data: every client's own data (and secrets such as ``he_secret.key``).
+        warnings: privacy warnings of the algorithm's settings.
+    """
+
+    schema: Path
+    clients: list[Path]
+    algorithm: BaseModel
+    seed: int
+    server_data: object
+    client_data: list
+    warnings: list[str]
+
+    def config_dict(self) -> dict:
+        """The run's ``config.json``: schema and client paths, seed and the validated algorithm."""
+        return {
+            "federation": str(self.schema),
+            "clients": [str(c) for c in self.clients],
+            "seed": int(self.seed),
+            "algorithm": self.algorithm.model_dump(mode="json"),
+        }
+
+
+def prepare_federation(
+    schema: str | Path,
+    clients: list[str | Path],
+    out_dir: str | Path | None = None,
+    rounds: int | None = None,
+    resume: bool = False,
+    force: bool = False,
+) -> PreparedFederation:
+    """Check and load a federation of client directories prepared with ``hybridfl client prepare``
+    (or written by ``export-clients``) against their schema, before anything runs or is written:
+    the schema, every directory and its agreement with the schema (the checks of ``hybridfl
+    federation assemble``), the algorithm section and the output directory (as :func:`prepare`).
+
+    Raises:
+        HybridFLError: any problem, in one sentence.
+    """
+    from hybridfl.algorithms.spec import get_algorithm
+    from hybridfl.data.federation import load_federation, load_schema
+
+    if not clients:
+        raise ConfigError("--federation needs the client directories too: --clients DIR [DIR ...].")
+    schema_path = Path(schema).expanduser().resolve()
+    fs = load_schema(schema_path)
+    algo_section = dict(fs.algorithm)
+    if rounds is not None:
+        algo_section["rounds"] = int(rounds)
+    name = str(algo_section.get("name", "hyfem"))
+    try:
+        spec = get_algorithm(name)
+    except KeyError:
+        raise ConfigError(f"the schema's algorithm {name!r} is not known (see `hybridfl algorithms`).") from None
+    if not spec.federated:
+        raise ConfigError(f"algorithm {name!r} is not federated: it cannot run on a federation of client directories.")
+    try:
+        algo = spec.config_model.model_validate(algo_section)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ConfigError(f"the schema's [algorithm] {'.'.join(map(str, err['loc']))}: {err['msg']}.") from None
+    if out_dir is not None:
+        _check_out_dir(Path(out_dir), resume, force)
+    server_data, client_data = load_federation(schema_path, clients)
+    dirs = [Path(cd.path).resolve() for cd in client_data]
+    notes = []
+    privacy = spec.privacy_warning(algo) if spec.privacy_warning is not None else None
+    if privacy:
+        notes.append(privacy)
+    return PreparedFederation(schema_path, dirs, algo, int(fs.seed), server_data, client_data, notes)
+
+
+def _check_out_dir(out: Path, resume: bool, force: bool) -> None:
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"output path {str(out)!r} exists and is not a directory.")
+    held = [f for f in RUN_FILES if (out / f).exists()] if out.is_dir() else []
+    if held and not (resume or force):
+        raise ConfigError(
+            f"output directory {str(out)!r} already holds a run ({held[0]}): continue it with --resume, "
+            "overwrite it with --force, or choose another --out."
+        )
+
+
+def execute_federation(
+    prep: PreparedFederation,
+    out_dir: str | Path | None = None,
+    progress: ProgressFn | None = None,
+    resume: bool = False,
+    checkpoint_policy=None,
+) -> RunResult:
+    """Train the federation in process (:func:`hybridfl.runtime.simulation.simulate_directories`)
+    and, with ``out_dir``, write ``config.json`` first, a checkpoint as :func:`execute` does, and
+    the results files.
+
+    Raises:
+        HybridFLError: ``resume`` without ``out_dir``.
+    """
+    import json
+
+    from hybridfl.files import atomic_write
+    from hybridfl.reporting.results import write_results
+    from hybridfl.runtime.checkpoint import CheckpointPolicy
+    from hybridfl.runtime.simulation import simulate_directories
+
+    checkpoint = Path(out_dir) / CHECKPOINT_NAME if out_dir is not None else None
+    if resume and checkpoint is None:
+        raise HybridFLError("--resume needs the run's output directory.")
+    if out_dir is not None and not resume:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        for name in ("results.json", CHECKPOINT_NAME):
+            (Path(out_dir) / name).unlink(missing_ok=True)
+        atomic_write(Path(out_dir) / "config.json", json.dumps(prep.config_dict(), indent=2))
+    t0 = time.perf_counter()
+    with single_threaded():
+        result = simulate_directories(
+            prep.server_data,
+            prep.client_data,
+            prep.algorithm,
+            prep.seed,
+            progress,
+            checkpoint=checkpoint,
+            resume=resume,
+            checkpoint_policy=checkpoint_policy if checkpoint_policy is not None else CheckpointPolicy(),
+        )
+    result.summary["seconds_total"] = time.perf_counter() - t0
+    if out_dir is not None:
+        write_results(out_dir, result, prep.config_dict(), {"federation": {"schema": str(prep.schema)}})
     return result

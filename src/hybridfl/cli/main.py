@@ -61,6 +61,13 @@ def report_rows(summary: dict) -> list[tuple[str, object, str]]:
 
 def _execute_with_progress(prep, out_dir: Path, resume: bool, quiet: bool):
     """``execute`` the prepared run, with a progress bar unless ``quiet``."""
+    from hybridfl.experiment import execute
+
+    return _with_progress(lambda progress: execute(prep, out_dir, progress, resume=resume), quiet)
+
+
+def _with_progress(work, quiet: bool):
+    """``work(progress)`` with a rich progress bar of the rounds (``progress=None`` if ``quiet``)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -70,10 +77,8 @@ def _execute_with_progress(prep, out_dir: Path, resume: bool, quiet: bool):
         TimeRemainingColumn,
     )
 
-    from hybridfl.experiment import execute
-
     if quiet:
-        return execute(prep, out_dir, resume=resume)
+        return work(None)
     with Progress(
         TextColumn("[progress.description]{task.description}"),
         BarColumn(),
@@ -93,7 +98,7 @@ def _execute_with_progress(prep, out_dir: Path, resume: bool, quiet: bool):
             )
             bar.update(task, completed=done, total=total, info=info)
 
-        return execute(prep, out_dir, progress, resume=resume)
+        return work(progress)
 
 
 @app.command()
@@ -124,8 +129,21 @@ def run(
     checkpoint_seconds: Optional[float] = typer.Option(
         None, "--checkpoint-seconds", min=0, help="Override checkpoint.seconds: at least S seconds between checkpoints."
     ),
+    federation: Optional[Path] = typer.Option(
+        None,
+        "--federation",
+        help="Federation schema (hybridfl federation init): run the federation of the --clients directories in process.",
+    ),
+    clients: Optional[list[str]] = typer.Option(
+        None,
+        "--clients",
+        help="With --federation: the organisations' client directories (client prepare); repeat it or separate by commas.",
+    ),
 ) -> None:
     """Train a federated model and write results.json, metrics.csv and plots.
+
+    With ``--federation F --clients A --clients B ...`` the run is the federation of those prepared
+    client directories, in process: the quick check before deploying them over Flower.
 
     A checkpoint is written after the last round and, between, as the config's ``checkpoint``
     section allows (by default within 10 % of the run time); Ctrl-C stops after the current round
@@ -134,6 +152,16 @@ def run(
     from hybridfl.experiment import prepare
     from hybridfl.runtime.checkpoint import CHECKPOINT_NAME
 
+    if federation is not None or clients or (resume is not None and _is_federation_run(resume)):
+        if config is not None or dataset is not None or data_dir is not None or seed is not None or strict:
+            raise HybridFLError(
+                "--federation takes its data, seed and algorithm from the schema and the client directories: "
+                "drop --config, --dataset, --data-dir, --seed and --strict."
+            )
+        _run_federation(
+            federation, clients or [], out, rounds, quiet, resume, force, checkpoint_every, checkpoint_seconds
+        )
+        return
     if resume is not None:
         if force or any(v is not None for v in (config, out, dataset, data_dir, rounds, seed)):
             raise HybridFLError("--resume takes the run directory only: its config.json fixes every setting.")
@@ -164,6 +192,79 @@ def run(
         raise typer.Exit(130) from None
     s = result.summary
     table = Table(title=f"{algo_name} on {prep.split.name}: final results after {s.get('rounds')} rounds")
+    table.add_column("model / quantity")
+    table.add_column("value", justify="right")
+    for label, value, fmt in report_rows(s):
+        table.add_row(label, _fmt(value, fmt))
+    console.print(table)
+    if s.get("bytes_total") is not None:
+        console.print(
+            f"communication: {s.get('messages_total')} messages, {s['bytes_total'] / 1e6:.2f} MB in {s.get('rounds')} rounds"
+        )
+    written = ", ".join(sorted(f.name for f in Path(out_dir).iterdir() if not f.name.startswith(".")))
+    console.print(f"results written to [bold]{out_dir}[/]: {written}")
+
+
+def _is_federation_run(run_dir: Path) -> bool:
+    """Whether ``run_dir`` holds a run of ``--federation`` (its ``config.json`` names a schema)."""
+    import json
+
+    try:
+        return "federation" in json.loads((Path(run_dir) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+
+
+def _run_federation(
+    federation: Optional[Path],
+    clients: list[str],
+    out: Optional[Path],
+    rounds: Optional[int],
+    quiet: bool,
+    resume: Optional[Path],
+    force: bool,
+    checkpoint_every: Optional[int],
+    checkpoint_seconds: Optional[float],
+) -> None:
+    """``hybridfl run --federation F --clients ...`` (and its ``--resume``): prepare, train in
+    process with a progress bar, print the final table, write the results."""
+    import json
+
+    from hybridfl.experiment import execute_federation, prepare_federation
+    from hybridfl.runtime.checkpoint import CHECKPOINT_NAME, CheckpointPolicy
+
+    if resume is not None:
+        if federation is not None or clients or out is not None or rounds is not None or force:
+            raise HybridFLError("--resume takes the run directory only: its config.json fixes every setting.")
+        saved = json.loads((resume / "config.json").read_text(encoding="utf-8"))
+        federation, clients, out = Path(saved["federation"]), list(saved["clients"]), resume
+        rounds = int(saved["algorithm"]["rounds"])
+    if federation is None:
+        raise HybridFLError("--clients needs the federation schema too: --federation FILE.")
+    dirs = [d for c in clients for d in c.split(",") if d]
+    out_dir = out or Path("runs") / f"federation-{time.strftime('%Y%m%d-%H%M%S')}"
+    prep = prepare_federation(federation, dirs, out_dir, rounds, resume=resume is not None, force=force)
+    for w in prep.warnings:
+        err_console.print(f"[yellow]warning:[/] {w}")
+    name = prep.algorithm.name  # type: ignore[attr-defined]
+    if not quiet:
+        console.print(
+            f"[bold]{name}[/] on the federation of {federation}: {len(prep.client_data)} client directories "
+            f"({', '.join(cd.client_id for cd in prep.client_data)}), in process"
+        )
+    policy = CheckpointPolicy(every=checkpoint_every or 1, seconds=checkpoint_seconds or 0.0, max_share=0.1)
+    try:
+        result = _with_progress(
+            lambda progress: execute_federation(prep, out_dir, progress, resume is not None, policy), quiet
+        )
+    except KeyboardInterrupt:
+        if (Path(out_dir) / CHECKPOINT_NAME).is_file():
+            err_console.print(f"interrupted: continue the run with `hybridfl run --resume {out_dir}`.")
+        else:
+            err_console.print("interrupted before the first checkpoint: nothing to resume.")
+        raise typer.Exit(130) from None
+    s = result.summary
+    table = Table(title=f"{name} on the federation: final results after {s.get('rounds')} rounds")
     table.add_column("model / quantity")
     table.add_column("value", justify="right")
     for label, value, fmt in report_rows(s):

@@ -396,31 +396,25 @@ def combine_stats(schema: FederationSchema, stats: Sequence[tuple[str, Mapping[s
     return schema.model_copy(update={"means": means, "stds": stds})
 
 
-def assemble_server(
-    schema_path: str | Path, client_infos: Sequence[tuple[str, Mapping[str, Any]]], out_dir: str | Path
-) -> Path:
-    """Write the ``server/`` directory of a federation of prepared clients (the layout
-    :func:`hybridfl.data.export.load_server_dir` reads) from the schema and each organisation's
-    public ``client.json`` (its name, index, blocks and whether it holds labels; never data). The
-    server gets no test set: evaluation needs an algorithm whose clients hold one, or none.
+def federation_server_meta(
+    schema_path: str | Path, client_infos: Sequence[tuple[str, Mapping[str, Any]]]
+) -> dict[str, Any]:
+    """The ``server.json`` content of a federation of prepared clients, from the schema and each
+    organisation's public ``client.json`` (its name, index, blocks and whether it holds labels;
+    never data): what :func:`assemble_server` writes and ``hybridfl run --federation`` builds in
+    memory. The server gets no test set.
 
     Args:
         client_infos: ``(where, client.json content)`` per organisation.
 
     Raises:
         ConfigError: no clients, a client prepared against another schema, a repeated name or
-            index, indices that are not ``0..K-1``, a block not in the schema, or an ``out_dir``
-            that exists.
+            index, indices that are not ``0..K-1``, or a block not in the schema.
     """
-    import json
-
-    from hybridfl.data.export import DIR_MODE, FILE_MODE, FORMAT_VERSION
+    from hybridfl.data.export import FORMAT_VERSION
 
     schema = load_schema(schema_path)
     digest = schema_digest(schema_path)
-    out = Path(out_dir).expanduser()
-    if out.exists():
-        raise ConfigError(f"{str(out)!r} exists: assemble the server directory into a new path.")
     if not client_infos:
         raise ConfigError("no clients to assemble (give every organisation's client.json).")
     rows = []
@@ -457,6 +451,75 @@ def assemble_server(
         "run_config": {"seed": int(schema.seed), "algorithm": dict(schema.algorithm)},
         "schema_sha256": digest,
     }
+    return meta
+
+
+def assemble_server(
+    schema_path: str | Path, client_infos: Sequence[tuple[str, Mapping[str, Any]]], out_dir: str | Path
+) -> Path:
+    """Write the ``server/`` directory of a federation of prepared clients (the layout
+    :func:`hybridfl.data.export.load_server_dir` reads): ``server.json`` from
+    :func:`federation_server_meta`. The server gets no test set: evaluation needs an algorithm
+    whose clients hold one, or none.
+
+    Raises:
+        ConfigError: as :func:`federation_server_meta`, or an ``out_dir`` that exists.
+    """
+    import json
+
+    from hybridfl.data.export import DIR_MODE, FILE_MODE
+
+    out = Path(out_dir).expanduser()
+    if out.exists():
+        raise ConfigError(f"{str(out)!r} exists: assemble the server directory into a new path.")
+    meta = federation_server_meta(schema_path, client_infos)
     out.mkdir(mode=DIR_MODE, parents=True)
     atomic_write(out / "server.json", json.dumps(meta, indent=1), mode=FILE_MODE)
     return out
+
+
+def load_federation(schema_path: str | Path, client_dirs: Sequence[str | Path]):
+    """The server's public data and every organisation's client data of a federation of prepared
+    client directories, in memory (``hybridfl run --federation``): the same objects a deployment
+    reads from ``server/`` (:func:`assemble_server`) and from each SuperNode's ``data-dir``.
+
+    Returns:
+        ``(server_data, client_data)``: a :class:`~hybridfl.data.export.ServerData` without a test
+        set and one :class:`~hybridfl.data.export.ClientData` per directory, in the clients'
+        ``--index`` order.
+
+    Raises:
+        ConfigError: as :func:`federation_server_meta`, or a directory given twice.
+        DataError: a directory that is not a client directory, or whose block shapes or classes
+            differ from the schema's.
+    """
+    import json
+
+    from hybridfl.data.export import ServerData, load_client_dir
+    from hybridfl.errors import DataError
+
+    schema = load_schema(schema_path)
+    resolved = [Path(d).expanduser().resolve() for d in client_dirs]
+    if len(set(resolved)) != len(resolved):
+        raise ConfigError("a client directory is given twice in --clients.")
+    clients, infos = [], []
+    for d in resolved:
+        cd = load_client_dir(d)
+        if {b: tuple(s) for b, s in cd.block_shapes.items()} != schema.block_shapes:
+            raise DataError(f"client directory {str(d)!r} has other blocks or block widths than the schema.")
+        if list(cd.classes) != list(schema.classes):
+            raise DataError(f"client directory {str(d)!r} has other classes than the schema.")
+        info = dict(cd.meta)
+        info.setdefault("blocks", list(cd.data.block_names))
+        clients.append(cd)
+        infos.append((str(d / "client.json"), info))
+    meta = json.loads(json.dumps(federation_server_meta(schema_path, infos)))
+    clients.sort(key=lambda c: c.index)
+    server = ServerData(
+        {b: tuple(int(v) for v in s) for b, s in meta["block_shapes"].items()},
+        list(meta["classes"]),
+        list(meta["client_ids"]),
+        None,
+        meta,
+    )
+    return server, clients

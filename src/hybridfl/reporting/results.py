@@ -50,7 +50,8 @@ def metrics_csv(history: list[dict[str, float]]) -> str:
 
 
 def write_results(out_dir: str | Path, result: RunResult, config: dict, extra: dict | None = None) -> dict[str, Path]:
-    """Write ``results.json`` (summary + ``config`` + ``extra``), ``metrics.csv`` and the plots.
+    """Write ``results.json`` (summary + ``config`` + ``extra``), ``metrics.csv``, the plots and,
+    when the algorithm has one, the final model ``final.npz``.
 
     Returns:
         name -> path of every file written.
@@ -67,4 +68,13 @@ def write_results(out_dir: str | Path, result: RunResult, config: dict, extra: d
         files["accuracy_plot"] = plot_accuracy(result, out / "accuracy.png")
     for fn in result.plots:
         fn(out)
+    if getattr(result, "final", None):
+        import io
+
+        import numpy as np
+
+        buf = io.BytesIO()
+        np.savez(buf, **result.final)
+        files["final"] = out / "final.npz"
+        atomic_write(files["final"], buf.getvalue())
     return files

@@ -18,7 +18,7 @@ import contextlib
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -73,12 +73,15 @@ class RunResult:
         history: one metrics row per round (become ``metrics.csv``).
         comm: the communication log (``None`` for centralised runs).
         plots: extra plot writers ``fn(out_dir)`` an algorithm adds to the standard ones.
+        final: the final model as arrays (the spec's ``final_arrays``, e.g. HyFDCA's ``w``), or
+            ``None`` for algorithms without them; written to ``final.npz``.
     """
 
     summary: dict[str, Any]
     history: list[dict[str, float]]
     comm: CommLog | None = None
     plots: list[Callable[[Path], None]] = field(default_factory=list)
+    final: dict[str, np.ndarray] | None = None
 
 
 def _unlabelled(ds: HybridDataset) -> HybridDataset:
@@ -153,8 +156,9 @@ class Federation:
         server_data: the server's public data.
         client_data: each client's data, partition order.
         secrets: the clients' shared secrets (``{}`` without encryption).
-        split: the dataset split (for the monitor and the baselines only).
-        partition: the partition.
+        split: the dataset split (for the monitor and the baselines only; ``None`` for a
+            federation of client directories).
+        partition: the partition (``None`` likewise).
     """
 
     spec: AlgorithmSpec
@@ -166,8 +170,8 @@ class Federation:
     server_data: ServerData
     client_data: list[ClientData]
     secrets: dict[str, bytes]
-    split: DatasetSplit
-    partition: Partition
+    split: DatasetSplit | None
+    partition: Partition | None
     monitor: Any = None
 
     def setup(self) -> None:
@@ -178,7 +182,7 @@ class Federation:
         self, progress: ProgressFn | None = None, on_round: Callable | None = None, monitor: bool = True
     ) -> RoundLoop:
         """The :class:`RoundLoop` of this federation (evaluation through a failure-free transport)."""
-        if monitor and self.monitor is None and self.spec.monitor is not None:
+        if monitor and self.monitor is None and self.spec.monitor is not None and self.split is not None:
             self.monitor = self.spec.monitor(
                 self.split, self.partition, self.config, self.seed, self.clients, self.secrets
             )
@@ -230,13 +234,37 @@ def build_federation(
     if secrets is None:
         secrets = (spec.deal_secrets(config) if spec.deal_secrets is not None else None) or {}
     cds = client_data(split, partition, secrets, with_test=spec.clients_hold_test)
-    layout = [(c.client_id, list(c.blocks), bool(c.has_labels)) for c in partition.clients]
-    clients = {cd.client_id: spec.build_client(cd, config, seed, layout) for cd in cds}
-    hello = {cd.client_id: (spec.hello_payload(cd, config) if spec.hello_payload is not None else {}) for cd in cds}
-    sd = server_data(split, partition)
-    server = spec.build_server(sd, config, seed, hello)
+    fed = assemble_federation(spec, server_data(split, partition), cds, config, seed, recorder, fail_at)
+    fed.secrets, fed.split, fed.partition = dict(secrets), split, partition
+    return fed
+
+
+def assemble_federation(
+    spec: AlgorithmSpec,
+    server_data: ServerData,
+    client_data: Sequence[ClientData],
+    config: Any,
+    seed: int = 0,
+    recorder: Callable[[bytes], None] | None = None,
+    fail_at: Any = (),
+) -> Federation:
+    """Server, clients and in-process transport from the data objects a deployment reads from
+    disk (the one place the simulation builds a federation; :func:`build_federation` makes the
+    data from a split and a partition, ``hybridfl run --federation`` reads prepared client
+    directories). The federation has no ``split`` or ``partition``, so no monitor and no
+    baselines, unless the caller sets them.
+
+    Args:
+        client_data: every client's data, in the server's ``client_ids`` order (``layout``).
+    """
+    layout = server_data.layout
+    clients = {cd.client_id: spec.build_client(cd, config, seed, layout) for cd in client_data}
+    hello = {
+        cd.client_id: (spec.hello_payload(cd, config) if spec.hello_payload is not None else {}) for cd in client_data
+    }
+    server = spec.build_server(server_data, config, seed, hello)
     transport = InProcessTransport(clients, recorder, float(getattr(config, "failure_rate", 0.0)), seed, fail_at)
-    return Federation(spec, config, seed, server, clients, transport, sd, cds, dict(secrets), split, partition)
+    return Federation(spec, config, seed, server, clients, transport, server_data, list(client_data), {}, None, None)
 
 
 def simulate(
@@ -280,6 +308,66 @@ def simulate(
         secrets = {k.removeprefix("secrets."): bytes(v) for k, v in values.items() if k.startswith("secrets.")}
         start, history0 = done + 1, meta["history"]
     fed = build_federation(spec, split, partition, config, seed, recorder, secrets, fail_at)
+    base = (lambda: spec.baselines(split, partition, config, seed)) if spec.baselines is not None else None
+    return _run(
+        fed, split.name, t_start, progress, checkpoint, resume, values, meta, start, history0, base, checkpoint_policy
+    )
+
+
+def simulate_directories(
+    server_data: ServerData,
+    client_data: Sequence[ClientData],
+    config: Any,
+    seed: int = 0,
+    progress: ProgressFn | None = None,
+    recorder: Callable[[bytes], None] | None = None,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
+    checkpoint_policy: CheckpointPolicy | None = None,
+) -> RunResult:
+    """Run an algorithm in process on a federation of client directories (``hybridfl run
+    --federation``): the server gets only ``server_data`` (the schema and the clients' public
+    layout, no test set) and every client only its own directory's data and secrets, as over
+    Flower. No monitor (nobody holds all the data) and no baselines; otherwise as :func:`simulate`
+    (checkpoints, resume, SIGINT).
+
+    Raises:
+        HybridFLError: ``resume`` without a checkpoint of this federation.
+        TypeError: an algorithm that is not federated.
+    """
+    spec = get_algorithm(config.name)
+    t_start = time.perf_counter()
+    if not spec.federated:
+        raise TypeError(f"algorithm {spec.name!r} is not federated")
+    start, history0, values, meta = 1, [], {}, {}
+    if resume:
+        done, values, meta = open_for_resume(checkpoint, spec.name, list(server_data.client_ids))
+        start, history0 = done + 1, meta["history"]
+    fed = assemble_federation(spec, server_data, client_data, config, seed, recorder)
+    name = str(server_data.meta.get("dataset", "federation"))
+    return _run(
+        fed, name, t_start, progress, checkpoint, resume, values, meta, start, history0, None, checkpoint_policy
+    )
+
+
+def _run(
+    fed: Federation,
+    name: str,
+    t_start: float,
+    progress: ProgressFn | None,
+    checkpoint: str | Path | None,
+    resume: bool,
+    values: dict,
+    meta: dict,
+    start: int,
+    history0: list,
+    baselines: Callable[[], dict] | None,
+    checkpoint_policy: CheckpointPolicy | None,
+) -> RunResult:
+    """Set up ``fed``, restore it on ``resume``, run the round loop with checkpoints, then the
+    baselines, summary and plots (the shared second half of :func:`simulate` and
+    :func:`simulate_directories`)."""
+    spec, config = fed.spec, fed.config
     fed.setup()
     if resume:
         restore_federation(values, meta["server"], fed.server, fed.clients)
@@ -316,15 +404,16 @@ def simulate(
     loop = fed.loop(progress, on_round)
     with stop.catching(checkpoint is not None):
         history = loop.run(start, history0)
-    base = spec.baselines(split, partition, config, seed) if spec.baselines is not None else {}
-    summary = loop.summary(history, len(fed.clients), split.name, base)
-    summary["dataset"] = split.name
+    base = baselines() if baselines is not None else {}
+    summary = loop.summary(history, len(fed.clients), name, base)
+    summary["dataset"] = name
     summary["wall_seconds"] = time.perf_counter() - t_start
     if checkpoint is not None:
         summary.update(policy.summary(summary["wall_seconds"]))
-    title = f"{spec.name} on {split.name}"
+    title = f"{spec.name} on {name}"
     plots = spec.plots(history, config, title) if spec.plots is not None else []
-    return RunResult(summary, history, fed.transport.log, plots)
+    final = spec.final_arrays(fed.server) if spec.final_arrays is not None else None
+    return RunResult(summary, history, fed.transport.log, plots, final)
 
 
 class _StopRequest:
