@@ -48,10 +48,10 @@ def _unit_alpha(fed, cid: str, label: int) -> tuple[list[bytes], int]:
     key. Returns the ciphertexts and the client's row index of sample ``k``."""
     client, server = fed.clients[cid], fed.server
     k = int(np.flatnonzero(client.y == label)[0])
-    sid = str(client.ids[k])
     cts = []
-    for g in server.client_segs[cid]:
-        e = (server.seg_ids[g] == sid).astype(np.float64)
+    for s, g in enumerate(server.client_segs[cid]):  # the segment's position of sample k (here: from the client)
+        e = (client.seg_rows[s] == k).astype(np.float64)
+        assert e.size == server.seg_n[g]
         cts.append(server.he.encrypt(e))
     return cts, k
 
@@ -312,7 +312,7 @@ def test_a_bad_first_reply_equals_a_failed_round(tiny, mode):
 def test_a_bad_setup_reply_stops_the_run(tiny):
     """During setup a malformed reply is a ProtocolError naming client, message and field."""
     split, part = tiny
-    fed = build_federation("hyfdca", split, part, _cfg())
+    fed = build_federation("hyfdca", split, part, _cfg(alignment="plaintext"))
     cid = fed.transport.client_ids[0]
 
     def repeat_ids(p):

@@ -16,7 +16,10 @@ below that share of the run's wall time; the last round (or an early stop) and a
 from __future__ import annotations
 
 import json
+import re
+import secrets
 import time
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,19 +93,70 @@ class CheckpointPolicy:
         return {"checkpoint_writes": self.writes, "checkpoint_seconds": self.spent, "checkpoint_share": share}
 
 
+STATIC_MARK = "static:"
+"""A value whose name contains this (e.g. ``client.c1.static:gram.0.0``) is setup state that no
+round changes (HyFDCA's batch Gram matrices): :func:`save_checkpoint` writes such values to a side
+file ``<checkpoint>.static-<token>`` once and again only when one of them is replaced by another
+object, and the checkpoint names that file; :func:`load_checkpoint` merges it back."""
+
+_STATIC_WRITTEN: dict[str, tuple[str, dict[str, Any]]] = {}  # checkpoint path -> (side file, value refs)
+
+
+def _ref(v: Any) -> Any:
+    """A weak reference to ``v`` where it allows one (arrays), else ``v`` itself."""
+    try:
+        return weakref.ref(v)
+    except TypeError:
+        return v
+
+
+def _same(ref: Any, v: Any) -> bool:
+    """Whether ``ref`` (from :func:`_ref`) still refers to the object ``v``."""
+    return (ref() if isinstance(ref, weakref.ref) else ref) is v
+
+
+def _codec_values(values: Mapping[str, Any]) -> dict[str, Any]:
+    """``a:<name>`` -> codec value (lists and tuples as arrays)."""
+    return {f"a:{k}": (np.asarray(v) if isinstance(v, (list, tuple)) else v) for k, v in values.items()}
+
+
 def save_checkpoint(path: str | Path, rnd: int, values: Mapping[str, Any], meta: dict[str, Any]) -> None:
     """Write the state after round ``rnd`` atomically to ``path``.
+
+    Values named with :data:`STATIC_MARK` go to a side file, written only when one of them is a
+    different object than at the last write to ``path`` by this process (so a run writes its
+    static setup state once); the side file is written before the checkpoint that names it, and
+    older side files are removed after, so a run killed at any moment leaves a readable pair.
 
     Args:
         values: name -> codec value (arrays, bytes, str, numbers): the server's arrays and every
             client's ``get_state()``.
         meta: JSON-able run state (history, transport log, the server's JSON state).
     """
-    payload: dict[str, Any] = {
-        f"a:{k}": (np.asarray(v) if isinstance(v, (list, tuple)) else v) for k, v in values.items()
-    }
+    p = Path(path)
+    static = {k: v for k, v in values.items() if STATIC_MARK in k}
+    payload = _codec_values({k: v for k, v in values.items() if STATIC_MARK not in k})
+    side = None
+    if static:
+        key = str(p.resolve())
+        prev = _STATIC_WRITTEN.get(key)
+        if (
+            prev is None
+            or prev[1].keys() != static.keys()
+            or not all(_same(prev[1][k], v) for k, v in static.items())
+            or not (p.parent / prev[0]).is_file()
+        ):
+            name = f"{p.name}.static-{secrets.token_hex(8)}"
+            blob = encode(Message("checkpoint.static", "run", "run", rnd, _codec_values(static)))
+            atomic_write(p.parent / name, blob, mode=0o600)
+            _STATIC_WRITTEN[key] = (name, {k: _ref(v) for k, v in static.items()})
+        side = _STATIC_WRITTEN[key][0]
+        payload["static"] = side
     payload["meta"] = json.dumps(meta)
-    atomic_write(Path(path), encode(Message("checkpoint", "run", "run", rnd, payload)), mode=0o600)
+    atomic_write(p, encode(Message("checkpoint", "run", "run", rnd, payload)), mode=0o600)
+    for old in p.parent.glob(f"{p.name}.static-*"):
+        if old.name != side and not old.name.endswith(".tmp"):
+            old.unlink(missing_ok=True)
 
 
 def load_checkpoint(path: str | Path) -> tuple[int, dict[str, Any], dict[str, Any]]:
@@ -119,9 +173,16 @@ def load_checkpoint(path: str | Path) -> tuple[int, dict[str, Any], dict[str, An
         meta = json.loads(msg.payload["meta"])
         if not isinstance(meta, dict):
             raise TypeError("meta")
-    except (MessageError, KeyError, TypeError, ValueError, RecursionError):
-        raise HybridFLError(f"checkpoint {str(p)!r} is unreadable.") from None
-    values = {k[2:]: v for k, v in msg.payload.items() if k.startswith("a:")}
+        items = dict(msg.payload)
+        side = items.get("static")
+        if side is not None:
+            if not isinstance(side, str) or not re.fullmatch(re.escape(p.name) + r"\.static-[0-9a-f]{16}", side):
+                raise TypeError("static")
+            extra = decode((p.parent / side).read_bytes()).payload
+            items.update({k: v for k, v in extra.items() if k.startswith("a:")})
+    except (MessageError, KeyError, TypeError, ValueError, RecursionError, OSError):
+        raise HybridFLError(f"checkpoint {str(p)!r} (or its static side file) is unreadable.") from None
+    values = {k[2:]: v for k, v in items.items() if k.startswith("a:")}
     return msg.round, values, meta
 
 

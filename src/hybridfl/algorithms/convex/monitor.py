@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +62,8 @@ class ConvexProblem:
         loss: ``hinge`` | ``logistic`` | ``squared``.
         positive: class indices labelled +1.
         row: sample ID -> row of ``X``.
+        segments: holder set (sorted tuple of client names) -> its sample IDs (str, sorted): to map
+            HyFDCA's per-segment ``enc(alpha)`` (the server knows holder sets, not IDs) to rows.
     """
 
     ids: np.ndarray
@@ -73,6 +75,7 @@ class ConvexProblem:
     loss: str
     positive: list[int]
     row: dict
+    segments: dict = field(default_factory=dict)
 
 
 def check_inputs(
@@ -140,10 +143,16 @@ def build_problem(
     names = train.block_names
     held = np.zeros((ids.size, len(names)), dtype=bool)
     pos_of = {s: i for i, s in enumerate(ids)}
+    holders: dict[str, list[str]] = {}
     for c in partition.clients:
         r = np.array([pos_of[str(s)] for s in c.sample_ids])
         for b in c.blocks:
             held[r, names.index(b)] = True
+        for s in c.sample_ids:
+            holders.setdefault(str(s), []).append(c.client_id)
+    segments: dict[tuple[str, ...], list[str]] = {}
+    for s in ids:
+        segments.setdefault(tuple(sorted(holders[s])), []).append(str(s))
     blocks = {
         b: np.where(held[:, j].reshape(-1, *([1] * (sub.blocks[b].ndim - 1))), sub.blocks[b], 0.0)
         for j, b in enumerate(names)
@@ -153,7 +162,16 @@ def build_problem(
     Xt = features(split.test, sparse=sp.issparse(X))
     positive = list(positive)
     return ConvexProblem(
-        ids, X, signed_labels(sub.y, positive), Xt, signed_labels(split.test.y, positive), lam, loss, positive, pos_of
+        ids,
+        X,
+        signed_labels(sub.y, positive),
+        Xt,
+        signed_labels(split.test.y, positive),
+        lam,
+        loss,
+        positive,
+        pos_of,
+        {k: np.array(v) for k, v in segments.items()},
     )
 
 
@@ -284,11 +302,18 @@ class Monitor:
     def alpha(self, server: Any) -> np.ndarray:
         """The dual variables ``(N,)`` of a HyFDCA server's output model (averaged when
         ``average_last``), decrypted from its ``output_alpha_ciphertexts()``."""
-        a = np.zeros(self.prob.ids.size)
         cts, count = server.output_alpha_ciphertexts()
-        for ids, c in cts:
+        return self.alpha_of(cts) / count
+
+    def alpha_of(self, cts: Sequence[tuple[Any, bytes]]) -> np.ndarray:
+        """The ``(N,)`` values of per-segment ciphertexts ``(key, ciphertext)``, the key a holder set
+        (sorted tuple of client names; the segment's values in the order of its sorted sample IDs,
+        :attr:`ConvexProblem.segments`) or the segment's sample IDs."""
+        a = np.zeros(self.prob.ids.size)
+        for key, c in cts:
+            ids = self.prob.segments[key] if isinstance(key, tuple) else key
             a[[self.prob.row[s] for s in ids]] = self.he.decrypt(c)
-        return a / count
+        return a
 
     def primal_metrics(self, w: np.ndarray) -> dict[str, float]:
         """``primal`` ``P(w)``, test ``accuracy``, ``train_accuracy`` and, with a reference,

@@ -13,11 +13,15 @@ protocol encrypts is per segment, in the segment's canonical order (sorted sampl
 server can add the ciphertexts of the clients of ``B_i`` slot by slot (CKKS) or value by value
 (Paillier) without learning anything but the segment layout.
 
-Setup (once, 3 exchanges):
+Setup (once, 3 exchanges; 6 with the default ``alignment: psi``):
 
-1. ``hyfdca.hello``: client -> server its sample IDs, block names (no feature value, no label);
+1. ``hyfdca.hello``: client -> server its block names (no feature value, no label) and either its
+   PSI blobs (``alignment: psi``, default: then ``hyfdca.psi_serve``, ``psi_result`` and
+   ``psi_tags`` find every sample's holder set by private set intersection between the clients,
+   the server relaying opaque blobs and learning only holder sets and sizes, :mod:`.align`) or its
+   sample IDs (``alignment: plaintext``, the paper's setting);
 2. ``hyfdca.init``: server -> client ``N``, ``lambda``, loss, ``H``, ``sigma'``, the segment of each
-   of its samples, ``|B_s|`` and the per-(segment, block) weights ``1 / c(s, b)`` (``c`` = number of
+   of its samples (under ``psi``: its segments as holder sets), ``|B_s|`` and the per-(segment, block) weights ``1 / c(s, b)`` (``c`` = number of
    clients of the segment holding the block; 1 in a grid without replicas);
    client -> server ``enc(sum_b ||x_{k,i,b}||^2 / c)`` per segment (partial squared norms);
 3. ``hyfdca.norms``: server -> client the encrypted sums over ``B_i``; clients decrypt

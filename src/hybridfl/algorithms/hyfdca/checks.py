@@ -23,7 +23,7 @@ from hybridfl.runtime.validate import PayloadError
 
 class ReplyChecksMixin:
     """Reply checks of :class:`~hybridfl.algorithms.hyfdca.server.HyFDCAServer` (uses its ``he``,
-    ``feat``, ``client_segs`` and ``seg_ids``)."""
+    ``feat``, ``client_segs`` and ``seg_n``)."""
 
     def check_ciphertexts(self, r: Message, key: str, sizes: Sequence[int]) -> list[bytes]:
         """The ciphertext list ``r.payload[key]``: exactly ``len(sizes)`` non-empty ciphertexts,
@@ -40,7 +40,7 @@ class ReplyChecksMixin:
 
     def seg_sizes(self, cid: str, segs: Sequence[int] | None = None) -> list[int]:
         """The sample counts of ``cid``'s segments (or of the global segments ``segs``)."""
-        return [len(self.seg_ids[g]) for g in (self.client_segs[cid] if segs is None else segs)]
+        return [self.seg_n[g] for g in (self.client_segs[cid] if segs is None else segs)]
 
     def _check_share(self, r: Message) -> None:
         validate.array(r, "share", (len(self.feat[r.sender]),))

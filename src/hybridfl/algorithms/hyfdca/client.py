@@ -79,6 +79,7 @@ import scipy.sparse as sp
 
 from hybridfl.algorithms.convex.losses import RowData
 from hybridfl.algorithms.convex.problem import features, signed_labels
+from hybridfl.algorithms.hyfdca.align import PSI_KINDS, AlignClientMixin
 from hybridfl.algorithms.hyfdca.secure import SecureSharesClientMixin
 from hybridfl.algorithms.hyfdca.segment import SegmentClientMixin
 from hybridfl.data.dataset import HybridDataset
@@ -92,7 +93,7 @@ _VECTORS = ("alpha", "u", "q", "w", "own_sq")
 """The client's float64 state vectors (``(n_k,)`` but ``w`` ``(d_k,)``)."""
 
 
-class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin):
+class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin):
     """Client-side steps of HyFDCA for one client.
 
     Args:
@@ -150,6 +151,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin):
         self.sweep: dict[int, dict] = {}  # segment mode: this round's pass over each active segment
         self.require_secagg = require_secagg
         self._secure_init()  # secure aggregation of its primal shares: key pair, counted base
+        self._align_init()  # alignment by PSI (alignment: psi): keys and holder sets between setup messages
 
     # -- helpers
     def _reply(self, msg: Message, t0: float, he0: float, **payload) -> Message:
@@ -254,17 +256,34 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin):
         t0, he0 = time.perf_counter(), self.he.seconds
         p = msg.payload
         if msg.kind == "hyfdca.hello":
+            alignment = p.get("alignment", "plaintext")
+            if not isinstance(alignment, str) or alignment not in ("psi", "plaintext"):
+                raise PayloadError(msg, "alignment", "not 'psi' or 'plaintext'")
+            if alignment == "plaintext":  # the paper's setting: the server learns its IDs
+                validate.only_keys(msg, ("alignment",))
+            ids = self.align_hello(msg) if alignment == "psi" else {"ids": self.ids.tolist()}
             return self._reply(
                 msg,
                 t0,
                 he0,
-                ids=self.ids.tolist(),
+                **ids,
                 blocks=self.blocks,
                 n_samples=int(self.ids.size),
                 secagg_public=self.secagg.public_bytes(),
             )
+        if msg.kind in PSI_KINDS:
+            step = {"hyfdca.psi_serve": self.align_serve, "hyfdca.psi_result": self.align_result}.get(
+                msg.kind, self.align_tags
+            )
+            return self._reply(msg, t0, he0, **step(msg))
         if msg.kind == "hyfdca.init":
-            validate.array(msg, "segment", (self.ids.size,), kinds="iu")
+            if "segment_sets" in p:  # alignment: psi: it finds its rows' segments from their holder sets
+                seg = self.align_segment(msg)
+                if validate.array(msg, "holders", (None,), kinds="iu").size != int(seg.max()) + 1:
+                    raise PayloadError(msg, "holders", "not holding one count per segment of segment_sets")
+                p = {**{k: v for k, v in p.items() if k != "segment_sets"}, "segment": seg}
+            else:
+                validate.array(msg, "segment", (self.ids.size,), kinds="iu")
             n_seg = validate.array(msg, "holders", (None,), kinds="iu").size
             validate.array(msg, "block_weight", (n_seg * len(self.blocks),))
             secure = self.secure_setup(msg)
@@ -324,6 +343,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin):
                     st[f"seg_colw.{s}"] = np.asarray(self.seg_colw[s], dtype=np.float64)
         st.update(self._segment_state())
         st.update(self._secure_state())
+        st.update(self._align_state())
         return st
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -345,6 +365,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin):
             ]
         self._set_segment_state(state)
         self._set_secure_state(state)
+        self._set_align_state(state)
 
     def init(self, p: Mapping[str, Any]) -> tuple[list[bytes], list[bytes]]:
         """Setup (``hyfdca.init``; SPEC.md "the full squared norm, obtainable once by the same

@@ -80,6 +80,10 @@ class HyFDCAConfig(BaseModel):
     sparse: Literal["auto", "dense", "sparse"] = Field(
         "auto", description="client feature storage (auto: CSR below 25 % non-zeros)"
     )
+    alignment: Literal["psi", "plaintext"] = Field(
+        "psi",
+        description="how the holder sets of the samples are found: psi: pairwise private set intersection between the clients, relayed by the server as opaque blobs (the server learns holder sets and sizes, never an ID; our addition); plaintext: every client sends its sample IDs to the server (the paper's setting; faster): hybridfl.algorithms.hyfdca.align",
+    )
     encryption: Literal["none", "paillier", "ckks"] = "none"
     secure_aggregation: bool = Field(
         True,

@@ -15,7 +15,7 @@ import numpy as np
 
 class OutputModelMixin:
     """The averaged output model of :class:`~hybridfl.algorithms.hyfdca.server.HyFDCAServer`
-    (uses its ``config``, ``he``, ``w``, ``enc_alpha``, ``seg_ids``, ``w_sum``, ``alpha_sum`` and
+    (uses its ``config``, ``he``, ``w``, ``enc_alpha``, ``seg_holders``, ``w_sum``, ``alpha_sum`` and
     ``avg_count``)."""
 
     @property
@@ -51,14 +51,17 @@ class OutputModelMixin:
         started (``average_last``), else the last iterate ``w``."""
         return self.w_sum / self.avg_count if self.avg_count else self.w
 
-    def output_alpha_ciphertexts(self) -> tuple[list[tuple[np.ndarray, bytes]], int]:
-        """The dual of the output model for an outside monitor with the key: ((segment sample IDs,
+    def output_alpha_ciphertexts(self) -> tuple[list[tuple[tuple[str, ...], bytes]], int]:
+        """The dual of the output model for an outside monitor with the key: ((segment holder set,
         ciphertext) per segment, divisor): the encrypted sums of ``alpha`` over the averaged rounds
-        and their count, or ``enc(alpha)`` and 1 before averaging starts."""
+        and their count, or ``enc(alpha)`` and 1 before averaging starts. A segment's values are in
+        the order of its sample IDs; the server knows only its holders (a sorted tuple of client
+        names): the monitor, which holds the partition, maps them to IDs."""
         if self.avg_count:
-            return list(zip(self.seg_ids, self.alpha_sum)), self.avg_count
+            return [(tuple(h), c) for h, c in zip(self.seg_holders, self.alpha_sum)], self.avg_count
         return self.alpha_ciphertexts(), 1
 
-    def alpha_ciphertexts(self) -> list[tuple[np.ndarray, bytes]]:
-        """(segment sample IDs, ``enc(alpha)``) per segment: for an outside monitor with the key."""
-        return list(zip(self.seg_ids, self.enc_alpha))
+    def alpha_ciphertexts(self) -> list[tuple[tuple[str, ...], bytes]]:
+        """(segment holder set, ``enc(alpha)``) per segment: for an outside monitor with the key
+        (see :meth:`output_alpha_ciphertexts`)."""
+        return [(tuple(h), c) for h, c in zip(self.seg_holders, self.enc_alpha)]

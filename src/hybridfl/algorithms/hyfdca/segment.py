@@ -68,6 +68,7 @@ class SegmentClientMixin:
         (upper triangles, segment by segment)."""
         b = int(p["batch_size"])
         self.seg_global = [int(g) for g in p["seg_global"]]
+        self._batch_cache = {}
         self.seg_batches = []
         for g, rows in zip(self.seg_global, self.seg_rows):
             perm = rows[np.random.default_rng([int(p["batch_seed"]), g]).permutation(rows.size)]
@@ -75,8 +76,8 @@ class SegmentClientMixin:
         gram: list[bytes] = []
         for s in range(len(self.seg_rows)):
             colw = self.seg_colw[s]
-            for rows in self.seg_batches[s]:
-                Xb = self.X[rows]
+            for m, rows in enumerate(self.seg_batches[s]):
+                Xb = self._batch(s, m)[0]
                 Xw = Xb if colw is None else (Xb.multiply(colw[None, :]).tocsr() if sp.issparse(Xb) else Xb * colw)
                 G = Xb @ Xw.T
                 G = G.toarray() if sp.issparse(G) else np.asarray(G)
@@ -102,14 +103,26 @@ class SegmentClientMixin:
             gram.append(row)
         self.gram = gram
 
-    def _batch_share(self, s: int, rows: np.ndarray) -> bytes:
-        """``enc(x_{k,i}^T (w_k + sigma' dw_k))`` for one mini-batch of segment ``s`` (its own
+    def _batch(self, s: int, m: int) -> tuple[Any, Any, np.ndarray]:
+        """Batch ``m`` of segment ``s``: its rows ``X_{k,B}`` ``(b, d_k)`` (CSR or dense, the same
+        values and layout as ``X[rows]``), their transpose (a view) and the labels ``(b,)``, sliced
+        once and kept (not part of the state): a round then does no fancy row indexing."""
+        cache = self.__dict__.setdefault("_batch_cache", {})
+        hit = cache.get((s, m))
+        if hit is None:
+            rows = self.seg_batches[s][m]
+            Xb = self.X[rows]
+            hit = cache[(s, m)] = (Xb, Xb.T, np.ascontiguousarray(self.y[rows]))
+        return hit
+
+    def _batch_share(self, s: int, m: int) -> bytes:
+        """``enc(x_{k,i}^T (w_k + sigma' dw_k))`` for mini-batch ``m`` of segment ``s`` (its own
         block's part of the exact inner products, with the segment's changes this round)."""
         colw = self.seg_colw[s]
         ww = self.w + self.sweep[s]["sigma"] * self.sweep[s]["dw"]
         if colw is not None:
             ww = ww * colw
-        return self.he.encrypt(np.asarray(self.X[rows] @ ww).ravel())
+        return self.he.encrypt(np.asarray(self._batch(s, m)[0] @ ww).ravel())
 
     def segment_start(self, msg: Message) -> dict:
         """Segment mode, round start (``hyfdca.segstart``): take ``w`` ``(d_k,)`` (and fresh
@@ -151,7 +164,7 @@ class SegmentClientMixin:
                 "sigma": float(p.get("sigma", self.params["sigma"])),
             }
             pos += c
-            out.append(self._batch_share(s, self.seg_batches[s][self.sweep[s]["order"][0]]))
+            out.append(self._batch_share(s, self.sweep[s]["order"][0]))
         return {"ip": out}
 
     def check_sweep(self, msg: Message) -> None:
@@ -209,12 +222,13 @@ class SegmentClientMixin:
             st = self.sweep[s]
             m = st["order"][st["j"]]
             rows = self.seg_batches[s][m]
+            Xb, XbT, yb = self._batch(s, m)
             a = self.alpha[rows] + st["delta"][rows]
             rng = np.random.default_rng([st["seed"], self.seg_global[s], st["j"]])
             d = gram_steps(
                 rng.permutation(rows.size),
                 a,
-                self.y[rows],
+                yb,
                 u0,
                 self.gram[s][m],
                 str(prm["loss"]),
@@ -223,10 +237,10 @@ class SegmentClientMixin:
                 float(p.get("gamma", 0.0)),
             )
             st["delta"][rows] += d
-            st["dw"] += np.asarray(self.X[rows].T @ d).ravel() / lam_n
+            st["dw"] += np.asarray(XbT @ d).ravel() / lam_n
             st["j"] += 1
             if st["j"] < len(st["order"]):
-                nxt.append(self._batch_share(s, self.seg_batches[s][st["order"][st["j"]]]))
+                nxt.append(self._batch_share(s, st["order"][st["j"]]))
                 nxt_segs.append(s)
             else:
                 dal.append(self.he.encrypt(st["delta"][self.seg_rows[s]] * self.seg_scale[s]))
@@ -235,17 +249,26 @@ class SegmentClientMixin:
 
     def _segment_state(self) -> dict[str, Any]:
         """The segment-mode part of ``get_state`` (``{}`` in the other modes): ``seg_global``,
-        ``seg_batches.<s>`` (batch sizes), ``batch.<s>.<m>`` rows, ``gram.<s>.<m>`` upper
-        triangles, the pass under way (``sweep`` JSON plus ``sweep_dw.<s>``, ``sweep_delta.<s>``)."""
+        ``seg_batches.<s>`` (batch sizes), ``static:batch.<s>.<m>`` rows, ``static:gram.<s>.<m>``
+        upper triangles, the pass under way (``sweep`` JSON plus ``sweep_dw.<s>``,
+        ``sweep_delta.<s>``). The ``static:`` arrays are fixed at setup: they are built once and
+        the same objects returned every time, so a checkpoint writes them once
+        (:data:`~hybridfl.runtime.checkpoint.STATIC_MARK`)."""
         if not self.seg_global:
             return {}
         st: dict[str, Any] = {"seg_global": np.asarray(self.seg_global, dtype=np.int64)}
+        fixed = self.__dict__.get("_static_state")
+        if fixed is None or fixed[0] is not self.gram or fixed[1] is not self.seg_batches:
+            arrays: dict[str, np.ndarray] = {}
+            for s, batches in enumerate(self.seg_batches):
+                for m, rows in enumerate(batches):
+                    arrays[f"static:batch.{s}.{m}"] = np.asarray(rows, dtype=np.int64)
+                    if self.gram:
+                        arrays[f"static:gram.{s}.{m}"] = self.gram[s][m][np.triu_indices(rows.size)]
+            fixed = self._static_state = (self.gram, self.seg_batches, arrays)
+        st.update(fixed[2])
         for s, batches in enumerate(self.seg_batches):
             st[f"seg_batches.{s}"] = np.asarray([rows.size for rows in batches], dtype=np.int64)
-            for m, rows in enumerate(batches):
-                st[f"batch.{s}.{m}"] = np.asarray(rows, dtype=np.int64)
-                if self.gram:
-                    st[f"gram.{s}.{m}"] = self.gram[s][m][np.triu_indices(rows.size)]
         st["sweep"] = json.dumps(
             {str(k): {f: x for f, x in v.items() if f not in ("dw", "delta")} for k, v in self.sweep.items()}
         )
@@ -258,17 +281,22 @@ class SegmentClientMixin:
         if "seg_global" not in st:
             return
         self.seg_global = [int(g) for g in np.asarray(st["seg_global"])]
+        self._batch_cache = {}
         n_seg = len(self.seg_global)
+        pre = "static:" if "static:batch.0.0" in st else ""  # checkpoints before the static side file: no prefix
         self.seg_batches = [
             [
-                np.asarray(st[f"batch.{s}.{m}"], dtype=np.int64).copy()
+                np.asarray(st[f"{pre}batch.{s}.{m}"], dtype=np.int64).copy()
                 for m in range(np.asarray(st[f"seg_batches.{s}"]).size)
             ]
             for s in range(n_seg)
         ]
-        if n_seg and self.seg_batches[0] and "gram.0.0" in st:
+        if n_seg and self.seg_batches[0] and f"{pre}gram.0.0" in st:
             self.gram = [
-                [_symmetric(np.asarray(st[f"gram.{s}.{m}"], dtype=np.float64), rows.size) for m, rows in enumerate(b)]
+                [
+                    _symmetric(np.asarray(st[f"{pre}gram.{s}.{m}"], dtype=np.float64), rows.size)
+                    for m, rows in enumerate(b)
+                ]
                 for s, b in enumerate(self.seg_batches)
             ]
         self.sweep = {
@@ -304,7 +332,7 @@ def _symmetric(upper: np.ndarray, b: int) -> np.ndarray:
 
 class SegmentServerMixin:
     """The server steps of ``dual_mode: segment`` (mixed into ``HyFDCAServer``, whose attributes
-    they use: ``config``, ``rng``, ``he``, ``w``, ``feat``, ``enc_alpha``, ``seg_ids``,
+    they use: ``config``, ``rng``, ``he``, ``w``, ``feat``, ``enc_alpha``, ``seg_n``,
     ``seg_holders``, ``client_segs``, ``last_round``)."""
 
     def _segment_init_payload(self, segs: list[int], batch_seed: int) -> dict[str, Any]:
@@ -325,7 +353,7 @@ class SegmentServerMixin:
     def seg_batches_of(self, g: int, m: int) -> range:
         """The positions of batch ``m`` of global segment ``g`` (its size is what the server checks)."""
         b = self.config.batch_size
-        return range(m * b, min((m + 1) * b, len(self.seg_ids[g])))
+        return range(m * b, min((m + 1) * b, self.seg_n[g]))
 
     def _check_sweep(self, r: Message, sent: list[int], orders: dict[int, list[int]], step: int) -> None:
         """A ``hyfdca.sweep`` reply: ``ip_segs`` and ``dalpha_segs`` split the segments it was sent
@@ -347,7 +375,7 @@ class SegmentServerMixin:
             if step != len(orders[segs[j]]):
                 raise PayloadError(r, "dalpha_segs", "ending a pass that is not over")
         self.check_ciphertexts(r, "ip", [len(self.seg_batches_of(segs[j], orders[segs[j]][step])) for j in ip_segs])
-        self.check_ciphertexts(r, "dalpha", [len(self.seg_ids[segs[j]]) for j in dal_segs])
+        self.check_ciphertexts(r, "dalpha", [self.seg_n[segs[j]] for j in dal_segs])
 
     def _run_round_segment(
         self, rnd: int, transport: Transport, selected: list[str], stats: dict, t0: float, he0: float
@@ -361,7 +389,7 @@ class SegmentServerMixin:
         See :meth:`_segment_pass` for one pass."""
         cfg = self.config
         chosen = set(selected)
-        active = [g for g in range(len(self.seg_ids)) if all(h in chosen for h in self.seg_holders[g])]
+        active = [g for g in range(len(self.seg_n)) if all(h in chosen for h in self.seg_holders[g])]
         if cfg.segment_schedule == "sequential":
             groups = [[int(g)] for g in self.rng.permutation(active)] if active else []
         else:

@@ -49,6 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from hybridfl.algorithms.convex.problem import block_offsets, feature_index
+from hybridfl.algorithms.hyfdca.align import AlignServerMixin, check_psi_hello, plaintext_segments
 from hybridfl.algorithms.hyfdca.checks import ReplyChecksMixin, check_hello
 from hybridfl.algorithms.hyfdca.config import HyFDCAConfig
 from hybridfl.algorithms.hyfdca.output import OutputModelMixin
@@ -68,7 +69,7 @@ Check = Callable[[Message], None]
 """A reply check: raises :class:`PayloadError` for a malformed reply."""
 
 
-class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, SecureSharesServerMixin):
+class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, SecureSharesServerMixin, AlignServerMixin):
     """Server-side steps of HyFDCA. Holds only public material: ``w`` (plaintext, the model),
     ``enc(alpha)`` per segment, the clients' last encrypted inner-product shares and primal shares.
 
@@ -81,7 +82,8 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
 
     Attributes (after :meth:`setup`): ``N`` the number of samples, ``d`` of features, ``sigma``
     the CoCoA+ factor ``sigma'``, ``local_steps`` client -> ``H``, ``setup_stats`` the setup's
-    timing (as a round's), ``seg_ids`` the sample IDs of each segment.
+    timing (as a round's), ``seg_holders`` and ``seg_n`` each segment's holder set and size
+    (:mod:`.align`; the server holds no sample ID).
     """
 
     def __init__(self, block_shapes: Mapping[str, tuple[int, ...]], config: HyFDCAConfig, he: HEBackend, seed: int = 0):
@@ -96,7 +98,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         self.feat: dict[str, np.ndarray] = {}
         self.client_segs: dict[str, list[int]] = {}
         self.seg_holders: list[list[str]] = []
-        self.seg_ids: list[np.ndarray] = []
+        self.seg_n: list[int] = []  # samples per segment (the server never holds sample IDs under psi)
         self.seg_batch_counts: list[int] = []
         self.enc_alpha: list[bytes] = []
         self.ip_cache: dict[tuple[str, int], bytes] = {}
@@ -169,14 +171,16 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         return replies
 
     def setup(self, transport: Transport, client_ids: Sequence[str]) -> None:
-        """Learn who holds which samples and blocks (``hyfdca.hello``), send the constants and
-        segment layout (``hyfdca.init``), securely sum the squared norms ``q_i`` (and in segment
-        mode the batch Gram matrices) and return the sums (``hyfdca.norms``); ``enc(alpha) = 0``.
+        """Learn the clients' blocks (``hyfdca.hello``) and the samples' holder sets (``alignment:
+        psi``: pairwise PSI between the clients, ``hyfdca.psi_*``, :mod:`.align`; ``plaintext``: the
+        IDs in the hello), send the constants and segment layout (``hyfdca.init``), securely sum
+        the squared norms ``q_i`` (and in segment mode the batch Gram matrices) and return the sums
+        (``hyfdca.norms``); ``enc(alpha) = 0``.
 
         Raises:
             PartitionError: a client holds no samples or no blocks.
             UnknownBlockError: a client holds a block that is not in the schema.
-            ProtocolError: a client did not answer a setup exchange.
+            ProtocolError: a client did not answer a setup exchange; the alignment's counts disagree.
         """
         cfg = self.config
         t0, he0 = time.perf_counter(), self.he.seconds
@@ -186,19 +190,30 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         self.bad = set()
         self._secure_reset()
         secure = cfg.secure_aggregation
+        psi_mode = cfg.alignment == "psi"
+        names = sorted(self.client_ids)
+
+        def check_reply(r: Message) -> None:
+            if psi_mode:
+                i = names.index(r.sender)
+                check_psi_hello(r, lower=i > 0, higher=i < len(names) - 1)
+            else:
+                check_hello(r)
+            if secure:
+                self.secure_hello(r)
+
+        hello_payload = self.psi_hello_payload() if psi_mode else {}
         hello = self._setup_exchange(
             transport,
-            [Message("hyfdca.hello", SERVER, c, 0) for c in self.client_ids],
+            [Message("hyfdca.hello", SERVER, c, 0, dict(hello_payload)) for c in self.client_ids],
             stats,
-            (lambda r: (check_hello(r), self.secure_hello(r))) if secure else check_hello,
+            check_reply,
         )
-        holders: dict[str, list[str]] = defaultdict(list)
         client_ids_order: dict[str, list[str]] = {}
         blocks: dict[str, list[str]] = {}
         for r in hello:
             cid = r.sender
-            ids = list(r.payload["ids"])
-            if not ids:
+            if (int(r.payload["n_samples"]) if psi_mode else len(r.payload["ids"])) == 0:
                 raise PartitionError(f"client {cid!r} holds no samples.")
             bl = list(r.payload["blocks"])
             unknown = [b for b in bl if b not in self.offsets]
@@ -207,44 +222,47 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             if not bl:
                 raise PartitionError(f"client {cid!r} holds no feature blocks.")
             blocks[cid] = bl
-            client_ids_order[cid] = ids
+            if not psi_mode:
+                client_ids_order[cid] = [str(v) for v in r.payload["ids"]]
             self.feat[cid] = feature_index(bl, self.offsets)
-            for s in ids:
-                holders[s].append(cid)
-        # segments: samples with the same holder set
-        seg_of_set: dict[tuple[str, ...], int] = {}
-        seg_members: list[list[str]] = []
-        sample_seg: dict[str, int] = {}
-        for s, hs in holders.items():
-            key = tuple(sorted(hs))
-            j = seg_of_set.get(key)
-            if j is None:
-                j = seg_of_set[key] = len(seg_members)
-                seg_members.append([])
-                self.seg_holders.append(list(key))
-            seg_members[j].append(s)
-            sample_seg[s] = j
-        self.seg_ids = [np.array(sorted(m)) for m in seg_members]
-        self.N = len(holders)
+        # segments: samples with the same holder set, in align.segment_order (the server learns
+        # only the sets and sizes under psi; under plaintext it groups the IDs itself)
+        if psi_mode:
+            segments = self.psi_align(transport, stats, hello)
+            sample_seg: dict[str, int] = {}
+        else:
+            plain = plaintext_segments(client_ids_order, self.client_ids)
+            segments = [(key, len(ids)) for key, ids in plain]
+            sample_seg = {str(v): g for g, (_, ids) in enumerate(plain) for v in ids}
+        self.seg_holders = [list(key) for key, _ in segments]
+        self.seg_n = [int(n) for _, n in segments]
+        self.N = sum(self.seg_n)
         segment = cfg.dual_mode == "segment"
-        default_sigma = len(self.client_ids) if cfg.dual_mode == "block" else len(self.seg_ids)
+        default_sigma = len(self.client_ids) if cfg.dual_mode == "block" else len(self.seg_n)
         if segment and cfg.segment_schedule == "sequential":
             default_sigma = 1  # one segment at a time (each pass sends its own sigma')
-        self.seg_batch_counts = [math.ceil(len(ids) / cfg.batch_size) for ids in self.seg_ids]
+        self.seg_batch_counts = [math.ceil(n / cfg.batch_size) for n in self.seg_n]
         batch_seed = int(np.random.default_rng([self.seed, 11]).integers(2**31))
         self.sigma = float(cfg.sigma) if cfg.sigma is not None else float(default_sigma)
         # per-client messages: local segment indices, holder counts, block weights 1/c(s, b)
         init_msgs = []
         for cid in self.client_ids:
-            segs = sorted({sample_seg[s] for s in client_ids_order[cid]})
+            segs = [g for g, hs in enumerate(self.seg_holders) if cid in hs]
             self.client_segs[cid] = segs
-            local = {g: j for j, g in enumerate(segs)}
-            seg_arr = np.array([local[sample_seg[s]] for s in client_ids_order[cid]], dtype=np.int64)
+            if psi_mode:  # its segments as holder sets (0/1 rows over client_ids): it finds its rows' segments
+                where = {
+                    "segment_sets": np.array(
+                        [[c in self.seg_holders[g] for c in self.client_ids] for g in segs], dtype=np.uint8
+                    )
+                }
+            else:
+                local = {g: j for j, g in enumerate(segs)}
+                where = {"segment": np.array([local[sample_seg[s]] for s in client_ids_order[cid]], dtype=np.int64)}
             bw = np.ones((len(segs), len(blocks[cid])))
             for j, g in enumerate(segs):
                 for bi, b in enumerate(blocks[cid]):
                     bw[j, bi] = 1.0 / sum(1 for h in self.seg_holders[g] if b in blocks[h])
-            n_k = len(client_ids_order[cid])
+            n_k = sum(self.seg_n[g] for g in segs)
             H = cfg.local_steps if cfg.local_steps is not None else max(1, math.ceil(cfg.local_fraction * n_k))
             self.local_steps[cid] = int(H)
             payload = {
@@ -257,7 +275,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 "nu": cfg.nu,
                 "dual_mode": cfg.dual_mode,
                 "epochs": cfg.local_epochs,
-                "segment": seg_arr,
+                **where,
                 "holders": np.array([len(self.seg_holders[g]) for g in segs], dtype=np.int64),
                 "block_weight": bw.ravel(),
                 **(self._segment_init_payload(segs, batch_seed) if segment else {}),
@@ -269,7 +287,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             self.check_ciphertexts(r, "norms", self.seg_sizes(r.sender))
             if segment:
                 sizes = [
-                    min(cfg.batch_size, len(self.seg_ids[g]) - m * cfg.batch_size)
+                    min(cfg.batch_size, self.seg_n[g] - m * cfg.batch_size)
                     for g in self.client_segs[r.sender]
                     for m in range(self.seg_batch_counts[g])
                 ]
@@ -289,7 +307,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 payload["gram"] = [gram[(g, m)] for g in self.client_segs[cid] for m in range(self.seg_batch_counts[g])]
             norms_msgs.append(Message("hyfdca.norms", SERVER, cid, 0, payload))
         self._setup_exchange(transport, norms_msgs, stats)
-        self.enc_alpha = [self.he.encrypt(np.zeros(len(ids))) for ids in self.seg_ids]
+        self.enc_alpha = [self.he.encrypt(np.zeros(n)) for n in self.seg_n]
         self.last_round = {c: -10 for c in self.client_ids}
         self.setup_stats = self._finish(stats, t0, he0)
 
@@ -488,12 +506,12 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             raise ConfigError(
                 f"the checkpoint was written with encryption {held!r}, the config says {self.config.encryption!r}."
             )
-        if int(meta["segments"]) != len(self.seg_ids):
+        if int(meta["segments"]) != len(self.seg_n):
             raise PartitionError(
-                f"the checkpoint has {meta['segments']} sample segments, this federation {len(self.seg_ids)}."
+                f"the checkpoint has {meta['segments']} sample segments, this federation {len(self.seg_n)}."
             )
         self.w = np.asarray(arrays["w"], dtype=np.float64).copy()
-        self.enc_alpha = [np.asarray(arrays[f"alpha.{g}"], dtype=np.uint8).tobytes() for g in range(len(self.seg_ids))]
+        self.enc_alpha = [np.asarray(arrays[f"alpha.{g}"], dtype=np.uint8).tobytes() for g in range(len(self.seg_n))]
         self.ip_cache = {
             (str(c), int(g)): np.asarray(arrays[f"ip.{j}"], dtype=np.uint8).tobytes()
             for j, (c, g) in enumerate(meta["ip_keys"])
@@ -508,5 +526,5 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         if self.avg_count:
             self.w_sum = np.asarray(arrays["w_sum"], dtype=np.float64).copy()
             self.alpha_sum = [
-                np.asarray(arrays[f"alpha_sum.{g}"], dtype=np.uint8).tobytes() for g in range(len(self.seg_ids))
+                np.asarray(arrays[f"alpha_sum.{g}"], dtype=np.uint8).tobytes() for g in range(len(self.seg_n))
             ]

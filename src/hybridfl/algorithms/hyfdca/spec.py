@@ -270,7 +270,19 @@ def final_arrays(server: HyFDCAServer) -> dict[str, np.ndarray]:
 
 def privacy_warning(cfg: HyFDCAConfig) -> str | None:
     """The one line a run prints when a privacy setting is off (``None`` when none is): what the
-    server reads (docs/privacy.md, HyFDCA)."""
+    server reads (docs/privacy.md, HyFDCA); ``alignment: plaintext`` is always mentioned."""
+    line = _setting_warning(cfg)
+    if cfg.alignment != "plaintext":
+        return line
+    ids = (
+        "HyFDCA runs with alignment: plaintext: every client sends its sample IDs to the server; set "
+        "alignment: psi to align them by private set intersection (docs/privacy.md)."
+    )
+    return ids if line is None else f"{line} Also, {ids[0].lower()}{ids[1:]}"
+
+
+def _setting_warning(cfg: HyFDCAConfig) -> str | None:
+    """The first privacy setting that is off (encryption, secure aggregation, local work), or ``None``."""
     if cfg.encryption == "none":
         gram = ", per-batch Gram matrices" if cfg.dual_mode == "segment" else ""
         return (
