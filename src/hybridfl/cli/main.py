@@ -150,7 +150,6 @@ def run(
     with a checkpoint, which ``--resume`` continues."""
     from hybridfl.config import config_with_overrides, run_dir_config
     from hybridfl.experiment import prepare
-    from hybridfl.runtime.checkpoint import CHECKPOINT_NAME
 
     if federation is not None or clients or (resume is not None and _is_federation_run(resume)):
         if config is not None or dataset is not None or data_dir is not None or seed is not None or strict:
@@ -185,13 +184,24 @@ def run(
     try:
         result = _execute_with_progress(prep, out_dir, resume is not None, quiet)
     except KeyboardInterrupt:
-        if (Path(out_dir) / CHECKPOINT_NAME).is_file():
-            err_console.print(f"interrupted: continue the run with `hybridfl run --resume {out_dir}`.")
-        else:
-            err_console.print("interrupted before the first checkpoint: nothing to resume.")
-        raise typer.Exit(130) from None
-    s = result.summary
-    table = Table(title=f"{algo_name} on {prep.split.name}: final results after {s.get('rounds')} rounds")
+        _interrupted(out_dir)
+    _print_final(result.summary, f"{algo_name} on {prep.split.name}", out_dir)
+
+
+def _interrupted(out_dir: Path) -> None:
+    """After Ctrl-C: say how to resume (or that nothing can be) and exit with status 130."""
+    from hybridfl.runtime.checkpoint import CHECKPOINT_NAME
+
+    if (Path(out_dir) / CHECKPOINT_NAME).is_file():
+        err_console.print(f"interrupted: continue the run with `hybridfl run --resume {out_dir}`.")
+    else:
+        err_console.print("interrupted before the first checkpoint: nothing to resume.")
+    raise typer.Exit(130) from None
+
+
+def _print_final(s: dict, what: str, out_dir: Path) -> None:
+    """The final results table, the communication line and the files written."""
+    table = Table(title=f"{what}: final results after {s.get('rounds')} rounds")
     table.add_column("model / quantity")
     table.add_column("value", justify="right")
     for label, value, fmt in report_rows(s):
@@ -231,7 +241,7 @@ def _run_federation(
     import json
 
     from hybridfl.experiment import execute_federation, prepare_federation
-    from hybridfl.runtime.checkpoint import CHECKPOINT_NAME, CheckpointPolicy
+    from hybridfl.runtime.checkpoint import CheckpointPolicy
 
     if resume is not None:
         if federation is not None or clients or out is not None or rounds is not None or force:
@@ -258,24 +268,8 @@ def _run_federation(
             lambda progress: execute_federation(prep, out_dir, progress, resume is not None, policy), quiet
         )
     except KeyboardInterrupt:
-        if (Path(out_dir) / CHECKPOINT_NAME).is_file():
-            err_console.print(f"interrupted: continue the run with `hybridfl run --resume {out_dir}`.")
-        else:
-            err_console.print("interrupted before the first checkpoint: nothing to resume.")
-        raise typer.Exit(130) from None
-    s = result.summary
-    table = Table(title=f"{name} on the federation: final results after {s.get('rounds')} rounds")
-    table.add_column("model / quantity")
-    table.add_column("value", justify="right")
-    for label, value, fmt in report_rows(s):
-        table.add_row(label, _fmt(value, fmt))
-    console.print(table)
-    if s.get("bytes_total") is not None:
-        console.print(
-            f"communication: {s.get('messages_total')} messages, {s['bytes_total'] / 1e6:.2f} MB in {s.get('rounds')} rounds"
-        )
-    written = ", ".join(sorted(f.name for f in Path(out_dir).iterdir() if not f.name.startswith(".")))
-    console.print(f"results written to [bold]{out_dir}[/]: {written}")
+        _interrupted(out_dir)
+    _print_final(result.summary, f"{name} on the federation", out_dir)
 
 
 @app.command()
