@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 
 import numpy as np
 import pytest
@@ -22,7 +23,8 @@ from hybridfl.config import parse_config
 from hybridfl.data.export import export_clients
 from hybridfl.errors import ConfigError, HybridFLError
 from hybridfl.experiment import prepare
-from hybridfl.runtime.flower.node import HELLO, algorithm_from, assign_clients, client_step
+from hybridfl.privacy.credentials import verify_hello
+from hybridfl.runtime.flower.node import HELLO, algorithm_from, assign_clients, client_credentials, client_step
 from hybridfl.runtime.loop import RoundLoop
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 from hybridfl.runtime.simulation import build_federation, single_threaded
@@ -94,13 +96,23 @@ def hello_all(t, server_dir):
     """The hello of :func:`run_server` to every node of ``t``: the server data, config, seed and
     each client's hello payload."""
     sd, cfg, seed = algorithm_from(server_dir)
-    hello = {"algorithm": cfg.name, "config": cfg.model_dump_json(), "seed": seed, "layout": json.dumps(sd.layout)}
+    keys = client_credentials(sd, server_dir)
+    hello = {
+        "algorithm": cfg.name,
+        "config": cfg.model_dump_json(),
+        "seed": seed,
+        "layout": json.dumps(sd.layout),
+        "session": "s1",
+    }
     payloads = {}
     for c in t.client_ids:
+        nonce = os.urandom(32)
         payloads[c] = decode(
-            client_step(encode(Message(HELLO, SERVER, "node-x", 0, hello)), t.dirs[c], t.stores[c])
+            client_step(encode(Message(HELLO, SERVER, "node-x", 0, {**hello, "nonce": nonce})), t.dirs[c], t.stores[c])
         ).payload
         assert payloads[c]["client_id"] == c
+        assert verify_hello(keys[c], "s1", nonce, c, payloads[c]["proof"])
+        assert not verify_hello(keys[c], "s1", os.urandom(32), c, payloads[c]["proof"])  # bound to its nonce
     return sd, cfg, seed, payloads
 
 
@@ -170,11 +182,12 @@ def test_client_step_errors_are_one_sentence(tmp_path):
         client_step(fit, str(dirs[0]), {})
     _, cfg, _ = algorithm_from(server_dir)
     store: dict = {}
-    client_step(
-        encode(Message(HELLO, SERVER, "n", 0, {"algorithm": "hyfem", "config": cfg.model_dump_json(), "seed": 0})),
-        str(dirs[0]),
-        store,
-    )
+    hello = {"algorithm": "hyfem", "config": cfg.model_dump_json(), "seed": 0, "session": "s"}
+    for bad in ({}, {"nonce": b"short"}, {"nonce": "x" * 32}, {"nonce": os.urandom(32), "session": 5}):
+        with pytest.raises(ValueError, match="the hello's (nonce|session) is not"):  # a hostile hello: nothing stored
+            client_step(encode(Message(HELLO, SERVER, "n", 0, {**hello, **bad})), str(dirs[0]), store)
+        assert store == {}
+    client_step(encode(Message(HELLO, SERVER, "n", 0, {**hello, "nonce": os.urandom(32)})), str(dirs[0]), store)
     with pytest.raises(HybridFLError, match="reached the node holding client 'client-0'"):
         client_step(encode(Message("hyfem.fit", SERVER, "client-1", 1, {})), str(dirs[0]), store)
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
@@ -342,6 +355,10 @@ def test_loopback_hyfdca_and_hyfem_equal_simulation(tmp_path):
     prep_d, dirs_d, server_d = _setup(tmp_path / "hyfdca", HYFDCA)
     for a, b in zip(dirs, dirs_d):  # the same client data: one set of SuperNodes serves both runs
         assert (a / "sample_ids.npy").read_bytes() == (b / "sample_ids.npy").read_bytes()
+    # ... so the HyFDCA run's server knows those nodes' keys (each export makes its own key pairs)
+    meta_d = json.loads((server_d / "server.json").read_text())
+    meta_d["client_keys"] = json.loads((server_f / "server.json").read_text())["client_keys"]
+    (server_d / "server.json").write_text(json.dumps(meta_d))
     w_ref, log_ref = _hyfdca_reference(prep_d, HYFDCA)
     with single_threaded():
         ref = run_hyfem(

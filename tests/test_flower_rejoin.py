@@ -44,6 +44,8 @@ from tests.test_flower import (
     _strip,
 )
 
+CLIENT_APP_RAISED_EXCEPTION = 2  # flwr.common.constant.ErrorCode
+
 # the kill points below count messages of the plaintext alignment (PSI adds three setup exchanges)
 HYFDCA3 = {**HYFDCA, "rounds": 3, "alignment": "plaintext"}
 
@@ -62,11 +64,16 @@ class FakeGrid:
     ``lose = {(client index, round)}``: that node handles every message of that round (its state
     is saved) but none of its replies leaves it: the simulation's failure (``fail_at``) played
     through the real ClientApp and the FlowerTransport's deadline (evaluation messages, which the
-    simulation sends outside its failure model, still get their replies)."""
+    simulation sends outside its failure model, still get their replies).
 
-    def __init__(self, dirs, kill_at=None, stale=3, restart_after=2, run_id=7, lose=()):
+    ``slow = {(client index, sequence number)}``: the first pull of that message finds no reply (the
+    server waits and looks at the node list). A ClientApp that raises is answered with an error
+    reply, as Flower does."""
+
+    def __init__(self, dirs, kill_at=None, stale=3, restart_after=2, run_id=7, lose=(), slow=()):
         self.dirs = list(dirs)
         self.lose = set(lose)
+        self.slow = set(slow)
         self.kill_at = kill_at
         self.stale = stale
         self.restart_after = restart_after
@@ -140,6 +147,9 @@ class FakeGrid:
             if dst in self.alive:
                 i, ctx = self.alive[dst]
                 _, seq = unpack_seq(m.content)
+                if (i, seq) in self.slow:  # its first pull finds no reply yet (the server waits, looks for nodes)
+                    self.slow.discard((i, seq))
+                    continue
                 if self.kill_at is not None and self.kill_at[:2] == (i, seq):
                     if self.kill_at[2] == "after":
                         query(m, ctx)  # handled and saved; the reply never leaves the node
@@ -151,7 +161,10 @@ class FakeGrid:
                     query(m, ctx)  # handled and saved; the reply never leaves the node
                     self.answered.add(mid)
                     continue
-                out.append(query(m, ctx))
+                try:
+                    out.append(query(m, ctx))
+                except Exception as e:  # what Flower does with a ClientApp that raises: an error reply
+                    out.append(Message(Error(CLIENT_APP_RAISED_EXCEPTION, f"{type(e).__name__}: {e}"), reply_to=m))
                 self.answered.add(mid)
             elif dst in self.dead and self.dead[dst] <= 0:
                 out.append(Message(Error(NODE_UNAVAILABLE, "Error: Node Unavailable"), reply_to=m))
@@ -224,6 +237,39 @@ def test_node_that_never_comes_back_is_given_up(tmp_path, run_id, hyfdca_setup):
     assert "its node 1001 went offline (Flower: node unavailable); no node holding it came back" in ab[-1]["why"]
     assert summary["rounds"] == 3 and summary["rejoins"] == []
     assert not np.allclose(np.load(tmp_path / "res" / "final.npz")["w"], w_ref)
+
+
+def test_impostor_nodes_are_refused_and_the_run_goes_on(tmp_path, run_id, hyfdca_setup):
+    """Adversary: nodes that reach the SuperLink and claim client-1's name with a copy of its data
+    but not its ``client_key.pem`` (one from the start, one appearing mid-run as if client-1's node
+    had restarted), and a node whose ClientApp fails on the hello. None is mapped to a client, none
+    receives an algorithm message, and ``w`` equals the simulation's."""
+    import shutil
+
+    from hybridfl.privacy.credentials import CLIENT_KEY_FILE, new_client_key
+
+    dirs, server_dir, w_ref, _ = hyfdca_setup
+    _clean_state(dirs)
+    impostor = tmp_path / "client-1"
+    shutil.copytree(dirs[1], impostor, ignore=shutil.ignore_patterns(CLIENT_KEY_FILE, STATE_DIR))
+    new_client_key(impostor)
+    # the reply to client-0's message #5 is slow, so the server looks for new nodes then
+    grid = FakeGrid([*dirs, impostor, impostor, tmp_path / "missing"], slow={(0, 5)})
+    grid.alive.pop(grid.started[4])  # the second impostor appears during the run
+    grid.pending_restart.append([4, 2])
+    summary = run_server(grid, server_dir, tmp_path / "res", poll_interval=0, reply_timeout=30, node_check=0)
+    np.testing.assert_allclose(np.load(tmp_path / "res" / "final.npz")["w"], w_ref, rtol=1e-9, atol=1e-12)
+    assert summary["nodes"] == {f"client-{i}": grid.started[i] for i in range(3)}
+    assert summary["rejoins"] == []
+    refused = {int(n): why for n, why in summary["refused_nodes"].items()}
+    late_node = grid.started[-1]
+    assert len(grid.started) == 7 and late_node not in grid.started[:6]
+    assert set(refused) == {grid.started[3], grid.started[5], late_node}
+    for n in (grid.started[3], late_node):
+        assert "claims client 'client-1' without a valid proof" in refused[n]
+    assert "ClientApp failed" in refused[grid.started[5]]
+    got = {m.metadata.dst_node_id for m in grid.msgs.values() if decode(unpack_seq(m.content)[0]).kind != HELLO}
+    assert got == set(grid.started[:3])  # no algorithm message ever went to a refused node
 
 
 def _rows(history):
@@ -324,7 +370,7 @@ def test_serve_answers_a_resent_message_once(tmp_path, hyfdca_setup):
 
     _, cfg, seed = algorithm_from(server_dir)
     d = str(dirs[0])
-    hello = {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": seed, "session": "s1"}
+    hello = {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": seed, "session": "s1", "nonce": b"n" * 32}
     store: dict = {}
     r = decode(serve(encode(HMessage(HELLO, SERVER, "node-1", 0, hello)), None, d, store))
     assert r.payload["client_id"] == "client-0" and r.payload["seq"] == 0
@@ -354,7 +400,7 @@ def test_clientapp_state_file_survives_the_supernode(tmp_path, run_id, hyfdca_se
     from hybridfl.runtime.flower.node import algorithm_from
 
     _, cfg, seed = algorithm_from(server_dir)
-    hello = {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": seed, "session": "s1"}
+    hello = {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": seed, "session": "s1", "nonce": b"n" * 32}
     from hybridfl.runtime.flower.bridge import pack
 
     def send(nid, raw, seq=None):
@@ -390,7 +436,10 @@ def test_loopback_supernode_killed_and_restarted(tmp_path):
     prep, dirs, server_dir = _setup(tmp_path, algo, num_clients=2)
     with single_threaded():
         ref = run_hyfem(prep.split, prep.partition, HyFEMConfig(**{k: v for k, v in algo.items() if k != "name"}), 3)
-    fed = LocalFederation(dirs, fast=True, work_dir=tmp_path / "fed", start_timeout=120, tls=True)
+    # auth=False: with Flower's SuperNode authentication a restarted node keeps its node ID and may
+    # join only after the SuperLink marked the killed one offline (up to 60 s); the rejoin with a
+    # new node ID, and its proof at the hello, are what this test is about
+    fed = LocalFederation(dirs, fast=True, work_dir=tmp_path / "fed", start_timeout=120, tls=True, auth=False)
     res = tmp_path / "res"
     pids = []
     t0 = time.monotonic()

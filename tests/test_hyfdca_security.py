@@ -41,7 +41,13 @@ def _cfg(**kw) -> HyFDCAConfig:
 
 def _hello(cfg: HyFDCAConfig) -> bytes:
     return encode(
-        Message(HELLO, SERVER, "node-1", 0, {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": 0})
+        Message(
+            HELLO,
+            SERVER,
+            "node-1",
+            0,
+            {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": 0, "session": "s", "nonce": b"n" * 32},
+        )
     )
 
 

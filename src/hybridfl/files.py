@@ -57,3 +57,36 @@ def _fsync_dir(d: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def create_private(path: str | Path, data: bytes, what: str = "key file") -> Path:
+    """Create the file ``path`` holding ``data`` for its owner only: opened with ``O_CREAT |
+    O_EXCL | O_NOFOLLOW`` and mode 0600 from the start (never readable by others, not even
+    briefly), so it never overwrites an existing file and never follows a symbolic link. The parent
+    directory is created (mode 0700) if missing. A failed write removes the partial file.
+
+    Raises:
+        DataError: ``path`` already exists or is a symbolic link (nothing is written); ``what``
+            names the file in the message.
+    """
+    from hybridfl.errors import DataError
+
+    f = Path(path)
+    f.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(f, flags, 0o600)
+    except FileExistsError:
+        raise DataError(
+            f"{what} {str(f)!r} already exists (or is a symbolic link): an existing key is never "
+            "overwritten, so remove it first or choose another path."
+        ) from None
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(bytes(data))
+            out.flush()
+            os.fsync(out.fileno())
+    except BaseException:
+        f.unlink(missing_ok=True)
+        raise
+    return f

@@ -6,8 +6,10 @@
   client machine; copy the file into every client directory as ``he_secret.key`` (never to the
   server: the server receives only the public material, from the clients, in the hello exchange);
 - ``hybridfl flower-app [--out DIR]``: print (or copy) the Flower app directory for ``flwr run``;
-- ``hybridfl deploy-local --config FILE --out DIR``: export, start a SuperLink and one SuperNode
-  per client on 127.0.0.1, run the algorithm over Flower, stop everything, print the results;
+- ``hybridfl deploy-local --config FILE --out DIR`` (or ``--federation F --clients A,B,...``):
+  export (or assemble the organisations' prepared directories), start a SuperLink (TLS and
+  SuperNode authentication unless ``--insecure``) and one SuperNode per client on 127.0.0.1, run
+  the algorithm over Flower, stop everything, print the results;
 - ``hybridfl flower-executor --runtime-api-address HOST:PORT``: the warm ClientApp executor for a
   SuperNode started with ``--isolation process`` (one long-lived process answers every message).
 """
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 from typing import Optional
 
@@ -115,10 +118,20 @@ def flower_app_cmd(
 
 
 def deploy_local_cmd(
-    config: Path = typer.Option(..., "--config", "-c", help="Run config (dataset, partition, algorithm)."),
     out: Path = typer.Option(..., "--out", "-o", help="Directory for the export, the Flower logs and the results."),
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="Run config (dataset, partition, algorithm): export it, then deploy."
+    ),
+    federation: Optional[Path] = typer.Option(
+        None, "--federation", help="Federation schema (hybridfl federation init): deploy the --clients directories."
+    ),
+    clients: Optional[list[str]] = typer.Option(
+        None,
+        "--clients",
+        help="With --federation: the organisations' client directories (client prepare); repeat it or separate by commas.",
+    ),
     rounds: Optional[int] = typer.Option(None, help="Override algorithm.rounds."),
-    seed: Optional[int] = typer.Option(None, help="Override the seed."),
+    seed: Optional[int] = typer.Option(None, help="Override the seed (--config only)."),
     stock: bool = typer.Option(
         False,
         "--stock",
@@ -129,36 +142,83 @@ def deploy_local_cmd(
         help="warm: one long-lived hybridfl executor per SuperNode keeps the client in memory; "
         "flower: Flower's default path, a new ClientApp process per message.",
     ),
+    insecure: bool = typer.Option(
+        False,
+        "--insecure",
+        help="Local experiments only: no TLS and no SuperNode authentication (anyone reaching the port can join).",
+    ),
     poll_interval: float = typer.Option(0.1, help="SuperNode poll interval in seconds (fast launcher)."),
     timeout: float = typer.Option(3600.0, help="Seconds the run may take."),
 ) -> None:
-    """Export, start a SuperLink and one SuperNode per client on 127.0.0.1, run over Flower, stop."""
+    """Start a SuperLink (TLS, SuperNode authentication) and one SuperNode per client on 127.0.0.1, run over Flower, stop.
+
+    The clients come from ``--config`` (exported into OUT/export) or from ``--federation F
+    --clients A,B,...`` (the organisations' own prepared directories; the server directory is
+    assembled from their public client.json into OUT/server).
+    """
     from hybridfl.errors import ConfigError
     from hybridfl.runtime.flower.local import LocalFederation
 
     if executor not in ("warm", "flower"):
         raise ConfigError(f"--executor must be warm or flower, got {executor!r}.")
+    if (config is None) == (federation is None):
+        raise ConfigError("give either --config FILE or --federation FILE --clients DIR,... (not both, not neither).")
+    if clients and federation is None:
+        raise ConfigError("--clients needs the federation schema too: --federation FILE.")
     if stock and executor == "warm":
         executor = "flower"  # the stock SuperNode has no warm executor
 
-    export_clients_cmd(config, out / "export", rounds, seed, False)
-    dirs = [d for d in sorted((out / "export").iterdir()) if (d / "client.json").is_file()]
-    order = json.loads((out / "export" / "manifest.json").read_text())["client_ids"]
-    dirs.sort(key=lambda d: order.index(d.name))
+    if config is not None:
+        export_clients_cmd(config, out / "export", rounds, seed, False)
+        server_dir = out / "export" / "server"
+        dirs = [d for d in sorted((out / "export").iterdir()) if (d / "client.json").is_file()]
+        order = json.loads((out / "export" / "manifest.json").read_text())["client_ids"]
+        dirs.sort(key=lambda d: order.index(d.name))
+    else:
+        from hybridfl.data.federation import assemble_server, load_federation
+
+        if seed is not None:
+            raise ConfigError("--seed is the federation schema's with --federation (it seeds every organisation).")
+        given = [d for c in clients or [] for d in c.split(",") if d]
+        if not given:
+            raise ConfigError("--federation needs the client directories: --clients DIR,DIR,...")
+        if (out / "server").exists():
+            raise ConfigError(f"{str(out / 'server')!r} exists: deploy into a new --out directory.")
+        _, client_data = load_federation(federation, given)  # every directory checked before anything starts
+        dirs = [Path(c.path) for c in client_data]
+        infos = [
+            (str(d / "client.json"), {**c.meta, "blocks": list(c.data.block_names)}) for d, c in zip(dirs, client_data)
+        ]
+        server_dir = assemble_server(federation, infos, out / "server")
+    if insecure:
+        console.print("[yellow]--insecure: no TLS and no SuperNode authentication; for local experiments only[/]")
     (out / "flower").mkdir(parents=True, exist_ok=True)
     fed = LocalFederation(
-        dirs, fast=not stock, poll_interval=poll_interval, work_dir=out / "flower", warm=executor == "warm"
+        dirs,
+        fast=not stock,
+        poll_interval=poll_interval,
+        work_dir=out / "flower",
+        warm=executor == "warm",
+        tls=not insecure,
+        auth=not insecure,
     )
+    run_config: dict[str, object] = {
+        "server-dir": str(Path(server_dir).resolve()),
+        "out-dir": str((out / "results").resolve()),
+    }
+    if rounds is not None and config is None:
+        run_config["rounds"] = int(rounds)
     try:
         fed.start()
         console.print(
-            f"SuperLink on 127.0.0.1:{fed.port}, {len(dirs)} SuperNodes ({executor} executor); "
-            f"running (logs in {out / 'flower'})"
+            f"SuperLink on 127.0.0.1:{fed.port} ({'insecure' if insecure else 'TLS, SuperNode authentication'}), "
+            f"{len(dirs)} SuperNodes ({executor} executor); running (logs in {out / 'flower'})"
         )
-        fed.run(
-            {"server-dir": str((out / "export" / "server").resolve()), "out-dir": str((out / "results").resolve())},
-            timeout=timeout,
-        )
+        fed.run(run_config, timeout=timeout)
+    except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as e:  # one sentence; the logs say more
+        from hybridfl.errors import HybridFLError
+
+        raise HybridFLError(f"{str(e).strip().splitlines()[0]} (logs in {out / 'flower'})") from None
     finally:
         fed.stop()
     s = json.loads((out / "results" / "summary.json").read_text())

@@ -218,12 +218,15 @@ def export_clients(
         )
     out.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     common = {"format": FORMAT_VERSION, "dataset": train.name, "classes": list(train.classes), "block_shapes": schema}
-    dirs = []
+    from hybridfl.privacy.credentials import PUBLIC_KEY_FIELD, new_client_key
+
+    dirs, keys = [], {}
     for i, c in enumerate(partition.clients):
         d = out / c.client_id
         local = train.subset(c.sample_ids, c.blocks)
         info = _write_dataset_dir(d, local, with_labels=c.has_labels)
         meta = {**common, "client_id": c.client_id, "index": i, "has_labels": bool(c.has_labels), **info}
+        keys[c.client_id] = meta[PUBLIC_KEY_FIELD] = new_client_key(d)  # its proof of identity at the hello
         if client_test:
             _write_dataset_dir(d / "test", split.test.subset(None, c.blocks), with_labels=c.has_labels)
         atomic_write(d / "client.json", json.dumps(meta, indent=1), mode=FILE_MODE)
@@ -238,6 +241,7 @@ def export_clients(
         # public structure (no sample IDs): which block names each client holds, labels yes/no
         "client_blocks": {c.client_id: list(c.blocks) for c in partition.clients},
         "client_labels": {c.client_id: bool(c.has_labels) for c in partition.clients},
+        "client_keys": keys,  # public Ed25519 keys: the server checks each node's hello against them
     }
     if run_config is not None:
         smeta["run_config"] = run_config

@@ -45,8 +45,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hybridfl.config import read_config_file
-from hybridfl.errors import ConfigError
+from hybridfl.errors import ConfigError, DataError
 from hybridfl.files import atomic_write
+from hybridfl.privacy.credentials import PUBLIC_KEY_FIELD, public_key_hex
 
 SCHEMA_FORMAT = 1
 """Version of the federation schema file."""
@@ -429,8 +430,14 @@ def federation_server_meta(
         unknown = [b for b in blocks if b not in schema.blocks]
         if unknown:
             raise ConfigError(f"{where} holds block {unknown[0]!r}, which is not in the schema.")
-        rows.append((index, cid, blocks, labels))
-    rows.sort()
+        key = info.get(PUBLIC_KEY_FIELD)
+        if key is not None:
+            try:
+                key = public_key_hex(key, where)
+            except DataError as e:
+                raise ConfigError(str(e)) from None
+        rows.append((index, cid, blocks, labels, key))
+    rows.sort(key=lambda r: (r[0], r[1]))
     names = [r[1] for r in rows]
     if len(set(names)) != len(names):
         raise ConfigError(f"two organisations prepared the same client name {names[0]!r}.")
@@ -448,6 +455,8 @@ def federation_server_meta(
         "has_test": False,
         "client_blocks": {r[1]: r[2] for r in rows},
         "client_labels": {r[1]: r[3] for r in rows},
+        # public Ed25519 keys from client.json (client prepare): a deployment checks each node's hello
+        "client_keys": {r[1]: r[4] for r in rows if r[4] is not None},
         "run_config": {"seed": int(schema.seed), "algorithm": dict(schema.algorithm)},
         "schema_sha256": digest,
     }

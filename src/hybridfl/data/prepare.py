@@ -34,6 +34,7 @@ from hybridfl.data.export import _CLIENT_NAME, DIR_MODE, FILE_MODE, FORMAT_VERSI
 from hybridfl.data.federation import FederationSchema, load_schema, schema_digest
 from hybridfl.errors import DataError
 from hybridfl.files import atomic_write
+from hybridfl.privacy.credentials import PUBLIC_KEY_FIELD, new_client_key
 
 STATS_FILE = "stats.json"
 """A prepared client directory's local standardisation statistics (per block: count, sum, sumsq)."""
@@ -325,6 +326,7 @@ def prepare_client(
     try:
         stage = tmp / "client"
         info = _write_dataset_dir(stage, ds, with_labels=has_labels)
+        public_key = new_client_key(stage)  # client_key.pem: the node's proof of identity at the hello
         meta = {
             "format": FORMAT_VERSION,
             "dataset": schema.name,
@@ -337,6 +339,7 @@ def prepare_client(
             "prepared": True,
             "schema_sha256": schema_digest(schema_path),
             "standardized": standardized,
+            PUBLIC_KEY_FIELD: public_key,
         }
         if stats is not None:
             atomic_write(stage / STATS_FILE, json.dumps({"blocks": stats}, indent=1), mode=FILE_MODE)

@@ -16,11 +16,11 @@ key, and ``slots``).
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from hybridfl.data.export import SECRET_FILE  # noqa: F401  (the one name of the key file)
 from hybridfl.errors import ConfigError, DataError, MessageError
+from hybridfl.files import create_private
 from hybridfl.privacy.he import KEY_PAIR_KIND, HEBackend, KeyDealer
 from hybridfl.runtime.messages import decode
 
@@ -43,33 +43,13 @@ def write_secret(dealer: KeyDealer, path: str | Path) -> Path:
 
 
 def write_secret_bytes(data: bytes, path: str | Path) -> Path:
-    """Create the key file ``path`` holding ``data``: opened with ``O_CREAT | O_EXCL | O_NOFOLLOW``
-    and mode 0600 from the start (never readable by others, not even briefly), so it never
-    overwrites an existing file and never follows a symbolic link. The parent directory is created
-    (mode 0700) if missing. A failed write removes the partial file.
+    """Create the key file ``path`` holding ``data`` with :func:`hybridfl.files.create_private`:
+    mode 0600 from the start, never over an existing file, never through a symbolic link.
 
     Raises:
         DataError: ``path`` already exists or is a symbolic link (nothing is written).
     """
-    f = Path(path)
-    f.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
-    try:
-        fd = os.open(f, flags, 0o600)
-    except FileExistsError:
-        raise DataError(
-            f"HE secret key file {str(f)!r} already exists (or is a symbolic link): an existing key is never "
-            "overwritten, so remove it first or choose another path."
-        ) from None
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(bytes(data))
-            out.flush()
-            os.fsync(out.fileno())
-    except BaseException:
-        f.unlink(missing_ok=True)
-        raise
-    return f
+    return create_private(path, data, "HE secret key file")
 
 
 def backend_from_secret(secret: bytes, where: str) -> tuple[str, HEBackend, bytes]:

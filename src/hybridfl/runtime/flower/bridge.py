@@ -16,8 +16,9 @@ again with the same ``data-dir`` comes back under a *new* Flower node ID (Flower
 fresh key pair per SuperNode process) while the SuperLink keeps reporting the old ID online until
 its heartbeat expires (up to 2 x 30 s), after which replies to it are Flower ``NODE_UNAVAILABLE``
 errors. :class:`FlowerTransport` therefore maps our client IDs to node IDs by asking every node it
-has not seen yet which client it holds (the hello), remaps a client to the new node that holds it
-and re-sends the messages that node's predecessor did not answer, with the same per-client
+has not seen yet which client it holds (the hello, answered with a signature under the client's own
+key from ``client prepare``/``export-clients``: :mod:`hybridfl.privacy.credentials`), remaps a
+client to the new node that proves it holds it and re-sends the messages that node's predecessor did not answer, with the same per-client
 sequence number, so the ClientApp (whose state survives on the node's disk) answers it exactly
 once.
 """
@@ -25,12 +26,15 @@ once.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from flwr.app import ConfigRecord, Message, RecordDict
 
+from hybridfl.errors import HybridFLError
+from hybridfl.privacy.credentials import NONCE_BYTES
 from hybridfl.runtime.messages import SERVER, decode, encode
 from hybridfl.runtime.messages import Message as HMessage
 from hybridfl.runtime.transport import CommLog
@@ -206,6 +210,9 @@ class FlowerTransport:
         self._seen: set[int] = set()
         self._online: set[int] = set()
         self._probes: dict[str, int] = {}  # Flower message ID of a hello -> its node
+        self._nonces: dict[int, bytes] = {}  # node -> the nonce of its hello
+        self.credentials: dict[str, str] = {}
+        self.refused: dict[int, str] = {}  # node -> why its hello was refused
         self._found: dict[int, HMessage] | None = None
         self._inflight: list[_Out] = []
         self._next_check = 0.0
@@ -226,21 +233,37 @@ class FlowerTransport:
         self._seen |= set(self.nodes.values())
 
     # ------------------------------------------------------------------ hello / node discovery
-    def hello_all(self, hello: Mapping, expected: Iterable[str], wait: float) -> dict[int, HMessage]:
-        """Send the hello (``deploy.hello``, payload ``hello``) to every connected node and to every
-        node that connects later, until the nodes that answered hold all ``expected`` clients.
+    def hello_all(
+        self, hello: Mapping, expected: Iterable[str], wait: float, credentials: Mapping[str, str]
+    ) -> dict[int, HMessage]:
+        """Send the hello (``deploy.hello``, payload ``hello`` plus a fresh 32-byte ``nonce`` per
+        node) to every connected node and to every node that connects later, until nodes holding
+        all ``expected`` clients have answered with a valid proof.
 
-        A node that never answers (e.g. a killed SuperNode the SuperLink still lists for up to a
-        minute) is left behind. The payload is kept: nodes that connect during the run get it too.
+        A node is mapped to the client it names only if its ``proof`` is that client's Ed25519
+        signature over the hello's ``session`` and its nonce, checked against ``credentials``
+        (:func:`hybridfl.privacy.credentials.verify_hello`); the same check guards a restarted node
+        that claims a client later in the run. A node whose reply does not parse, names a client
+        without a valid proof, or whose ClientApp fails on the hello is logged and ignored (an
+        untrusted node cannot stop the run); a node that never answers (e.g. a killed SuperNode the
+        SuperLink still lists for up to a minute) is left behind. The payload is kept: nodes that
+        connect during the run get it too.
+
+        Args:
+            hello: the run's hello payload; must hold ``session`` (a string naming this run).
+            expected: the run's client IDs.
+            wait: seconds to wait for them.
+            credentials: client ID -> its registered public key (64 hex characters).
 
         Returns:
-            Node ID -> hello reply of every node that answered.
+            Node ID -> hello reply of every node that answered with a valid proof.
 
         Raises:
-            TimeoutError: no node holding some expected client answered within ``wait`` seconds.
-            RuntimeError: a ClientApp failed on the hello (e.g. a SuperNode without data-dir).
+            TimeoutError: no node proving some expected client answered within ``wait`` seconds
+                (the message names the refused nodes and why).
         """
         self.hello = dict(hello)
+        self.credentials = {str(c): str(k) for c, k in credentials.items()}
         want = {str(c) for c in expected}
         found: dict[int, HMessage] = {}
         self._found = found
@@ -254,9 +277,12 @@ class FlowerTransport:
                     break
                 if time.monotonic() > deadline:
                     have = {str(r.payload.get("client_id")) for r in found.values()}
+                    why = "; ".join(f"node {n}: {r}" for n, r in list(self.refused.items())[-3:])
                     raise TimeoutError(
                         f"no SuperNode holding client(s) {', '.join(sorted(want - have))} answered within {wait:g} s "
-                        f"({len(self._online)} SuperNodes connected, {len(found)} answered)."
+                        f"({len(self._online)} SuperNodes connected, {len(found)} answered"
+                        + (f"; refused: {why}" if why else "")
+                        + ")."
                     )
                 time.sleep(self.poll_interval)
         finally:
@@ -266,7 +292,9 @@ class FlowerTransport:
     def _probe(self, nid: int) -> None:
         if self.hello is None:
             raise RuntimeError("no hello to send: call hello_all first.")
-        raw = encode(HMessage(HELLO, SERVER, f"node-{nid}", 0, self.hello))
+        nonce = os.urandom(NONCE_BYTES)  # fresh per node: a recorded proof never verifies again
+        self._nonces[nid] = nonce
+        raw = encode(HMessage(HELLO, SERVER, f"node-{nid}", 0, {**self.hello, "nonce": nonce}))
         ids = list(
             self.grid.push_messages([Message(pack(raw), dst_node_id=nid, message_type=MESSAGE_TYPE, group_id="0")])
         )
@@ -291,29 +319,54 @@ class FlowerTransport:
         if back:
             self._push(back, retry=True)
 
-    def _on_hello(self, nid: int, r: Message) -> None:
+    def _refuse(self, nid: int, why: str) -> None:
+        self.refused[nid] = why
+        log.warning("hybridfl: node %d refused at the hello: %s", nid, why)
+
+    def _check_hello(self, nid: int, r: Message) -> HMessage | None:
+        """The hello reply of node ``nid`` if it parses and proves the client it names, else None
+        (the reason logged and kept in :attr:`refused`)."""
+        from hybridfl.privacy.credentials import verify_hello
+
         if r.has_error():
-            if r.error.code == NODE_UNAVAILABLE:  # a node that went away before answering
-                return
-            if self._found is not None:
-                raise RuntimeError(f"the ClientApp of node {nid} failed on {HELLO!r}: {r.error.reason}")
-            log.warning("hybridfl: node %d failed on %r (ignored): %s", nid, HELLO, r.error.reason)
+            if r.error.code != NODE_UNAVAILABLE:  # (unavailable: a node that went away before answering)
+                self._refuse(nid, f"its ClientApp failed on {HELLO!r}: {str(r.error.reason)[:300]}")
+            return None
+        try:
+            h = decode(unpack(r.content))
+        except (ValueError, HybridFLError) as e:
+            self._refuse(nid, f"its reply does not parse ({str(e)[:200]})")
+            return None
+        cid = h.payload.get("client_id")
+        if h.kind != HELLO or not isinstance(cid, str) or len(cid) > 128:
+            self._refuse(nid, "its reply is not a hello naming a client")
+            return None
+        key = self.credentials.get(cid)
+        if key is None:
+            self._refuse(nid, f"it claims client {cid!r}, which is not in this run")
+            return None
+        nonce = self._nonces.get(nid, b"")
+        if not verify_hello(key, str(self.hello.get("session")), nonce, cid, h.payload.get("proof")):
+            self._refuse(nid, f"it claims client {cid!r} without a valid proof (signature under that client's key)")
+            return None
+        return h
+
+    def _on_hello(self, nid: int, r: Message) -> None:
+        h = self._check_hello(nid, r)
+        if h is None:
             return
-        h = decode(unpack(r.content))
         if self._found is not None:
             self._found[nid] = h
             return
-        cid = str(h.payload.get("client_id"))
-        if cid not in self.nodes:
-            log.warning("hybridfl: node %d holds client %r, which is not in this run (ignored)", nid, cid)
-            return
+        cid = str(h.payload["client_id"])
         old = self.nodes[cid]
         if nid == old:
             return
-        state = int(h.payload.get("seq", -1))
+        state = h.payload.get("seq", -1)
+        if isinstance(state, bool) or not isinstance(state, int):
+            self._refuse(nid, f"its hello for client {cid!r} carries no integer 'seq'")
+            return
         if not self.acked[cid] <= state <= self.seq[cid]:
-            from hybridfl.errors import HybridFLError
-
             raise HybridFLError(
                 f"client {cid!r} came back as node {nid} with its saved state after message #{state}, but the server "
                 f"already has its reply to message #{self.acked[cid]}: the node's state directory was lost or replaced, "

@@ -1,10 +1,17 @@
-"""A SuperLink and N SuperNodes as real processes on 127.0.0.1, and ``flwr run`` against them.
+"""A SuperLink and N SuperNodes as real processes, and ``flwr run`` against them.
 
-Used by the loopback test, the benchmark and ``hybridfl deploy-local``. Every process is started
-in its own process group and :meth:`LocalFederation.stop` kills the groups (SIGTERM, then SIGKILL
-after a grace period), also when start-up or the run fails. Only loopback addresses are used;
-ports are chosen free at run time. ``FLWR_HOME`` is a directory of the federation (a temporary one
-by default), so the user's Flower configuration is never touched.
+Used by the loopback tests, the benchmark and ``hybridfl deploy-local``. By default the SuperLink
+serves TLS (a CA and certificate made with ``openssl``) and authenticates SuperNodes the way Flower
+1.41 does (``--enable-supernode-auth``: every SuperNode has its own ECDSA P-384 key pair, the
+public key is registered with ``flwr supernode register`` before the node starts, and a node whose
+key is not registered cannot join). ``tls=False`` (``--insecure``) is for local experiments only.
+
+All processes run on 127.0.0.1, or, with ``hosts`` (:class:`~hybridfl.runtime.flower.netns.Hosts`),
+each SuperNode in its own network namespace reaching the SuperLink at its own host address. Every
+process is started in its own process group and :meth:`LocalFederation.stop` kills the groups
+(SIGTERM, then SIGKILL after a grace period), also when start-up or the run fails. Ports are
+chosen free at run time. ``FLWR_HOME`` is a directory of the federation (a temporary one by
+default), so the user's Flower configuration is never touched.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hybridfl.runtime.flower import APP_DIR
 
@@ -120,6 +128,33 @@ def make_certificates(
     return {"ca": d / "ca.crt", "cert": d / "server.pem", "key": d / "server.key"}
 
 
+def make_node_key(out_dir: str | Path, name: str) -> tuple[Path, Path]:
+    """A SuperNode's authentication key pair, as Flower 1.41 expects it: ECDSA on NIST P-384 in
+    OpenSSH format, ``<name>.key`` (private, mode 0600, for ``flower-supernode
+    --auth-supernode-private-key``) and ``<name>.pub`` (for ``flwr supernode register``).
+
+    Returns:
+        ``(private key path, public key path)``.
+
+    Raises:
+        DataError: the private key file exists already.
+    """
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    from hybridfl.files import atomic_write, create_private
+
+    d = Path(out_dir)
+    key = ec.generate_private_key(ec.SECP384R1())
+    private = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    public = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    create_private(d / f"{name}.key", private, "SuperNode key file")
+    atomic_write(d / f"{name}.pub", public + b"\n")
+    return d / f"{name}.key", d / f"{name}.pub"
+
+
 def group_members(pgid: int) -> list[int]:
     """PIDs of live (not zombie) processes in process group ``pgid`` (Linux ``/proc``)."""
     out = []
@@ -162,6 +197,17 @@ class LocalFederation:
         start_timeout: seconds each process may take to come up.
         tls: serve the SuperLink over TLS with certificates from :func:`make_certificates`
             (made in ``work_dir/certs``); SuperNodes and ``flwr run`` verify it with the CA.
+            False: ``--insecure``, for local experiments only.
+        auth: Flower's SuperNode authentication (needs ``tls``): one key pair per SuperNode
+            (:func:`make_node_key`, in ``work_dir/node-keys``), each public key registered with
+            ``flwr supernode register`` before its node starts; the node IDs are in
+            :attr:`node_ids`. A SuperNode killed and started again keeps its node ID but can join
+            only once the SuperLink has marked its previous session offline (Flower's heartbeat
+            patience, up to 2 x 30 s); until then it exits at start-up.
+        hosts: run SuperNode ``i`` in network namespace ``i`` of these
+            :class:`~hybridfl.runtime.flower.netns.Hosts` (entered by the caller), reaching the
+            SuperLink at ``hosts.host_address(i)``; the SuperLink then listens on all addresses and
+            its certificate names every host address. None: everything on 127.0.0.1.
         warm: each SuperNode runs with ``--isolation process`` and the warm executor
             (:mod:`hybridfl.runtime.flower.executor`, one long-lived process per SuperNode, in its
             process group) instead of Flower's SuperExec, which starts a ClientApp process per
@@ -175,9 +221,11 @@ class LocalFederation:
     poll_interval: float = 0.1
     work_dir: Path | None = None
     start_timeout: float = 90.0
-    tls: bool = False
+    tls: bool = True
     warm: bool | None = None
     database: bool = False
+    auth: bool = True
+    hosts: Any = None
     procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
     stopped: list[subprocess.Popen] = field(default_factory=list)
     node_cmds: list[list[str]] = field(default_factory=list)
@@ -188,10 +236,19 @@ class LocalFederation:
             self.warm = self.fast
         if self.warm and not self.fast:
             raise ValueError("the warm executor runs with the fast SuperNode launcher: use fast=True with warm=True.")
+        if self.auth and not self.tls:
+            raise ValueError("SuperNode authentication needs TLS: use tls=True with auth=True (or neither).")
+        if self.hosts is not None and len(self.hosts.names) < len(self.client_dirs):
+            raise ValueError(
+                f"{len(self.client_dirs)} SuperNodes need as many network namespaces; hosts has {len(self.hosts.names)} "
+                "(enter the Hosts context first)."
+            )
+        self.node_ids: list[int] = []
+        self._node_sec: list[str] = []
         if self.work_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="hybridfl-flower-")
             self.work_dir = Path(self._tmp.name)
-        self.work_dir = Path(self.work_dir)
+        self.work_dir = Path(self.work_dir).resolve()  # absolute: the processes run in it
         self.work_dir.mkdir(parents=True, exist_ok=True)
         self.flwr_home = self.work_dir / "flwr_home"
         self.flwr_home.mkdir(exist_ok=True)
@@ -233,8 +290,11 @@ class LocalFederation:
         try:
             # Flower 1.41 serves the Fleet, Control and Runtime APIs on one HTTP port
             self.port = free_port()
+            addresses = [LOOPBACK] if self.hosts is None else [self.hosts.host_address(k) for k in range(self.hosts.n)]
             if self.tls:
-                self.certs = make_certificates(self.work_dir / "certs")
+                self.certs = make_certificates(
+                    self.work_dir / "certs", (LOOPBACK, "localhost", *[a for a in addresses if a != LOOPBACK])
+                )
                 link_sec = [
                     "--ssl-certfile",
                     str(self.certs["cert"]),
@@ -242,18 +302,22 @@ class LocalFederation:
                     str(self.certs["key"]),
                     "--ssl-ca-certfile",
                     str(self.certs["ca"]),
+                    *(["--enable-supernode-auth"] if self.auth else []),
                 ]
                 node_sec = ["--root-certificates", str(self.certs["ca"])]
                 toml_sec = f'root-certificates = "{self.certs["ca"]}"\n'
             else:
                 link_sec, node_sec, toml_sec = ["--insecure"], ["--insecure"], "insecure = true\n"
+            (self.flwr_home / "config.toml").write_text(
+                f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "{LOOPBACK}:{self.port}"\n' + toml_sec
+            )
             link = self._spawn(
                 "superlink",
                 [
                     str(self.bin / "flower-superlink"),
                     *link_sec,
                     "--host",
-                    LOOPBACK,
+                    LOOPBACK if self.hosts is None else "0.0.0.0",
                     "--port",
                     str(self.port),
                     *(["--database", str(self.work_dir / "superlink.db")] if self.database else []),
@@ -261,39 +325,86 @@ class LocalFederation:
                 ],
             )
             _wait_port(self.port, self.start_timeout, link, "flower-superlink")
+            self._node_sec = node_sec
             for i, d in enumerate(self.client_dirs):
-                args = [
-                    *node_sec,
-                    "--superlink",
-                    f"{LOOPBACK}:{self.port}",
-                    "--host",
-                    LOOPBACK,
-                    "--port",
-                    str(free_port()),
-                    "--node-config",
-                    f'data-dir="{Path(d).resolve()}"',
-                ]
-                if self.fast:
-                    cmd = [
-                        sys.executable,
-                        "-m",
-                        "hybridfl.runtime.flower.supernode",
-                        "--poll-interval",
-                        str(self.poll_interval),
-                        *(["--warm"] if self.warm else []),
-                        *args,
-                    ]
-                else:
-                    cmd = [str(self.bin / "flower-supernode"), *args]
-                self.node_cmds.append(cmd)
-                self._spawn(f"supernode-{i}", cmd)
-            (self.flwr_home / "config.toml").write_text(
-                f'[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = "{LOOPBACK}:{self.port}"\n' + toml_sec
-            )
+                self.add_node(d, i)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def add_node(self, data_dir: str | Path, host: int = 0, registered: bool | None = None) -> subprocess.Popen:
+        """Start one more SuperNode (``supernode-<n>``, the next number) for ``data_dir``, in
+        network namespace ``host`` when the federation has ``hosts``. ``start`` starts one per
+        client directory with this.
+
+        Args:
+            registered: with ``auth``, register the node's new key with the SuperLink first (the
+                default); False: start it with a key the SuperLink does not know (a node that must
+                not get in, for tests). Ignored without ``auth``.
+
+        Returns:
+            The SuperNode's process (also in :attr:`procs`).
+        """
+        i = len(self.node_cmds)
+        args = [
+            *self._node_sec,
+            "--superlink",
+            f"{LOOPBACK if self.hosts is None else self.hosts.host_address(host)}:{self.port}",
+            "--host",
+            LOOPBACK,
+            "--port",
+            str(free_port()),
+            "--node-config",
+            f'data-dir="{Path(data_dir).resolve()}"',
+        ]
+        if self.auth:
+            key, pub = make_node_key(self.work_dir / "node-keys", f"supernode-{i}")
+            if registered is None or registered:
+                self.node_ids.append(self.register_node(pub))
+            args += ["--auth-supernode-private-key", str(key)]
+        if self.fast:
+            cmd = [
+                sys.executable,
+                "-m",
+                "hybridfl.runtime.flower.supernode",
+                "--poll-interval",
+                str(self.poll_interval),
+                *(["--warm"] if self.warm else []),
+                *args,
+            ]
+        else:
+            cmd = [str(self.bin / "flower-supernode"), *args]
+        if self.hosts is not None:
+            cmd = self.hosts.command(host, cmd)
+        self.node_cmds.append(cmd)
+        return self._spawn(f"supernode-{i}", cmd)
+
+    def register_node(self, public_key: Path) -> int:
+        """Register a SuperNode's public key with the SuperLink (``flwr supernode register KEY
+        local``, through the Control API) and return the node ID the SuperLink gave it.
+
+        Raises:
+            RuntimeError: the registration failed (Flower's message is included).
+        """
+        import json
+
+        p = subprocess.run(
+            [str(self.bin / "flwr"), "supernode", "register", str(public_key), "local", "--format", "json"],
+            capture_output=True,
+            text=True,
+            env=self.env(),
+            cwd=self.work_dir,
+            timeout=self.start_timeout,
+        )
+        try:
+            out = json.loads(p.stdout[p.stdout.index("{") :])
+            return int(out["node-id"])
+        except (ValueError, KeyError, TypeError):
+            why = (p.stdout + p.stderr).strip().splitlines()
+            raise RuntimeError(
+                f"registering SuperNode key {public_key.name} failed: {why[-1] if why else p.returncode}"
+            ) from None
 
     def node_proc(self, i: int) -> subprocess.Popen:
         """The live process of SuperNode ``i`` (the latest one started for it)."""

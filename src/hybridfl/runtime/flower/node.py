@@ -148,6 +148,12 @@ def client_step(
         spec = deployable(str(p["algorithm"]))
         cfg = spec.config_model.model_validate_json(str(p["config"]))  # fail here, not at the first round
         extra = spec.hello_payload(cd, cfg) if spec.hello_payload else {}
+        # the proof that this node is the organisation that prepared the client (its own key, from
+        # data-dir): the server maps the client to this node only if it verifies. Made before the
+        # store changes: a hello without a proper nonce and session changes nothing here
+        from hybridfl.privacy.credentials import hello_proof, load_client_key
+
+        proof = hello_proof(load_client_key(cd.path or "."), p.get("session"), p.get("nonce"), cd.client_id)
         setup = {k: p[k] for k in SETUP_KEYS if k in p}
         # the same run's hello again (a restarted SuperNode whose state survived on disk): keep the
         # state and tell the server how far it got; otherwise a new run starts here
@@ -162,6 +168,7 @@ def client_step(
         return encode(
             msg.reply(
                 client_id=cd.client_id,
+                proof=proof,
                 n_samples=cd.data.n_samples,
                 blocks=cd.data.block_names,
                 has_labels=cd.has_labels,
@@ -271,6 +278,32 @@ def algorithm_from(server_dir: str | Path, rounds: int | None = None) -> tuple[A
     return sd, cfg, int(sd.meta.get("seed", 0))
 
 
+def client_credentials(sd, server_dir: str | Path) -> dict[str, str]:
+    """Every client's registered public key (``server.json`` ``client_keys``, from each client's
+    ``client.json``): a node is mapped to a client only with a proof under that key.
+
+    Raises:
+        ConfigError: a client without a valid key (a server directory written before credentials
+            existed, or edited): export, or prepare and assemble, again.
+    """
+    from hybridfl.privacy.credentials import public_key_hex
+
+    keys = sd.meta.get("client_keys")
+    keys = keys if isinstance(keys, dict) else {}
+    out = {}
+    for c in sd.client_ids:
+        if c not in keys:
+            raise ConfigError(
+                f"server directory {str(server_dir)!r} has no public key for client {c!r}, so no node could prove it "
+                "holds that client: export (or prepare and assemble) the federation again with this version."
+            )
+        try:
+            out[c] = public_key_hex(keys[c], f"server directory {str(server_dir)!r}, client {c!r}")
+        except HybridFLError as e:
+            raise ConfigError(str(e)) from None
+    return out
+
+
 def assign_clients(hello_replies: dict[int, Message], expected: list[str]) -> dict[str, int]:
     """Client ID -> node ID from the hello replies, in the export's client order.
 
@@ -346,7 +379,7 @@ def run_server(
     }
     transport = FlowerTransport(grid, None, poll_interval, reply_timeout, node_check=node_check)
     t0 = time.perf_counter()
-    found = transport.hello_all(hello, sd.client_ids, node_wait)
+    found = transport.hello_all(hello, sd.client_ids, node_wait, client_credentials(sd, server_dir))
     hello_seconds = time.perf_counter() - t0
     nodes = assign_clients(found, sd.client_ids)
     transport.attach(nodes)
@@ -391,6 +424,7 @@ def run_server(
             "wall_seconds": time.perf_counter() - t_start,
             "poll_interval": poll_interval,
             "rejoins": transport.rejoins,
+            "refused_nodes": {str(n): why for n, why in transport.refused.items()},
             "abandoned_messages": transport.abandoned,
             "retried_messages": sum(1 for e in transport.wire.entries if e.retry),
             "final": dict(history[-1]),
