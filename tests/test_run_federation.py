@@ -78,18 +78,22 @@ algorithm: {algorithm}
 """
 
 
-def _federation(tmp_path: Path, monkeypatch, capsys, algorithm: str) -> tuple[Path, list[Path], dict]:
-    """Schema and the three prepared client directories (every organisation holds the labels of
-    its customers)."""
+def _federation(
+    tmp_path: Path, monkeypatch, capsys, algorithm: str, orgs: dict | None = None
+) -> tuple[Path, list[Path], dict]:
+    """Schema and the prepared client directories of ``orgs`` (default :data:`ORGS`, every
+    organisation holding the labels of its customers; a value ``(customers, blocks, labels)`` says
+    whether its table has the label column)."""
     rows = _rows()
+    tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "run.yaml"
     cfg.write_text(_config(algorithm))
     schema = tmp_path / "federation.toml"
     code, _, err = run_cli(monkeypatch, capsys, "federation", "init", "--config", str(cfg), "--out", str(schema))
     assert code == 0, err
     dirs = []
-    for index, (org, (ids, blocks)) in enumerate(ORGS.items()):
-        cols = [c for b in blocks for c in BLOCKS[b]] + ["default"]
+    for index, (org, (ids, blocks, *labels)) in enumerate((orgs or ORGS).items()):
+        cols = [c for b in blocks for c in BLOCKS[b]] + (["default"] if labels in ([], [True]) else [])
         table = tmp_path / f"{org}.csv"
         table.write_text(_csv([f"c{i:03d}" for i in ids], cols, rows))
         d = tmp_path / "clients" / org

@@ -28,7 +28,7 @@ from hybridfl.privacy.credentials import CLIENT_KEY_FILE, new_client_key
 from hybridfl.runtime.flower.local import LocalFederation
 from hybridfl.runtime.flower.netns import Hosts
 from tests.test_prepare import run_cli
-from tests.test_run_federation import BLOCKS, _config, _csv, _rows
+from tests.test_run_federation import _federation
 
 HYBRID = {  # organisation -> (its customers, its blocks, holds the labels)
     "bank": (range(0, 48), ["bank", "demo"], True),
@@ -44,24 +44,7 @@ VERTICAL = {  # the same customers mostly, one block each, labels at the bank
 
 def _organisations(tmp_path: Path, monkeypatch, capsys, algorithm: str, orgs: dict) -> tuple[Path, list[Path]]:
     """``federation init`` and each organisation's ``client prepare`` of its own CSV."""
-    rows = _rows()
-    tmp_path.mkdir(parents=True)
-    (tmp_path / "run.yaml").write_text(_config(algorithm))
-    schema = tmp_path / "federation.toml"
-    code, _, err = run_cli(
-        monkeypatch, capsys, "federation", "init", "--config", str(tmp_path / "run.yaml"), "--out", str(schema)
-    )
-    assert code == 0, err
-    dirs = []
-    for index, (org, (ids, blocks, labels)) in enumerate(orgs.items()):
-        table = tmp_path / f"{org}.csv"
-        cols = [c for b in blocks for c in BLOCKS[b]] + (["default"] if labels else [])
-        table.write_text(_csv([f"c{i:03d}" for i in ids], cols, rows))
-        d = tmp_path / "clients" / org
-        args = ["client", "prepare", "--table", str(table), "--schema", str(schema), "--out", str(d)]
-        code, _, err = run_cli(monkeypatch, capsys, *args, "--index", str(index))
-        assert code == 0, err
-        dirs.append(d)
+    schema, dirs, _ = _federation(tmp_path, monkeypatch, capsys, algorithm, orgs)
     return schema, dirs
 
 
