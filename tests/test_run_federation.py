@@ -225,3 +225,37 @@ def test_bad_federation_input_is_one_sentence_and_writes_nothing(tmp_path, monke
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and needle in err and len(lines) == 1, err
     assert "Traceback" not in err and not out.exists()
+
+
+@pytest.mark.parametrize(
+    "case, needle",
+    [
+        ("neither", "give either --config FILE or --federation FILE"),
+        ("both", "give either --config FILE or --federation FILE"),
+        ("clients_only", "give either --config FILE or --federation FILE"),
+        ("no_clients", "needs the client directories"),
+        ("seed", "--seed is the federation schema's"),
+        ("missing_dir", "does not exist"),
+        ("bad_executor", "--executor must be warm or flower"),
+    ],
+)
+def test_deploy_local_bad_input_is_one_sentence_before_anything_starts(tmp_path, monkeypatch, capsys, case, needle):
+    """``deploy-local --federation F --clients ...``: bad arguments stop it with one sentence before
+    any directory is written or any Flower process starts."""
+    schema, dirs, _ = _federation(tmp_path, monkeypatch, capsys, "{name: hybrid_fedavg, rounds: 2}")
+    out = tmp_path / "deploy"
+    cl = ",".join(map(str, dirs))
+    fed = ["--federation", str(schema)]
+    args = {
+        "neither": [],
+        "both": [*fed, "--clients", cl, "--config", str(tmp_path / "run.yaml")],
+        "clients_only": ["--clients", cl],
+        "no_clients": fed,
+        "seed": [*fed, "--clients", cl, "--seed", "3"],
+        "missing_dir": [*fed, "--clients", cl + "," + str(tmp_path / "nowhere")],
+        "bad_executor": [*fed, "--clients", cl, "--executor", "fast"],
+    }[case]
+    code, _, err = run_cli(monkeypatch, capsys, "deploy-local", *args, "--out", str(out))
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code == 2 and needle in err and len(lines) == 1, err
+    assert "Traceback" not in err and not out.exists()
