@@ -1,6 +1,6 @@
 """HyFDCA benchmarks: convergence to the centralised optimum on MNIST binary, credit default and
 Adult (3 x 3 grids), hybrid FedAvg with a tuned learning rate, CKKS vs plaintext, Paillier
-extrapolation, and time-to-1e-3 vs liblinear.
+extrapolation.
 
 Run one part at a time (2-core machine; every part is single-threaded and bounded)::
 
@@ -10,8 +10,10 @@ Run one part at a time (2-core machine; every part is single-threaded and bounde
     .venv/bin/python benchmarks/hyfdca_bench.py --part encryption
     .venv/bin/python benchmarks/hyfdca_bench.py --part encryption_plot --rounds 30
     .venv/bin/python benchmarks/hyfdca_bench.py --part paillier
-    .venv/bin/python benchmarks/hyfdca_bench.py --part speed --rounds 70 --batch-size 128
     .venv/bin/python benchmarks/hyfdca_bench.py --part encryption --rounds 3 --dual-mode segment --batch-size 128
+
+HyFDCA's time to 1e-3 against liblinear and the CKKS/plaintext round ratio, side by side in one
+run: ``benchmarks/hyfdca_speed.py``.
 
 Each part writes ``benchmarks/results/hyfdca_<part>.json`` (numbers, settings, per-round
 histories of the key metrics) and, for the convergence parts, ``hyfdca_<part>.png``.
@@ -313,79 +315,6 @@ def encryption_plot(rounds: int) -> dict:
     return out
 
 
-def speed(rounds: int, batch_size: int, target: float = 1e-3) -> dict:
-    """MNIST binary, 3 x 3 grid, segment mode (sequential, last iterate, plaintext alignment), side
-    by side in one process: HyFDCA's time to relative suboptimality ``target`` and liblinear's
-    centralised solve at scikit-learn's default tolerance (the time the issue quotes), wall and CPU.
-
-    HyFDCA's time is the sum of the rounds up to the first one at or below ``target``: wall from the
-    history's ``seconds`` (evaluation excluded), CPU from ``time.process_time`` between progress
-    callbacks (evaluation included, so the CPU figure is an upper bound). Setup is reported apart.
-    """
-    from hybridfl.algorithms.convex.losses import primal
-    from hybridfl.algorithms.convex.monitor import build_problem
-    from hybridfl.algorithms.convex.reference import liblinear_solve
-
-    split, pos, lam = dataset("mnist")
-    part = GridPartitioner(3, 3, 1, 0).partition(split.train)
-    prob = build_problem(split, part, "hinge", lam, pos)
-    ll = {}
-    for rep in range(2):  # best of two: the machine is shared
-        t, c = time.perf_counter(), time.process_time()
-        w_ll = liblinear_solve(prob.X, prob.y, lam, "hinge")
-        wall, cpu = time.perf_counter() - t, time.process_time() - c
-        if not ll or cpu < ll["cpu_seconds"]:
-            ll = {"wall_seconds": wall, "cpu_seconds": cpu, "primal": float(primal(prob.X, prob.y, w_ll, lam, "hinge"))}
-    cfg = HyFDCAConfig(
-        lam=lam,
-        rounds=rounds,
-        positive_classes=pos,
-        eval_every=1,
-        dual_mode="segment",
-        segment_schedule="sequential",
-        batch_size=batch_size,
-        alignment="plaintext",
-        average_last=0.0,
-    )
-    marks: list[tuple[float, float]] = []
-    t0, c0 = time.perf_counter(), time.process_time()
-    res = run_hyfdca(
-        split, part, cfg, seed=0, progress=lambda r, n, row: marks.append((time.perf_counter(), time.process_time()))
-    )
-    hist = res.history
-    setup_wall = marks[0][0] - t0 - hist[0]["seconds"]
-    p_star = res.summary["reference_objective"]
-    ll["relative_suboptimality"] = (ll["primal"] - p_star) / abs(p_star)
-    hit = next((i for i, h in enumerate(hist) if h.get("relative_suboptimality", 1.0) <= target), None)
-    out: dict = {
-        "dataset": "mnist",
-        "grid": "3 x 3 = 9 clients",
-        "settings": cfg.model_dump(mode="json"),
-        "liblinear": ll,
-        "hyfdca_setup_wall_seconds": setup_wall,
-        "hyfdca_round_wall_seconds_mean": float(np.mean([h["seconds"] for h in hist])),
-        "hyfdca_round_cpu_seconds_mean": float(np.mean(np.diff([m[1] for m in marks]))) if len(marks) > 1 else None,
-        "target": target,
-        "history": slim(hist),
-    }
-    if hit is None:
-        out["reached"] = False
-        return out
-    # CPU of rounds 2..hit from the callbacks; round 1's (not separable from setup) taken as their mean
-    per_round = np.diff([m[1] for m in marks[: hit + 1]])
-    cpu_to_target = float(per_round.sum() + (per_round.mean() if per_round.size else marks[0][1] - c0))
-    wall_to_target = float(sum(h["seconds"] for h in hist[: hit + 1]))
-    out.update(
-        reached=True,
-        round=hist[hit]["round"],
-        hyfdca_wall_seconds=wall_to_target,
-        hyfdca_cpu_seconds=cpu_to_target,
-        ratio_wall=wall_to_target / ll["wall_seconds"],
-        ratio_cpu=cpu_to_target / ll["cpu_seconds"],
-    )
-    return out
-
-
 def paillier(n_values: int = 200) -> dict:
     """Per-value Paillier (phe + gmpy2, 2048-bit) timed on a subset, extrapolated to one MNIST round."""
     from hybridfl.privacy import KeyDealer, server_backend
@@ -439,7 +368,7 @@ def main() -> None:
     ap.add_argument(
         "--part",
         required=True,
-        choices=["mnist", "credit", "adult", "encryption", "encryption_plot", "paillier", "speed"],
+        choices=["mnist", "credit", "adult", "encryption", "encryption_plot", "paillier"],
     )
     ap.add_argument("--rounds", type=int, default=100)
     ap.add_argument("--eval-every", type=int, default=2)
@@ -508,8 +437,6 @@ def main() -> None:
                 a.rounds,
                 {"dual_mode": a.dual_mode, **({"batch_size": a.batch_size} if a.dual_mode == "segment" else {})},
             )
-        elif a.part == "speed":
-            res = speed(a.rounds, a.batch_size)
         elif a.part == "encryption_plot":
             res = encryption_plot(a.rounds)
         else:

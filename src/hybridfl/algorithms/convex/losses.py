@@ -271,24 +271,27 @@ def gram_steps(
                 corr += (c * d) * G[i]
         return delta
     # hinge: coordinate_step inlined on Python floats (the same operations in the same order, so
-    # the same values), which takes the per-sample overhead of the loop down by about half
+    # the same values), which takes the per-sample overhead of the loop down by about half; the
+    # products ``c * G[i, i]`` are taken once (the same values as in the loop) and ``corr`` is
+    # updated in place by two ufunc calls (the same elementwise rounding as ``corr += c d G[i]``)
     al, yl, ul = alpha.tolist(), np.asarray(y, dtype=np.float64).tolist(), np.asarray(u0, dtype=np.float64).tolist()
-    diag = np.diagonal(G).tolist()
+    sl = (c * np.diagonal(G)).tolist()
     tmp = np.empty(len(u0))
+    corr_at, mul, add = corr.item, np.multiply, np.add
     for i in order.tolist():
         a, yi = al[i], yl[i]
-        u = ul[i] + float(corr[i])
-        s = c * diag[i]
-        if s + gamma <= 0:
+        u = ul[i] + corr_at(i)
+        sg = sl[i] + gamma
+        if sg <= 0:
             new = yi if yi * u < 1 else 0.0 if yi * u > 1 else a
         else:
-            b = yi * a + (1.0 - yi * u - gamma * yi * a) / (s + gamma)
+            b = yi * a + (1.0 - yi * u - gamma * yi * a) / sg
             new = yi * (0.0 if b < 0 else 1.0 if b > 1 else b)
         d = new - a
         if d != 0.0:
             al[i] = new
             delta[i] += d
-            np.multiply(G[i], c * d, out=tmp)
-            corr += tmp
+            mul(G[i], c * d, out=tmp)
+            add(corr, tmp, out=corr)
     alpha[:] = al
     return delta

@@ -160,7 +160,16 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         return msg.reply(**payload)
 
     def _seg_matrix(self, s: int):
-        return self.X[self.seg_rows[s]]
+        """Rows ``X[seg_rows[s]]`` of segment ``s`` ``(n_s, d_k)`` (CSR or dense), sliced once per
+        segment layout and kept (not part of the state): a round then does no fancy row indexing.
+        A segment of all the client's rows in order is ``X`` itself (no copy)."""
+        rows = self.seg_rows[s]
+        cache = self.__dict__.setdefault("_seg_cache", {})
+        hit = cache.get(s)
+        if hit is None or hit[0] is not rows:
+            whole = len(rows) == self.X.shape[0] and np.array_equal(rows, np.arange(len(rows)))
+            hit = cache[s] = (rows, self.X if whole else self.X[rows])
+        return hit[1]
 
     def _cts(self, msg: Message, key: str, count: int | None = None) -> list[bytes]:
         """The checked ciphertext list ``msg.payload[key]``: one per segment unless ``count``."""

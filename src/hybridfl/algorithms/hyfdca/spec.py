@@ -45,7 +45,7 @@ from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
 from hybridfl.errors import DataError, EncryptionPolicyError
-from hybridfl.privacy.he import HEBackend, KeyDealer, PlainBackend, check_key_size, server_backend
+from hybridfl.privacy.he import CKKSBackend, HEBackend, KeyDealer, PlainBackend, check_key_size, server_backend
 from hybridfl.privacy.keys import backend_from_secret
 
 SECRET = "he_secret"
@@ -129,6 +129,8 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
     """
     pos = client_positive_set(cd, cfg.loss, cfg.positive_classes, "HyFDCA")
     he = _backend(cd, cfg)[0]
+    if cfg.ckks_secret_key_encryption and isinstance(he, CKKSBackend):
+        he = he.with_secret_key_encryption()
     return HyFDCAClient(
         cd.client_id, cd.data, pos, he, client_seed(seed, cd.index), cfg.sparse, require_secagg=SECRET in cd.secrets
     )

@@ -1,0 +1,110 @@
+"""HyFDCA speed work (issue 17): the faster paths compute exactly what the plain ones do, and the
+secret-key CKKS option gives the plaintext ``w`` to 1e-6 (``benchmarks/hyfdca_speed.py`` measures
+the times)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from hybridfl.algorithms.convex.losses import coordinate_step, gram_steps
+from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
+from hybridfl.data.partitioners import GridPartitioner
+from hybridfl.privacy.he import CKKSBackend, KeyDealer, SecretKeyMissing, server_backend
+from hybridfl.runtime.simulation import build_federation
+
+pytestmark = pytest.mark.usefixtures("isolated_cache")
+
+
+def _cfg(**kw) -> HyFDCAConfig:
+    base = dict(lam=1e-2, rounds=4, eval_every=0, dual_mode="segment", batch_size=200, reference=False)
+    base.update(kw)
+    return HyFDCAConfig(**base)
+
+
+def _gram_steps_plain(order, alpha, y, u0, G, lam_n, sigma, gamma):
+    """The hinge steps through the generic :func:`coordinate_step` (the loop before inlining)."""
+    c = sigma / lam_n
+    corr, delta = np.zeros(len(u0)), np.zeros(len(u0))
+    for i in order.tolist():
+        a = alpha[i]
+        new = coordinate_step("hinge", a, y[i], u0[i] + corr[i], c * G[i, i], gamma)
+        d = new - a
+        if d != 0.0:
+            alpha[i] = new
+            delta[i] += d
+            corr += (c * d) * G[i]
+    return delta
+
+
+@pytest.mark.parametrize("gamma", [0.0, 0.3])
+def test_inlined_hinge_gram_steps_are_bitwise_the_generic_steps(gamma):
+    """Margin samples, samples at both box ends and zero-norm rows (s = 0): the same alpha and
+    delta bit for bit, and some steps move while others stay (both branches are taken)."""
+    rng = np.random.default_rng(3)
+    b, d = 96, 40
+    X = (rng.random((b, d)) < 0.3) * rng.normal(size=(b, d))
+    X[:5] = 0.0  # s = 0: the unsmoothed hinge's jump branch
+    G = X @ X.T
+    y = np.where(rng.random(b) < 0.5, -1.0, 1.0)
+    alpha0 = y * np.clip(rng.random(b) * 1.6 - 0.3, 0.0, 1.0)
+    u0 = X @ rng.normal(size=d) * 0.3 + y * rng.choice([0.0, 1.0, 2.0], size=b)
+    order = rng.permutation(b)
+    a1, a2 = alpha0.copy(), alpha0.copy()
+    d1 = gram_steps(order, a1, y, u0, G, "hinge", 4.0, 1.5, gamma)
+    d2 = _gram_steps_plain(order, a2, y, u0, G, 4.0, 1.5, gamma)
+    assert np.array_equal(d1, d2) and np.array_equal(a1, a2)
+    assert 0 < np.count_nonzero(d1) < b
+
+
+def test_segment_matrix_cache_follows_the_segment_layout(credit_small):
+    """The cached segment rows are ``X[seg_rows[s]]`` after setup and again after a state with
+    another layout is restored (never a stale slice)."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=1))
+    fed.setup()
+    fed.loop().run()
+    c = next(iter(fed.clients.values()))
+
+    def dense(M):
+        return M.toarray() if sp.issparse(M) else np.asarray(M)
+
+    for s, rows in enumerate(c.seg_rows):
+        assert np.array_equal(dense(c._seg_matrix(s)), dense(c.X[rows]))
+    st = c.get_state()
+    st["seg_rows.0"] = st["seg_rows.0"][::-1].copy()
+    c.set_state(st)
+    assert np.array_equal(dense(c._seg_matrix(0)), dense(c.X[st["seg_rows.0"]]))
+
+
+def test_secret_key_ckks_ciphertexts_add_and_decrypt_with_public_key_ones():
+    d = KeyDealer("ckks")
+    pub_enc = d.client_backend()
+    sec_enc = pub_enc.with_secret_key_encryption()
+    server = server_backend("ckks", d.public_material())
+    v = np.random.default_rng(0).normal(size=300)
+    total = server.add([sec_enc.encrypt(v), pub_enc.encrypt(v), server.encrypt(v)])
+    assert np.abs(pub_enc.decrypt(total) - 3 * v).max() < 1e-6
+    assert np.abs(sec_enc.decrypt(total) - 3 * v).max() < 1e-6
+    other = KeyDealer("ckks").client_backend()  # another key pair reads nothing
+    assert np.abs(other.decrypt(sec_enc.encrypt(v)) - v).max() > 1.0
+    with pytest.raises(SecretKeyMissing):
+        server.with_secret_key_encryption()
+
+
+def test_secret_key_ckks_segment_run_matches_plaintext(credit_small):
+    """``ckks_secret_key_encryption``: the clients encrypt with the secret key, the server adds as
+    before, and ``w`` is the plaintext run's to 1e-6 (relative)."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    plain = run_hyfdca(credit_small, part, _cfg())
+    cfg = _cfg(encryption="ckks", ckks_secret_key_encryption=True)
+    fed = build_federation("hyfdca", credit_small, part, cfg)
+    for c in fed.clients.values():
+        assert isinstance(c.he, CKKSBackend)
+        with pytest.raises(ValueError, match="symmetric"):  # TenSEAL: a secret-key context has no public key
+            c.he.ctx.has_public_key()
+    enc = run_hyfdca(credit_small, part, cfg)
+    w0, w1 = np.array(plain.summary["w"]), np.array(enc.summary["w"])
+    assert np.linalg.norm(w1 - w0) <= 1e-6 * np.linalg.norm(w0)
+    assert enc.summary["bytes_total"] > 3 * plain.summary["bytes_total"]  # ciphertexts crossed and were counted
