@@ -19,6 +19,7 @@ from hybridfl.errors import ConfigError, DataError, PartitionError, ProtocolErro
 from hybridfl.models.towers import LinearTop, MLPTower
 from hybridfl.runtime.messages import Message, decode, encode
 from hybridfl.runtime.simulation import build_federation
+from hybridfl.runtime.validate import PayloadError
 
 
 def synthetic(n=400, dims=(5, 4, 3), seed=0, classes=2, n_test=200) -> DatasetSplit:
@@ -121,6 +122,104 @@ def test_fedsgd_equals_central_sgd_on_the_joint_model(model, top):
     # and training actually moved the parameters away from the initial ones
     init = build(split, part, cfg, seed=4)[1]
     assert any(not torch.equal(a, b) for a, b in zip(params_of(parties, order), params_of(init, order)))
+
+
+@pytest.mark.parametrize("top", ["party_slice", "concat"])
+def test_fedsgd_with_adam_equals_central_adam_on_the_joint_model(top):
+    """``optimizer: adam`` (the reference code's MNIST-CNN choice): Adam works per coordinate, so
+    FedSGD with every party taking an Adam step on its own parameters equals central
+    ``torch.optim.Adam`` on the joint model (same weights, batches, step sizes eta_0 / sqrt(t + 1)
+    and L2) after every round; and the step settings name the optimizer."""
+    split = synthetic()
+    part = vertical(split)
+    order = [c.client_id for c in part.clients]
+    cfg = FedBCDConfig(
+        variant="sgd",
+        rounds=6,
+        batch_size=32,
+        lr=0.01,
+        l2=0.01,
+        model="mlp",
+        representation_dim=8,
+        hidden=16,
+        top=top,
+        optimizer="adam",
+    )
+    server, parties, transport = build(split, part, cfg, seed=4)
+    assert server._common(1)["optimizer"] == "adam"
+    label = next(p for p in parties.values() if p.is_label)
+    bottoms = {cid: copy.deepcopy(parties[cid].bottom) for cid in order}
+    top_model = copy.deepcopy(label.top)
+    xs = {c.client_id: torch.from_numpy(party_input(split.train, list(c.blocks))) for c in part.clients}
+    y = torch.from_numpy(split.train.y.astype(np.float32))
+    batches = record_batches(server)
+    server.setup(transport, transport.client_ids)
+    central_params = []
+    for cid in order:
+        central_params += list(bottoms[cid].parameters())
+        if parties[cid].is_label:
+            central_params += list(top_model.parameters())
+    adam = torch.optim.Adam(central_params, lr=cfg.lr)
+    for rnd in range(1, cfg.rounds + 1):
+        server.run_round(rnd, transport)
+        s = torch.from_numpy(batches[rnd - 1])
+        logits = top_model([bottoms[cid](xs[cid][s]) for cid in order])
+        loss = nn.functional.binary_cross_entropy_with_logits(logits, y[s])
+        loss = loss + 0.5 * cfg.l2 * sum((p**2).sum() for p in central_params)
+        adam.zero_grad()
+        loss.backward()
+        adam.param_groups[0]["lr"] = cfg.step_size(rnd - 1)
+        adam.step()
+        for a, b in zip(params_of(parties, order), central_params):
+            torch.testing.assert_close(a, b.detach(), rtol=1e-4, atol=1e-5)
+    # Adam is not SGD: the same run with optimizer sgd ends elsewhere
+    sgd_server, sgd_parties, sgd_t = build(split, part, cfg.model_copy(update={"optimizer": "sgd"}), seed=4)
+    run_rounds(sgd_server, sgd_t, cfg.rounds)
+    assert any(
+        not torch.allclose(a, b, atol=1e-3) for a, b in zip(params_of(parties, order), params_of(sgd_parties, order))
+    )
+
+
+def test_optimizer_sgd_is_the_default_and_sends_nothing_new():
+    """``optimizer: sgd`` (the default) is the run without the option: no ``optimizer`` in any
+    message, no Adam state, the same parameters bit for bit."""
+    split = synthetic(seed=5)
+    part = vertical(split)
+    order = [c.client_id for c in part.clients]
+    base = dict(
+        variant="p", local_steps=3, rounds=4, batch_size=30, lr=0.3, model="mlp", representation_dim=4, hidden=8
+    )
+    assert FedBCDConfig(**base).optimizer == "sgd"
+    runs = {}
+    for extra in ({}, {"optimizer": "sgd"}):
+        server, parties, transport = build(split, part, FedBCDConfig(**base, **extra), seed=3)
+        assert "optimizer" not in server._common(1)
+        run_rounds(server, transport, 4)
+        assert not any(k.startswith("adam.") for p in parties.values() for k in p.get_state())
+        runs[bool(extra)] = params_of(parties, order)
+    assert all(torch.equal(a, b) for a, b in zip(runs[False], runs[True]))
+
+
+def test_a_bad_optimizer_in_a_step_message_is_refused():
+    split = synthetic(seed=5)
+    part = vertical(split)
+    cfg = FedBCDConfig(variant="p", local_steps=2, rounds=2, batch_size=30, lr=0.3, model="mlp", hidden=8)
+    server, parties, transport = build(split, part, cfg, seed=3)
+    run_rounds(server, transport, 1)
+    passive = next(p for p in parties.values() if not p.is_label)
+    before = {k: v.copy() for k, v in passive.get_state().items()}
+    grad = np.zeros((len(passive.batch), passive.out_dim), np.float32)
+    msg = Message(
+        "fedbcd.party_step",
+        "server",
+        passive.party_id,
+        2,
+        {"grad": grad, "local_steps": 2, "lr": 0.1, "mu": 0.0, "l2": 0.0, "optimizer": "rmsprop"},
+    )
+    with pytest.raises(PayloadError, match="optimizer"):
+        passive.handle(msg)
+    after = passive.get_state()
+    assert all(np.array_equal(before[k], after[k]) for k in before if not k.startswith("snap"))
 
 
 @pytest.mark.parametrize("variant,mu", [("p", None), ("prox", 0.5)])
@@ -311,13 +410,23 @@ def test_no_raw_feature_or_label_in_any_message(credit_dir):
 # ------------------------------------------------------------------ state round trip
 
 
-def test_state_dict_round_trip_continues_identically():
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_state_dict_round_trip_continues_identically(optimizer):
     """Parties keep their state in plain arrays: replacing every party by a fresh object loaded
-    from its get_state() mid-run (as a Flower ClientApp would) changes nothing."""
+    from its get_state() mid-run (as a Flower ClientApp would) changes nothing (with ``adam``:
+    the Adam moments and step counts are part of that state)."""
     split = synthetic(seed=4)
     part = vertical(split)
     cfg = FedBCDConfig(
-        variant="p", local_steps=3, rounds=6, batch_size=30, lr=0.3, model="mlp", representation_dim=4, hidden=8
+        variant="p",
+        local_steps=3,
+        rounds=6,
+        batch_size=30,
+        lr=0.3 if optimizer == "sgd" else 0.01,
+        model="mlp",
+        representation_dim=4,
+        hidden=8,
+        optimizer=optimizer,
     )
     ref_s, ref_p, ref_t = build(split, part, cfg, seed=7)
     run_rounds(ref_s, ref_t, 6)
@@ -330,6 +439,13 @@ def test_state_dict_round_trip_continues_identically():
         sd = {k: np.array(v) for k, v in p.get_state().items()}
         fresh[cid].set_state(sd)
         t.clients[cid] = fresh[cid]
+    if optimizer == "adam":  # 3 rounds of Q = 3 Adam steps so far
+        steps = {
+            k: float(v[0])
+            for k, v in parties[part.clients[0].client_id].get_state().items()
+            if k.startswith("adam.") and k.endswith(".step")
+        }
+        assert steps and set(steps.values()) == {9.0}
     for r in range(4, 7):
         s.run_round(r, t)
     order = [c.client_id for c in part.clients]
@@ -362,8 +478,8 @@ def rows_of(history):
     return [{k: v for k, v in r.items() if k != "seconds"} for r in history]
 
 
-@pytest.mark.parametrize("variant", ["p", "s"])
-def test_skip_and_undo_work_on_parties_rebuilt_for_every_message(variant):
+@pytest.mark.parametrize("variant,optimizer", [("p", "sgd"), ("s", "sgd"), ("p", "adam")])
+def test_skip_and_undo_work_on_parties_rebuilt_for_every_message(variant, optimizer):
     """The round snapshot is part of every party's state: with replies lost (a party still gets
     the ``undo`` of a skipped round with its next message), parties rebuilt for every message give
     the simulation's metrics (AUC included) and final models bit for bit."""
@@ -380,8 +496,11 @@ def test_skip_and_undo_work_on_parties_rebuilt_for_every_message(variant):
         hidden=8,
         eval_every=2,
         eval_subset=50,
+        optimizer=optimizer,
     )
     fail = [(2, "party-1"), (3, "party-0"), (5, "party-2"), (6, "party-2")]
+    if optimizer == "adam":  # rounds 3-4 without a failure: Adam's moments must survive between messages
+        fail = [(2, "party-1"), (5, "party-0"), (6, "party-2")]
     ref = build_federation("fedbcd", split, part, cfg, seed=7, fail_at=fail)
     ref_hist = ref.run()
     fed = build_federation("fedbcd", split, part, cfg, seed=7, fail_at=fail)
@@ -389,7 +508,7 @@ def test_skip_and_undo_work_on_parties_rebuilt_for_every_message(variant):
     fed.clients = {cd.client_id: Rebuilt(cd, cfg, 7, layout) for cd in fed.client_data}
     fed.transport.clients = fed.clients
     hist = fed.run()
-    assert [r for r, _ in fed.server.skipped] == [2, 3, 5, 6] == [r for r, _ in ref.server.skipped]
+    assert [r for r, _ in fed.server.skipped] == [r for r, _ in fail] == [r for r, _ in ref.server.skipped]
     assert rows_of(hist) == rows_of(ref_hist)
     assert sum("auc" in r for r in hist) == 4
     for cid, p in ref.clients.items():

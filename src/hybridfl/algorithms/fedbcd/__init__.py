@@ -33,7 +33,7 @@ byte is counted by the transport. Messages (``B`` = batch size, ``r_k`` = width 
   (``dL/dH_k`` at the current point, computed *before* the label party's local steps) and the loss;
   with ``local_gradient: taylor`` (payload ``curvature``) also ``curv.<party>`` ``(B, r_k)``;
 - ``fedbcd.party_step`` (passive party): ``grad`` ``(B, r_k)`` (and ``curv`` ``(B, r_k)``), ``Q``,
-  ``eta_t``, ``mu``, the next batch -> ``h_next`` ``(B, r_k)`` on the next batch (and, for
+  ``eta_t``, ``mu`` (and ``optimizer`` with ``optimizer: adam``), the next batch -> ``h_next`` ``(B, r_k)`` on the next batch (and, for
   FedBCD-s, ``h`` on the current batch after its update);
 - ``fedbcd.evaluate`` (after an evaluated round, carrying its number; outside the round's protocol:
   no snapshot, no undo): to every passive party the test rows to evaluate ``(n,)`` -> ``h``
@@ -95,6 +95,11 @@ curvature of the loss in ``H_k,i`` at the exchange) and the passive party uses
 exchanged one): the first-order Taylor expansion of ``dL/dH_k`` with the others' ``H_j`` stale.
 Step 0 is unchanged, so with ``Q = 1`` it equals ``fixed``; it needs ``H_k`` of width 1
 (``linear`` or ``top: party_slice``) and adds one ``(B, 1)`` array per passive party and round.
+
+Local update rule (``optimizer``): ``sgd`` (default, paper Alg. 1-3: ``theta_k <- theta_k -
+eta_t g_k``) or ``adam`` (:class:`torch.optim.Adam` with step size ``eta_t``, its moments part of
+each party's state: the reference code's MNIST-CNN choice, see
+:class:`~hybridfl.algorithms.fedbcd.config.FedBCDConfig`).
 
 Variants (one communication round = one exchange on one mini-batch):
 

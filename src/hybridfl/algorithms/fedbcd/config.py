@@ -44,6 +44,18 @@ class FedBCDConfig(BaseModel):
     fresh ``H'_k`` (first-order Taylor expansion of ``dL/dH_k`` around the exchanged point, the
     others' ``H_j`` stale). Needs ``H_k`` of width 1 (``linear`` or ``top: party_slice``).
 
+    ``optimizer``: how a party applies its local gradient ``g_k`` (L2 and proximal terms included)
+    at each of its ``Q`` local steps. ``sgd`` (default, paper Alg. 1-3 and eq. (9):
+    ``theta_k <- theta_k - eta_t g_k``). ``adam``: :class:`torch.optim.Adam` (betas 0.9 / 0.999,
+    eps 1e-8) with step size ``eta_t`` over the party's own parameters (the label party's top model
+    included); its moments and step count are the party's state, kept across rounds (and in its
+    round snapshot). This is the reference code's choice for the MNIST-CNN experiment
+    (``yankang18/FedBCD``, ``vnn_demo/run_vfl_cnn_two_party_demo.py``: ``optimizer="adam"``,
+    ``lr_list = [1e-04]``, no step-size decay; ``models/cnn.py`` ``SimpleCNN`` trains the towers with
+    ``tf.train.AdamOptimizer``), there for the towers only: its per-party logistic slice ``W``
+    takes plain SGD steps (``vfl.py`` ``_update_federated_layer_model``), here Adam updates every
+    parameter. With ``adam`` the coordinator adds ``optimizer`` to the step settings it sends.
+
     ``device``: where the torch models and the tensors made from a party's data live
     (:mod:`hybridfl.models.device`; ``cpu`` default, ``cuda``, ``auto``).
 
@@ -80,6 +92,11 @@ class FedBCDConfig(BaseModel):
         "fixed",
         description="a passive party's dL/dH_k in its local steps: fixed = the received one (paper Alg. 2); "
         "taylor = refreshed with its fresh H_k, g + c (H' - H) (reference code's VFLHostModel)",
+    )
+    optimizer: Literal["sgd", "adam"] = Field(
+        "sgd",
+        description="each party's local update: sgd = theta - eta_t g (paper Alg. 1-3); adam = torch.optim.Adam with "
+        "step size eta_t, its moments kept by the party across rounds (the reference code's MNIST-CNN towers)",
     )
     device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="where the torch models run")
     hidden: int = Field(128, ge=1, description="mlp tower hidden width")

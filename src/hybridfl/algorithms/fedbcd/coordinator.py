@@ -305,7 +305,10 @@ class FedBCDCoordinator:
 
     def _common(self, rnd: int) -> dict:
         c = self.config
-        return {"local_steps": c.Q, "lr": float(c.step_size(rnd - 1)), "mu": float(c.mu or 0.0), "l2": float(c.l2)}
+        out = {"local_steps": c.Q, "lr": float(c.step_size(rnd - 1)), "mu": float(c.mu or 0.0), "l2": float(c.l2)}
+        if c.optimizer != "sgd":  # sgd: the messages (and their bytes) as without the option
+            out["optimizer"] = c.optimizer
+        return out
 
     @property
     def taylor(self) -> bool:

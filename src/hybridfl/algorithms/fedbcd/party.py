@@ -8,7 +8,7 @@ batch positions
 are distinct integers in ``[0, n_aligned)``, ``grad`` is a finite float array ``(B, r_k)``, ``curv``
 (``local_gradient: taylor``) a finite float array ``(B, r_k)`` >= 0, ``h.<j>`` float arrays
 ``(B, r_j)`` (``r_j`` the width the label party's top model takes from party ``j``), ``lr`` finite > 0, ``local_steps`` an integer >= 1 (>= 0 for the label party),
-``mu`` and ``l2`` finite >= 0; a bad message is refused with a
+``mu`` and ``l2`` finite >= 0, ``optimizer`` (if present) ``sgd`` or ``adam``; a bad message is refused with a
 :class:`~hybridfl.runtime.validate.PayloadError`.
 """
 
@@ -75,6 +75,22 @@ def _sgd_update(
         p.grad = None
 
 
+OPTIMIZERS = ("sgd", "adam")
+"""The local update rules a step message may name (``optimizer``; absent: ``sgd``)."""
+
+
+def _optimizer(msg: Message) -> str:
+    """The checked ``optimizer`` of a step message: ``sgd`` (also when absent) or ``adam``.
+
+    Raises:
+        PayloadError: another value.
+    """
+    v = msg.payload.get("optimizer", "sgd")
+    if not isinstance(v, str) or v not in OPTIMIZERS:
+        raise PayloadError(msg, "optimizer", f"not one of {', '.join(OPTIMIZERS)}")
+    return v
+
+
 def _step_settings(msg: Message, min_steps: int = 1) -> tuple[int, float, float, float]:
     """The checked ``(local_steps, lr, mu, l2)`` of a step message: ``local_steps`` an integer >=
     ``min_steps``, ``lr`` finite > 0, ``mu`` and ``l2`` finite >= 0 (``lr``, ``mu``, ``l2`` are
@@ -116,7 +132,8 @@ class FedBCDParty:
             ``h.<j>`` must have exactly that width. ``None``: only ``(B, *)`` is checked.
 
     State (plain arrays, see :meth:`get_state`): model parameters, the aligned positions, the
-    current batch, and (label party) the last ``H_j`` received for it; plus a snapshot of that
+    current batch, (label party) the last ``H_j`` received for it, and (``optimizer: adam``) the
+    Adam moments and step count of its parameters; plus a snapshot of that
     state (without the aligned positions) taken at the party's first message of each round, which
     ``undo`` restores when the coordinator skips the round (:mod:`hybridfl.algorithms.fedbcd`,
     "A missing party").
@@ -162,6 +179,7 @@ class FedBCDParty:
         self._snap_round: int | None = None
         self._snap_lost = False  # loaded from a state_dict without the snapshot
         self._align: dict[str, bytes] = {}  # secret keys kept between two setup messages (PSI, X25519, tag key)
+        self._adam: torch.optim.Adam | None = None  # optimizer "adam": created at the first Adam step
         with torch.no_grad():
             self.out_dim = int(self.bottom(self.x[:1]).shape[1])
         # label party: party -> the width of H_j its top model takes (None: not known, only (B, *) checked)
@@ -391,7 +409,7 @@ class FedBCDParty:
         ``VFLHostModel._compute_common_gradient`` refreshes its gradient); step 0 is unchanged.
 
         Payload: ``grad`` ``(B, r_k)``, optional ``curv`` ``(B, r_k)``, ``local_steps``, ``lr``,
-        ``mu``, ``l2``, optional ``next_batch`` ``(B,)`` and ``return_current``. Reply: ``h_next``
+        ``mu``, ``l2``, optional ``optimizer``, ``next_batch`` ``(B,)`` and ``return_current``. Reply: ``h_next``
         ``(B, r_k)`` and, with ``return_current`` (FedBCD-s), ``h`` ``(B, r_k)`` on the current
         batch after the update.
 
@@ -408,6 +426,7 @@ class FedBCDParty:
         if c is not None and c.size and float(np.min(c)) < 0:
             raise PayloadError(msg, "curv", "holding a negative value")
         Q, lr, mu, l2 = _step_settings(msg)
+        opt = _optimizer(msg)
         nxt = self.check_batch(msg, "next_batch") if "next_batch" in p else None
         grad = self._tensor(g)
         curv = None if c is None else self._tensor(c)
@@ -423,7 +442,7 @@ class FedBCDParty:
                 g_q = grad + curv * (h.detach() - h0)
             # d/dtheta sum_i <H_k,i(theta), dL/dH_k,i> = grad of the loss w.r.t. theta_k at the given dL/dH_k
             (h * g_q).sum().backward()
-            _sgd_update(params, lr, l2, mu, anchor)
+            self._update(opt, params, lr, l2, mu, anchor)
         out: dict = {}
         if p.get("return_current"):
             out["h"] = self.forward(batch)
@@ -431,6 +450,43 @@ class FedBCDParty:
             self.batch = nxt
             out["h_next"] = self.forward(self.batch)
         return msg.reply(**out)
+
+    def _own_params(self) -> list[nn.Parameter]:
+        """The parameters the party updates: its bottom model (label party: and its top model)."""
+        return _params(self.bottom, self.top) if self.is_label else _params(self.bottom)
+
+    def _update(
+        self,
+        opt: str,
+        params: Sequence[nn.Parameter],
+        lr: float,
+        l2: float,
+        mu: float,
+        anchor: Sequence[torch.Tensor] | None,
+    ) -> None:
+        """One local update of ``params`` (:meth:`_own_params`) from their ``.grad`` (the loss
+        gradient; ``None`` counts as 0), with ``g = grad + l2 theta + mu (theta - theta^{r0})``:
+        ``sgd``: ``theta <- theta - lr g`` (paper (9), (15)); ``adam``: one
+        :class:`torch.optim.Adam` step of step size ``lr`` on ``g`` (the moments persist across
+        rounds, see :class:`~hybridfl.algorithms.fedbcd.config.FedBCDConfig`). Clears ``.grad``."""
+        if opt == "sgd":
+            _sgd_update(params, lr, l2, mu, anchor)
+            return
+        if self._adam is None:
+            self._adam = torch.optim.Adam(self._own_params(), lr=lr, foreach=False)
+        with torch.no_grad():
+            for i, prm in enumerate(params):
+                g = torch.zeros_like(prm) if prm.grad is None else prm.grad
+                if l2:
+                    g = g + l2 * prm
+                if mu and anchor is not None:
+                    g = g + mu * (prm - anchor[i])
+                prm.grad = g
+        for group in self._adam.param_groups:
+            group["lr"] = lr
+        self._adam.step()
+        for prm in params:
+            prm.grad = None
 
     def _logits(self, x: torch.Tensor) -> torch.Tensor:
         hs = [self.others[j] if j != self.party_id else self.bottom(x) for j in self.party_order]
@@ -447,7 +503,7 @@ class FedBCDParty:
         :class:`~hybridfl.models.towers.SumTop`, where ``dz_i/dH_j,i`` = 1).
 
         Payload: optional ``batch`` ``(B,)`` (a new batch), ``h.<j>`` ``(B, r_j)``, ``grads_for``,
-        optional ``curvature``, ``local_steps`` and (if > 0) ``lr``, ``mu``, ``l2``. Reply:
+        optional ``curvature``, ``local_steps`` and (if > 0) ``lr``, ``mu``, ``l2``, optional ``optimizer``. Reply:
         ``loss`` (mean logistic loss of the batch before the local steps), ``grad.<j>``
         ``(B, r_j)`` and, with ``curvature``, ``curv.<j>`` ``(B, r_j)``.
 
@@ -468,6 +524,7 @@ class FedBCDParty:
         if not isinstance(curvature, (bool, np.bool_)):
             raise PayloadError(msg, "curvature", "not a bool")
         Q, lr, mu, l2 = _step_settings(msg, min_steps=0) if "local_steps" in p else (0, 0.0, 0.0, 0.0)
+        opt = _optimizer(msg) if Q else "sgd"
         if new_batch is not None:
             self.batch = new_batch
             self.others = {}
@@ -508,7 +565,7 @@ class FedBCDParty:
                     own = torch.autograd.grad(loss_q, params, allow_unused=True)
                 for prm, g in zip(params, own):
                     prm.grad = g
-                _sgd_update(params, lr, l2, mu, anchor)
+                self._update(opt, params, lr, l2, mu, anchor)
         return msg.reply(**out)
 
     def evaluate(self, msg: Message) -> Message:
@@ -601,6 +658,11 @@ class FedBCDParty:
             sd.update({f"h.{j}": v.detach().cpu().numpy().copy() for j, v in self.others.items()})
         if self.batch is not None:
             sd["batch"] = self.batch.copy()
+        if self._adam is not None:  # optimizer "adam": moments and step count of every parameter
+            for i, prm in enumerate(self._adam.param_groups[0]["params"]):
+                for k, v in self._adam.state.get(prm, {}).items():
+                    # at least 1-d: a message keeps no 0-d array (``step`` is one)
+                    sd[f"adam.{i}.{k}"] = np.atleast_1d(torch.as_tensor(v).detach().cpu().numpy()).copy()
         return sd
 
     def _load_core(self, sd: Mapping[str, np.ndarray]) -> None:
@@ -615,10 +677,28 @@ class FedBCDParty:
                 k[2:]: torch.from_numpy(np.asarray(v)).to(self.device) for k, v in sd.items() if k.startswith("h.")
             }
         self.batch = np.asarray(sd["batch"]) if "batch" in sd else None
+        adam = {k[5:]: v for k, v in sd.items() if k.startswith("adam.")}
+        if adam and self._adam is None:
+            self._adam = torch.optim.Adam(self._own_params(), lr=1.0, foreach=False)  # lr is set at every step
+        if self._adam is not None:  # no adam.* entries: the state before the first Adam step
+            self._adam.state.clear()
+            for i, prm in enumerate(self._adam.param_groups[0]["params"]):
+                st = {k.split(".", 1)[1]: v for k, v in adam.items() if k.split(".", 1)[0] == str(i)}
+                if st:
+                    self._adam.state[prm] = {
+                        k: torch.from_numpy(
+                            np.array(v, copy=True).reshape(())
+                        )  # a scalar on the CPU, as torch keeps it
+                        if k == "step"
+                        else torch.from_numpy(np.array(v, copy=True)).to(self.device)
+                        for k, v in st.items()
+                    }
 
     def state_dict(self, snapshot: bool = False) -> dict[str, np.ndarray]:
         """The party's state as arrays: parameters (``bottom.*``, ``top.*``), the aligned rows,
-        the current batch, (label party) the stored ``H_j`` (``h.*``), and during the setup the
+        the current batch, (label party) the stored ``H_j`` (``h.*``), the Adam state
+        (``adam.<i>.step``, ``.exp_avg``, ``.exp_avg_sq`` of parameter ``i``; ``optimizer: adam``
+        only), and during the setup the
         alignment's secret keys (``align.*``, uint8; they never leave the node). With ``snapshot``, also
         the round snapshot that ``undo`` restores (``snap.*``, ``snap_round``; -1: none taken yet).
         :meth:`get_state` is this with the snapshot; without it, for comparing models."""
