@@ -61,17 +61,25 @@ def _params(*modules: nn.Module) -> list[nn.Parameter]:
 
 
 @torch.no_grad()
+def _full_gradient(
+    p: nn.Parameter, i: int, l2: float, mu: float, anchor: Sequence[torch.Tensor] | None
+) -> torch.Tensor:
+    """``grad + l2 theta + mu (theta - theta^{r0})`` of parameter ``p`` (the ``i``-th; paper (9), (15))."""
+    g = torch.zeros_like(p) if p.grad is None else p.grad
+    if l2:
+        g = g + l2 * p
+    if mu and anchor is not None:
+        g = g + mu * (p - anchor[i])
+    return g
+
+
+@torch.no_grad()
 def _sgd_update(
     params: Sequence[nn.Parameter], lr: float, l2: float, mu: float, anchor: Sequence[torch.Tensor] | None
 ) -> None:
     """``theta <- theta - lr (grad + l2 theta + mu (theta - theta^{r0}))`` (paper (9), (15))."""
     for i, p in enumerate(params):
-        g = torch.zeros_like(p) if p.grad is None else p.grad
-        if l2:
-            g = g + l2 * p
-        if mu and anchor is not None:
-            g = g + mu * (p - anchor[i])
-        p.sub_(lr * g)
+        p.sub_(lr * _full_gradient(p, i, l2, mu, anchor))
         p.grad = None
 
 
@@ -476,12 +484,7 @@ class FedBCDParty:
             self._adam = torch.optim.Adam(self._own_params(), lr=lr, foreach=False)
         with torch.no_grad():
             for i, prm in enumerate(params):
-                g = torch.zeros_like(prm) if prm.grad is None else prm.grad
-                if l2:
-                    g = g + l2 * prm
-                if mu and anchor is not None:
-                    g = g + mu * (prm - anchor[i])
-                prm.grad = g
+                prm.grad = _full_gradient(prm, i, l2, mu, anchor)
         for group in self._adam.param_groups:
             group["lr"] = lr
         self._adam.step()
