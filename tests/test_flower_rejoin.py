@@ -493,3 +493,63 @@ def test_loopback_supernode_killed_and_restarted(tmp_path):
     ]
     assert len(ids) == 2 and ids[0] != ids[1] and int(ids[1]) == rj["node"]
     fed.close()
+
+
+def test_hostile_hello_replies_are_refused_one_by_one(run_id):
+    """Every way a hello reply can be wrong is refused by name, maps nothing and changes nothing:
+    bytes that are not our codec, no hybridfl record, another kind, no or a non-string client name,
+    a client not in the run, no proof, a proof of the wrong length, a proof for another nonce or
+    another session; and, for a restarted node claiming a client during the run, a non-integer
+    ``seq``. A valid proof is accepted."""
+    import os
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from hybridfl.privacy.credentials import hello_proof
+    from hybridfl.runtime.flower.bridge import FlowerTransport, pack
+
+    key = Ed25519PrivateKey.generate()
+    pub = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+    t = FlowerTransport(grid=None)
+    t.hello, t.credentials = {"session": "s1"}, {"client-0": pub}
+
+    def reply(nid: int, content: RecordDict) -> Message:
+        probe = Message(pack(b""), dst_node_id=nid, message_type="query.hybridfl", group_id="0")
+        probe.metadata.__dict__["_message_id"] = f"probe-{nid}"
+        return Message(content, reply_to=probe)
+
+    def hello(nid: int, **payload) -> Message:
+        return reply(nid, pack(encode(HMessage(HELLO, "client-0", SERVER, 0, payload))))
+
+    nonce = {n: os.urandom(32) for n in range(1, 20)}
+    t._nonces = dict(nonce)
+    good = lambda n, **kw: hello_proof(key, kw.get("session", "s1"), kw.get("nonce", nonce[n]), "client-0")  # noqa: E731
+    cases = {
+        1: (reply(1, pack(b"\x00\x00\x00\x09not json!")), "does not parse"),
+        2: (reply(2, RecordDict({})), "does not parse"),
+        3: (
+            reply(3, pack(encode(HMessage("hyfdca.x", "client-0", SERVER, 0, {"client_id": "client-0"})))),
+            "not a hello",
+        ),
+        4: (hello(4), "not a hello naming a client"),
+        5: (hello(5, client_id=7, proof=good(5)), "not a hello naming a client"),
+        6: (hello(6, client_id="client-9", proof=good(6)), "not in this run"),
+        7: (hello(7, client_id="client-0"), "without a valid proof"),
+        8: (hello(8, client_id="client-0", proof=good(8)[:63]), "without a valid proof"),
+        9: (hello(9, client_id="client-0", proof=good(9, nonce=nonce[10])), "without a valid proof"),
+        10: (hello(10, client_id="client-0", proof=good(10, session="s0")), "without a valid proof"),
+    }
+    found: dict = {}
+    t._found = found
+    for nid, (r, why) in cases.items():
+        t._on_hello(nid, r)
+        assert why in t.refused[nid], (nid, t.refused[nid])
+    assert found == {}
+    t._on_hello(11, hello(11, client_id="client-0", proof=good(11), seq=0))
+    assert list(found) == [11]  # the one valid reply
+    # during the run: a restarted node with a valid proof but a non-integer seq is not remapped
+    t._found = None
+    t.attach({"client-0": 11})
+    t._on_hello(12, hello(12, client_id="client-0", proof=good(12), seq="0"))
+    assert "no integer 'seq'" in t.refused[12] and t.nodes == {"client-0": 11} and t.rejoins == []

@@ -175,21 +175,21 @@ def deploy_local_cmd(
         order = json.loads((out / "export" / "manifest.json").read_text())["client_ids"]
         dirs.sort(key=lambda d: order.index(d.name))
     else:
-        from hybridfl.data.federation import assemble_server, load_federation
+        from hybridfl.cli.federation import split_client_dirs
+        from hybridfl.data.federation import load_federation, write_server_dir
 
         if seed is not None:
             raise ConfigError("--seed is the federation schema's with --federation (it seeds every organisation).")
-        given = [d for c in clients or [] for d in c.split(",") if d]
+        given = split_client_dirs(clients)
         if not given:
             raise ConfigError("--federation needs the client directories: --clients DIR,DIR,...")
         if (out / "server").exists():
             raise ConfigError(f"{str(out / 'server')!r} exists: deploy into a new --out directory.")
-        _, client_data = load_federation(federation, given)  # every directory checked before anything starts
+        # every directory checked before anything starts; the server directory is the one
+        # `federation assemble` would write from the clients' public client.json
+        server, client_data = load_federation(federation, given)
         dirs = [Path(c.path) for c in client_data]
-        infos = [
-            (str(d / "client.json"), {**c.meta, "blocks": list(c.data.block_names)}) for d, c in zip(dirs, client_data)
-        ]
-        server_dir = assemble_server(federation, infos, out / "server")
+        server_dir = write_server_dir(server.meta, out / "server")
     if insecure:
         console.print("[yellow]--insecure: no TLS and no SuperNode authentication; for local experiments only[/]")
     (out / "flower").mkdir(parents=True, exist_ok=True)

@@ -144,6 +144,11 @@ def client_prepare_cmd(
         )
 
 
+def split_client_dirs(values: list[str] | None) -> list[str]:
+    """The directories of ``--clients``, given repeated and/or separated by commas."""
+    return [d for v in values or [] for d in v.split(",") if d]
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``federation`` and ``client`` command groups to the ``hybridfl`` app."""
     app.add_typer(federation_app, name="federation")

@@ -251,7 +251,9 @@ def _run_federation(
         rounds = int(saved["algorithm"]["rounds"])
     if federation is None:
         raise HybridFLError("--clients needs the federation schema too: --federation FILE.")
-    dirs = [d for c in clients for d in c.split(",") if d]
+    from hybridfl.cli.federation import split_client_dirs
+
+    dirs = split_client_dirs(clients)
     out_dir = out or Path("runs") / f"federation-{time.strftime('%Y%m%d-%H%M%S')}"
     prep = prepare_federation(federation, dirs, out_dir, rounds, resume=resume is not None, force=force)
     for w in prep.warnings:

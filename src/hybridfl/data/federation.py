@@ -45,7 +45,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hybridfl.config import read_config_file
-from hybridfl.errors import ConfigError, DataError
+from hybridfl.errors import ConfigError
 from hybridfl.files import atomic_write
 from hybridfl.privacy.credentials import PUBLIC_KEY_FIELD, public_key_hex
 
@@ -432,10 +432,7 @@ def federation_server_meta(
             raise ConfigError(f"{where} holds block {unknown[0]!r}, which is not in the schema.")
         key = info.get(PUBLIC_KEY_FIELD)
         if key is not None:
-            try:
-                key = public_key_hex(key, where)
-            except DataError as e:
-                raise ConfigError(str(e)) from None
+            key = public_key_hex(key, where)
         rows.append((index, cid, blocks, labels, key))
     rows.sort(key=lambda r: (r[0], r[1]))
     names = [r[1] for r in rows]
@@ -474,14 +471,27 @@ def assemble_server(
     Raises:
         ConfigError: as :func:`federation_server_meta`, or an ``out_dir`` that exists.
     """
+    out = Path(out_dir).expanduser()
+    if out.exists():
+        raise ConfigError(f"{str(out)!r} exists: assemble the server directory into a new path.")
+    return write_server_dir(federation_server_meta(schema_path, client_infos), out)
+
+
+def write_server_dir(meta: Mapping[str, Any], out_dir: str | Path) -> Path:
+    """Create the server directory ``out_dir`` (mode 0700) holding ``server.json`` = ``meta`` (the
+    content :func:`federation_server_meta` makes; :func:`load_federation` returns it as the
+    server data's ``meta``).
+
+    Raises:
+        ConfigError: ``out_dir`` exists.
+    """
     import json
 
     from hybridfl.data.export import DIR_MODE, FILE_MODE
 
     out = Path(out_dir).expanduser()
     if out.exists():
-        raise ConfigError(f"{str(out)!r} exists: assemble the server directory into a new path.")
-    meta = federation_server_meta(schema_path, client_infos)
+        raise ConfigError(f"{str(out)!r} exists: write the server directory into a new path.")
     out.mkdir(mode=DIR_MODE, parents=True)
     atomic_write(out / "server.json", json.dumps(meta, indent=1), mode=FILE_MODE)
     return out

@@ -26,7 +26,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from hybridfl.errors import DataError
+from hybridfl.errors import ConfigError, DataError
 from hybridfl.files import create_private
 
 CLIENT_KEY_FILE = "client_key.pem"
@@ -50,13 +50,16 @@ def new_client_key(directory: str | Path) -> str:
     return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
 
 
-def load_client_key(directory: str | Path) -> Ed25519PrivateKey:
+def load_client_key(directory: str | Path | None) -> Ed25519PrivateKey:
     """The private key of the client directory ``directory``.
 
     Raises:
-        DataError: no ``client_key.pem`` (a directory written before credentials existed: prepare
-            or export it again), or a file that is not an Ed25519 private key.
+        DataError: no directory (a client made in memory has no credential), no ``client_key.pem``
+            (a directory written before credentials existed: prepare or export it again), or a
+            file that is not an Ed25519 private key.
     """
+    if directory is None:
+        raise DataError("this client was not read from a client directory, so it has no client_key.pem to prove it.")
     f = Path(directory) / CLIENT_KEY_FILE
     try:
         data = f.read_bytes()
@@ -78,15 +81,15 @@ def public_key_hex(value: object, where: str) -> str:
     """Check a registered public key (``client.json`` / ``server.json``): 64 hex characters.
 
     Raises:
-        DataError: anything else (named by ``where``).
+        ConfigError: anything else (named by ``where``).
     """
-    if not isinstance(value, str) or len(value) != 64:
-        raise DataError(f"{where}: {PUBLIC_KEY_FIELD} is not a 64-character hex Ed25519 public key.")
     try:
-        bytes.fromhex(value)
+        ok = isinstance(value, str) and len(value) == 64 and len(bytes.fromhex(value)) == 32
     except ValueError:
-        raise DataError(f"{where}: {PUBLIC_KEY_FIELD} is not a 64-character hex Ed25519 public key.") from None
-    return value.lower()
+        ok = False
+    if not ok:
+        raise ConfigError(f"{where}: {PUBLIC_KEY_FIELD} is not a 64-character hex Ed25519 public key.")
+    return str(value).lower()
 
 
 def _signed(session: str, nonce: bytes, client_id: str) -> bytes:

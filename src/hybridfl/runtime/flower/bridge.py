@@ -18,9 +18,9 @@ its heartbeat expires (up to 2 x 30 s), after which replies to it are Flower ``N
 errors. :class:`FlowerTransport` therefore maps our client IDs to node IDs by asking every node it
 has not seen yet which client it holds (the hello, answered with a signature under the client's own
 key from ``client prepare``/``export-clients``: :mod:`hybridfl.privacy.credentials`), remaps a
-client to the new node that proves it holds it and re-sends the messages that node's predecessor did not answer, with the same per-client
-sequence number, so the ClientApp (whose state survives on the node's disk) answers it exactly
-once.
+client to the new node that proves it holds it, and re-sends the messages that node's
+predecessor did not answer, with the same per-client sequence number, so the ClientApp (whose
+state survives on the node's disk) answers it exactly once.
 """
 
 from __future__ import annotations

@@ -26,9 +26,12 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from hybridfl.runtime.flower import APP_DIR
+
+if TYPE_CHECKING:
+    from hybridfl.runtime.flower.netns import Hosts
 
 LOOPBACK = "127.0.0.1"
 
@@ -225,7 +228,7 @@ class LocalFederation:
     warm: bool | None = None
     database: bool = False
     auth: bool = True
-    hosts: Any = None
+    hosts: Hosts | None = None
     procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
     stopped: list[subprocess.Popen] = field(default_factory=list)
     node_cmds: list[list[str]] = field(default_factory=list)
@@ -290,11 +293,9 @@ class LocalFederation:
         try:
             # Flower 1.41 serves the Fleet, Control and Runtime APIs on one HTTP port
             self.port = free_port()
-            addresses = [LOOPBACK] if self.hosts is None else [self.hosts.host_address(k) for k in range(self.hosts.n)]
-            if self.tls:
-                self.certs = make_certificates(
-                    self.work_dir / "certs", (LOOPBACK, "localhost", *[a for a in addresses if a != LOOPBACK])
-                )
+            if self.tls:  # the certificate names every address a SuperNode reaches the SuperLink at
+                host_addresses = [] if self.hosts is None else [self.hosts.host_address(k) for k in range(self.hosts.n)]
+                self.certs = make_certificates(self.work_dir / "certs", (LOOPBACK, "localhost", *host_addresses))
                 link_sec = [
                     "--ssl-certfile",
                     str(self.certs["cert"]),

@@ -153,7 +153,7 @@ def client_step(
         # store changes: a hello without a proper nonce and session changes nothing here
         from hybridfl.privacy.credentials import hello_proof, load_client_key
 
-        proof = hello_proof(load_client_key(cd.path or "."), p.get("session"), p.get("nonce"), cd.client_id)
+        proof = hello_proof(load_client_key(cd.path), p.get("session"), p.get("nonce"), cd.client_id)
         setup = {k: p[k] for k in SETUP_KEYS if k in p}
         # the same run's hello again (a restarted SuperNode whose state survived on disk): keep the
         # state and tell the server how far it got; otherwise a new run starts here
@@ -297,10 +297,7 @@ def client_credentials(sd, server_dir: str | Path) -> dict[str, str]:
                 f"server directory {str(server_dir)!r} has no public key for client {c!r}, so no node could prove it "
                 "holds that client: export (or prepare and assemble) the federation again with this version."
             )
-        try:
-            out[c] = public_key_hex(keys[c], f"server directory {str(server_dir)!r}, client {c!r}")
-        except HybridFLError as e:
-            raise ConfigError(str(e)) from None
+        out[c] = public_key_hex(keys[c], f"server directory {str(server_dir)!r}, client {c!r}")
     return out
 
 
