@@ -52,7 +52,6 @@ import itertools
 import json
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -60,9 +59,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
-from hybridfl.algorithms.hyfem import SPEC, HyFEMConfig, HyFEMServer  # noqa: E402
+from hybridfl.algorithms.hyfem import SPEC, HyFEMConfig  # noqa: E402
 from hybridfl.algorithms.hyfem.baselines import accuracy, make_model_factory, train_centralized  # noqa: E402
-from hybridfl.algorithms.training import LocalTrainer  # noqa: E402
 from hybridfl.config import PartitionConfig, load_config, parse_config  # noqa: E402
 from hybridfl.data.dataset import DatasetSplit  # noqa: E402
 from hybridfl.data.from_config import build_partition  # noqa: E402
@@ -73,28 +71,33 @@ from hybridfl.runtime.simulation import simulate  # noqa: E402
 RESULTS = ROOT / "benchmarks" / "results"
 STEM = "hyfem_paper_settings"
 
-Schedule = Callable[[int], float]
 
-
-def schedule_of(name: str, lr: float) -> tuple[dict, Schedule | None, str]:
-    """Algorithm overrides, the step size of round ``t`` (``None``: constant ``lr``) and a label.
+def schedule_of(name: str, lr: float) -> tuple[dict, str]:
+    """Algorithm overrides of a schedule and its label.
 
     ``tuned``: the example config as it is. ``tmlr``: plain SGD, ``T = 128``, ``Q = 32``, constant
     ``lr`` (TMLR Sec. 4). ``workshop``: plain SGD, ``T = 32``, ``Q = 32``, batch 32, ``0.005 * 0.2^
-    floor((t - 1) / 8)`` (workshop Sec. 4; ``lr`` is ignored).
+    floor((t - 1) / 8)`` (workshop Sec. 4, the library's ``lr_decay: 0.2``, ``lr_decay_every: 8``;
+    ``lr`` is ignored).
     """
     if name == "tuned":
-        return {}, None, "tuned (example config, SGD momentum 0.9)"
+        return {}, "tuned (example config, SGD momentum 0.9)"
     if name == "tmlr":
         return (
             {"rounds": 128, "local_steps": 32, "lr": lr, "momentum": 0.0},
-            None,
             f"TMLR Sec. 4: plain SGD, T=128, Q=32, lr {lr:g}",
         )
     if name == "workshop":
         return (
-            {"rounds": 32, "local_steps": 32, "batch_size": 32, "lr": 0.005, "momentum": 0.0},
-            lambda t: 0.005 * 0.2 ** ((t - 1) // 8),
+            {
+                "rounds": 32,
+                "local_steps": 32,
+                "batch_size": 32,
+                "lr": 0.005,
+                "lr_decay": 0.2,
+                "lr_decay_every": 8,
+                "momentum": 0.0,
+            },
             "workshop Sec. 4: plain SGD, T=32, Q=32, lr 0.005 x0.2 every 8 rounds",
         )
     raise ValueError(f"unknown schedule {name!r}")
@@ -110,50 +113,9 @@ def example(dataset: str, seed: int, algo: dict | None = None, partition: dict |
     return cfg
 
 
-class _ScheduledServer(HyFEMServer):
-    """A HyFEM server that sends the step size of its round's schedule in every ``hyfem.fit``."""
-
-    lr_at: Schedule
-
-    def fit_message(self, cid, rnd, asked=None):
-        """:meth:`HyFEMServer.fit_message` with the step size ``lr_at(rnd)``."""
-        msg = super().fit_message(cid, rnd, asked)
-        msg.payload["lr"] = float(self.lr_at(rnd))
-        return msg
-
-
-def _scheduled_baselines(split, partition, cfg: HyFEMConfig, seed: int, lr_at: Schedule) -> dict:
-    """Centralised and stand-alone baselines (HyFEM Sec. 4) with the federation's schedule:
-    ``T`` chunks of ``Q`` SGD steps, chunk ``t`` at ``lr_at(t)``; seeds as the library's
-    (:mod:`hybridfl.algorithms.hyfem.baselines`). The held-cells baseline is not run here."""
-    import torch
-
-    make = make_model_factory(split, cfg.extractor_dim, cfg.hidden, default_extractor(cfg.extractor))
-
-    def train(model, data, s):
-        tr = LocalTrainer(model, data, cfg.batch_size, cfg.lr, cfg.momentum, s)
-        for t in range(1, cfg.rounds + 1):
-            tr.steps(cfg.local_steps, lr=lr_at(t))
-        return model
-
-    torch.manual_seed(seed)
-    cen = accuracy(train(make(split.train.block_names), split.train, seed), split.test)
-    alone = {}
-    for i, c in enumerate(partition.clients):
-        torch.manual_seed(seed + 1000 + i)
-        m = train(make(list(c.blocks)), split.train.subset(c.sample_ids, c.blocks), seed + 1000 + i)
-        alone[c.client_id] = accuracy(m, split.test)
-    return {
-        "centralized_accuracy": cen,
-        "centralized_held_accuracy": None,
-        "standalone_accuracy_mean": float(np.mean(list(alone.values()))),
-        "standalone_accuracy": alone,
-    }
-
-
-def run_hyfem(split, partition, cfg: HyFEMConfig, seed: int, lr_at: Schedule | None = None) -> tuple[dict, object]:
-    """One in-process HyFEM run (:func:`simulate` of HyFEM's spec; with ``lr_at`` the server sends
-    each round's step size and the baselines follow it): ``(summary + cpu_seconds, server)``."""
+def run_hyfem(split, partition, cfg: HyFEMConfig, seed: int) -> tuple[dict, object]:
+    """One in-process HyFEM run (:func:`simulate` of HyFEM's spec; a schedule is the config's
+    ``lr_decay``, which the baselines follow): ``(summary + cpu_seconds, server)``."""
     keep: dict = {}
 
     def report(ctx):
@@ -161,21 +123,6 @@ def run_hyfem(split, partition, cfg: HyFEMConfig, seed: int, lr_at: Schedule | N
         return SPEC.report(ctx)
 
     changes: dict = {"report": report}
-    if lr_at is not None:
-
-        def build_server(server_data, c, s, hello=None):
-            srv = _ScheduledServer(
-                server_data.block_shapes, server_data.n_classes, c, s, default_extractor(c.extractor)
-            )
-            srv.lr_at = lr_at
-            return srv
-
-        changes["build_server"] = build_server
-        changes["baselines"] = lambda sp, pa, c, s: (
-            _scheduled_baselines(sp, pa, c, s, lr_at)
-            if c.baselines
-            else {"centralized_accuracy": None, "centralized_held_accuracy": None, "standalone_accuracy_mean": None}
-        )
     spec = dataclasses.replace(SPEC, **changes)
     t0 = time.process_time()
     res = simulate(spec, split, partition, cfg, seed)
@@ -197,6 +144,8 @@ def row_of(part: str, setting: str, algorithm: str, cfg: HyFEMConfig, seed: int,
         "rounds": cfg.rounds,
         "local_steps": cfg.local_steps,
         "lr": cfg.lr,
+        "lr_decay": cfg.lr_decay,
+        "lr_decay_every": cfg.lr_decay_every,
         "momentum": cfg.momentum,
         "matching_cost": cfg.matching.cost,
         "seed": seed,
@@ -239,7 +188,7 @@ def part_a(seeds: list[int], lrs: list[float], schedules: list[str]) -> list[dic
     if len(lrs) > 1 and "tmlr" in schedules:  # TMLR: "tune the learning rate": line search on the first seed
         best = -1.0
         for lr in lrs:
-            over, _, label = schedule_of("tmlr", lr)
+            over, label = schedule_of("tmlr", lr)
             split, part, cfg = prepared(example("mfeat", seeds[0], over))
             s, _ = run_hyfem(split, part, cfg, seeds[0])
             rows.append(row_of("a", label + " (line search)", "HyFEM-Avg", cfg, seeds[0], s))
@@ -247,12 +196,12 @@ def part_a(seeds: list[int], lrs: list[float], schedules: list[str]) -> list[dic
             if s["server_accuracy"] > best:
                 best, lr_pick = s["server_accuracy"], lr
     for name in [s for s in ("tuned", "workshop", "tmlr") if s in schedules]:
-        over, lr_at, label = schedule_of(name, lr_pick)
+        over, label = schedule_of(name, lr_pick)
         for seed in seeds:
             if name == "tmlr" and len(lrs) > 1 and seed == seeds[0]:
                 continue  # already in the line search
             split, part, cfg = prepared(example("mfeat", seed, over))
-            s, _ = run_hyfem(split, part, cfg, seed, lr_at)
+            s, _ = run_hyfem(split, part, cfg, seed)
             rows.append(row_of("a", label, "HyFEM-Avg", cfg, seed, s))
             emit(rows)
     return rows
@@ -326,7 +275,7 @@ def part_d(seeds: list[int], views: list[str], mus: list[float], schedule: str) 
     """Appendix C.1: HyFEM on the Table 4 layout vs FedProx/FedAvg on the common blocks."""
     rows = []
     common = [views[0], views[2]]
-    over, lr_at, label = schedule_of(schedule, 0.05)
+    over, label = schedule_of(schedule, 0.05)
     for seed in seeds:
         base = example("mfeat", seed, over)
         six, _, _ = prepared(base)  # the CLI's mfeat split (standardised per view), then 4 views
@@ -352,7 +301,7 @@ def part_d(seeds: list[int], views: list[str], mus: list[float], schedule: str) 
             rc = parse_config(cfg_d)
             cfg = rc.algorithm_config()
             part = build_partition(PartitionConfig(**c1_partition(views, pdict)), split.train, seed)
-            s, _ = run_hyfem(split, part, cfg, seed, lr_at)
+            s, _ = run_hyfem(split, part, cfg, seed)
             cov = part.coverage(split.train).unused_share
             rows.append(
                 row_of(

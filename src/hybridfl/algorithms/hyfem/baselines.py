@@ -43,6 +43,8 @@ def train_centralized(
     seed: int = 0,
     eval_every: int = 0,
     on_eval: Callable[[int, float], None] | None = None,
+    lr_at: Callable[[int], float] | None = None,
+    round_steps: int = 0,
 ) -> tuple[HybridModel, float]:
     """Train the server-shaped model on all training data for ``steps`` SGD steps (HyFEM Sec. 4,
     "centralised"); ``torch.manual_seed(seed)`` before the model is made.
@@ -50,6 +52,8 @@ def train_centralized(
     Args:
         make_model: ``blocks -> model`` (see :func:`make_model_factory`).
         eval_every: if > 0, call ``on_eval(steps_done, test_accuracy)`` every that many steps.
+        lr_at, round_steps: the federation's step-size schedule (:func:`run_schedule`); then
+            ``eval_every`` is ignored.
 
     Returns:
         The model and its test accuracy (all blocks).
@@ -57,6 +61,9 @@ def train_centralized(
     torch.manual_seed(seed)
     model = make_model(split.train.block_names)
     trainer = LocalTrainer(model, split.train, batch_size, lr, momentum, seed)
+    if lr_at is not None:
+        run_schedule(trainer, steps, round_steps, lr_at)
+        return model, accuracy(model, split.test)
     done = 0
     chunk = steps if not eval_every else eval_every
     while done < steps:
@@ -66,6 +73,23 @@ def train_centralized(
         if on_eval is not None and eval_every:
             on_eval(done, accuracy(model, split.test))
     return model, accuracy(model, split.test)
+
+
+def run_schedule(trainer: LocalTrainer, steps: int, round_steps: int, lr_at: Callable[[int], float]) -> None:
+    """``steps`` SGD steps of ``trainer`` on the federation's schedule: chunk ``t = 1, 2, ...`` of
+    ``round_steps`` steps (the clients' ``Q``) at step size ``lr_at(t)`` (e.g.
+    :meth:`HyFEMConfig.lr_at`), the momentum reset between chunks as a client's is between rounds.
+
+    Raises:
+        ValueError: ``round_steps`` < 1.
+    """
+    if round_steps < 1:
+        raise ValueError(f"round_steps must be >= 1 with a schedule, got {round_steps}")
+    done, t = 0, 1
+    while done < steps:
+        k = min(round_steps, steps - done)
+        trainer.steps(k, lr=lr_at(t))
+        done, t = done + k, t + 1
 
 
 def held_cells(split: DatasetSplit, partition: Partition) -> tuple[np.ndarray, np.ndarray]:
@@ -96,12 +120,16 @@ def train_centralized_held(
     lr: float,
     momentum: float = 0.0,
     seed: int = 0,
+    lr_at: Callable[[int], float] | None = None,
+    round_steps: int = 0,
 ) -> tuple[HybridModel, float]:
     """Train the server-shaped model for ``steps`` SGD steps on the cells the clients hold
     (:func:`held_cells`): mini-batches drawn uniformly from the pooled rows, every unheld block's
     extractor output set to 0 in the classifier input (HyFEM Appendix A's zero padding
     ``P_m^T v_m``); ``torch.manual_seed(seed)`` before the model is made, as
-    :func:`train_centralized`, so both start from the same weights.
+    :func:`train_centralized`, so both start from the same weights. With ``lr_at`` the step size
+    of step ``k`` is ``lr_at(k // round_steps + 1)`` and the momentum is reset every
+    ``round_steps`` steps (:func:`run_schedule`).
 
     Returns:
         The model and its test accuracy (all test samples, all blocks).
@@ -116,10 +144,14 @@ def train_centralized_held(
     n = int(rows.size)
     bs = max(1, min(int(batch_size), n))
     gen = torch.Generator().manual_seed(int(seed))
+    if lr_at is not None and round_steps < 1:
+        raise ValueError(f"round_steps must be >= 1 with a schedule, got {round_steps}")
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     loss_fn = torch.nn.CrossEntropyLoss()
     model.train()
-    for _ in range(int(steps)):
+    for k in range(int(steps)):
+        if lr_at is not None and k % round_steps == 0:
+            opt = torch.optim.SGD(model.parameters(), lr=lr_at(k // round_steps + 1), momentum=momentum)
         idx = torch.randint(n, (bs,), generator=gen).to(dev)
         feats = [model.extractors[b](x[b][idx]) * m[idx, j : j + 1] for j, b in enumerate(model.blocks)]
         loss = loss_fn(model.classifier(torch.cat(feats, dim=1)), y[idx])
@@ -139,12 +171,15 @@ def train_standalone(
     momentum: float = 0.0,
     seed: int = 0,
     initial: Mapping[str, HybridModel] | None = None,
+    lr_at: Callable[[int], float] | None = None,
+    round_steps: int = 0,
 ) -> dict[str, float]:
     """Train every labelled client alone for ``steps`` SGD steps (HyFEM Sec. 4, "stand-alone");
     client ``i`` of the partition is seeded with ``seed + 1000 + i``.
 
     Args:
         initial: optional client -> model to start from (e.g. the federated run's round-0 model).
+        lr_at, round_steps: the federation's step-size schedule (:func:`run_schedule`).
 
     Returns:
         Client ID -> test accuracy of its model on its own blocks (clients without labels are
@@ -159,7 +194,11 @@ def train_standalone(
         model = make_model(list(c.blocks))
         if initial is not None and c.client_id in initial:
             model.load_state_dict(initial[c.client_id].state_dict())
-        LocalTrainer(model, data, batch_size, lr, momentum, seed + 1000 + i).steps(steps)
+        trainer = LocalTrainer(model, data, batch_size, lr, momentum, seed + 1000 + i)
+        if lr_at is None:
+            trainer.steps(steps)
+        else:
+            run_schedule(trainer, steps, round_steps, lr_at)
         out[c.client_id] = accuracy(model, split.test)
     return out
 

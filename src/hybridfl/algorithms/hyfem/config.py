@@ -67,6 +67,13 @@ class HyFEMConfig(BaseModel):
     local_steps: int = Field(20, ge=1, description="local SGD steps Q per round")
     batch_size: int = Field(32, ge=1)
     lr: float = Field(0.05, gt=0, description="SGD step size eta")
+    lr_decay: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="multiply lr by this every lr_decay_every rounds (1: constant, TMLR Sec. 4; the workshop version's Sec. 4 uses 0.2 every 8)",
+    )
+    lr_decay_every: int = Field(0, ge=0, description="rounds between lr decays (0: never)")
     momentum: float = Field(0.0, ge=0, lt=1)
     mu1: float = Field(0.0, ge=0, description="proximal weight on the extractors (HyFEM-Prox)")
     mu2: float = Field(0.0, ge=0, description="proximal weight on the classifier (HyFEM-Prox)")
@@ -105,8 +112,18 @@ class HyFEMConfig(BaseModel):
             raise ValueError("variant 'avg' has mu1 = mu2 = 0; use variant 'prox' for proximal terms")
         if self.matching.max_width is not None and self.matching.max_width < self.hidden:
             raise ValueError(f"matching.max_width {self.matching.max_width} is smaller than hidden {self.hidden}")
+        if self.lr_decay < 1 and not self.lr_decay_every:
+            raise ValueError(f"lr_decay {self.lr_decay:g} needs lr_decay_every >= 1 (the rounds between decays)")
         try:
             check_device(self.device)
         except ConfigError as e:
             raise ValueError(str(e).rstrip(".")) from None
         return self
+
+    def lr_at(self, rnd: int) -> float:
+        """The SGD step size of round ``rnd`` (1-based): ``lr * lr_decay ** floor((rnd - 1) /
+        lr_decay_every)``, the step schedule of the HyFEM workshop version's Sec. 4 (``lr`` without
+        decay, as TMLR Sec. 4, when ``lr_decay_every`` is 0)."""
+        if not self.lr_decay_every or self.lr_decay == 1:
+            return float(self.lr)
+        return float(self.lr * self.lr_decay ** ((int(rnd) - 1) // self.lr_decay_every))

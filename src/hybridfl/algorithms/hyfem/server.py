@@ -175,11 +175,11 @@ class HyFEMServer(SecureExtractorsServerMixin):
         """The ``hyfem.fit`` message of round ``rnd`` to client ``cid`` (HyFEM Alg. 1 line 9 /
         Alg. 2 line 2): the server extractors of its blocks ``P_m Theta_0``, its view of the server
         classifier ``Pi_m w_0`` (``hidden`` neurons, its blocks' columns), and ``Q``, ``eta``,
-        ``mu1``, ``mu2``."""
+        ``mu1``, ``mu2`` (``eta`` of round ``rnd``: :meth:`HyFEMConfig.lr_at`)."""
         info = self.clients[cid]
         payload: dict = {
             "local_steps": self.config.local_steps,
-            "lr": self.config.lr,
+            "lr": self.config.lr_at(rnd),
             "mu1": self.config.mu1,
             "mu2": self.config.mu2,
         }

@@ -299,8 +299,8 @@ def baselines(
     extractor_factory: ExtractorFactory | None = None,
 ) -> dict[str, Any]:
     """The centralised and stand-alone baselines (HyFEM Sec. 4) with the federation's budget of
-    ``T * Q`` steps: ``centralized_accuracy``, ``centralized_seconds`` (wall time, s),
-    ``centralized_held_accuracy`` (on the cells the clients hold,
+    ``T * Q`` steps and its step-size schedule (``lr_decay``): ``centralized_accuracy``,
+    ``centralized_seconds`` (wall time, s), ``centralized_held_accuracy`` (on the cells the clients hold,
     :func:`~hybridfl.algorithms.hyfem.baselines.train_centralized_held`),
     ``standalone_accuracy_mean`` and ``standalone_accuracy`` (client -> accuracy); with
     ``cfg.baselines`` false only the three headline keys, ``None``."""
@@ -310,11 +310,15 @@ def baselines(
         split, cfg.extractor_dim, cfg.hidden, _factory(cfg, extractor_factory), resolve_device(cfg.device)
     )
     budget = cfg.rounds * cfg.local_steps
+    # the federation's step-size schedule (lr_decay), in chunks of Q steps as a client's rounds
+    sched = {"lr_at": cfg.lr_at, "round_steps": cfg.local_steps} if cfg.lr_decay_every and cfg.lr_decay < 1 else {}
     t0 = time.perf_counter()
-    _, cen = train_centralized(split, make, budget, cfg.batch_size, cfg.lr, cfg.momentum, seed)
+    _, cen = train_centralized(split, make, budget, cfg.batch_size, cfg.lr, cfg.momentum, seed, **sched)
     seconds = time.perf_counter() - t0
-    _, held = train_centralized_held(split, partition, make, budget, cfg.batch_size, cfg.lr, cfg.momentum, seed)
-    alone = train_standalone(split, partition, make, budget, cfg.batch_size, cfg.lr, cfg.momentum, seed)
+    _, held = train_centralized_held(
+        split, partition, make, budget, cfg.batch_size, cfg.lr, cfg.momentum, seed, **sched
+    )
+    alone = train_standalone(split, partition, make, budget, cfg.batch_size, cfg.lr, cfg.momentum, seed, **sched)
     return {
         "centralized_seconds": seconds,
         "centralized_accuracy": cen,
