@@ -16,6 +16,8 @@ of each dataset, the run's results files under ``benchmarks/results/hyfem-<datas
 
     .venv/bin/python benchmarks/hyfem_accuracy.py --unconstrained --keep-runs   # mfeat 0-4 (+ unconstrained), mnist 0 1
     .venv/bin/python benchmarks/hyfem_accuracy.py --datasets mfeat --seeds 0
+    .venv/bin/python benchmarks/hyfem_accuracy.py --datasets mnist --seeds 0 1 2 --lr-decay 0.2 10 \
+        --name hyfem_accuracy_mnist_decay      # HyFEM-Avg with the workshop paper's step schedule
     .venv/bin/python benchmarks/hyfem_accuracy.py --datasets mfeat --only-unconstrained --uncovered previous \
         --name hyfem_uncovered_previous
 """
@@ -63,6 +65,9 @@ def run_one(
         "variant": s["variant"],
         "mu1": prep.config.algorithm_config().mu1,
         "mu2": prep.config.algorithm_config().mu2,
+        "lr": prep.config.algorithm_config().lr,
+        "lr_decay": prep.config.algorithm_config().lr_decay,
+        "lr_decay_every": prep.config.algorithm_config().lr_decay_every,
         "matching_cost": s["matching_cost"],
         "matching_sigma": prep.config.algorithm_config().matching.sigma,
         "matching_uncovered": s["matching_uncovered"],
@@ -101,16 +106,23 @@ def table(rows: list[dict]) -> list[str]:
     d = lambda v: f"{100 * v:+.2f}"  # noqa: E731
     yn = lambda b: "yes" if b else "NO"  # noqa: E731
     variant = lambda r: "avg" if r.get("variant", "avg") == "avg" else f"prox ({r['mu1']:g}, {r['mu2']:g})"  # noqa: E731
+
+    def lr(r: dict) -> str:
+        if r.get("lr") is None:
+            return "example config's"
+        decay = r.get("lr_decay", 1.0)
+        return f"{r['lr']:g}" + (f" x{decay:g} every {r['lr_decay_every']}" if decay < 1 else " const")
+
     lines = [
-        "| dataset | seed | variant | matching (cost, sigma, uncovered) | every (class, block) held | unused cells | server | centralised "
+        "| dataset | seed | variant | lr (per round) | matching (cost, sigma, uncovered) | every (class, block) held | unused cells | server | centralised "
         "| centralised, held cells | server - centralised | server - held cells | clients after Q local steps (mean) "
         "| clients, received model (mean) | stand-alone (mean) | after Q steps - stand-alone | received - stand-alone "
         "| server width | MB sent | s | server >= centralised - 2 | server >= held - 2 | clients (both) >= stand-alone + 15 |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['dataset']} | {r['seed']} | {variant(r)} | {r['matching_cost']}, {r['matching_sigma']:g}, {r['matching_uncovered']} "
+            f"| {r['dataset']} | {r['seed']} | {variant(r)} | {lr(r)} | {r['matching_cost']}, {r['matching_sigma']:g}, {r['matching_uncovered']} "
             f"| {'yes' if r['min_cell_coverage'] else 'not required'} | {100 * r['unused_cells']:.1f} % "
             f"| {pct(r['server_accuracy'])} | {pct(r['centralized_accuracy'])} | {pct(r['centralized_held_accuracy'])} "
             f"| {d(r['server_minus_centralized'])} | {d(r['server_minus_held'])} "
@@ -137,6 +149,13 @@ def main() -> None:
     ap.add_argument("--cost", choices=["pfnm", "euclidean", "index"], default=None, help="override matching.cost")
     ap.add_argument("--sigma", type=float, default=None, help="override matching.sigma (PFNM client noise)")
     ap.add_argument("--prox", nargs=2, type=float, metavar=("MU1", "MU2"), help="run HyFEM-Prox with these weights")
+    ap.add_argument(
+        "--lr-decay",
+        nargs=2,
+        type=float,
+        metavar=("FACTOR", "EVERY"),
+        help="algorithm.lr_decay and lr_decay_every (the workshop paper's step schedule)",
+    )
     ap.add_argument("--keep-runs", action="store_true", help="write the first seed's run files to results/hyfem-<ds>/")
     ap.add_argument("--name", default="hyfem_accuracy", help="result file stem")
     args = ap.parse_args()
@@ -154,7 +173,9 @@ def main() -> None:
         out = RESULTS / f"hyfem-{ds}" if keep else None
         if out is not None and out.exists():
             shutil.rmtree(out)
-        algo = {"variant": "prox", "mu1": args.prox[0], "mu2": args.prox[1]} if args.prox else None
+        algo = {"variant": "prox", "mu1": args.prox[0], "mu2": args.prox[1]} if args.prox else {}
+        if args.lr_decay:
+            algo.update(lr_decay=args.lr_decay[0], lr_decay_every=int(args.lr_decay[1]))
         row = run_one(ds, seed, out, mcc, matching, algo)
         print(json.dumps({k: v for k, v in row.items() if k != "clients"}), flush=True)
         rows.append(row)
