@@ -22,7 +22,7 @@ Clients that hold the same rows then hold them once.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -95,7 +95,6 @@ class HybridDataset:
     y: np.ndarray
     blocks: dict[str, np.ndarray]
     classes: list[str]
-    _index: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.ids = np.asarray(self.ids).astype(str)
@@ -119,9 +118,12 @@ class HybridDataset:
                 f"dataset {self.name!r}: label {int(self.y[bad[0]])} of sample {str(self.ids[bad[0]])!r} is outside "
                 f"the {len(self.classes)} classes [0, {len(self.classes) - 1}]."
             )
-        uniq, counts = np.unique(self.ids, return_counts=True)
-        if uniq.size != n:
-            raise DataError(f"dataset {self.name!r}: sample ID {str(uniq[counts > 1][0])!r} occurs more than once.")
+        order = np.argsort(self.ids, kind="stable")
+        srt = self.ids[order]
+        dup = np.flatnonzero(srt[1:] == srt[:-1])
+        if dup.size:
+            raise DataError(f"dataset {self.name!r}: sample ID {str(srt[dup[0]])!r} occurs more than once.")
+        self._sorted = (order.astype(np.int64), srt)  # for :meth:`find`
         if not self.blocks:
             raise DataError(f"dataset {self.name!r} has no feature blocks.")
         clean: dict[str, np.ndarray] = {}
@@ -142,23 +144,54 @@ class HybridDataset:
                 )
             clean[str(b)] = x
         self.blocks = clean
-        self._index = {s: i for i, s in enumerate(self.ids)}
 
     @classmethod
     def _trusted(
         cls, name: str, ids: np.ndarray, y: np.ndarray, blocks: Mapping[str, np.ndarray], classes: list[str]
     ) -> HybridDataset:
-        """A dataset from parts that come from a validated one (no checks, no copies; the ID index
-        is built when first needed)."""
+        """A dataset from parts that come from a validated one (no checks, no copies; the sorted
+        IDs of :meth:`find` are computed when first needed)."""
         ds = object.__new__(cls)
         ds.name, ds.ids, ds.y, ds.blocks, ds.classes = name, ids, y, blocks, classes  # type: ignore[assignment]
         return ds
 
-    def _lookup(self) -> dict[str, int]:
-        index = self.__dict__.get("_index")
-        if index is None:
-            index = self._index = {s: i for i, s in enumerate(self.ids)}
-        return index
+    def _sorted_ids(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(order, ids[order])``: the IDs sorted, computed once (the dataset is not mutated)."""
+        cached = self.__dict__.get("_sorted")
+        if cached is None:
+            order = np.argsort(self.ids, kind="stable")
+            cached = self._sorted = (order.astype(np.int64), self.ids[order])
+        return cached
+
+    def sorted_ids(self, rows: np.ndarray) -> np.ndarray:
+        """The IDs of the rows ``rows`` ``(n,)`` in string order, ``np.sort(ids[rows])``, through
+        the IDs sorted once (an integer sort of their ranks instead of a string sort per call)."""
+        order, _ = self._sorted_ids()
+        rank = self.__dict__.get("_rank")
+        if rank is None:
+            rank = self._rank = np.empty_like(order)
+            rank[order] = np.arange(order.size)
+        rows = np.asarray(rows, dtype=np.int64)
+        return self.ids[rows[np.argsort(rank[rows], kind="stable")]]
+
+    def find(self, ids: Iterable[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Row positions of the given sample IDs, vectorised (a binary search in the sorted IDs,
+        no Python loop over the samples).
+
+        Returns:
+            ``(rows, found)``: ``(n,)`` int64 positions (0 where not found) and ``(n,)`` bool,
+            whether each ID is in the dataset.
+        """
+        q = ids if isinstance(ids, np.ndarray) else np.asarray(list(ids))
+        if q.dtype.kind != "U":
+            q = q.astype(str)
+        q = q.reshape(-1)
+        order, srt = self._sorted_ids()
+        if not q.size or not srt.size:
+            return np.zeros(q.size, dtype=np.int64), np.zeros(q.size, dtype=bool)
+        j = np.minimum(np.searchsorted(srt, q), srt.size - 1)
+        found = srt[j] == q
+        return np.where(found, order[j], 0).astype(np.int64, copy=False), found
 
     # ------------------------------------------------------------------ properties
     @property
@@ -188,20 +221,18 @@ class HybridDataset:
 
     # ------------------------------------------------------------------ selection
     def positions(self, ids: Iterable[str], *, where: str = "") -> np.ndarray:
-        """Row positions of the given sample IDs.
+        """Row positions ``(n,)`` int64 of the given sample IDs (vectorised: :meth:`find`).
 
         Raises:
             DataError: if an ID is not in the dataset (names the first unknown ID and ``where``).
         """
-        out = []
-        index = self._lookup()
-        for s in ids:
-            i = index.get(str(s))
-            if i is None:
-                place = f" ({where})" if where else ""
-                raise DataError(f"sample ID {str(s)!r}{place} is not in dataset {self.name!r}.")
-            out.append(i)
-        return np.asarray(out, dtype=np.int64)
+        q = ids if isinstance(ids, np.ndarray) else np.asarray(list(ids))
+        rows, found = self.find(q)
+        if not found.all():
+            place = f" ({where})" if where else ""
+            bad = q.reshape(-1)[int(np.flatnonzero(~found)[0])]
+            raise DataError(f"sample ID {str(bad)!r}{place} is not in dataset {self.name!r}.")
+        return rows
 
     def subset(
         self, ids: Sequence[str] | np.ndarray | None = None, blocks: Sequence[str] | None = None

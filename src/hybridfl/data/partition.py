@@ -91,6 +91,7 @@ class Partition:
             dup = next(n for n in names if names.count(n) > 1)
             raise PartitionError(f"client name {dup!r} occurs more than once in the partition.")
         known = set(ds.block_names)
+        labelled_rows = np.zeros(ds.n_samples, dtype=bool)  # rows some labelled client holds
         for c in self.clients:
             if c.n_samples == 0:
                 raise PartitionError(f"client {c.client_id!r} holds no samples.")
@@ -103,17 +104,25 @@ class Partition:
                     )
             if len(set(c.blocks)) != len(c.blocks):
                 raise PartitionError(f"client {c.client_id!r} lists a block twice.")
-            ids = np.asarray(c.sample_ids).astype(str)
+            ids = np.asarray(c.sample_ids)
+            rows, found = ds.find(ids)  # vectorised lookup (issue 17: 36 M IDs at 1,000 clients)
+            if found.all():
+                counts = np.bincount(rows, minlength=ds.n_samples)
+                if (counts > 1).any():
+                    first = np.sort(ds.ids[counts > 1])[0]  # the smallest repeated ID, as np.unique finds it
+                    raise PartitionError(f"client {c.client_id!r} lists sample ID {str(first)!r} more than once.")
+                labelled_rows[rows] |= c.has_labels
+                continue
+            ids = ids.astype(str)
             uniq, counts = np.unique(ids, return_counts=True)
             if uniq.size != ids.size:
                 raise PartitionError(
                     f"client {c.client_id!r} lists sample ID {str(uniq[counts > 1][0])!r} more than once."
                 )
             missing = np.setdiff1d(uniq, ds.ids)
-            if missing.size:
-                raise PartitionError(
-                    f"client {c.client_id!r} holds sample ID {str(missing[0])!r}, which is not in dataset {ds.name!r}."
-                )
+            raise PartitionError(
+                f"client {c.client_id!r} holds sample ID {str(missing[0])!r}, which is not in dataset {ds.name!r}."
+            )
         if not any(c.has_labels for c in self.clients):
             raise PartitionError("no client in the partition holds labels.")
         out: list[str] = []
@@ -121,8 +130,7 @@ class Partition:
         for b in ds.block_names:
             if b not in held_blocks:
                 out.append(f"block {b!r} is held by no client.")
-        labelled = np.concatenate([np.asarray(c.sample_ids).astype(str) for c in self.clients if c.has_labels])
-        held_classes = set(np.unique(ds.y[ds.positions(np.unique(labelled))]).tolist())
+        held_classes = set(np.unique(ds.y[labelled_rows]).tolist())
         for k, cname in enumerate(ds.classes):
             if k not in held_classes:
                 out.append(f"class {cname!r} is held by no client.")

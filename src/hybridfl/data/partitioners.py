@@ -338,19 +338,23 @@ class ClassBlockPartitioner:
                 if not (isinstance(k, (int, np.integer)) and 0 <= k < ds.n_classes):
                     raise PartitionError(f"client {i} names class {k!r}, outside [0, {ds.n_classes - 1}].")
         holders = {k: [i for i, s in enumerate(specs) if k in s.classes] for k in range(ds.n_classes)}
-        buckets: list[list[str]] = [[] for _ in specs]
+        buckets: list[list[np.ndarray]] = [[] for _ in specs]  # row positions, no ID strings until the end
         for k, hs in holders.items():
-            ids = ds.ids[ds.y == k]
+            rows = np.flatnonzero(ds.y == k)
             if not hs:
                 continue
             if self.overlap == "full":
                 for i in hs:
-                    buckets[i].extend(ids.tolist())
+                    buckets[i].append(rows)
             else:
-                for i, part in zip(hs, _split_evenly(ids[rng.permutation(ids.size)], len(hs))):
-                    buckets[i].extend(part.tolist())
+                for i, part in zip(hs, _split_evenly(rows[rng.permutation(rows.size)], len(hs))):
+                    buckets[i].append(part)
         clients = [
-            ClientShard(_name(i), np.sort(np.array(b, dtype=str)), _check_blocks(ds, s.blocks, f"client {i}"))
+            ClientShard(
+                _name(i),
+                ds.sorted_ids(np.concatenate(b) if b else np.zeros(0, dtype=np.int64)),
+                _check_blocks(ds, s.blocks, f"client {i}"),
+            )
             for i, (s, b) in enumerate(zip(specs, buckets))
         ]
         return Partition(

