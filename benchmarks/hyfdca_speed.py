@@ -21,12 +21,21 @@ the settings of ``examples/configs/hyfdca_mnist.yaml``):
    secret key (``ckks_secret_key_encryption``): the round CPU and wall ratios and the difference
    of their ``w`` from the plaintext ``w``.
 
-Run (single-threaded; about 3 minutes on an idle core)::
+Run (single-threaded; about 3 minutes on an idle core at batch 128, longer at larger batches,
+whose CKKS setup encrypts ``n_s (b + 1) / 2`` Gram values per holder)::
 
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_speed.py
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_speed.py \
+        --rounds 60 --target 0.001 --ckks-rounds 3 [--batch-size 512]
 
-Writes ``benchmarks/results/hyfdca_speed.json`` and ``.md`` (with the machine's load average:
-the machine is shared, so wall times are only comparable within one run).
+Writes ``benchmarks/results/hyfdca_speed.json`` and ``.md`` (``hyfdca_speed_b<size>.*`` at another
+batch size; with the machine's load average: the machine is shared, so wall times are only
+comparable within one run). Writing a file again keeps the headline numbers of the runs it held
+before (``earlier_runs``, with the commit that last wrote it).
+
+Profile a round instead (cProfile, CPU clock; ``hyfdca_speed_profile[_<scheme>][_b<size>].*``)::
+
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_speed.py \
+        --profile 2 --profile-scheme ckks_secret_key [--batch-size 512]
 """
 
 from __future__ import annotations
@@ -107,6 +116,13 @@ def run(split, part, cfg: HyFDCAConfig) -> tuple[object, dict]:
     return res, times
 
 
+CHECKS = [
+    ("validate.py", "blobs"),
+    ("validate.py", "number"),
+    ("validate.py", "only_keys"),
+    ("segment.py", "check_sweep"),
+    ("segment.py", "_check_sweep"),
+]
 PROFILE_PARTS = {
     "exact SDCA steps (convex.losses.gram_steps, run by each of the 3 holders)": [("losses.py", "gram_steps")],
     "message codec (runtime.messages encode + decode, both directions)": [
@@ -119,50 +135,80 @@ PROFILE_PARTS = {
         ("he.py", "add"),
     ],
     "sparse products (scipy X_B w, X_B^T dalpha, segment shares)": [("_compressed.py", "_matmul_vector")],
-    "reply and message checks (runtime.validate, HyFDCA reply checks)": [
-        ("validate.py", "blobs"),
-        ("validate.py", "number"),
-        ("validate.py", "only_keys"),
-        ("segment.py", "check_sweep"),
-        ("segment.py", "_check_sweep"),
+    "reply and message checks (runtime.validate, HyFDCA reply checks)": CHECKS,
+}
+PROFILE_PARTS_CKKS = {
+    "exact SDCA steps (convex.losses.gram_steps, run by each of the 3 holders)": [("losses.py", "gram_steps")],
+    "message codec (runtime.messages encode + decode, both directions)": [
+        ("messages.py", "encode"),
+        ("messages.py", "decode"),
     ],
+    "clients: CKKS encryption (privacy.he encrypt: encode, encrypt, serialise)": [("he.py", "encrypt")],
+    "server: CKKS addition (privacy.he add: deserialise, add, serialise)": [("he.py", "add")],
+    "clients: CKKS decryption (privacy.he decrypt: deserialise, decrypt, decode)": [("he.py", "decrypt")],
+    "sparse products (scipy X_B w, X_B^T dalpha, segment shares)": [("_compressed.py", "_matmul_vector")],
+    "reply and message checks (runtime.validate, HyFDCA reply checks)": CHECKS,
+}
+SCHEMES = {  # benchmark label -> (encryption, extra HyFDCA settings)
+    "none": ("none", {}),
+    "ckks": ("ckks", {}),
+    "ckks_secret_key": ("ckks", {"ckks_secret_key_encryption": True}),
 }
 
 
-def profile(split, part, rounds: int, batch_size: int) -> dict:
-    """cProfile of ``rounds`` plaintext rounds (setup and evaluation excluded): the cumulative
-    seconds of the parts in :data:`PROFILE_PARTS` (disjoint: none calls another) and the rest.
+def profile(split, part, rounds: int, batch_size: int, scheme: str = "none") -> dict:
+    """cProfile (CPU clock, ``time.process_time``) of ``rounds`` rounds of ``scheme`` (a key of
+    :data:`SCHEMES`; setup and evaluation excluded): the cumulative CPU seconds of the parts in
+    :data:`PROFILE_PARTS` (plaintext) or :data:`PROFILE_PARTS_CKKS` (disjoint: none calls another)
+    and the rest, plus the unprofiled CPU seconds of the same rounds measured around the profiler.
     Profiling adds overhead to every Python call, so the shares matter, not the seconds."""
     import cProfile
     import pstats
 
-    prof = cProfile.Profile()
+    prof = cProfile.Profile(time.process_time)
     run_round = HyFDCAServer.run_round
+    cpu: list[float] = []
 
     def profiled(self, *a, **k):
+        c = time.process_time()
         prof.enable()
         try:
             return run_round(self, *a, **k)
         finally:
             prof.disable()
+            cpu.append(time.process_time() - c)
 
+    enc, extra = SCHEMES[scheme]
     HyFDCAServer.run_round = profiled
     try:
-        run_hyfdca(split, part, config(batch_size, rounds=rounds, eval_every=0, reference=False), seed=0)
+        cfg = config(batch_size, rounds=rounds, eval_every=0, reference=False, encryption=enc, **extra)
+        res = run_hyfdca(split, part, cfg, seed=0)
     finally:
         HyFDCAServer.run_round = run_round
     stats = pstats.Stats(prof).stats  # (file, line, name) -> (calls, primitive calls, own, cumulative, callers)
     total = sum(v[2] for v in stats.values())
     parts = {}
-    for label, keys in PROFILE_PARTS.items():
-        sec = sum(v[3] for (f, _, n), v in stats.items() if any(f.endswith(kf) and n == kn for kf, kn in keys))
-        parts[label] = {"seconds_per_round": sec / rounds, "share": sec / total}
+    for label, keys in (PROFILE_PARTS if scheme == "none" else PROFILE_PARTS_CKKS).items():
+        hits = [v for (f, _, n), v in stats.items() if any(f.endswith(kf) and n == kn for kf, kn in keys)]
+        sec = sum(v[3] for v in hits)
+        parts[label] = {
+            "seconds_per_round": sec / rounds,
+            "share": sec / total,
+            "calls_per_round": sum(v[0] for v in hits) / rounds,
+        }
     rest = total - sum(p["seconds_per_round"] for p in parts.values()) * rounds
     parts["the rest (HyFDCA client and server steps, transport, numpy small-array operations, RNG)"] = {
         "seconds_per_round": rest / rounds,
         "share": rest / total,
     }
-    return {"rounds": rounds, "profiled_seconds_per_round": total / rounds, "parts": parts}
+    return {
+        "scheme": scheme,
+        "rounds": rounds,
+        "profiled_seconds_per_round": total / rounds,
+        "round_cpu_seconds_profiled": cpu,
+        "round_bytes_mean": float(np.mean([h["bytes"] for h in res.history])),
+        "parts": parts,
+    }
 
 
 def load() -> list[float]:
@@ -185,37 +231,47 @@ def main() -> None:
         "--profile",
         type=int,
         default=0,
-        help="only profile this many plaintext rounds (cProfile) and write hyfdca_speed_profile.*",
+        help="only profile this many rounds (cProfile, CPU clock) and write hyfdca_speed_profile[_<scheme>][_b<size>].*",
+    )
+    ap.add_argument(
+        "--profile-scheme",
+        choices=sorted(SCHEMES),
+        default="none",
+        help="what --profile runs: plaintext (none), CKKS with the public key (ckks) or the secret key (ckks_secret_key)",
+    )
+    ap.add_argument(
+        "--summary",
+        action="store_true",
+        help="only tabulate the written hyfdca_speed[_b<size>].json files by batch size into hyfdca_speed_batches.md",
     )
     a = ap.parse_args()
     t_start = time.perf_counter()
+    if a.summary:
+        text = summary()
+        (OUT / "hyfdca_speed_batches.md").write_text(text)
+        print(text)
+        return
     if a.profile:
         with single_threaded():
             split = load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True)
             part = GridPartitioner(3, 3, 1, 0).partition(split.train)
-            prof = profile(split, part, a.profile, a.batch_size)
+            prof = profile(split, part, a.profile, a.batch_size, a.profile_scheme)
         prof["command"] = (
             "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_speed.py "
-            f"--profile {a.profile}" + ("" if a.batch_size == 128 else f" --batch-size {a.batch_size}")
+            f"--profile {a.profile}"
+            + ("" if a.batch_size == 128 else f" --batch-size {a.batch_size}")
+            + ("" if a.profile_scheme == "none" else f" --profile-scheme {a.profile_scheme}")
         )
         prof["load_average"] = load()
-        stem = "hyfdca_speed_profile" + ("" if a.batch_size == 128 else f"_b{a.batch_size}")
-        lines = [
-            f"# HyFDCA plaintext round profile (MNIST binary, 3 x 3 grid, segment mode, batch {a.batch_size})",
-            "",
-            f"Command: `{prof['command']}` (load average {prof['load_average']}). cProfile over {a.profile} rounds; "
-            "profiling slows every Python call, so read the shares.",
-            "",
-            "| part of a round | share | s per round (profiled) |",
-            "|---|---|---|",
-        ]
-        for label, v in prof["parts"].items():
-            lines.append(f"| {label} | {100 * v['share']:.0f} % | {v['seconds_per_round']:.3f} |")
-        lines.append("")
+        stem = (
+            "hyfdca_speed_profile"
+            + ("" if a.profile_scheme == "none" else f"_{a.profile_scheme}")
+            + ("" if a.batch_size == 128 else f"_b{a.batch_size}")
+        )
         OUT.mkdir(parents=True, exist_ok=True)
         (OUT / f"{stem}.json").write_text(json.dumps(prof, indent=1, default=float))
-        (OUT / f"{stem}.md").write_text("\n".join(lines))
-        print("\n".join(lines))
+        (OUT / f"{stem}.md").write_text(profile_report(prof, a.batch_size))
+        print(profile_report(prof, a.batch_size))
         return
     out: dict = {
         "dataset": "MNIST binary (0-4 vs 5-9), 60,000 x 784, 49 tiles of 4 x 4, 3 x 3 grid = 9 clients",
@@ -311,9 +367,9 @@ def main() -> None:
         # 3. CKKS against plaintext, the same rounds, side by side
         enc: dict = {"rounds": a.ckks_rounds}
         ws = {}
-        for scheme, extra in (("none", {}), ("ckks", {}), ("ckks_secret_key", {"ckks_secret_key_encryption": True})):
+        for scheme, (encryption, extra) in SCHEMES.items():
             cfg = config(
-                a.batch_size, rounds=a.ckks_rounds, eval_every=0, reference=False, encryption=scheme[:4], **extra
+                a.batch_size, rounds=a.ckks_rounds, eval_every=0, reference=False, encryption=encryption, **extra
             )
             res, times = run(split, part, cfg)
             ws[scheme] = np.asarray(res.summary["w"], dtype=np.float64)
@@ -326,6 +382,7 @@ def main() -> None:
                 "round_wall_seconds_mean": float(rounds[:, 0].mean()),
                 "round_cpu_seconds_mean": float(rounds[:, 1].mean()),
                 "round_bytes_mean": float(np.mean([h["bytes"] for h in res.history])),
+                "round_messages_mean": float(np.mean([h["messages"] for h in res.history])),
                 "encryption_seconds_per_round": float(np.mean([h["encryption_seconds"] for h in res.history])),
                 "load_average": load(),
             }
@@ -341,9 +398,112 @@ def main() -> None:
     out["benchmark_seconds"] = time.perf_counter() - t_start
     OUT.mkdir(parents=True, exist_ok=True)
     stem = "hyfdca_speed" + ("" if a.batch_size == 128 else f"_b{a.batch_size}")
+    out["earlier_runs"] = earlier_runs(OUT / f"{stem}.json")
     (OUT / f"{stem}.json").write_text(json.dumps(out, indent=1, default=float))
     (OUT / f"{stem}.md").write_text(report(out))
     print(report(out))
+
+
+def summary() -> str:
+    """The latest run of every ``hyfdca_speed[_b<size>].json`` side by side, by batch size."""
+    runs = sorted(
+        (json.loads(p.read_text()) for p in OUT.glob("hyfdca_speed*.json") if "profile" not in p.name),
+        key=lambda o: o["batch_size"],
+    )
+    lines = [
+        "# HyFDCA speed by batch size (issue 17): MNIST binary, 3 x 3 grid, segment mode",
+        "",
+        "Tabulated by `.venv/bin/python benchmarks/hyfdca_speed.py --summary` from the files named in the first "
+        "column (each its latest run; commands, loads and earlier runs there). CKKS degree 8192 (4,096 slots); "
+        "one exchange = one ciphertext per holder of `b` values, summed by the server, decrypted by each holder. "
+        "CPU seconds per round, mean of the `--ckks-rounds` rounds run one after the other in one process.",
+        "",
+        "| batch `b` (file) | slots used per exchange ciphertext | plaintext round CPU s | CKKS public key: round CPU s (ratio) "
+        "| CKKS secret key: round CPU s (ratio) | CKKS MB/round | CKKS setup CPU s (public / secret key) "
+        "| w max abs diff CKKS vs plaintext | HyFDCA / liblinear CPU to 1e-3 (round) | load at start |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for o in runs:
+        enc, hy, b = o["ckks_vs_plaintext"], o["hyfdca"], o["batch_size"]
+        pk, sk = enc["ckks"], enc["ckks_secret_key"]
+        name = "hyfdca_speed" + ("" if b == 128 else f"_b{b}") + ".md"
+        ll = hy.get("ratio_to_liblinear", {}).get("cpu_rounds")
+        lines.append(
+            f"| {b} (`{name}`) | {min(b, 4096) / 4096:.0%} | {enc['none']['round_cpu_seconds_mean']:.3f} | "
+            f"{pk['round_cpu_seconds_mean']:.2f} (**{pk['round_cpu_ratio']:.1f}x**) | "
+            f"{sk['round_cpu_seconds_mean']:.2f} (**{sk['round_cpu_ratio']:.1f}x**) | {pk['round_bytes_mean'] / 1e6:.1f} | "
+            f"{pk['setup_cpu_seconds']:.0f} / {sk['setup_cpu_seconds']:.0f} | "
+            f"{max(pk['w_max_abs_difference'], sk['w_max_abs_difference']):.1e} | "
+            + (f"{ll:.1f}x ({hy['round']})" if ll is not None else "not reached")
+            + f" | {o['load_average_start']} |"
+        )
+    lines.append("")
+    return "\n".join(lines)
+
+
+def headline(o: dict) -> dict:
+    """A run's headline numbers (kept in ``earlier_runs`` when the file is written again)."""
+    hy, enc = o["hyfdca"], o["ckks_vs_plaintext"]
+    return {
+        "command": o["command"],
+        "load_average_start": o["load_average_start"],
+        "liblinear_cpu_seconds": o["liblinear"]["cpu_seconds_median"],
+        "hyfdca_round": hy.get("round"),
+        "hyfdca_to_liblinear_cpu_rounds": hy.get("ratio_to_liblinear", {}).get("cpu_rounds"),
+        "plaintext_round_cpu_seconds": enc["none"]["round_cpu_seconds_mean"],
+        "ckks_round_cpu_ratio": enc["ckks"]["round_cpu_ratio"],
+        "ckks_secret_key_round_cpu_ratio": enc["ckks_secret_key"]["round_cpu_ratio"],
+        "ckks_round_megabytes": enc["ckks"]["round_bytes_mean"] / 1e6,
+    }
+
+
+def earlier_runs(path: Path) -> list[dict]:
+    """The headline numbers of the runs ``path`` recorded before, oldest first (so that writing it
+    again keeps the history), each with the commit that last wrote the file (``git log`` and
+    ``git status``, read only) or, if the file was not committed since, its modification time."""
+    import subprocess
+    from datetime import UTC, datetime
+
+    if not path.exists():
+        return []
+    old = json.loads(path.read_text())
+
+    def git(*args: str) -> str:
+        rel = str(path.relative_to(ROOT))
+        return subprocess.run(
+            ["git", *args, "--", rel], cwd=ROOT, capture_output=True, text=True, check=False
+        ).stdout.strip()
+
+    if git("status", "--porcelain"):
+        when = datetime.fromtimestamp(path.stat().st_mtime, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        committed = f"not committed (written {when})"
+    else:
+        committed = git("log", "-1", "--format=%h %cs") or "not committed"
+    return [*old.get("earlier_runs", []), {**headline(old), "committed": committed}]
+
+
+def profile_report(prof: dict, batch_size: int) -> str:
+    what = {
+        "none": "plaintext",
+        "ckks": "CKKS (public-key encryption)",
+        "ckks_secret_key": "CKKS (secret-key encryption)",
+    }
+    cpu = prof["round_cpu_seconds_profiled"]
+    lines = [
+        f"# HyFDCA {what[prof['scheme']]} round profile (MNIST binary, 3 x 3 grid, segment mode, batch {batch_size})",
+        "",
+        f"Command: `{prof['command']}` (load average {prof['load_average']}). cProfile with the CPU clock over "
+        f"{prof['rounds']} rounds ({', '.join(f'{c:.2f}' for c in cpu)} s CPU per round with the profiler on; "
+        f"{prof['round_bytes_mean'] / 1e6:.1f} MB per round); profiling slows every Python call, so read the shares.",
+        "",
+        "| part of a round | share | CPU s per round (profiled) | calls per round |",
+        "|---|---|---|---|",
+    ]
+    for label, v in prof["parts"].items():
+        calls = f"{v['calls_per_round']:.0f}" if "calls_per_round" in v else ""
+        lines.append(f"| {label} | {100 * v['share']:.0f} % | {v['seconds_per_round']:.3f} | {calls} |")
+    lines.append("")
+    return "\n".join(lines)
 
 
 def report(o: dict) -> str:
@@ -412,9 +572,27 @@ def report(o: dict) -> str:
             else "not measured (target not reached)"
         )
         + f"; a CKKS round within 3x a plaintext one: {'met' if best <= 3 else 'missed'} (best {best:.1f}x). "
-        "Where a plaintext round's time goes: `hyfdca_speed_profile.md` (`--profile 3`).",
+        "Where a plaintext round's time goes: `hyfdca_speed_profile.md` (`--profile 3`); a CKKS round's: "
+        "`hyfdca_speed_profile_ckks*.md` (`--profile 2 --profile-scheme ckks_secret_key`).",
         "",
     ]
+    if o.get("earlier_runs"):
+        lines += [
+            "Earlier runs written to this file (the code of the commit that last wrote it; the latest run above):",
+            "",
+            "| committed | command | load at start | plaintext round CPU s | CKKS CPU ratio (public / secret key) | MB/round | HyFDCA / liblinear CPU (round) |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for e in o["earlier_runs"]:
+            ll = e["hyfdca_to_liblinear_cpu_rounds"]
+            lines.append(
+                f"| {e['committed']} | `{e['command'].split('hyfdca_speed.py')[-1].strip()}` | {e['load_average_start']} | "
+                f"{e['plaintext_round_cpu_seconds']:.3f} | {e['ckks_round_cpu_ratio']:.1f}x / "
+                f"{e['ckks_secret_key_round_cpu_ratio']:.1f}x | {e['ckks_round_megabytes']:.1f} | "
+                + (f"{ll:.1f}x ({e['hyfdca_round']})" if ll is not None else "target not reached")
+                + " |"
+            )
+        lines.append("")
     return "\n".join(lines)
 
 

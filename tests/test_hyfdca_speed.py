@@ -108,3 +108,51 @@ def test_secret_key_ckks_segment_run_matches_plaintext(credit_small):
     w0, w1 = np.array(plain.summary["w"]), np.array(enc.summary["w"])
     assert np.linalg.norm(w1 - w0) <= 1e-6 * np.linalg.norm(w0)
     assert enc.summary["bytes_total"] > 3 * plain.summary["bytes_total"]  # ciphertexts crossed and were counted
+
+
+def test_packed_segment_gram_is_one_ciphertext_vector_per_segment_and_ckks_matches_plaintext(credit_small):
+    """Segment mode packs each segment's batch Gram triangles into one vector per holder (issue 17):
+    the ``hyfdca.init`` reply holds one ciphertext vector per segment, of length ``sum_B b_B (b_B + 1)
+    / 2``, in fewer CKKS ciphertexts than one vector per batch would take; the Gram matrices the
+    holders decrypt and the CKKS run's ``w`` equal the plaintext run's to 1e-6 (relative), and the
+    holders' duals at the hinge box's bounds are exactly there, as in plaintext."""
+    from hybridfl.runtime.messages import decode
+
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    cfg = _cfg(rounds=2, batch_size=100)  # 400 samples per segment: 4 batches of 100, 5,050 values each
+    runs = {}
+    for scheme in ("none", "ckks"):
+        raw: list[bytes] = []
+        fed = build_federation(
+            "hyfdca", credit_small, part, cfg.model_copy(update={"encryption": scheme}), recorder=raw.append
+        )
+        fed.setup()
+        fed.loop(monitor=False).run()
+        runs[scheme] = (fed, [decode(b) for b in raw])
+    fed, msgs = runs["ckks"]
+    slots = next(iter(fed.clients.values())).he.slots
+    inits = [m for m in msgs if m.receiver == "server" and "gram" in m.payload]
+    assert len(inits) == len(fed.clients)
+    for m in inits:
+        c = fed.clients[m.sender]
+        assert len(m.payload["gram"]) == len(c.seg_batches)
+        for ct, batches in zip(m.payload["gram"], c.seg_batches):
+            tri = [r.size * (r.size + 1) // 2 for r in batches]
+            assert len(batches) == 4 and c.he.length(ct) == sum(tri)
+            n_ct = len(ct) // 131_000  # one ciphertext ~131 KB at degree 8192
+            assert n_ct == -(-sum(tri) // slots) < sum(-(-t // slots) for t in tri)  # 5 instead of 8
+    plain = runs["none"][0]
+    for cid, c in fed.clients.items():
+        for gs_enc, gs_plain in zip(c.gram, plain.clients[cid].gram):
+            for G1, G0 in zip(gs_enc, gs_plain):
+                assert np.abs(G1 - G0).max() <= 1e-6 * np.abs(G0).max()
+    w0, w1 = plain.server.w, fed.server.w
+    assert np.linalg.norm(w1 - w0) <= 1e-6 * np.linalg.norm(w0)
+    assert np.abs(w0).max() > 0
+    # the holders' decrypted hinge duals near the box's bounds sit exactly on them (accept_alpha), not a
+    # CKKS noise away (which would make every later step on them a non-zero change)
+    for cid, c in fed.clients.items():
+        b1, b0 = c.y * c.alpha, plain.clients[cid].y * plain.clients[cid].alpha
+        assert np.any(b1 == 0.0) and np.any(b1 == 1.0)
+        assert not np.any(((b1 > 0) & (b1 < 1e-7)) | ((b1 < 1) & (b1 > 1 - 1e-7)))
+        assert np.abs(b1 - b0).max() <= 1e-6

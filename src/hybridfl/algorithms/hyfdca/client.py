@@ -204,20 +204,25 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
 
     def tolerance(self, rnd: int) -> np.ndarray:
         """Per sample ``(n_k,)``: how far a decrypted ``alpha_i`` of round ``rnd`` may stray from
-        the protocol's exact bounds through encoding alone: ``1e-6`` plus the scheme's resolution
-        (Paillier ``2**-precision_bits``; CKKS ``1e4 * 2**-scale_bits``, its measured noise; 0 in
-        plaintext) times the values summed into it (``rnd`` rounds of ``|B_i|`` changes, plus one)."""
+        the protocol's exact bounds through encoding alone: ``1e-6`` plus :meth:`encoding_error`."""
+        return 1e-6 + self.encoding_error(rnd)
+
+    def encoding_error(self, rnd: int) -> np.ndarray:
+        """Per sample ``(n_k,)``: the bound on the encoding error of a decrypted ``alpha_i`` of
+        round ``rnd``: the scheme's resolution (Paillier ``2**-precision_bits``; CKKS ``1e4 *
+        2**-scale_bits``, its measured noise; 0 in plaintext) times the values summed into it
+        (``rnd`` rounds of ``|B_i|`` changes, plus one)."""
         res = 0.0
         if hasattr(self.he, "scale_bits"):
             res = 1e4 * 2.0 ** -float(self.he.scale_bits)
         elif hasattr(self.he, "scale"):
             res = 1.0 / float(self.he.scale)
-        tol = np.full(self.ids.size, 1e-6)
+        err = np.zeros(self.ids.size)
         nu = float(self.params.get("nu", 1.0))
         for s, rows in enumerate(self.seg_rows):
             holders = nu / self.seg_scale[s] if self.seg_scale[s] > 0 else 1.0
-            tol[rows] += (max(rnd, 1) * holders + 1.0) * res
-        return tol
+            err[rows] += (max(rnd, 1) * holders + 1.0) * res
+        return err
 
     def accept_alpha(self, msg: Message, key: str = "alpha") -> None:
         """Consensus and segment modes: decrypt the server's ``enc(alpha)`` of its segments and
@@ -225,6 +230,12 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         model"): finite; hinge/logistic with ``nu <= 1``: ``y_i alpha_i`` in ``[0, 1]``; hinge/logistic:
         ``|alpha_i - last_i| <= nu R`` (``R`` rounds since its last accepted ``alpha``); squared:
         ``|alpha_i - y_i| <= sqrt(N)``; each up to :meth:`tolerance`.
+
+        Hinge with ``nu <= 1`` under encryption (CKKS noise, Paillier rounding): a ``y_i alpha_i``
+        within :meth:`encoding_error` of a bound of ``[0, 1]`` is set to the bound (where the exact
+        sum lies: the coordinate steps put duals exactly on the bounds, and an ``alpha_i`` a noise
+        away from its bound would make every later step on it a tiny non-zero change, each paying
+        the ``O(b)`` update of segment mode's batch; issue 17). Plaintext ``alpha`` is taken as sent.
 
         Raises:
             PayloadError: the ``alpha`` fails a check (the client keeps its last copy and returns no share).
@@ -248,6 +259,10 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
                 raise PayloadError(
                     msg, key, f"changing alpha by more than nu per round since round {int(self.alpha_round)}"
                 )
+            band = self.encoding_error(msg.round)
+            if loss == "hinge" and nu <= 1.0 and band.any():  # onto the box's bounds (docstring)
+                b = np.where(b <= band, 0.0, np.where(b >= 1.0 - band, 1.0, b))
+                new = self.y * b
         self.alpha = new
         self.alpha_round = max(int(self.alpha_round), int(msg.round))
 

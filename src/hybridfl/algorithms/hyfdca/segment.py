@@ -6,7 +6,8 @@ One ``alpha`` per sample, like consensus mode, but the holders of a segment make
 exact** SDCA steps, so averaging them changes nothing and no client ever acts on a wrong inner
 product. The segment is cut once into fixed mini-batches of ``batch_size`` samples (the same
 random split at every holder); at setup the holders' partial Gram matrices ``X_{k,B} X_{k,B}^T``
-of each batch are added under encryption and returned, so every holder knows the batch's full
+of each batch (upper triangles, all batches of a segment packed into one encrypted vector) are
+added under encryption and returned, so every holder knows the batch's full
 Gram ``X_B X_B^T`` (all blocks; a leak the other modes do not have: the holders learn the inner
 products between pairs of their own samples in a batch). Each round (``hyfdca.segstart``, then one
 ``hyfdca.sweep`` per batch, then ``hyfdca.primal``) the holders walk the batches in a common random
@@ -64,8 +65,12 @@ class SegmentClientMixin:
     def _segment_init(self, p: Mapping[str, Any]) -> list[bytes]:
         """Setup (``hyfdca.init``): cut each segment into the fixed mini-batches (a permutation drawn
         from the global segment ID and the server's ``batch_seed``, the same at every holder) and
-        return the encrypted partial Gram matrix ``X_{k,B} diag(1/c) X_{k,B}^T`` of each batch
-        (upper triangles, segment by segment)."""
+        return, per segment, one encrypted vector: the upper triangles (row by row) of the partial
+        Gram matrices ``X_{k,B} diag(1/c) X_{k,B}^T`` of its batches, batch after batch, packed
+        together (``sum_B b_B (b_B + 1) / 2`` values; under CKKS the slots of a ciphertext are
+        filled across batches instead of one partly filled ciphertext per batch; the same values
+        as one vector per batch, and every holder of a segment packs them in the same layout, so
+        the server adds them slot by slot)."""
         b = int(p["batch_size"])
         self.seg_global = [int(g) for g in p["seg_global"]]
         self._batch_cache = {}
@@ -76,31 +81,32 @@ class SegmentClientMixin:
         gram: list[bytes] = []
         for s in range(len(self.seg_rows)):
             colw = self.seg_colw[s]
+            parts = []
             for m, rows in enumerate(self.seg_batches[s]):
                 Xb = self._batch(s, m)[0]
                 Xw = Xb if colw is None else (Xb.multiply(colw[None, :]).tocsr() if sp.issparse(Xb) else Xb * colw)
                 G = Xb @ Xw.T
                 G = G.toarray() if sp.issparse(G) else np.asarray(G)
-                gram.append(self.he.encrypt(G[np.triu_indices(rows.size)]))
+                parts.append(G[np.triu_indices(rows.size)])
+            gram.append(self.he.encrypt(np.concatenate(parts) if parts else np.zeros(0)))
         return gram
 
     def _store_gram(self, msg: Message) -> None:
-        """Setup (``hyfdca.norms``): decrypt the holders' summed batch Gram matrices (upper triangles).
+        """Setup (``hyfdca.norms``): decrypt the holders' summed batch Gram matrices: one vector per
+        segment, the upper triangles of its batches one after another (:meth:`_segment_init`).
 
         Raises:
-            PayloadError: not one ciphertext per batch, a triangle of another length, or non-finite values.
+            PayloadError: not one ciphertext per segment, one of another length, or non-finite values.
         """
-        cts = validate.blobs(msg, "gram", sum(len(b) for b in self.seg_batches))
-        it = iter(cts)
+        cts = validate.blobs(msg, "gram", len(self.seg_batches))
         gram = []
-        for batches in self.seg_batches:
-            row = []
-            for rows in batches:
-                v = np.asarray(self.he.decrypt(next(it)), dtype=np.float64)
-                if v.shape != (rows.size * (rows.size + 1) // 2,) or not np.isfinite(v).all():
-                    raise PayloadError(msg, "gram", "holding a triangle of another size or non-finite values")
-                row.append(_symmetric(v, rows.size))
-            gram.append(row)
+        for batches, ct in zip(self.seg_batches, cts):
+            sizes = [rows.size * (rows.size + 1) // 2 for rows in batches]
+            v = np.asarray(self.he.decrypt(ct), dtype=np.float64)
+            if v.shape != (sum(sizes),) or not np.isfinite(v).all():
+                raise PayloadError(msg, "gram", "holding triangles of another size or non-finite values")
+            ends = np.cumsum(sizes)
+            gram.append([_symmetric(v[e - n : e], rows.size) for rows, n, e in zip(batches, sizes, ends)])
         self.gram = gram
 
     def _batch(self, s: int, m: int) -> tuple[Any, Any, np.ndarray]:
@@ -340,15 +346,19 @@ class SegmentServerMixin:
         segment IDs ``seg_global`` and the ``batch_seed`` of the fixed mini-batches."""
         return {"batch_size": self.config.batch_size, "seg_global": list(segs), "batch_seed": batch_seed}
 
-    def _sum_grams(self, replies: list[Message]) -> dict[tuple[int, int], bytes]:
-        """Setup: the holders' encrypted partial Gram matrices added per ``(segment, batch)``."""
-        gparts: dict[tuple[int, int], list[bytes]] = defaultdict(list)
+    def _sum_grams(self, replies: list[Message]) -> dict[int, bytes]:
+        """Setup: the holders' encrypted partial Gram matrices added per segment (one packed
+        vector per segment and holder, :meth:`SegmentClientMixin._segment_init`)."""
+        gparts: dict[int, list[bytes]] = defaultdict(list)
         for r in replies:
-            it = iter(r.payload["gram"])
-            for g in self.client_segs[r.sender]:
-                for m in range(self.seg_batch_counts[g]):
-                    gparts[(g, m)].append(next(it))
-        return {key: self.he.add(v) for key, v in gparts.items()}
+            for g, c in zip(self.client_segs[r.sender], r.payload["gram"]):
+                gparts[g].append(c)
+        return {g: self.he.add(v) for g, v in gparts.items()}
+
+    def gram_length(self, g: int) -> int:
+        """The length of segment ``g``'s packed Gram vector: ``sum_B b_B (b_B + 1) / 2`` over its batches."""
+        sizes = [len(self.seg_batches_of(g, m)) for m in range(self.seg_batch_counts[g])]
+        return sum(b * (b + 1) // 2 for b in sizes)
 
     def seg_batches_of(self, g: int, m: int) -> range:
         """The positions of batch ``m`` of global segment ``g`` (its size is what the server checks)."""

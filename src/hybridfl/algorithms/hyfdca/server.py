@@ -286,12 +286,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         def check_init(r: Message) -> None:
             self.check_ciphertexts(r, "norms", self.seg_sizes(r.sender))
             if segment:
-                sizes = [
-                    min(cfg.batch_size, self.seg_n[g] - m * cfg.batch_size)
-                    for g in self.client_segs[r.sender]
-                    for m in range(self.seg_batch_counts[g])
-                ]
-                self.check_ciphertexts(r, "gram", [b * (b + 1) // 2 for b in sizes])
+                self.check_ciphertexts(r, "gram", [self.gram_length(g) for g in self.client_segs[r.sender]])
 
         replies = self._setup_exchange(transport, init_msgs, stats, check_init)
         parts: dict[int, list[bytes]] = defaultdict(list)
@@ -304,7 +299,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         for cid in self.client_ids:
             payload = {"norms": [enc_q[g] for g in self.client_segs[cid]]}
             if segment:
-                payload["gram"] = [gram[(g, m)] for g in self.client_segs[cid] for m in range(self.seg_batch_counts[g])]
+                payload["gram"] = [gram[g] for g in self.client_segs[cid]]
             norms_msgs.append(Message("hyfdca.norms", SERVER, cid, 0, payload))
         self._setup_exchange(transport, norms_msgs, stats)
         self.enc_alpha = [self.he.encrypt(np.zeros(n)) for n in self.seg_n]
