@@ -20,7 +20,17 @@ as ``hybridfl run --config examples/configs/fedbcd_mnist.yaml`` (``load_config``
     .venv/bin/python benchmarks/fedbcd_table1.py run p:5 --seeds 0 1 2 $A --rounds 80 --eval-every 2
     .venv/bin/python benchmarks/fedbcd_table1.py run p:3 --seeds 0 $A --rounds 100 --eval-every 2
     .venv/bin/python benchmarks/fedbcd_table1.py run p:10 --seeds 0 $A --rounds 50 --eval-every 1   # seeds 1 / 2: --rounds 40 / 30
-    .venv/bin/python benchmarks/fedbcd_table1.py run s:5 --seeds 0 $A --rounds 80 --eval-every 2
+    # FedBCD-s with per-round statistics (--trace, see Tracer; the run is the same without it), and
+    # FedBCD-p seeds 0 / 1 traced for comparison (probes: not in the table, same curves as its runs)
+    .venv/bin/python benchmarks/fedbcd_table1.py run s:5 --seeds 0 1 2 $A --rounds 80 --eval-every 2 --trace
+    .venv/bin/python benchmarks/fedbcd_table1.py run s:3 --seeds 0 $A --rounds 80 --eval-every 2 --trace
+    .venv/bin/python benchmarks/fedbcd_table1.py run s:5 --seeds 0 --optimizer adam --lr 5e-5 --lr-decay none \
+        --rounds 80 --eval-every 2 --trace
+    .venv/bin/python benchmarks/fedbcd_table1.py run s:5 p:5 --seeds 0 1 2 $A --rounds 80 --eval-every 2 --trace \
+        --local-gradient taylor
+    P=benchmarks/results/fedbcd_table1_runs/probes
+    .venv/bin/python benchmarks/fedbcd_table1.py run p:5 --seeds 0 $A --rounds 40 --eval-every 2 --trace --runs-dir $P
+    .venv/bin/python benchmarks/fedbcd_table1.py run p:5 --seeds 1 $A --rounds 30 --eval-every 2 --trace --runs-dir $P
     .venv/bin/python benchmarks/fedbcd_table1.py run sgd:1 --seeds 0 --lr 0.4 --rounds 150   # plain SGD, sqrt
     .venv/bin/python benchmarks/fedbcd_table1.py report
     .venv/bin/python benchmarks/fedbcd_table1.py bytes     # bytes per round, both layouts
@@ -40,7 +50,8 @@ recorded next to the wall time.
 
 ``run`` writes benchmarks/results/fedbcd_table1_runs/<variant>_q<Q>_<top>_<grad>[_<optimizer>][_const]_lr<eta0>_seed<s>.json
 (``_adam`` for ``--optimizer adam``, ``_const`` for ``--lr-decay none``);
-``report`` assembles benchmarks/results/fedbcd_table1.{json,md} from every run file there.
+``report`` assembles benchmarks/results/fedbcd_table1.{json,md} from every run file there. With
+``--trace`` the run file also holds ``trace``: one row of statistics per round (:class:`Tracer`).
 """
 
 from __future__ import annotations
@@ -75,6 +86,130 @@ def crossing(curve: list, target: float) -> int | None:
     return next((rnd for rnd, auc in curve if auc is not None and auc >= target), None)
 
 
+def _slice_norm(bottom) -> float | None:
+    """The norm of a party's slice ``w_k`` of the top layer (``top: party_slice``), else None."""
+    w = getattr(bottom, "weight", None)
+    return None if w is None else float(w.detach().norm())
+
+
+class Tracer:
+    """``--trace``: per-round statistics of a two-party run, read off the parties' messages and
+    models without changing them (no random numbers are drawn, the towers have no dropout or batch
+    norm, so the run is the same with and without it). Installed by wrapping
+    :meth:`FedBCDParty.handle`; :meth:`rows` gives one dict per round:
+
+    - ``loss_start``: the label party's batch loss at the start of the round (the run's train loss);
+    - ``loss_mid`` (FedBCD-s): the same batch's loss after the passive party's ``Q`` steps, before
+      the label party's (what the label party's last exchange reports);
+    - ``loss_end``: the batch's loss with both parties' parameters after the round
+      (``H_p`` after + ``H_L`` after + ``b``);
+    - ``grad_abs``: mean ``|dL/dH_p|`` the passive party received (per sample; the loss is a mean,
+      so this is ``|sigmoid(z) - y| / B``) and ``grad_sum``: ``|sum_i dL/dH_p,i|``;
+    - ``hp_std_before`` / ``hp_std_after``: std over the batch of the passive party's ``H_p``
+      before / after its ``Q`` steps, ``dhp``: mean ``|H_p after - H_p before|``;
+    - ``hl_std``: std of the label party's own ``H_L`` after its steps, ``bias``: the top's bias,
+      ``corr``: the correlation of ``H_p`` and ``H_L`` (after the round) over the batch;
+    - ``wp_norm`` / ``wl_norm``: the norm of each party's slice ``w_k`` of the top layer;
+    - ``step_p`` / ``step_l``: the norm of the change of all the party's parameters in the round's
+      ``Q`` local steps, ``cos_p`` / ``cos_l``: the cosine between that change and the party's
+      change in the previous round (near 1: it keeps moving the same way; near 0: noise).
+    """
+
+    def __init__(self) -> None:
+        self.by_round: dict[int, dict] = {}
+        self._prev: dict[str, object] = {}  # party -> its parameter change in the previous round
+
+    def _move(self, party, params, v0, row: dict, tag: str) -> None:
+        """``step_<tag>`` and ``cos_<tag>`` of the change from ``v0`` (see the class docs)."""
+        import torch
+
+        d = torch.cat([p.detach().reshape(-1) for p in params]) - v0
+        prev = self._prev.get(party.party_id)
+        row[f"step_{tag}"] = float(d.norm())
+        if prev is not None:
+            row[f"cos_{tag}"] = float(torch.dot(d, prev) / (d.norm() * prev.norm() + 1e-30))
+        self._prev[party.party_id] = d
+
+    def install(self) -> None:
+        import numpy as np
+        import torch
+
+        from hybridfl.algorithms.fedbcd.party import EVALUATE, FedBCDParty
+
+        orig = self._orig = FedBCDParty.handle
+        tr = self
+
+        def handle(party, msg):
+            rnd = msg.round
+            if rnd < 1 or msg.kind == EVALUATE or msg.kind not in ("fedbcd.label", "fedbcd.party_step"):
+                return orig(party, msg)
+            row = tr.by_round.setdefault(rnd, {"round": rnd})
+            if msg.kind == "fedbcd.party_step":
+                b = party.batch
+                h0 = party.forward(b)
+                params = list(party.bottom.parameters())
+                v0 = torch.cat([p.detach().reshape(-1) for p in params]).clone()
+                reply = orig(party, msg)
+                tr._move(party, params, v0, row, "p")
+                h1 = party.forward(b)
+                g = np.asarray(msg.payload["grad"], dtype=np.float64)
+                row.update(
+                    grad_abs=float(np.abs(g).mean()),
+                    grad_sum=float(abs(g.sum())),
+                    hp_std_before=float(h0.std()),
+                    hp_std_after=float(h1.std()),
+                    dhp=float(np.abs(h1 - h0).mean()),
+                    wp_norm=_slice_norm(party.bottom),
+                    _hp=h1.reshape(-1).astype(np.float64),
+                )
+                return reply
+            steps = int(msg.payload.get("local_steps", 0))
+            params = list(party.bottom.parameters()) + list(party.top.parameters())
+            v0 = torch.cat([p.detach().reshape(-1) for p in params]).clone() if steps else None
+            reply = orig(party, msg)
+            if steps:
+                tr._move(party, params, v0, row, "l")
+            loss = float(reply.payload["loss"])
+            if "loss_start" not in row:
+                row["loss_start"] = loss
+            elif int(msg.payload.get("local_steps", 0)):
+                row["loss_mid"] = loss
+            if int(msg.payload.get("local_steps", 0)):  # the label party's local steps are done
+                with torch.no_grad():
+                    x = party._x(party.batch)
+                    hl = party._numpy(party.bottom(x)).reshape(-1).astype(np.float64)
+                    y = party.y[torch.from_numpy(party.rows[party.batch])].cpu().numpy().astype(np.float64)
+                row.update(
+                    hl_std=float(hl.std()),
+                    bias=float(getattr(party.top, "bias", torch.zeros(1)).detach().reshape(-1)[0]),
+                    wl_norm=_slice_norm(party.bottom),
+                    _hl=hl,
+                    _y=y,
+                )
+            return reply
+
+        FedBCDParty.handle = handle
+
+    def uninstall(self) -> None:
+        from hybridfl.algorithms.fedbcd.party import FedBCDParty
+
+        FedBCDParty.handle = self._orig
+
+    def rows(self) -> list[dict]:
+        import numpy as np
+
+        out = []
+        for rnd in sorted(self.by_round):
+            r = dict(self.by_round[rnd])
+            hp, hl, y = r.pop("_hp", None), r.pop("_hl", None), r.pop("_y", None)
+            if hp is not None and hl is not None:
+                z = hp + hl + r["bias"]
+                r["loss_end"] = float(np.mean(np.logaddexp(0.0, z) - y * z))
+                r["corr"] = float(np.corrcoef(hp, hl)[0, 1])
+            out.append({k: (round(v, 6) if isinstance(v, float) else v) for k, v in r.items()})
+        return out
+
+
 def run_one(variant: str, q: int, seed: int, args) -> dict:
     """One run through the CLI's code path; returns the run record written to RUNS."""
     data = load_config(CONFIG).model_dump(mode="json")
@@ -100,6 +235,9 @@ def run_one(variant: str, q: int, seed: int, args) -> dict:
         eval_dense_from=args.dense_from,
     )
     prep = prepare(parse_config(data))
+    tracer = Tracer() if args.trace else None
+    if tracer is not None:
+        tracer.install()
 
     def progress(done, total, row):
         if "auc" in row:
@@ -108,7 +246,11 @@ def run_one(variant: str, q: int, seed: int, args) -> dict:
 
     load0 = os.getloadavg()[0]
     c0, w0 = time.process_time(), time.perf_counter()
-    res = execute(prep, None, progress)
+    try:
+        res = execute(prep, None, progress)
+    finally:
+        if tracer is not None:
+            tracer.uninstall()
     cpu, wall = time.process_time() - c0, time.perf_counter() - w0
     load1 = os.getloadavg()[0]
     s = res.summary
@@ -141,6 +283,7 @@ def run_one(variant: str, q: int, seed: int, args) -> dict:
         "load_1min_start_end": [round(load0, 2), round(load1, 2)],
         "paper_rounds_99.7": PAPER.get((variant, q)),
         "curve": curve,
+        **({"trace": tracer.rows()} if tracer is not None else {}),
     }
 
 
@@ -445,6 +588,7 @@ def main() -> None:
     r.add_argument("--eval-every", type=int, default=5)
     r.add_argument("--dense-from", type=float, default=0.995)
     r.add_argument("--runs-dir", default=None, help="write the run files here instead (probes)")
+    r.add_argument("--trace", action="store_true", help="record per-round statistics (Tracer; one variant:Q, one seed)")
     sub.add_parser("report")
     sub.add_parser("bytes")
     g = sub.add_parser("ingest", help="record a run stopped early from its log")

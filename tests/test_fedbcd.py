@@ -460,7 +460,7 @@ def rows_of(history):
     return [{k: v for k, v in r.items() if k != "seconds"} for r in history]
 
 
-@pytest.mark.parametrize("variant,optimizer", [("p", "sgd"), ("s", "sgd"), ("p", "adam")])
+@pytest.mark.parametrize("variant,optimizer", [("p", "sgd"), ("s", "sgd"), ("p", "adam"), ("s", "adam")])
 def test_skip_and_undo_work_on_parties_rebuilt_for_every_message(variant, optimizer):
     """The round snapshot is part of every party's state: with replies lost (a party still gets
     the ``undo`` of a skipped round with its next message), parties rebuilt for every message give
