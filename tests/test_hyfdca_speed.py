@@ -156,3 +156,33 @@ def test_packed_segment_gram_is_one_ciphertext_vector_per_segment_and_ckks_match
         assert np.any(b1 == 0.0) and np.any(b1 == 1.0)
         assert not np.any(((b1 > 0) & (b1 < 1e-7)) | ((b1 < 1) & (b1 > 1 - 1e-7)))
         assert np.abs(b1 - b0).max() <= 1e-6
+
+
+def test_packed_gram_of_another_count_length_or_value_is_refused_by_name(credit_small):
+    """The packed ``gram`` (one vector per segment) is checked on both sides: the server refuses an
+    ``hyfdca.init`` reply with one vector too few or of another length than its segment's
+    ``sum_B b_B (b_B + 1) / 2``, and a holder refuses a ``hyfdca.norms`` message whose ``gram`` has
+    another count, another length or a NaN, naming the field and keeping the Gram it had."""
+    from hybridfl.runtime.messages import Message
+    from hybridfl.runtime.validate import PayloadError
+
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=1, batch_size=100))
+    fed.setup()
+    srv = fed.server
+    cid, c = next(iter(fed.clients.items()))
+    lengths = [srv.gram_length(g) for g in srv.client_segs[cid]]
+    assert lengths == [sum(r.size * (r.size + 1) // 2 for r in bs) for bs in c.seg_batches]
+    good = [c.he.encrypt(np.ones(n)) for n in lengths]
+    srv.check_ciphertexts(Message("hyfdca.init", cid, "server", 0, {"gram": good}), "gram", lengths)
+    for bad in (good[:-1], [c.he.encrypt(np.ones(lengths[0] - 1)), *good[1:]]):
+        with pytest.raises(PayloadError, match="gram"):
+            srv.check_ciphertexts(Message("hyfdca.init", cid, "server", 0, {"gram": bad}), "gram", lengths)
+    before = [[G.copy() for G in gs] for gs in c.gram]
+    nan = np.ones(lengths[0])
+    nan[3] = np.nan
+    for bad in (good[:-1], good + good[:1], [c.he.encrypt(np.ones(lengths[0] + 1)), *good[1:]], [nan, *good[1:]]):
+        bad = [x if isinstance(x, bytes) else c.he.encrypt(x) for x in bad]
+        with pytest.raises(PayloadError, match="gram"):
+            c._store_gram(Message("hyfdca.norms", "server", cid, 0, {"gram": bad}))
+        assert all(np.array_equal(G, G0) for gs, gs0 in zip(c.gram, before) for G, G0 in zip(gs, gs0))

@@ -246,7 +246,8 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             new[self.seg_rows[s]] = v
         prm = self.params
         loss, nu = str(prm["loss"]), float(prm["nu"])
-        tol = self.tolerance(msg.round)
+        band = self.encoding_error(msg.round)
+        tol = 1e-6 + band  # :meth:`tolerance`, with the encoding error computed once
         if loss == "squared":
             if np.any(np.abs(new - self.y) > math.sqrt(float(prm["N"])) + tol):
                 raise PayloadError(msg, key, "outside the squared loss's dual ascent bound |alpha_i - y_i| <= sqrt(N)")
@@ -259,7 +260,6 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
                 raise PayloadError(
                     msg, key, f"changing alpha by more than nu per round since round {int(self.alpha_round)}"
                 )
-            band = self.encoding_error(msg.round)
             if loss == "hinge" and nu <= 1.0 and band.any():  # onto the box's bounds (docstring)
                 b = np.where(b <= band, 0.0, np.where(b >= 1.0 - band, 1.0, b))
                 new = self.y * b

@@ -124,6 +124,12 @@ class HyFEMConfig(BaseModel):
         """The SGD step size of round ``rnd`` (1-based): ``lr * lr_decay ** floor((rnd - 1) /
         lr_decay_every)``, the step schedule of the HyFEM workshop version's Sec. 4 (``lr`` without
         decay, as TMLR Sec. 4, when ``lr_decay_every`` is 0)."""
-        if not self.lr_decay_every or self.lr_decay == 1:
+        if not self.lr_decays:
             return float(self.lr)
         return float(self.lr * self.lr_decay ** ((int(rnd) - 1) // self.lr_decay_every))
+
+    @property
+    def lr_decays(self) -> bool:
+        """Whether the step size changes over the rounds (``lr_decay < 1`` every ``lr_decay_every``
+        rounds) rather than staying ``lr``."""
+        return bool(self.lr_decay_every) and self.lr_decay < 1

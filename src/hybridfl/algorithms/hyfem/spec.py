@@ -311,7 +311,7 @@ def baselines(
     )
     budget = cfg.rounds * cfg.local_steps
     # the federation's step-size schedule (lr_decay), in chunks of Q steps as a client's rounds
-    sched = {"lr_at": cfg.lr_at, "round_steps": cfg.local_steps} if cfg.lr_decay_every and cfg.lr_decay < 1 else {}
+    sched = {"lr_at": cfg.lr_at, "round_steps": cfg.local_steps} if cfg.lr_decays else {}
     t0 = time.perf_counter()
     _, cen = train_centralized(split, make, budget, cfg.batch_size, cfg.lr, cfg.momentum, seed, **sched)
     seconds = time.perf_counter() - t0
