@@ -147,9 +147,20 @@ def _first_ext(p: dict) -> str:
         (lambda p: p.update({"clf.fc1.bias": np.zeros(p["clf.fc1.bias"].size + 1, np.float32)}), "clf.fc1.bias"),
         (lambda p: p["clf.fc2.bias"].__setitem__(0, np.nan), "clf.fc2.bias"),
         (lambda p: p.update(lr=-0.1), "lr"),
+        (lambda p: p.update(lr=float("nan")), "lr"),
+        (lambda p: p.pop("lr"), "lr"),
         (lambda p: p.update(local_steps=0), "local_steps"),
     ],
-    ids=["missing extractor", "extractor shape", "classifier shape", "NaN classifier", "lr", "local_steps"],
+    ids=[
+        "missing extractor",
+        "extractor shape",
+        "classifier shape",
+        "NaN classifier",
+        "lr",
+        "NaN lr",
+        "missing lr",
+        "local_steps",
+    ],
 )
 def test_hyfem_client_refuses_a_bad_fit_message(edit, field):
     client, msg = _fit_message(edit)
