@@ -42,6 +42,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from hybridfl.algorithms.convex import kernels
 from hybridfl.algorithms.convex.losses import gram_steps
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import HEBackend
@@ -83,11 +84,7 @@ class SegmentClientMixin:
             colw = self.seg_colw[s]
             parts = []
             for m, rows in enumerate(self.seg_batches[s]):
-                Xb = self._batch(s, m)[0]
-                Xw = Xb if colw is None else (Xb.multiply(colw[None, :]).tocsr() if sp.issparse(Xb) else Xb * colw)
-                G = Xb @ Xw.T
-                G = G.toarray() if sp.issparse(G) else np.asarray(G)
-                parts.append(G[np.triu_indices(rows.size)])
+                parts.append(kernels.upper_triangle(_partial_gram(self._batch(s, m)[0], colw)))
             gram.append(self.he.encrypt(np.concatenate(parts) if parts else np.zeros(0)))
         return gram
 
@@ -109,17 +106,39 @@ class SegmentClientMixin:
             gram.append([_symmetric(v[e - n : e], rows.size) for rows, n, e in zip(batches, sizes, ends)])
         self.gram = gram
 
-    def _batch(self, s: int, m: int) -> tuple[Any, Any, np.ndarray]:
-        """Batch ``m`` of segment ``s``: its rows ``X_{k,B}`` ``(b, d_k)`` (CSR or dense, the same
-        values and layout as ``X[rows]``), their transpose (a view) and the labels ``(b,)``, sliced
-        once and kept (not part of the state): a round then does no fancy row indexing."""
+    def _batch(self, s: int, m: int) -> tuple[Any, np.ndarray]:
+        """Batch ``m`` of segment ``s``: its rows ``X_{k,B}`` ``(b, d_k)`` (CSR with sorted indices,
+        or dense; the same values as ``X[rows]``) and their labels ``(b,)``, sliced once and kept
+        (not part of the state): a round then does no fancy row indexing."""
         cache = self.__dict__.setdefault("_batch_cache", {})
         hit = cache.get((s, m))
         if hit is None:
             rows = self.seg_batches[s][m]
             Xb = self.X[rows]
-            hit = cache[(s, m)] = (Xb, Xb.T, np.ascontiguousarray(self.y[rows]))
+            if sp.issparse(Xb):
+                Xb = sp.csr_matrix(Xb, dtype=np.float64)
+                Xb.sort_indices()
+            hit = cache[(s, m)] = (Xb, np.ascontiguousarray(self.y[rows]))
         return hit
+
+    def _visit_order(self, s: int) -> np.ndarray:
+        """The order ``(b,)`` in which this pass visits the samples of segment ``s``'s current
+        batch: the next permutation drawn from the pass's generator, seeded by the server's pass
+        ``seed`` and the global segment ID (one generator per pass, the same draws at every
+        holder). The generator is kept beside the state; after a restored state it is drawn
+        forward to the pass's position ``j``."""
+        st = self.sweep[s]
+        gens = self.__dict__.setdefault("_pass_rng", {})
+        hit = gens.get(s)
+        if hit is None or hit[1] != st["j"] or hit[2] != st["seed"]:
+            gen = np.random.default_rng([st["seed"], self.seg_global[s]])
+            for m in st["order"][: st["j"]]:
+                gen.permutation(self.seg_batches[s][m].size)
+            hit = [gen, st["j"], st["seed"]]
+        order = hit[0].permutation(self.seg_batches[s][st["order"][st["j"]]].size)
+        hit[1] += 1
+        gens[s] = hit
+        return order
 
     def _batch_share(self, s: int, m: int) -> bytes:
         """``enc(x_{k,i}^T (w_k + sigma' dw_k))`` for mini-batch ``m`` of segment ``s`` (its own
@@ -128,7 +147,7 @@ class SegmentClientMixin:
         ww = self.w + self.sweep[s]["sigma"] * self.sweep[s]["dw"]
         if colw is not None:
             ww = ww * colw
-        return self.he.encrypt(np.asarray(self._batch(s, m)[0] @ ww).ravel())
+        return self.he.encrypt(np.asarray(self._batch(s, m)[0] @ ww, dtype=np.float64).ravel())
 
     def segment_start(self, msg: Message) -> dict:
         """Segment mode, round start (``hyfdca.segstart``): take ``w`` ``(d_k,)`` (and fresh
@@ -159,6 +178,7 @@ class SegmentClientMixin:
             self.accept_alpha(msg)
         self.w = w
         self.sweep = {}
+        self._pass_rng = {}
         out, pos = [], 0
         for s, c in zip(segs, counts):
             self.sweep[s] = {
@@ -228,11 +248,10 @@ class SegmentClientMixin:
             st = self.sweep[s]
             m = st["order"][st["j"]]
             rows = self.seg_batches[s][m]
-            Xb, XbT, yb = self._batch(s, m)
+            Xb, yb = self._batch(s, m)
             a = self.alpha[rows] + st["delta"][rows]
-            rng = np.random.default_rng([st["seed"], self.seg_global[s], st["j"]])
             d = gram_steps(
-                rng.permutation(rows.size),
+                self._visit_order(s),
                 a,
                 yb,
                 u0,
@@ -243,7 +262,7 @@ class SegmentClientMixin:
                 float(p.get("gamma", 0.0)),
             )
             st["delta"][rows] += d
-            st["dw"] += np.asarray(XbT @ d).ravel() / lam_n
+            st["dw"] += _rmatvec(Xb, d) / lam_n
             st["j"] += 1
             if st["j"] < len(st["order"]):
                 nxt.append(self._batch_share(s, st["order"][st["j"]]))
@@ -270,7 +289,7 @@ class SegmentClientMixin:
                 for m, rows in enumerate(batches):
                     arrays[f"static:batch.{s}.{m}"] = np.asarray(rows, dtype=np.int64)
                     if self.gram:
-                        arrays[f"static:gram.{s}.{m}"] = self.gram[s][m][np.triu_indices(rows.size)]
+                        arrays[f"static:gram.{s}.{m}"] = kernels.upper_triangle(self.gram[s][m])
             fixed = self._static_state = (self.gram, self.seg_batches, arrays)
         st.update(fixed[2])
         for s, batches in enumerate(self.seg_batches):
@@ -288,6 +307,7 @@ class SegmentClientMixin:
             return
         self.seg_global = [int(g) for g in np.asarray(st["seg_global"])]
         self._batch_cache = {}
+        self._pass_rng = {}
         n_seg = len(self.seg_global)
         pre = "static:" if "static:batch.0.0" in st else ""  # checkpoints before the static side file: no prefix
         self.seg_batches = [
@@ -329,11 +349,33 @@ def _int_list(msg: Message, key: str) -> list[int]:
     return [int(x) for x in v]
 
 
+DENSE_GRAM_LIMIT = 1 << 22
+"""A sparse batch ``(b, d_k)`` with at most this many entries (32 MiB as float64) has its Gram
+matrix computed dense (BLAS; several times faster than a sparse product at MNIST's density)."""
+
+
+def _partial_gram(Xb: Any, colw: np.ndarray | None) -> np.ndarray:
+    """``X_B diag(colw) X_B^T`` ``(b, b)`` float64 for a batch ``X_B`` ``(b, d_k)`` (``colw``
+    ``(d_k,)`` or None for ones): dense through BLAS when the batch has at most
+    :data:`DENSE_GRAM_LIMIT` entries, else as a sparse product."""
+    if sp.issparse(Xb) and Xb.shape[0] * Xb.shape[1] > DENSE_GRAM_LIMIT:
+        Xw = Xb if colw is None else Xb.multiply(colw[None, :]).tocsr()
+        return kernels.as_f64((Xb @ Xw.T).toarray())
+    D = kernels.as_f64(Xb.toarray() if sp.issparse(Xb) else Xb)
+    return D @ (D if colw is None else D * colw).T
+
+
+def _rmatvec(X: Any, d: np.ndarray) -> np.ndarray:
+    """``X^T d`` ``(d,)`` for a batch ``X`` ``(n, d)`` (CSR: compiled, rows with ``d_i = 0``
+    skipped; the same values as scipy's product)."""
+    if sp.issparse(X):
+        return kernels.csr_rmatvec(X.indptr, X.indices, X.data, kernels.as_f64(d), X.shape[1])
+    return np.asarray(X.T @ d, dtype=np.float64).ravel()
+
+
 def _symmetric(upper: np.ndarray, b: int) -> np.ndarray:
     """The ``(b, b)`` symmetric matrix whose upper triangle (row by row) is ``upper``."""
-    G = np.zeros((b, b))
-    G[np.triu_indices(b)] = upper
-    return G + np.triu(G, 1).T
+    return kernels.symmetric_from_upper(kernels.as_f64(upper), b)
 
 
 class SegmentServerMixin:

@@ -1,0 +1,198 @@
+"""The SDCA inner loops, compiled (numba): the coordinate step of every loss and the two sequential
+loops that call it once per sample, the Gram-matrix loop of HyFDCA ``dual_mode: segment`` and the
+row loop of the other modes and of centralised SDCA.
+
+These loops are the part of a HyFDCA round that is a Python ``for`` per sample (the holders of a
+segment each repeat it), so they are written once here, over NumPy arrays and floats, and compiled
+on first use (``cache=True``: the machine code is kept in ``__pycache__`` beside this file, so later
+processes load it instead of compiling). :mod:`hybridfl.algorithms.convex.losses` wraps them with
+the documented signatures (loss names, checks); the formulas and their sources are there.
+
+Floating point: every operation is the one the NumPy/Python loop made, in the same order, without
+fast-math (no reassociation, no fused multiply-add), so the Gram loop is bit for bit the loop it
+replaced (``tests/test_sdca_kernels.py`` checks this against a plain-Python reference). The row
+loop's inner product ``x_i^T dw`` is summed in index order (BLAS sums in blocks), which can differ
+from the NumPy loop in the last bits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+HINGE, LOGISTIC, SQUARED = 0, 1, 2
+LOSS_CODES = {"hinge": HINGE, "logistic": LOGISTIC, "squared": SQUARED}
+_EPS = 1e-12
+
+
+@njit(cache=True, nogil=True)
+def step(loss: int, a: float, y: float, u: float, s: float, gamma: float) -> float:  # pragma: no cover - compiled
+    """The SDCA coordinate step (:func:`hybridfl.algorithms.convex.losses.coordinate_step`, whose
+    docstring gives the formulas), ``loss`` one of :data:`LOSS_CODES`' values."""
+    if loss == HINGE:
+        sg = s + gamma
+        if sg <= 0:
+            if y * u < 1:
+                return y
+            if y * u > 1:
+                return 0.0
+            return a
+        b = y * a + (1.0 - y * u - gamma * y * a) / sg
+        if b < 0:
+            b = 0.0
+        elif b > 1:
+            b = 1.0
+        return y * b
+    if loss == SQUARED:
+        return a + (y - u - a) / (1.0 + s)
+    # logistic: solve g(b) = log((1-b)/b) - y u - s (b - b0) = 0 on (0, 1); g is decreasing.
+    b0 = y * a
+    yu = y * u
+    lo, hi = _EPS, 1.0 - _EPS
+    b = min(max(b0, 1e-3), 1 - 1e-3)
+    for _ in range(60):
+        g = math.log((1.0 - b) / b) - yu - s * (b - b0)
+        if g > 0:
+            lo = b
+        else:
+            hi = b
+        if abs(g) < 1e-13:
+            break
+        gp = -1.0 / (b * (1.0 - b)) - s
+        nb = b - g / gp
+        if not (lo < nb < hi):
+            nb = 0.5 * (lo + hi)
+        if abs(nb - b) < 1e-15:
+            b = nb
+            break
+        b = nb
+    return y * b
+
+
+@njit(cache=True, nogil=True)
+def gram_loop(order, alpha, y, u0, G, loss, c, gamma):  # pragma: no cover - compiled
+    """Sequential steps on a mini-batch with Gram matrix ``G`` ``(b, b)``: for each ``i`` in
+    ``order``, ``u = u0[i] + c sum_j delta_j G[i, j]``, the step with ``s = c G[i, i]``; ``alpha``
+    ``(b,)`` is updated in place; returns the ``(b,)`` change (``losses.gram_steps``)."""
+    n = u0.shape[0]
+    corr = np.zeros(n)
+    delta = np.zeros(n)
+    for t in range(order.shape[0]):
+        i = order[t]
+        a = alpha[i]
+        new = step(loss, a, y[i], u0[i] + corr[i], c * G[i, i], gamma)
+        d = new - a
+        if d != 0.0:
+            alpha[i] = new
+            delta[i] += d
+            cd = c * d
+            for j in range(n):
+                corr[j] += cd * G[i, j]
+    return delta
+
+
+@njit(cache=True, nogil=True)
+def csr_row_loop(
+    order, alpha, y, u0, q, indptr, indices, data, loss, lam_n, sigma, cross, dw, gamma
+):  # pragma: no cover - compiled
+    """Sequential steps over CSR rows ``order``: ``u = u0[i] + cross x_i^T dw``, the step with
+    ``s = sigma q_i / lam_n``, ``dw += (delta_i / lam_n) x_i`` (``RowData.dot_and_add``)."""
+    delta = np.zeros(alpha.shape[0])
+    for t in range(order.shape[0]):
+        i = order[t]
+        s0, e0 = indptr[i], indptr[i + 1]
+        u = u0[i]
+        if cross != 0.0:
+            acc = 0.0
+            for p in range(s0, e0):
+                acc += data[p] * dw[indices[p]]
+            u = u + cross * acc
+        a = alpha[i]
+        new = step(loss, a, y[i], u, sigma * q[i] / lam_n, gamma)
+        d = new - a
+        if d != 0.0:
+            alpha[i] = new
+            delta[i] += d
+            f = d / lam_n
+            for p in range(s0, e0):
+                dw[indices[p]] += f * data[p]
+    return delta
+
+
+@njit(cache=True, nogil=True)
+def dense_row_loop(order, alpha, y, u0, q, X, loss, lam_n, sigma, cross, dw, gamma):  # pragma: no cover - compiled
+    """:func:`csr_row_loop` for a dense C-ordered ``X`` ``(n, d)``."""
+    delta = np.zeros(alpha.shape[0])
+    d_ = X.shape[1]
+    for t in range(order.shape[0]):
+        i = order[t]
+        u = u0[i]
+        if cross != 0.0:
+            acc = 0.0
+            for j in range(d_):
+                acc += X[i, j] * dw[j]
+            u = u + cross * acc
+        a = alpha[i]
+        new = step(loss, a, y[i], u, sigma * q[i] / lam_n, gamma)
+        d = new - a
+        if d != 0.0:
+            alpha[i] = new
+            delta[i] += d
+            f = d / lam_n
+            for j in range(d_):
+                dw[j] += f * X[i, j]
+    return delta
+
+
+def as_f64(v) -> np.ndarray:
+    """``v`` as a C-contiguous float64 array (no copy when it already is one)."""
+    return np.ascontiguousarray(v, dtype=np.float64)
+
+
+def as_index(v) -> np.ndarray:
+    """``v`` as a C-contiguous int64 index array."""
+    return np.ascontiguousarray(v, dtype=np.int64)
+
+
+@njit(cache=True, nogil=True)
+def csr_rmatvec(indptr, indices, data, d, width):  # pragma: no cover - compiled
+    """``X^T d`` ``(width,)`` for CSR ``X`` ``(n, width)``, rows added in order and rows with
+    ``d_i = 0`` skipped (they add exact zeros; scipy's ``csc_matvec`` of ``X^T`` adds them in
+    the same order, so the same values)."""
+    out = np.zeros(width)
+    for i in range(indptr.shape[0] - 1):
+        di = d[i]
+        if di != 0.0:
+            for p in range(indptr[i], indptr[i + 1]):
+                out[indices[p]] += data[p] * di
+    return out
+
+
+@njit(cache=True, nogil=True)
+def upper_triangle(G):  # pragma: no cover - compiled
+    """The upper triangle (diagonal included) of a square ``G`` ``(b, b)``, row by row:
+    ``(b (b + 1) / 2,)`` (the order of ``G[np.triu_indices(b)]``)."""
+    b = G.shape[0]
+    out = np.empty(b * (b + 1) // 2)
+    k = 0
+    for i in range(b):
+        for j in range(i, b):
+            out[k] = G[i, j]
+            k += 1
+    return out
+
+
+@njit(cache=True, nogil=True)
+def symmetric_from_upper(upper, b):  # pragma: no cover - compiled
+    """The symmetric ``(b, b)`` matrix whose upper triangle, row by row, is ``upper``
+    (:func:`upper_triangle`'s inverse)."""
+    G = np.empty((b, b))
+    k = 0
+    for i in range(b):
+        for j in range(i, b):
+            G[i, j] = upper[k]
+            G[j, i] = upper[k]
+            k += 1
+    return G
