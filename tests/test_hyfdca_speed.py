@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from hybridfl.algorithms.convex.losses import coordinate_step, gram_steps
 from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.privacy.he import CKKSBackend, KeyDealer, SecretKeyMissing, server_backend
@@ -21,41 +20,6 @@ def _cfg(**kw) -> HyFDCAConfig:
     base = dict(lam=1e-2, rounds=4, eval_every=0, dual_mode="segment", batch_size=200, reference=False)
     base.update(kw)
     return HyFDCAConfig(**base)
-
-
-def _gram_steps_plain(order, alpha, y, u0, G, lam_n, sigma, gamma):
-    """The hinge steps through the generic :func:`coordinate_step` (the loop before inlining)."""
-    c = sigma / lam_n
-    corr, delta = np.zeros(len(u0)), np.zeros(len(u0))
-    for i in order.tolist():
-        a = alpha[i]
-        new = coordinate_step("hinge", a, y[i], u0[i] + corr[i], c * G[i, i], gamma)
-        d = new - a
-        if d != 0.0:
-            alpha[i] = new
-            delta[i] += d
-            corr += (c * d) * G[i]
-    return delta
-
-
-@pytest.mark.parametrize("gamma", [0.0, 0.3])
-def test_inlined_hinge_gram_steps_are_bitwise_the_generic_steps(gamma):
-    """Margin samples, samples at both box ends and zero-norm rows (s = 0): the same alpha and
-    delta bit for bit, and some steps move while others stay (both branches are taken)."""
-    rng = np.random.default_rng(3)
-    b, d = 96, 40
-    X = (rng.random((b, d)) < 0.3) * rng.normal(size=(b, d))
-    X[:5] = 0.0  # s = 0: the unsmoothed hinge's jump branch
-    G = X @ X.T
-    y = np.where(rng.random(b) < 0.5, -1.0, 1.0)
-    alpha0 = y * np.clip(rng.random(b) * 1.6 - 0.3, 0.0, 1.0)
-    u0 = X @ rng.normal(size=d) * 0.3 + y * rng.choice([0.0, 1.0, 2.0], size=b)
-    order = rng.permutation(b)
-    a1, a2 = alpha0.copy(), alpha0.copy()
-    d1 = gram_steps(order, a1, y, u0, G, "hinge", 4.0, 1.5, gamma)
-    d2 = _gram_steps_plain(order, a2, y, u0, G, 4.0, 1.5, gamma)
-    assert np.array_equal(d1, d2) and np.array_equal(a1, a2)
-    assert 0 < np.count_nonzero(d1) < b
 
 
 def test_segment_matrix_cache_follows_the_segment_layout(credit_small):

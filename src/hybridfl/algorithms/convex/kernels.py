@@ -72,6 +72,19 @@ def step(loss: int, a: float, y: float, u: float, s: float, gamma: float) -> flo
 
 
 @njit(cache=True, nogil=True)
+def _move(i, u, s, alpha, delta, y, loss, gamma):  # pragma: no cover - compiled
+    """One coordinate step on sample ``i`` (estimate ``u``, curvature ``s``): ``alpha[i]`` and
+    ``delta[i]`` updated in place; returns the change ``d`` (0.0 when the step stays)."""
+    a = alpha[i]
+    new = step(loss, a, y[i], u, s, gamma)
+    d = new - a
+    if d != 0.0:
+        alpha[i] = new
+        delta[i] += d
+    return d
+
+
+@njit(cache=True, nogil=True)
 def gram_loop(order, alpha, y, u0, G, loss, c, gamma):  # pragma: no cover - compiled
     """Sequential steps on a mini-batch with Gram matrix ``G`` ``(b, b)``: for each ``i`` in
     ``order``, ``u = u0[i] + c sum_j delta_j G[i, j]``, the step with ``s = c G[i, i]``; ``alpha``
@@ -81,12 +94,8 @@ def gram_loop(order, alpha, y, u0, G, loss, c, gamma):  # pragma: no cover - com
     delta = np.zeros(n)
     for t in range(order.shape[0]):
         i = order[t]
-        a = alpha[i]
-        new = step(loss, a, y[i], u0[i] + corr[i], c * G[i, i], gamma)
-        d = new - a
+        d = _move(i, u0[i] + corr[i], c * G[i, i], alpha, delta, y, loss, gamma)
         if d != 0.0:
-            alpha[i] = new
-            delta[i] += d
             cd = c * d
             for j in range(n):
                 corr[j] += cd * G[i, j]
@@ -109,12 +118,8 @@ def csr_row_loop(
             for p in range(s0, e0):
                 acc += data[p] * dw[indices[p]]
             u = u + cross * acc
-        a = alpha[i]
-        new = step(loss, a, y[i], u, sigma * q[i] / lam_n, gamma)
-        d = new - a
+        d = _move(i, u, sigma * q[i] / lam_n, alpha, delta, y, loss, gamma)
         if d != 0.0:
-            alpha[i] = new
-            delta[i] += d
             f = d / lam_n
             for p in range(s0, e0):
                 dw[indices[p]] += f * data[p]
@@ -134,12 +139,8 @@ def dense_row_loop(order, alpha, y, u0, q, X, loss, lam_n, sigma, cross, dw, gam
             for j in range(d_):
                 acc += X[i, j] * dw[j]
             u = u + cross * acc
-        a = alpha[i]
-        new = step(loss, a, y[i], u, sigma * q[i] / lam_n, gamma)
-        d = new - a
+        d = _move(i, u, sigma * q[i] / lam_n, alpha, delta, y, loss, gamma)
         if d != 0.0:
-            alpha[i] = new
-            delta[i] += d
             f = d / lam_n
             for j in range(d_):
                 dw[j] += f * X[i, j]
