@@ -43,7 +43,7 @@ class HyFDCAConfig(BaseModel):
     batch_size: int = Field(
         512,
         ge=1,
-        description="segment mode: samples per mini-batch (one inner-product exchange per batch and round; the batch Gram is summed once at setup)",
+        description="segment mode: samples per mini-batch (one inner-product exchange per batch and round; the batch Gram is summed once at setup). Larger batches mean fewer exchanges (a faster round, above all under CKKS: benchmarks/results/hyfdca_speed_batches.md), a setup growing with the batch, and holders that learn the inner products of more pairs of their own samples",
     )
     segment_schedule: Literal["sequential", "parallel"] = Field(
         "sequential",
