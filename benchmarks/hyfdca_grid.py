@@ -220,32 +220,6 @@ def profiled_rounds(out: dict, top: int = 12):
     }
 
 
-@contextmanager
-def timed_server(times: dict):
-    """Time ``HyFDCAServer.setup`` and each ``run_round`` (wall, CPU incl. children) into ``times``."""
-    from hybridfl.algorithms.hyfdca import HyFDCAServer
-
-    setup, run_round = HyFDCAServer.setup, HyFDCAServer.run_round
-
-    def timed_setup(self, *a, **k):
-        w, c = time.perf_counter(), _cpu_with_children()
-        out = setup(self, *a, **k)
-        times["setup"] = (time.perf_counter() - w, _cpu_with_children() - c)
-        return out
-
-    def timed_round(self, *a, **k):
-        w, c = time.perf_counter(), _cpu_with_children()
-        out = run_round(self, *a, **k)
-        times["rounds"].append((time.perf_counter() - w, _cpu_with_children() - c))
-        return out
-
-    HyFDCAServer.setup, HyFDCAServer.run_round = timed_setup, timed_round
-    try:
-        yield
-    finally:
-        HyFDCAServer.setup, HyFDCAServer.run_round = setup, run_round
-
-
 def cli_child(spec: dict) -> dict:
     """``hybridfl run`` of ``examples/configs/hyfdca_mnist.yaml`` (CKKS, segment mode, secure
     aggregation) with the grid ``spec["grid"]``, ``spec["rounds"]`` rounds and the fields
@@ -307,6 +281,7 @@ def child(spec: dict, eval_every: int, psi_samples: int) -> dict:
     from hybridfl.data.dataset import DatasetSplit
     from hybridfl.data.partitioners import GridPartitioner
     from hybridfl.runtime.simulation import single_threaded
+    from hyfdca_speed import timed_server  # the same timer; this grid counts child processes' CPU too
 
     out: dict = {"load_average_start": load(), "source": source_state()}
     with single_threaded():
@@ -335,7 +310,10 @@ def child(spec: dict, eval_every: int, psi_samples: int) -> dict:
         out["peak_rss_mb_after_data"] = _peak_rss_mb()
         times: dict = {"setup": None, "rounds": []}
         w0, c0 = time.perf_counter(), _cpu_with_children()
-        with timed_server(times), profiled_rounds(out) if spec.get("profile") else nullcontext():
+        with (
+            timed_server(times, cpu=_cpu_with_children),
+            profiled_rounds(out) if spec.get("profile") else nullcontext(),
+        ):
             res = run_hyfdca(split, part, cfg, seed=0)
         out["run_wall_seconds"] = time.perf_counter() - w0
         out["run_cpu_seconds"] = _cpu_with_children() - c0
