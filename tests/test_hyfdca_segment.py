@@ -100,7 +100,8 @@ def test_sequential_schedule_uses_the_exact_centralised_inner_products(credit_sm
     original = HyFDCAClient.segment_sweep
     checked = []
 
-    def checking_sweep(self, p):
+    def checking_sweep(self, msg):
+        p = msg.payload
         for s, ct in zip([int(v) for v in p["segs"]], p["u"]):
             st = self.sweep[s]
             alpha = mon.alpha(server)  # committed alpha of every segment
@@ -112,7 +113,7 @@ def test_sequential_schedule_uses_the_exact_centralised_inner_products(credit_sm
                 self.he.decrypt(ct), exact, rtol=1e-10, atol=1e-9
             )  # fixed-point shares: 2^-32 each
             checked.append(len(batch))
-        return original(self, p)
+        return original(self, msg)
 
     monkeypatch.setattr(HyFDCAClient, "segment_sweep", checking_sweep)
     fed.setup()

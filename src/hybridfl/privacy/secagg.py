@@ -89,6 +89,15 @@ def check_public_key(blob: object, what: str) -> bytes:
     return bytes(blob)
 
 
+def keystream(key: bytes, tag: int, n: int) -> np.ndarray:
+    """``n`` pseudo-random ``uint64`` words: the ChaCha20 keystream of the 32-byte ``key`` with
+    nonce ``tag`` (12 bytes little-endian, block counter from 0). One ``(key, tag)`` must mask one
+    vector only: the caller never reuses a tag with a key."""
+    nonce = b"\0\0\0\0" + int(tag).to_bytes(12, "little")
+    enc = Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor()
+    return np.frombuffer(enc.update(bytes(8 * int(n))), dtype=np.uint64).copy()
+
+
 def _positions(blocks: Sequence[str], sizes: Sequence[int]) -> dict[str, np.ndarray]:
     out, start = {}, 0
     for b, n in zip(blocks, sizes):
@@ -149,11 +158,22 @@ class SecAggClient:
 
     def _pair_key(self, cid: str) -> bytes:
         if cid not in self._keys:
-            shared = self._sk.exchange(X25519PublicKey.from_public_bytes(self.peers[cid][0]))
-            lo, hi = sorted((self.client_id, cid))
-            info = b"hybridfl secagg v1|" + lo.encode() + b"|" + hi.encode()
-            self._keys[cid] = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
+            self._keys[cid] = self.pair_key(cid, "secagg v1")
         return self._keys[cid]
+
+    def pair_key(self, cid: str, purpose: str) -> bytes:
+        """The 32-byte key this client shares with peer ``cid`` for ``purpose`` (a label naming the
+        use and its version): ``HKDF-SHA256(X25519(sk, pk_cid), info = "hybridfl <purpose>|lo|hi")``
+        with the two names in string order, so both ends derive it and every purpose gets its
+        own key (the masks' key is ``purpose = "secagg v1"``).
+
+        Raises:
+            KeyError: ``cid`` is not a peer.
+        """
+        shared = self._sk.exchange(X25519PublicKey.from_public_bytes(self.peers[cid][0]))
+        lo, hi = sorted((self.client_id, cid))
+        info = b"hybridfl " + purpose.encode() + b"|" + lo.encode() + b"|" + hi.encode()
+        return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=info).derive(shared)
 
     def common(self, cid: str) -> np.ndarray:
         """Positions in its own vectors of the coordinates peer ``cid`` also holds (the common
@@ -165,9 +185,7 @@ class SecAggClient:
 
     def _pair_mask(self, cid: str, tag: int) -> tuple[np.ndarray, np.ndarray]:
         pos = self.common(cid)
-        nonce = b"\0\0\0\0" + int(tag).to_bytes(12, "little")
-        enc = Cipher(algorithms.ChaCha20(self._pair_key(cid), nonce), mode=None).encryptor()
-        words = np.frombuffer(enc.update(bytes(8 * pos.size)), dtype=np.uint64).copy()
+        words = keystream(self._pair_key(cid), tag, pos.size)
         return pos, (words if self.client_id < cid else np.zeros_like(words) - words)
 
     def _mask_sum(self, tag: int, peers: Sequence[str]) -> np.ndarray:

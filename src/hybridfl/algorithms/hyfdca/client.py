@@ -85,6 +85,7 @@ from hybridfl.algorithms.hyfdca.segment import SegmentClientMixin
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import HEBackend
+from hybridfl.privacy.segmask import SegmentMasks
 from hybridfl.runtime import validate
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError
@@ -151,6 +152,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         self.sweep: dict[int, dict] = {}  # segment mode: this round's pass over each active segment
         self.require_secagg = require_secagg
         self._secure_init()  # secure aggregation of its primal shares: key pair, counted base
+        self.segmask = SegmentMasks(self.secagg)  # segment mode, masked inner products: segment keys
         self._align_init()  # alignment by PSI (alignment: psi): keys and holder sets between setup messages
 
     # -- helpers
@@ -311,16 +313,19 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             n_seg = validate.array(msg, "holders", (None,), kinds="iu").size
             validate.array(msg, "block_weight", (n_seg * len(self.blocks),))
             secure = self.secure_setup(msg)
-            norms, gram = self.init(p)
+            if p.get("dual_mode") == "segment":
+                p = {**p, "seg_holder_names": self.check_segment_init(msg)}
+            norms, seg = self.init(p)
             self.params["secure_aggregation"] = secure
-            return self._reply(msg, t0, he0, norms=norms, **({"gram": gram} if gram else {}))
+            return self._reply(msg, t0, he0, norms=norms, **seg)
         if msg.kind not in _ROUND_KINDS:
             raise ProtocolError(f"HyFDCA client {self.client_id!r} got unknown message kind {msg.kind!r}.")
         if not self.params:
             raise ProtocolError(f"HyFDCA client {self.client_id!r} got {msg.kind!r} before its setup (hyfdca.init).")
         if msg.kind == "hyfdca.norms":
             segment = self.params["dual_mode"] == "segment"
-            validate.only_keys(msg, ("norms", "gram") if segment else ("norms",))
+            keys = ("norms", "gram", "seg_keys") if self.params.get("seg_masked") else ("norms", "gram")
+            validate.only_keys(msg, keys if segment else ("norms",))
             q = self.q.copy()
             self._decrypt_segments(msg, "norms", q)
             if segment:
@@ -331,7 +336,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             return self._reply(msg, t0, he0, **self.segment_start(msg))
         if msg.kind == "hyfdca.sweep":
             self.check_sweep(msg)
-            return self._reply(msg, t0, he0, **self.segment_sweep(p))
+            return self._reply(msg, t0, he0, **self.segment_sweep(msg))
         if msg.kind == "hyfdca.ip":
             return self._reply(msg, t0, he0, ip=self.inner_product_shares(msg))
         if msg.kind == "hyfdca.dual":
@@ -367,6 +372,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
                     st[f"seg_colw.{s}"] = np.asarray(self.seg_colw[s], dtype=np.float64)
         st.update(self._segment_state())
         st.update(self._secure_state())
+        st.update(self.segmask.get_state() if self.params.get("seg_masked") else {})
         st.update(self._align_state())
         return st
 
@@ -389,13 +395,15 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             ]
         self._set_segment_state(state)
         self._set_secure_state(state)
+        self.segmask.set_state(state)
         self._set_align_state(state)
 
-    def init(self, p: Mapping[str, Any]) -> tuple[list[bytes], list[bytes]]:
+    def init(self, p: Mapping[str, Any]) -> tuple[list[bytes], dict[str, Any]]:
         """Setup (``hyfdca.init``; SPEC.md "the full squared norm, obtainable once by the same
         secure sum"): store the problem constants and segment layout; return the encrypted partial
         squared norms ``sum_b ||x_{k,i,b}||^2 / c(s, b)`` per segment and (segment mode) the
-        encrypted partial Gram matrix of each mini-batch; the client keeps neither."""
+        reply entries of :meth:`_segment_init` (the partial Gram matrices, encrypted or masked);
+        the client keeps neither."""
         self.params = {k: p[k] for k in ("N", "lam", "loss", "H", "sigma", "cross", "nu", "dual_mode")}
         self.params["epochs"] = int(p.get("epochs", 1))
         seg = np.asarray(p["segment"], dtype=np.int64)
@@ -421,8 +429,8 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             if sp.issparse(self.X)
             else np.einsum("ij,ij->i", self.X, self.X)
         )
-        gram = self._segment_init(p) if self.params["dual_mode"] == "segment" else []
-        return out, gram
+        seg = self._segment_init(p) if self.params["dual_mode"] == "segment" else {}
+        return out, seg
 
     def inner_product_shares(self, msg: Message) -> list[bytes]:
         """SecureInnerProduct, client part (HyFDCA Alg. 2 lines 2-6): take ``w_k`` and return

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
 PAPER_LATENCY = 0.2575
 """Seconds per round trip that HyFDCA's experiments model (HyFDCA Sec. 5.1, Fig. 3/5)."""
@@ -44,6 +44,10 @@ class HyFDCAConfig(BaseModel):
         512,
         ge=1,
         description="segment mode: samples per mini-batch (one inner-product exchange per batch and round; the batch Gram is summed once at setup). Larger batches mean fewer exchanges (a faster round, above all under CKKS: benchmarks/results/hyfdca_speed_batches.md), a setup growing with the batch, and holders that learn the inner products of more pairs of their own samples",
+    )
+    segment_inner_products: Literal["encrypted", "masked"] = Field(
+        "encrypted",
+        description="segment mode: how the holders' shares of each mini-batch's inner products (and the batch Gram matrices at setup) cross the server: encrypted: under the run's encryption (the paper's SecureInnerProduct); masked: one-time pads from keys only the segment's holders share, so an honest-but-curious server sees uniform words (our addition; needs secure_aggregation, whose keys seal the pads' keys; the duals stay under the run's encryption): hybridfl.privacy.segmask",
     )
     segment_schedule: Literal["sequential", "parallel"] = Field(
         "sequential",
@@ -108,3 +112,13 @@ class HyFDCAConfig(BaseModel):
     eval_every: int = Field(1, ge=0)
     reference: bool = Field(True, description="compute (or load from the cache) the centralised reference optimum")
     reference_sdca_epochs: int = Field(200, ge=1)
+
+    @model_validator(mode="after")
+    def _check(self) -> HyFDCAConfig:
+        if self.segment_inner_products == "masked" and self.dual_mode != "segment":
+            raise ValueError("segment_inner_products 'masked' needs dual_mode 'segment'")
+        if self.segment_inner_products == "masked" and not self.secure_aggregation:
+            raise ValueError(
+                "segment_inner_products 'masked' needs secure_aggregation (its keys seal the segment keys)"
+            )
+        return self

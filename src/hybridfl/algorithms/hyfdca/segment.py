@@ -46,6 +46,8 @@ from hybridfl.algorithms.convex import kernels
 from hybridfl.algorithms.convex.losses import gram_steps
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import HEBackend
+from hybridfl.privacy.secagg import to_fixed
+from hybridfl.privacy.segmask import SEALED_BYTES
 from hybridfl.runtime import validate
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
@@ -63,7 +65,7 @@ class SegmentClientMixin:
     ``order``, position ``j``, ``seed``, ``sigma``, ``dw`` ``(d_k,)``, ``delta`` ``(n_k,)``).
     """
 
-    def _segment_init(self, p: Mapping[str, Any]) -> list[bytes]:
+    def _segment_init(self, p: Mapping[str, Any]) -> dict[str, Any]:
         """Setup (``hyfdca.init``): cut each segment into the fixed mini-batches (a permutation drawn
         from the global segment ID and the server's ``batch_seed``, the same at every holder) and
         return, per segment, one encrypted vector: the upper triangles (row by row) of the partial
@@ -71,7 +73,10 @@ class SegmentClientMixin:
         together (``sum_B b_B (b_B + 1) / 2`` values; under CKKS the slots of a ciphertext are
         filled across batches instead of one partly filled ciphertext per batch; the same values
         as one vector per batch, and every holder of a segment packs them in the same layout, so
-        the server adds them slot by slot)."""
+        the server adds them slot by slot). Returns the reply entries: ``gram``, and with
+        ``segment_inner_products: masked`` (:mod:`hybridfl.privacy.segmask`) the Gram vectors
+        masked instead of encrypted (one ``uint64`` array, the client's segments one after another,
+        exchange tag 0) and ``seg_keys``, its segment keys sealed for the other holders."""
         b = int(p["batch_size"])
         self.seg_global = [int(g) for g in p["seg_global"]]
         self._batch_cache = {}
@@ -79,14 +84,67 @@ class SegmentClientMixin:
         for g, rows in zip(self.seg_global, self.seg_rows):
             perm = rows[np.random.default_rng([int(p["batch_seed"]), g]).permutation(rows.size)]
             self.seg_batches.append([perm[m : m + b] for m in range(0, rows.size, b)])
-        gram: list[bytes] = []
+        masked = self.params["seg_masked"] = bool(p.get("seg_masked", False))
+        sealed = []
+        if masked:
+            sealed = self.segmask.start(dict(zip(self.seg_global, p["seg_holder_names"])))
+            self.segmask.use_tag(0)
+        gram: list = []
         for s in range(len(self.seg_rows)):
             colw = self.seg_colw[s]
             parts = []
             for m, rows in enumerate(self.seg_batches[s]):
                 parts.append(kernels.upper_triangle(_partial_gram(self._batch(s, m)[0], colw)))
-            gram.append(self.he.encrypt(np.concatenate(parts) if parts else np.zeros(0)))
-        return gram
+            v = np.concatenate(parts) if parts else np.zeros(0)
+            if masked:
+                fixed = to_fixed(v, f"the batch Gram matrices of client {self.client_id!r}")
+                gram.append(self.segmask.mask(self.seg_global[s], 0, fixed))
+            else:
+                gram.append(self.he.encrypt(v))
+        if masked:
+            return {"gram": _concat_words(gram), "seg_keys": sealed}
+        return {"gram": gram}
+
+    def check_segment_init(self, msg: Message) -> list[list[str]] | None:
+        """Check a segment-mode ``hyfdca.init``'s masking entries before anything is set up:
+        ``seg_masked`` a bool; if true, ``seg_holders`` one JSON list of names per segment (as many
+        as ``holders`` counts), each with this client once and otherwise known peers of secure
+        aggregation (whose keys seal the segment keys). Returns the holder names per segment, or
+        ``None`` without masking.
+
+        Raises:
+            PayloadError: any of these fails, or masking is asked without secure aggregation's peers.
+        """
+        p = msg.payload
+        flag = p.get("seg_masked", False)
+        if not isinstance(flag, (bool, np.bool_)):
+            raise PayloadError(msg, "seg_masked", "not a bool")
+        if not flag:
+            if "seg_holders" in p:
+                raise PayloadError(msg, "seg_holders", "sent without seg_masked")
+            return None
+        if not self.secagg.peers:
+            raise PayloadError(msg, "seg_masked", "asked in a run without secure aggregation's peer keys")
+        counts = [int(c) for c in np.asarray(p["holders"])]
+        rows = p.get("seg_holders")
+        if not isinstance(rows, list) or len(rows) != len(counts) or not all(isinstance(r, str) for r in rows):
+            raise PayloadError(msg, "seg_holders", f"not a list of {len(counts)} strings")
+        out = []
+        for r, c in zip(rows, counts):
+            try:
+                names = json.loads(r)
+            except ValueError:
+                names = None
+            if not isinstance(names, list) or not all(isinstance(h, str) for h in names) or len(names) != c:
+                raise PayloadError(msg, "seg_holders", "holding an item that is not a JSON list of its holders' names")
+            if names.count(self.client_id) != 1:
+                raise PayloadError(msg, "seg_holders", "naming a segment without this client among its holders")
+            try:
+                self.secagg.check_peers([h for h in names if h != self.client_id])
+            except ProtocolError as e:
+                raise PayloadError(msg, "seg_holders", f"refused ({e})") from None
+            out.append(names)
+        return out
 
     def _store_gram(self, msg: Message) -> None:
         """Setup (``hyfdca.norms``): decrypt the holders' summed batch Gram matrices: one vector per
@@ -95,16 +153,56 @@ class SegmentClientMixin:
         Raises:
             PayloadError: not one ciphertext per segment, one of another length, or non-finite values.
         """
-        cts = validate.blobs(msg, "gram", len(self.seg_batches))
+        if self.params.get("seg_masked"):
+            vecs = self._unmasked_grams(msg)
+        else:
+            vecs = [self.he.decrypt(ct) for ct in validate.blobs(msg, "gram", len(self.seg_batches))]
         gram = []
-        for batches, ct in zip(self.seg_batches, cts):
+        for batches, vec in zip(self.seg_batches, vecs):
             sizes = [rows.size * (rows.size + 1) // 2 for rows in batches]
-            v = np.asarray(self.he.decrypt(ct), dtype=np.float64)
+            v = np.asarray(vec, dtype=np.float64)
             if v.shape != (sum(sizes),) or not np.isfinite(v).all():
                 raise PayloadError(msg, "gram", "holding triangles of another size or non-finite values")
             ends = np.cumsum(sizes)
             gram.append([_symmetric(v[e - n : e], rows.size) for rows, n, e in zip(batches, sizes, ends)])
         self.gram = gram
+
+    def _unmasked_grams(self, msg: Message) -> list[np.ndarray]:
+        """Masked setup (``hyfdca.norms`` with ``seg_keys``): open the other holders' segment keys
+        and unmask the summed Gram vectors (one ``uint64`` array, the segments one after another).
+
+        Raises:
+            PayloadError: ``seg_keys`` of another count or length or not opening (tampered, or sealed
+                for another client or segment); ``gram`` not ``uint64`` of the segments' total
+                length, or unmasking to values no holder can have sent.
+        """
+        validate.only_keys(msg, ("norms", "gram", "seg_keys"))
+        sealed = validate.blobs(msg, "seg_keys", self.segmask.sealed_count(), max_bytes=SEALED_BYTES)
+        sizes = [sum(r.size * (r.size + 1) // 2 for r in batches) for batches in self.seg_batches]
+        words = _words(msg, "gram", sum(sizes))
+        try:
+            self.segmask.open(sealed)
+        except ProtocolError as e:
+            raise PayloadError(msg, "seg_keys", f"refused ({e})") from None
+        segs = list(range(len(self.seg_global)))
+        return self._unmask_parts(msg, "gram", words, sizes, [0] * len(segs), segs)
+
+    def _unmask_parts(
+        self, msg: Message, key: str, words: np.ndarray, sizes: list[int], tags: list[int], segs: list[int]
+    ) -> list[np.ndarray]:
+        """``words`` (``uint64``: the sums of the local segments ``segs`` one after another,
+        ``sizes`` each) unmasked per segment, each with its exchange tag in ``tags``.
+
+        Raises:
+            PayloadError: a value no holder can have sent (names ``key``).
+        """
+        out = []
+        for s, part, tag in zip(segs, _split_words(words, sizes), tags):
+            try:
+                out.append(self.segmask.unmask(self.seg_global[s], tag, part))
+            except ProtocolError as e:
+                raise PayloadError(msg, key, f"refused ({e})") from None
+        return out
 
     def _batch(self, s: int, m: int) -> tuple[Any, np.ndarray]:
         """Batch ``m`` of segment ``s``: its rows ``X_{k,B}`` ``(b, d_k)`` (CSR with sorted indices,
@@ -140,14 +238,39 @@ class SegmentClientMixin:
         gens[s] = hit
         return order
 
-    def _batch_share(self, s: int, m: int) -> bytes:
+    def _batch_share(self, s: int, m: int) -> Any:
         """``enc(x_{k,i}^T (w_k + sigma' dw_k))`` for mini-batch ``m`` of segment ``s`` (its own
-        block's part of the exact inner products, with the segment's changes this round)."""
+        block's part of the exact inner products, with the segment's changes this round); masked
+        (``uint64`` words, :mod:`hybridfl.privacy.segmask`) with the pass's current ``tag`` instead
+        under ``segment_inner_products: masked``.
+
+        Raises:
+            DataError: masked, a value too large for the fixed point.
+        """
         colw = self.seg_colw[s]
-        ww = self.w + self.sweep[s]["sigma"] * self.sweep[s]["dw"]
+        st = self.sweep[s]
+        ww = self.w + st["sigma"] * st["dw"]
         if colw is not None:
             ww = ww * colw
-        return self.he.encrypt(np.asarray(self._batch(s, m)[0] @ ww, dtype=np.float64).ravel())
+        v = np.asarray(self._batch(s, m)[0] @ ww, dtype=np.float64).ravel()
+        if self.params.get("seg_masked"):
+            fixed = to_fixed(v, f"the inner-product share of client {self.client_id!r}")
+            return self.segmask.mask(self.seg_global[s], st["tag"], fixed)
+        return self.he.encrypt(v)
+
+    def _mask_tag(self, msg: Message) -> int | None:
+        """Masked mode: the message's ``tag`` (a fresh exchange number, above every tag this
+        client masked with), else ``None`` (and no ``tag`` may be sent).
+
+        Raises:
+            PayloadError: missing, not an integer, or not above the last tag.
+        """
+        if not self.params.get("seg_masked"):
+            return None
+        tag = validate.integer(msg, "tag", low=0, high=2**62)
+        if tag <= self.segmask.last_tag:
+            raise PayloadError(msg, "tag", f"not above the last mask tag {self.segmask.last_tag} (a pad used twice)")
+        return tag
 
     def segment_start(self, msg: Message) -> dict:
         """Segment mode, round start (``hyfdca.segstart``): take ``w`` ``(d_k,)`` (and fresh
@@ -159,7 +282,7 @@ class SegmentClientMixin:
                 refused ``alpha``.
         """
         p = msg.payload
-        validate.only_keys(msg, ("w", "segs", "count", "order", "seed", "sigma", "alpha"))
+        validate.only_keys(msg, ("w", "segs", "count", "order", "seed", "sigma", "alpha", "tag"))
         w = self._w(msg)
         segs, counts, flat = _int_list(msg, "segs"), _int_list(msg, "count"), _int_list(msg, "order")
         if len(set(segs)) != len(segs) or any(not 0 <= s < len(self.seg_rows) for s in segs):
@@ -174,8 +297,11 @@ class SegmentClientMixin:
         validate.integer(msg, "seed", low=0)
         if "sigma" in p:
             validate.number(msg, "sigma", low=0.0)
+        tag = self._mask_tag(msg)
         if "alpha" in p:
             self.accept_alpha(msg)
+        if tag is not None:
+            self.segmask.use_tag(tag)
         self.w = w
         self.sweep = {}
         self._pass_rng = {}
@@ -188,10 +314,11 @@ class SegmentClientMixin:
                 "delta": np.zeros(self.ids.size),
                 "seed": int(p["seed"]),
                 "sigma": float(p.get("sigma", self.params["sigma"])),
+                "tag": tag,
             }
             pos += c
             out.append(self._batch_share(s, self.sweep[s]["order"][0]))
-        return {"ip": out}
+        return {"ip": _concat_words(out) if tag is not None else out}
 
     def check_sweep(self, msg: Message) -> None:
         """Check a ``hyfdca.sweep`` before :meth:`segment_sweep`: only ``segs``, ``u``, ``gamma``;
@@ -203,23 +330,28 @@ class SegmentClientMixin:
             PayloadError: a malformed payload.
         """
         p = msg.payload
-        validate.only_keys(msg, ("segs", "u", "gamma"))
+        validate.only_keys(msg, ("segs", "u", "gamma", "tag"))
         segs = _int_list(msg, "segs")
         if len(set(segs)) != len(segs):
             raise PayloadError(msg, "segs", "naming a segment twice")
-        cts = validate.blobs(msg, "u", len(segs))
         if "gamma" in p:
             validate.number(msg, "gamma", low=0.0)
-        for s, ct in zip(segs, cts):
+        sizes = []
+        for s in segs:
             st = self.sweep.get(s)
             if st is None or st["j"] >= len(st["order"]):
                 raise ProtocolError(
                     f"HyFDCA client {self.client_id!r} got a sweep of segment {s} without a pass under way."
                 )
-            if HEBackend.length(ct) != self.seg_batches[s][st["order"][st["j"]]].size:
+            sizes.append(self.seg_batches[s][st["order"][st["j"]]].size)
+        if self._mask_tag(msg) is not None:
+            _words(msg, "u", sum(sizes))
+            return
+        for s, ct, n in zip(segs, validate.blobs(msg, "u", len(segs)), sizes):
+            if HEBackend.length(ct) != n:
                 raise PayloadError(msg, "u", f"holding a ciphertext of another length than segment {s}'s batch")
 
-    def segment_sweep(self, p: Mapping[str, Any]) -> dict:
+    def segment_sweep(self, msg: Message) -> dict:
         """Segment mode (``hyfdca.sweep``, checked by :meth:`check_sweep`): exact SDCA steps on the
         current mini-batch of each listed segment (the decrypted inner products ``u`` are exact: every
         holder's block with the segment's changes so far; the batch Gram gives the changes within
@@ -231,6 +363,7 @@ class SegmentClientMixin:
             ProtocolError: a sweep of a segment whose pass was not started or is already done, or
                 ``u`` decrypting to non-finite values (nothing changes then).
         """
+        p = msg.payload
         prm = self.params
         lam_n = float(prm["lam"]) * float(prm["N"])
         segs = [int(v) for v in p["segs"]]
@@ -240,7 +373,15 @@ class SegmentClientMixin:
                 raise ProtocolError(
                     f"HyFDCA client {self.client_id!r} got a sweep of segment {s} without a pass under way."
                 )
-        u_all = [np.asarray(self.he.decrypt(ct), dtype=np.float64) for ct in p["u"]]
+        if self.params.get("seg_masked"):
+            sizes = [self.seg_batches[s][self.sweep[s]["order"][self.sweep[s]["j"]]].size for s in segs]
+            tags = [self.sweep[s]["tag"] for s in segs]
+            u_all = self._unmask_parts(msg, "u", p["u"], sizes, tags, segs)
+            self.segmask.use_tag(int(p["tag"]))
+            for s in segs:
+                self.sweep[s]["tag"] = int(p["tag"])
+        else:
+            u_all = [np.asarray(self.he.decrypt(ct), dtype=np.float64) for ct in p["u"]]
         if not all(np.isfinite(u).all() for u in u_all):
             raise ProtocolError(f"the server sent HyFDCA client {self.client_id!r} a sweep with non-finite 'u'.")
         nxt, nxt_segs, dal, dal_segs = [], [], [], []
@@ -270,6 +411,8 @@ class SegmentClientMixin:
             else:
                 dal.append(self.he.encrypt(st["delta"][self.seg_rows[s]] * self.seg_scale[s]))
                 dal_segs.append(s)
+        if self.params.get("seg_masked"):
+            nxt = _concat_words(nxt)
         return {"ip": nxt, "ip_segs": nxt_segs, "dalpha": dal, "dalpha_segs": dal_segs}
 
     def _segment_state(self) -> dict[str, Any]:
@@ -349,6 +492,36 @@ def _int_list(msg: Message, key: str) -> list[int]:
     return [int(x) for x in v]
 
 
+def _concat_words(parts: list[np.ndarray]) -> np.ndarray:
+    """Masked words of several segments as one ``uint64`` array (one after another)."""
+    return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
+
+
+def _words(msg: Message, key: str, length: int) -> np.ndarray:
+    """``msg.payload[key]`` as ``uint64`` masked words of exactly ``(length,)``.
+
+    Raises:
+        PayloadError: missing, another dtype or another shape.
+    """
+    v = validate.array(msg, key, (length,), kinds="u")
+    if v.dtype != np.uint64:
+        raise PayloadError(msg, key, f"of dtype {v.dtype}, not uint64")
+    return v
+
+
+def _split_words(words: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
+    """``words`` cut into consecutive parts of ``sizes``."""
+    return np.split(words, np.cumsum(sizes)[:-1]) if sizes else []
+
+
+def _wrap_sum(parts: list[np.ndarray]) -> np.ndarray:
+    """The sum of ``uint64`` word arrays modulo ``2^64`` (the masks' ring)."""
+    out = parts[0].copy()
+    for v in parts[1:]:
+        out += v
+    return out
+
+
 DENSE_GRAM_LIMIT = 1 << 22
 """A sparse batch ``(b, d_k)`` with at most this many entries (32 MiB as float64) has its Gram
 matrix computed dense (BLAS; several times faster than a sparse product at MNIST's density)."""
@@ -383,19 +556,100 @@ class SegmentServerMixin:
     they use: ``config``, ``rng``, ``he``, ``w``, ``feat``, ``enc_alpha``, ``seg_n``,
     ``seg_holders``, ``client_segs``, ``last_round``)."""
 
+    @property
+    def masked(self) -> bool:
+        """Whether the segment passes mask the inner products (``segment_inner_products: masked``,
+        :mod:`hybridfl.privacy.segmask`) instead of encrypting them."""
+        return self.config.dual_mode == "segment" and self.config.segment_inner_products == "masked"
+
     def _segment_init_payload(self, segs: list[int], batch_seed: int) -> dict[str, Any]:
         """The segment-mode entries of one client's ``hyfdca.init``: ``batch_size``, the global
-        segment IDs ``seg_global`` and the ``batch_seed`` of the fixed mini-batches."""
-        return {"batch_size": self.config.batch_size, "seg_global": list(segs), "batch_seed": batch_seed}
+        segment IDs ``seg_global`` and the ``batch_seed`` of the fixed mini-batches; masked, also
+        ``seg_masked`` and ``seg_holders`` (per segment a JSON list of its holders' names, sorted)."""
+        out: dict[str, Any] = {"batch_size": self.config.batch_size, "seg_global": list(segs), "batch_seed": batch_seed}
+        if self.masked:
+            out["seg_masked"] = True
+            out["seg_holders"] = [json.dumps(sorted(self.seg_holders[g])) for g in segs]
+        return out
 
-    def _sum_grams(self, replies: list[Message]) -> dict[int, bytes]:
-        """Setup: the holders' encrypted partial Gram matrices added per segment (one packed
-        vector per segment and holder, :meth:`SegmentClientMixin._segment_init`)."""
-        gparts: dict[int, list[bytes]] = defaultdict(list)
+    def _check_segment_init(self, r: Message) -> None:
+        """A segment-mode ``hyfdca.init`` reply's ``gram`` (one ciphertext per segment of its
+        packed length, or masked: ``uint64`` words of the total length) and, masked, ``seg_keys``
+        (one sealed key per segment and other holder).
+
+        Raises:
+            PayloadError: any of these fails.
+        """
+        segs = self.client_segs[r.sender]
+        if not self.masked:
+            self.check_ciphertexts(r, "gram", [self.gram_length(g) for g in segs])
+            return
+        _words(r, "gram", sum(self.gram_length(g) for g in segs))
+        count = sum(len(self.seg_holders[g]) - 1 for g in segs)
+        for blob in validate.blobs(r, "seg_keys", count, max_bytes=SEALED_BYTES):
+            if len(blob) != SEALED_BYTES:
+                raise PayloadError(r, "seg_keys", f"holding a sealed key of {len(blob)} bytes, not {SEALED_BYTES}")
+
+    def _segment_norms_payloads(self, replies: list[Message]) -> dict[str, dict[str, Any]]:
+        """Setup, segment mode: each client's ``hyfdca.norms`` entries: ``gram``, the holders'
+        partial Gram matrices added per segment (encrypted: one packed ciphertext per segment,
+        :meth:`SegmentClientMixin._segment_init`; masked: the ``uint64`` sums modulo ``2^64``, its
+        segments one after another) and, masked, ``seg_keys``: the keys the other holders of its
+        segments sealed for it (per segment, holders in sorted order), relayed unopened."""
+        gparts: dict[int, list[Any]] = defaultdict(list)
+        sealed: dict[tuple[str, str, int], bytes] = {}
         for r in replies:
-            for g, c in zip(self.client_segs[r.sender], r.payload["gram"]):
+            segs = self.client_segs[r.sender]
+            if self.masked:
+                parts = _split_words(r.payload["gram"], [self.gram_length(g) for g in segs])
+                it = iter(r.payload["seg_keys"])
+                for g in segs:
+                    for h in sorted(self.seg_holders[g]):
+                        if h != r.sender:
+                            sealed[(r.sender, h, g)] = next(it)
+            else:
+                parts = r.payload["gram"]
+            for g, c in zip(segs, parts):
                 gparts[g].append(c)
-        return {g: self.he.add(v) for g, v in gparts.items()}
+        out = {}
+        for cid in self.client_ids:
+            segs = self.client_segs[cid]
+            if not self.masked:
+                out[cid] = {"gram": [self.he.add(gparts[g]) for g in segs]}
+                continue
+            out[cid] = {
+                "gram": _concat_words([_wrap_sum(gparts[g]) for g in segs]),
+                "seg_keys": [sealed[(h, cid, g)] for g in segs for h in sorted(self.seg_holders[g]) if h != cid],
+            }
+        return out
+
+    def _next_mask_tag(self) -> dict[str, int]:
+        """Masked: ``{"tag": t}`` with a fresh exchange number (the segment passes' counter,
+        part of the server's state); ``{}`` otherwise."""
+        if not self.masked:
+            return {}
+        self.seg_tag = int(self.seg_tag) + 1
+        return {"tag": self.seg_tag}
+
+    def _check_shares(self, r: Message, key: str, sizes: list[int]) -> None:
+        """A reply's inner-product shares ``key``: one ciphertext per size, or masked, ``uint64``
+        words of the total size.
+
+        Raises:
+            PayloadError: otherwise.
+        """
+        if self.masked:
+            _words(r, key, sum(sizes))
+        else:
+            self.check_ciphertexts(r, key, sizes)
+
+    def _shares_of(self, r: Message, key: str, sizes: list[int]) -> list[Any]:
+        """The per-segment shares of a checked reply (:meth:`_check_shares`)."""
+        return _split_words(r.payload[key], sizes) if self.masked else list(r.payload[key])
+
+    def _add_shares(self, parts: list[Any]) -> Any:
+        """The holders' shares added: under encryption, or masked words modulo ``2^64``."""
+        return _wrap_sum(parts) if self.masked else self.he.add(parts)
 
     def gram_length(self, g: int) -> int:
         """The length of segment ``g``'s packed Gram vector: ``sum_B b_B (b_B + 1) / 2`` over its batches."""
@@ -426,7 +680,7 @@ class SegmentServerMixin:
         for j in dal_segs:
             if step != len(orders[segs[j]]):
                 raise PayloadError(r, "dalpha_segs", "ending a pass that is not over")
-        self.check_ciphertexts(r, "ip", [len(self.seg_batches_of(segs[j], orders[segs[j]][step])) for j in ip_segs])
+        self._check_shares(r, "ip", [len(self.seg_batches_of(segs[j], orders[segs[j]][step])) for j in ip_segs])
         self.check_ciphertexts(r, "dalpha", [self.seg_n[segs[j]] for j in dal_segs])
 
     def _run_round_segment(
@@ -498,6 +752,7 @@ class SegmentServerMixin:
         seed = int(self.rng.integers(2**31))
         K = [cid for cid in selected if any(g in orders for g in self.client_segs[cid])]
         local = {cid: {g: j for j, g in enumerate(self.client_segs[cid])} for cid in K}
+        tag = self._next_mask_tag()
         msgs = []
         for cid in K:
             gs = [g for g in self.client_segs[cid] if g in orders]
@@ -508,45 +763,49 @@ class SegmentServerMixin:
                 "order": [m for g in gs for m in orders[g]],
                 "seed": seed,
                 "sigma": sigma,
+                **tag,
             }
             if self.last_round[cid] < rnd - 1:  # absent (or failed) last round: fresh alpha
                 payload["alpha"] = [self.enc_alpha[g] for g in self.client_segs[cid]]
             msgs.append(Message("hyfdca.segstart", SERVER, cid, rnd, payload))
 
-        def check_start(r: Message) -> None:
-            self.check_ciphertexts(
-                r, "ip", [len(self.seg_batches_of(g, orders[g][0])) for g in self.client_segs[r.sender] if g in orders]
-            )
+        def first_sizes(cid: str) -> list[int]:
+            return [len(self.seg_batches_of(g, orders[g][0])) for g in self.client_segs[cid] if g in orders]
 
-        shares: dict[int, list[bytes]] = defaultdict(list)
-        for r in self._exchange(transport, msgs, stats, check_start):
+        shares: dict[int, list[Any]] = defaultdict(list)
+        for r in self._exchange(transport, msgs, stats, lambda r: self._check_shares(r, "ip", first_sizes(r.sender))):
             gs = [g for g in self.client_segs[r.sender] if g in orders]
-            for g, c in zip(gs, r.payload["ip"]):
+            for g, c in zip(gs, self._shares_of(r, "ip", first_sizes(r.sender))):
                 shares[g].append(c)
-        running = {g: self.he.add(shares[g]) for g in orders if len(shares[g]) == len(self.seg_holders[g])}
+        running = {g: self._add_shares(shares[g]) for g in orders if len(shares[g]) == len(self.seg_holders[g])}
         done: set[int] = set()
         step = 1  # the batch position the sweep replies' next shares are for
         while running:
             msgs = []
             swept: dict[str, list[int]] = {}
+            tag = self._next_mask_tag()
             for cid in K:
                 gs = [g for g in self.client_segs[cid] if g in running]
                 if gs:
                     swept[cid] = [local[cid][g] for g in gs]
+                    u = [running[g] for g in gs]
                     payload = {
                         "segs": [local[cid][g] for g in gs],
-                        "u": [running[g] for g in gs],
+                        "u": _concat_words(u) if self.masked else u,
                         **({"gamma": gamma} if gamma else {}),
+                        **tag,
                     }
                     msgs.append(Message("hyfdca.sweep", SERVER, cid, rnd, payload))
-            nxt: dict[int, list[bytes]] = defaultdict(list)
+            nxt: dict[int, list[Any]] = defaultdict(list)
             dal: dict[int, list[bytes]] = defaultdict(list)
             for r in self._exchange(
                 transport, msgs, stats, lambda r: self._check_sweep(r, swept[r.sender], orders, step)
             ):
                 segs = self.client_segs[r.sender]
-                for j, c in zip(r.payload["ip_segs"], r.payload["ip"]):
-                    nxt[segs[int(j)]].append(c)
+                ip_segs = [segs[int(j)] for j in r.payload["ip_segs"]]
+                sizes = [len(self.seg_batches_of(g, orders[g][step])) for g in ip_segs]
+                for g, c in zip(ip_segs, self._shares_of(r, "ip", sizes)):
+                    nxt[g].append(c)
                 for j, c in zip(r.payload["dalpha_segs"], r.payload["dalpha"]):
                     dal[segs[int(j)]].append(c)
             new_running = {}
@@ -556,7 +815,7 @@ class SegmentServerMixin:
                     self.enc_alpha[g] = self.he.add([self.enc_alpha[g], *dal[g]])
                     done.add(g)
                 elif len(nxt[g]) == n_h:
-                    new_running[g] = self.he.add(nxt[g])
+                    new_running[g] = self._add_shares(nxt[g])
             running = new_running
             step += 1
         # PrimalAggregation with the new alpha (every client that was sent the pass)

@@ -100,6 +100,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         self.seg_holders: list[list[str]] = []
         self.seg_n: list[int] = []  # samples per segment (the server never holds sample IDs under psi)
         self.seg_batch_counts: list[int] = []
+        self.seg_tag = 0  # segment mode, masked inner products: the last exchange tag
         self.enc_alpha: list[bytes] = []
         self.ip_cache: dict[tuple[str, int], bytes] = {}
         self.share_cache: dict[str, np.ndarray] = {}
@@ -286,7 +287,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         def check_init(r: Message) -> None:
             self.check_ciphertexts(r, "norms", self.seg_sizes(r.sender))
             if segment:
-                self.check_ciphertexts(r, "gram", [self.gram_length(g) for g in self.client_segs[r.sender]])
+                self._check_segment_init(r)
 
         replies = self._setup_exchange(transport, init_msgs, stats, check_init)
         parts: dict[int, list[bytes]] = defaultdict(list)
@@ -294,12 +295,11 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             for j, c in enumerate(r.payload["norms"]):
                 parts[self.client_segs[r.sender][j]].append(c)
         enc_q = {g: self.he.add(v) for g, v in parts.items()}
-        gram = self._sum_grams(replies) if segment else {}
+        seg_entries = self._segment_norms_payloads(replies) if segment else {}
+        self.seg_tag = 0  # masked segment passes: the exchange counter (the Gram used tag 0)
         norms_msgs = []
         for cid in self.client_ids:
-            payload = {"norms": [enc_q[g] for g in self.client_segs[cid]]}
-            if segment:
-                payload["gram"] = [gram[g] for g in self.client_segs[cid]]
+            payload = {"norms": [enc_q[g] for g in self.client_segs[cid]], **seg_entries.get(cid, {})}
             norms_msgs.append(Message("hyfdca.norms", SERVER, cid, 0, payload))
         self._setup_exchange(transport, norms_msgs, stats)
         self.enc_alpha = [self.he.encrypt(np.zeros(n)) for n in self.seg_n]
@@ -486,6 +486,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             "segments": len(self.enc_alpha),
             "avg_count": self.avg_count,
             "encryption": self.config.encryption,
+            "seg_tag": int(self.seg_tag),
         }
         sa_arrays, sa_meta = self._secure_state()
         return {**arrays, **sa_arrays}, {**meta, **sa_meta}
@@ -515,6 +516,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             str(c): np.asarray(arrays[f"share.{j}"], dtype=np.float64).copy() for j, c in enumerate(meta["share_keys"])
         }
         self.last_round = {str(c): int(r) for c, r in meta["last_round"].items()}
+        self.seg_tag = int(meta.get("seg_tag", 0))
         self.rng.bit_generator.state = meta["rng"]
         self._set_secure_state(arrays, meta)
         self.avg_count = int(meta.get("avg_count", 0))
