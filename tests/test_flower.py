@@ -303,10 +303,14 @@ def _run_steps(dirs, server_dir):
     return server, hist, t, payloads
 
 
-@pytest.mark.parametrize("mode", ["block", "segment"])
+@pytest.mark.parametrize("mode", ["block", "segment", "segment-masked"])
 def test_hyfdca_rebuilt_clients_equal_simulation(tmp_path, mode):
-    # segment mode also averages the last 3 of 5 rounds into the output model (average_last)
-    algo = {**HYFDCA, "dual_mode": mode, **({"batch_size": 64, "average_last": 0.6} if mode == "segment" else {})}
+    # segment mode also averages the last 3 of 5 rounds into the output model (average_last);
+    # segment-masked: segment_inner_products: masked (keys and tags kept in the client's state)
+    masked = {"segment_inner_products": "masked"} if mode == "segment-masked" else {}
+    mode = mode.removesuffix("-masked")
+    seg = {"batch_size": 64, "average_last": 0.6, **masked} if mode == "segment" else {}
+    algo = {**HYFDCA, "dual_mode": mode, **seg}
     prep, dirs, server_dir = _setup(tmp_path, algo)
     w_ref, log_ref = _hyfdca_reference(prep, algo)
     server, hist, t, _ = _run_steps(dirs, server_dir)
