@@ -29,6 +29,15 @@ are selected and answer (a failed holder costs the segment its pass; nothing par
   schedules on MNIST binary).
 
 Either way the dual ascends every round (tested) and ``w = w(alpha)``.
+
+``segment_inner_products`` says how the shares cross the server: ``encrypted`` (default, the
+paper's SecureInnerProduct under the run's encryption: one ciphertext per holder and batch) or
+``masked`` (our option, :mod:`hybridfl.privacy.segmask`): at setup every holder seals a segment key
+for the other holders (``seg_keys`` in the ``hyfdca.init`` reply, relayed in ``hyfdca.norms``) and
+the batch Gram vectors travel as padded ``uint64`` words (exchange tag 0); every ``hyfdca.segstart``
+and ``hyfdca.sweep`` carries a fresh ``tag``, the shares and sums are padded words (one array per
+message, the listed segments one after another), and every holder removes all holders' pads from
+the sum. The duals (``dalpha``, ``alpha``) stay under the run's encryption.
 """
 
 from __future__ import annotations
