@@ -1,0 +1,143 @@
+"""How many SDCA epochs the visit order of HyFDCA's segment mode costs (issue 17).
+
+HyFDCA ``dual_mode: segment``, ``segment_schedule: sequential`` makes exactly the steps of
+centralised SDCA (SDCA-Perm, Shalev-Shwartz & Zhang 2013), but in a restricted order: the segments
+one after another (each pass ends in PrimalAggregation), and inside a segment the mini-batches
+fixed at setup (their Gram matrices are summed once), visited in a random order, each in a fresh
+random order. This script runs centralised SDCA (the compiled kernels HyFDCA uses) on MNIST binary
+(the problem of ``hyfdca_speed.py``: 60,000 x 784, hinge, lambda 1e-3) under four visit orders and
+reports the first epoch whose primal suboptimality, relative to liblinear's optimum (tol 1e-6), is
+at most ``--target``, and the best value reached, for several seeds:
+
+- ``permutation``: a fresh random permutation of all samples per epoch (SDCA-Perm);
+- ``segments``: the 3 segments of the 3 x 3 grid one after another (random order), each in a fresh
+  random permutation (no fixed batches);
+- ``fixed batches``: the fixed mini-batches of all segments interleaved in a random order, each in
+  a fresh random order (segments not one after another);
+- ``segment mode``: both, HyFDCA's order.
+
+Run (about 3 minutes)::
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sdca_orders.py --epochs 45 --seeds 1 2 3 --batch-sizes 128 512
+
+Writes ``benchmarks/results/sdca_orders.{json,md}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+
+import numpy as np
+
+import hyfdca_speed as hs
+from hybridfl.algorithms.convex.losses import RowData, primal, row_norms_sq
+from hybridfl.algorithms.convex.monitor import build_problem
+from hybridfl.algorithms.convex.reference import liblinear_solve
+from hybridfl.data import load_mnist
+from hybridfl.data.partitioners import GridPartitioner
+from hybridfl.runtime.simulation import single_threaded
+
+
+def orders(n: int, groups: list[np.ndarray], b: int) -> dict:
+    """Visit-order makers ``rng -> (n,)`` permutation, by name (module docstring)."""
+    batches = [[g[m : m + b] for m in range(0, g.size, b)] for g in groups]
+    flat = [x for bs in batches for x in bs]
+
+    def permutation(r):
+        return r.permutation(n)
+
+    def segments(r):
+        return np.concatenate([groups[s][r.permutation(groups[s].size)] for s in r.permutation(len(groups))])
+
+    def fixed(r):
+        return np.concatenate([flat[m][r.permutation(flat[m].size)] for m in r.permutation(len(flat))])
+
+    def segment_mode(r):
+        out = []
+        for s in r.permutation(len(groups)):
+            for m in r.permutation(len(batches[s])):
+                out.append(batches[s][m][r.permutation(batches[s][m].size)])
+        return np.concatenate(out)
+
+    return {"permutation": permutation, "segments": segments, "fixed batches": fixed, "segment mode": segment_mode}
+
+
+def run(rows: RowData, X, y, lam: float, p_star: float, make, epochs: int, seed: int, target: float) -> dict:
+    """SDCA with ``make(rng)`` as each epoch's order: the relative suboptimality after each epoch."""
+    n, d = rows.shape
+    q = row_norms_sq(rows.X)
+    rng = np.random.default_rng(seed)
+    alpha, w, traj = np.zeros(n), np.zeros(d), []
+    for _ in range(epochs):
+        u0 = np.asarray(rows.X @ w).ravel()
+        dw = np.zeros(d)
+        rows.dot_and_add(make(rng), alpha, y, u0, q, "hinge", lam * n, 1.0, 1.0, dw)
+        w = w + dw
+        traj.append((primal(X, y, w, lam, "hinge") - p_star) / p_star)
+    first = next((i + 1 for i, v in enumerate(traj) if v <= target), None)
+    return {"first_epoch": first, "best": float(min(traj)), "last": float(traj[-1]), "trajectory": traj}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--epochs", type=int, default=45)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    ap.add_argument("--batch-sizes", type=int, nargs="+", default=[128, 512])
+    ap.add_argument("--target", type=float, default=1e-3)
+    a = ap.parse_args()
+    t0 = time.perf_counter()
+    with single_threaded():
+        split = load_mnist(hs.DATA / "mnist", layout="tiles", tiles=7, flatten=True)
+        part = GridPartitioner(3, 3, 1, 0).partition(split.train)
+        prob = build_problem(split, part, "hinge", hs.LAM, hs.POSITIVE)
+        X, y = prob.X, prob.y
+        rows = RowData(X)
+        p_star = primal(X, y, liblinear_solve(X, y, hs.LAM, "hinge", tol=1e-6, max_iter=100000), hs.LAM, "hinge")
+        # the grid's 3 sample groups as rows of X (segment mode's segments; clients s0-f*, s1-f*, s2-f*)
+        groups = [np.array([prob.row[i] for i in part.clients[3 * s].sample_ids]) for s in range(3)]
+        results: dict = {}
+        for b in a.batch_sizes:
+            makers = orders(X.shape[0], groups, b)
+            for name, make in makers.items():
+                if name in ("permutation", "segments") and b != a.batch_sizes[0]:
+                    continue  # no batches: the same at every batch size
+                key = name if name in ("permutation", "segments") else f"{name}, batch {b}"
+                results[key] = [run(rows, X, y, hs.LAM, p_star, make, a.epochs, s, a.target) for s in a.seeds]
+                print(key, [(r["first_epoch"], f"{r['best']:.1e}") for r in results[key]], flush=True)
+    out = {
+        "command": "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/sdca_orders.py "
+        f"--epochs {a.epochs} --seeds {' '.join(map(str, a.seeds))} --batch-sizes {' '.join(map(str, a.batch_sizes))}",
+        "target": a.target,
+        "reference_primal": p_star,
+        "load_average": list(os.getloadavg()),
+        "seconds": time.perf_counter() - t0,
+        "results": results,
+    }
+    hs.OUT.mkdir(parents=True, exist_ok=True)
+    (hs.OUT / "sdca_orders.json").write_text(json.dumps(out, indent=1))
+    lines = [
+        "# Centralised SDCA under HyFDCA segment mode's visit orders (issue 17)",
+        "",
+        f"MNIST binary (60,000 x 784, hinge, lambda 1e-3), the 3 x 3 grid's segments. Command: `{out['command']}` "
+        f"({out['seconds']:.0f} s). First epoch with relative suboptimality <= {a.target:g} (liblinear tol 1e-6 "
+        f"optimum {p_star:.6f}), and the best value in {a.epochs} epochs, per seed; `-`: not reached.",
+        "",
+        "| visit order | first epoch <= target, per seed | best relative suboptimality, per seed |",
+        "|---|---|---|",
+    ]
+    for key, rs in results.items():
+        lines.append(
+            f"| {key} | {', '.join(str(r['first_epoch'] or '-') for r in rs)} | "
+            + ", ".join(format(r["best"], ".1e") for r in rs)
+            + " |"
+        )
+    lines.append("")
+    (hs.OUT / "sdca_orders.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
