@@ -314,7 +314,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             validate.array(msg, "block_weight", (n_seg * len(self.blocks),))
             secure = self.secure_setup(msg)
             if p.get("dual_mode") == "segment":
-                p = {**p, "seg_holder_names": self.check_segment_init(msg)}
+                p = {**p, "seg_holder_names": self.check_segment_init(msg, secure)}
             norms, seg = self.init(p)
             self.params["secure_aggregation"] = secure
             return self._reply(msg, t0, he0, norms=norms, **seg)

@@ -114,12 +114,12 @@ class SegmentClientMixin:
             return {"gram": _concat_words(gram), "seg_keys": sealed}
         return {"gram": gram}
 
-    def check_segment_init(self, msg: Message) -> list[list[str]] | None:
+    def check_segment_init(self, msg: Message, secure: bool) -> list[list[str]] | None:
         """Check a segment-mode ``hyfdca.init``'s masking entries before anything is set up:
         ``seg_masked`` a bool; if true, ``seg_holders`` one JSON list of names per segment (as many
         as ``holders`` counts), each with this client once and otherwise known peers of secure
-        aggregation (whose keys seal the segment keys). Returns the holder names per segment, or
-        ``None`` without masking.
+        aggregation (whose keys seal the segment keys; ``secure``: the message carried its peer
+        table). Returns the holder names per segment, or ``None`` without masking.
 
         Raises:
             PayloadError: any of these fails, or masking is asked without secure aggregation's peers.
@@ -132,7 +132,7 @@ class SegmentClientMixin:
             if "seg_holders" in p:
                 raise PayloadError(msg, "seg_holders", "sent without seg_masked")
             return None
-        if not self.secagg.peers:
+        if not secure:
             raise PayloadError(msg, "seg_masked", "asked in a run without secure aggregation's peer keys")
         counts = [int(c) for c in np.asarray(p["holders"])]
         rows = p.get("seg_holders")
