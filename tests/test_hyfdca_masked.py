@@ -16,9 +16,10 @@ from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.secagg import SecAggClient, keystream, to_fixed
 from hybridfl.privacy.segmask import SEALED_BYTES, SegmentMasks
-from hybridfl.runtime.messages import SERVER, Message, decode, encode
+from hybridfl.runtime.messages import SERVER, Message, decode
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
+from tests.rebuild import rebuild_every_message
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 
@@ -320,30 +321,13 @@ def test_client_state_survives_a_rebuild_between_every_message(credit_small):
     """Over Flower a client is rebuilt from its state for every message: the segment keys and the
     last tag are part of it, and a run with a rebuild before each message gives the same model, to
     the bit (the pads cancel exactly, whatever keys were drawn)."""
-    from hybridfl.algorithms.hyfdca.spec import build_client
-    from hybridfl.runtime.simulation import client_data
-
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     cfg = _cfg(rounds=2)
     ref = build_federation("hyfdca", credit_small, part, cfg, seed=0)
     ref.setup()
     ref.loop(monitor=False).run()
     fed = build_federation("hyfdca", credit_small, part, cfg, seed=0, secrets=ref.secrets)
-    cds = {cd.client_id: cd for cd in client_data(credit_small, part, ref.secrets)}
-
-    class Rebuilt:
-        def __init__(self, cid):
-            self.cid, self.state = cid, {}
-
-        def handle(self, msg):
-            c = build_client(cds[self.cid], cfg, 0)
-            c.set_state(decode(encode(Message("s", SERVER, self.cid, 0, self.state))).payload)
-            reply = c.handle(msg)
-            self.state = c.get_state()
-            return reply
-
-    for cid in list(fed.transport.clients):
-        fed.clients[cid] = fed.transport.clients[cid] = Rebuilt(cid)
+    rebuild_every_message(fed, credit_small, part, cfg, ref.secrets)
     fed.setup()
     fed.loop(monitor=False).run()
     assert all("segmask" in r.state for r in fed.clients.values())

@@ -23,13 +23,14 @@ from hybridfl.algorithms.hyfdca.align import (
     plaintext_segments,
     segment_order,
 )
-from hybridfl.algorithms.hyfdca.spec import build_client, privacy_warning
+from hybridfl.algorithms.hyfdca.spec import privacy_warning
 from hybridfl.data import DatasetSplit, HybridDataset
 from hybridfl.data.partition import ClientShard, Partition
 from hybridfl.errors import ProtocolError
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
-from hybridfl.runtime.simulation import build_federation, client_data
+from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
+from tests.rebuild import rebuild_every_message
 
 POS = [1]
 
@@ -329,21 +330,7 @@ def test_client_state_survives_a_rebuild_between_every_message():
     base = {"lam": 0.1, "rounds": 2, "positive_classes": POS, "reference": False, "eval_every": 0, "batch_size": 16}
     cfg = HyFDCAConfig(**{**base, **kw})
     fed = build_federation("hyfdca", split, part, cfg, seed=0, secrets=ref.secrets)
-    cds = {cd.client_id: cd for cd in client_data(split, part, ref.secrets)}
-
-    class Rebuilt:
-        def __init__(self, cid):
-            self.cid, self.state = cid, {}
-
-        def handle(self, msg):
-            c = build_client(cds[self.cid], cfg, 0)
-            c.set_state(decode(encode(Message("s", SERVER, self.cid, 0, self.state))).payload)
-            reply = c.handle(msg)
-            self.state = c.get_state()
-            return reply
-
-    for cid in list(fed.transport.clients):
-        fed.clients[cid] = fed.transport.clients[cid] = Rebuilt(cid)
+    rebuild_every_message(fed, split, part, cfg, ref.secrets)
     fed.setup()
     fed.loop(monitor=False).run()
     assert fed.server.seg_holders == ref.server.seg_holders and fed.server.seg_n == ref.server.seg_n

@@ -57,6 +57,7 @@ from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import HEBackend
 from hybridfl.privacy.secagg import to_fixed
 from hybridfl.privacy.segmask import SEALED_BYTES
+from hybridfl.runtime import secagg_messages as sm
 from hybridfl.runtime import validate
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
@@ -188,7 +189,7 @@ class SegmentClientMixin:
         validate.only_keys(msg, ("norms", "gram", "seg_keys"))
         sealed = validate.blobs(msg, "seg_keys", self.segmask.sealed_count(), max_bytes=SEALED_BYTES)
         sizes = [sum(r.size * (r.size + 1) // 2 for r in batches) for batches in self.seg_batches]
-        words = _words(msg, "gram", sum(sizes))
+        words = sm.uint64_array(msg, "gram", sum(sizes))
         try:
             self.segmask.open(sealed)
         except ProtocolError as e:
@@ -354,7 +355,7 @@ class SegmentClientMixin:
                 )
             sizes.append(self.seg_batches[s][st["order"][st["j"]]].size)
         if self._mask_tag(msg) is not None:
-            _words(msg, "u", sum(sizes))
+            sm.uint64_array(msg, "u", sum(sizes))
             return
         for s, ct, n in zip(segs, validate.blobs(msg, "u", len(segs)), sizes):
             if HEBackend.length(ct) != n:
@@ -506,18 +507,6 @@ def _concat_words(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, dtype=np.uint64)
 
 
-def _words(msg: Message, key: str, length: int) -> np.ndarray:
-    """``msg.payload[key]`` as ``uint64`` masked words of exactly ``(length,)``.
-
-    Raises:
-        PayloadError: missing, another dtype or another shape.
-    """
-    v = validate.array(msg, key, (length,), kinds="u")
-    if v.dtype != np.uint64:
-        raise PayloadError(msg, key, f"of dtype {v.dtype}, not uint64")
-    return v
-
-
 def _split_words(words: np.ndarray, sizes: list[int]) -> list[np.ndarray]:
     """``words`` cut into consecutive parts of ``sizes``."""
     return np.split(words, np.cumsum(sizes)[:-1]) if sizes else []
@@ -593,7 +582,7 @@ class SegmentServerMixin:
         if not self.masked:
             self.check_ciphertexts(r, "gram", [self.gram_length(g) for g in segs])
             return
-        _words(r, "gram", sum(self.gram_length(g) for g in segs))
+        sm.uint64_array(r, "gram", sum(self.gram_length(g) for g in segs))
         count = sum(len(self.seg_holders[g]) - 1 for g in segs)
         for blob in validate.blobs(r, "seg_keys", count, max_bytes=SEALED_BYTES):
             if len(blob) != SEALED_BYTES:
@@ -648,7 +637,7 @@ class SegmentServerMixin:
             PayloadError: otherwise.
         """
         if self.masked:
-            _words(r, key, sum(sizes))
+            sm.uint64_array(r, key, sum(sizes))
         else:
             self.check_ciphertexts(r, key, sizes)
 
