@@ -30,6 +30,9 @@ Settings (``--only`` picks some; results are merged into the existing JSON):
   ``--ckks-rounds`` rounds;
 - ``ckks_segment_SxF``, ``ckks_segment_3x3``: segment mode with CKKS, not run by default
   (``--only``; at 10 x 10 its setup moves 2.6 GB and peaks at 4.2 GB RSS);
+  ``ckks_segment_masked_SxF``, ``ckks_segment_masked_3x3``: the same with
+  ``segment_inner_products: masked`` (the inner products and batch Gram matrices padded instead
+  of encrypted, the duals under CKKS);
 - ``profile_block_SxF``, ``profile_block_3x3``: 3 plaintext block-mode rounds under cProfile (no
   evaluation): the functions with the most own time per round;
 - ``cli_SxF``: ``hybridfl run`` of ``examples/configs/hyfdca_mnist.yaml`` itself (CKKS, segment
@@ -50,7 +53,7 @@ others about 20 minutes together)::
 
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py --rounds 50
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
-        --only ckks_segment_10x10,ckks_segment_3x3 --ckks-rounds 2
+        --only ckks_segment_10x10,ckks_segment_3x3,ckks_segment_masked_10x10,ckks_segment_masked_3x3 --ckks-rounds 2
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
         --only profile_block_10x10,profile_block_3x3,cli_10x10
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
@@ -121,6 +124,12 @@ def settings(s: int, f: int, rounds: int, ckks_rounds: int, psi_samples: int, lo
         out[f"ckks_segment_{grid}"] = {
             **base,
             "hyfdca": {**SEGMENT, "encryption": "ckks"},
+            "rounds": ckks_rounds,
+            "default": False,
+        }
+        out[f"ckks_segment_masked_{grid}"] = {
+            **base,
+            "hyfdca": {**SEGMENT, "encryption": "ckks", "segment_inner_products": "masked"},
             "rounds": ckks_rounds,
             "default": False,
         }
@@ -457,7 +466,7 @@ def _median_last(r: dict, key: str, n: int = 10) -> str:
     return f"{statistics.median(v):.2e}" if len(v) >= n else "-"
 
 
-ORDER = ("block", "block_long", "segment", "ckks_block", "ckks_segment")
+ORDER = ("block", "block_long", "segment", "ckks_block", "ckks_segment", "ckks_segment_masked")
 
 
 def report(res: dict) -> str:

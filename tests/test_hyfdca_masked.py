@@ -351,3 +351,15 @@ def test_pads_are_chacha20_keystreams_of_the_holder_key():
     z = np.zeros(16, dtype=np.int64)
     np.testing.assert_array_equal(m.mask(7, 9, z), keystream(m.keys[7]["a"], 9, 16))
     assert len(m.start({7: ["a", "b", "c"]})[0]) == SEALED_BYTES
+
+
+def test_plaintext_warning_says_what_the_server_still_reads():
+    """Without encryption but with masked inner products the warning names the dual changes and
+    norms the server reads, not the inner products or Gram matrices it no longer sees."""
+    from hybridfl.algorithms.hyfdca.spec import privacy_warning
+
+    line = privacy_warning(_cfg(alignment="psi"))
+    assert "dual changes" in line and "squared norms" in line
+    assert "inner products" not in line and "Gram" not in line
+    plain = privacy_warning(_cfg(alignment="psi", segment_inner_products="encrypted"))
+    assert "inner products" in plain and "Gram" in plain

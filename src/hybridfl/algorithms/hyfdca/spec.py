@@ -286,6 +286,11 @@ def privacy_warning(cfg: HyFDCAConfig) -> str | None:
 def _setting_warning(cfg: HyFDCAConfig) -> str | None:
     """The first privacy setting that is off (encryption, secure aggregation, local work), or ``None``."""
     if cfg.encryption == "none":
+        if cfg.segment_inner_products == "masked":  # the inner products and Gram matrices are padded
+            return (
+                "HyFDCA runs without encryption: the server reads every client's dual changes (their signs are "
+                "the labels) and squared norms; set encryption: ckks or paillier (docs/privacy.md)."
+            )
         gram = ", per-batch Gram matrices" if cfg.dual_mode == "segment" else ""
         return (
             "HyFDCA runs without encryption: the server reads every client's dual changes (their signs are "
