@@ -575,7 +575,8 @@ def ckks_check(st: dict) -> list[str]:
     """CKKS against plaintext, same grid and mode: relative suboptimality at the same rounds."""
     out = []
     for n, r in sorted(st.items()):
-        p = st.get(n.removeprefix("ckks_").replace("segment_masked_", "segment_"), {})  # masked: against plaintext segment
+        # the plaintext run of the same grid and mode (masked CKKS segment: plaintext segment mode)
+        p = st.get(n.removeprefix("ckks_").replace("segment_masked_", "segment_"), {})
         if not n.startswith("ckks_") or r.get("status") != "ok" or p.get("status") != "ok":
             continue
         plain = {h["round"]: h["relative_suboptimality"] for h in p["history"] if "relative_suboptimality" in h}
