@@ -363,3 +363,23 @@ def test_plaintext_warning_says_what_the_server_still_reads():
     assert "inner products" not in line and "Gram" not in line
     plain = privacy_warning(_cfg(alignment="psi", segment_inner_products="encrypted"))
     assert "inner products" in plain and "Gram" in plain
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "parallel"])
+def test_overlapping_holdings_with_several_segments_per_client(schedule):
+    """Four clients with random overlapping holdings (15 segments, several per client, blocks held
+    twice weighted 1/c), PSI alignment: a message then carries several segments' words one after
+    another (parallel schedule); the masked run equals the encrypted one to the fixed point."""
+    from tests.test_hyfdca_psi import _overlapping, _run, _split
+
+    split = _split(200)
+    part = _overlapping(split, seed=3)
+    kw = dict(dual_mode="segment", segment_schedule=schedule, alignment="psi", rounds=3)
+    plain, _ = _run(split, part, **kw)
+    masked, raw = _run(split, part, segment_inner_products="masked", **kw)
+    assert len(masked.server.seg_n) > 4 and max(len(s) for s in masked.server.client_segs.values()) > 2
+    np.testing.assert_allclose(masked.server.w, plain.server.w, atol=1e-9, rtol=0)
+    assert np.abs(plain.server.w).max() > 0.1
+    sweeps = [decode(b) for b in raw]
+    widest = max(len(m.payload["segs"]) for m in sweeps if m.kind == "hyfdca.sweep" and m.receiver != SERVER)
+    assert widest > 1 if schedule == "parallel" else widest == 1
