@@ -14,7 +14,12 @@ at most ``--target``, and the best value reached, for several seeds:
   random permutation (no fixed batches);
 - ``fixed batches``: the fixed mini-batches of all segments interleaved in a random order, each in
   a fresh random order (segments not one after another);
-- ``segment mode``: both, HyFDCA's order.
+- ``segment mode``: both, HyFDCA's order;
+- orders segment mode does not have (what a change of the protocol would buy): fixed
+  *super-batches* of 8 (or 2) batches whose Gram covers every pair in them (8 or 2 times the
+  setup's Gram work and memory), re-split at random into batches every epoch, with the segments
+  one after another, or with each segment's batches cut into 8 runs interleaved with the other
+  segments' (a PrimalAggregation between runs).
 
 Run (about 3 minutes)::
 
@@ -62,7 +67,38 @@ def orders(n: int, groups: list[np.ndarray], b: int) -> dict:
                 out.append(batches[s][m][r.permutation(batches[s][m].size)])
         return np.concatenate(out)
 
-    return {"permutation": permutation, "segments": segments, "fixed batches": fixed, "segment mode": segment_mode}
+    def resplit(m: int, chunks: int):
+        """Fixed super-batches of ``m`` batches, re-split at random into batches every epoch (the
+        Gram of a super-batch covers every pair in it); each segment's batches in a random order,
+        cut into ``chunks`` runs, and the runs of all segments interleaved at random (``chunks``
+        1: the segments one after another)."""
+        sup = [[g[i : i + m * b] for i in range(0, g.size, m * b)] for g in groups]
+
+        def make(r):
+            runs = []
+            for s in range(len(groups)):
+                subs = []
+                for S in sup[s]:
+                    p = S[r.permutation(S.size)]
+                    subs += [p[i : i + b] for i in range(0, p.size, b)]
+                runs += [[subs[k] for k in part] for part in np.array_split(r.permutation(len(subs)), chunks)]
+            if chunks == 1:
+                runs = [runs[s] for s in r.permutation(len(groups))]
+            else:
+                runs = [runs[k] for k in r.permutation(len(runs))]
+            return np.concatenate([x[r.permutation(x.size)] for run in runs for x in run])
+
+        return make
+
+    return {
+        "permutation": permutation,
+        "segments": segments,
+        "fixed batches": fixed,
+        "segment mode": segment_mode,
+        "super-batches of 8 batches re-split every epoch, segments one after another": resplit(8, 1),
+        "super-batches of 8 batches re-split every epoch, segments interleaved in 8 runs each": resplit(8, 8),
+        "super-batches of 2 batches re-split every epoch, segments interleaved in 8 runs each": resplit(2, 8),
+    }
 
 
 def run(rows: RowData, X, y, lam: float, p_star: float, make, epochs: int, seed: int, target: float) -> dict:
