@@ -72,7 +72,9 @@ class SegmentClientMixin:
     State (all part of the client's ``get_state``): ``seg_global`` the global segment IDs,
     ``seg_batches`` the row positions of each fixed mini-batch, ``gram`` ``(b, b)`` the full Gram
     matrix of each mini-batch, ``sweep`` this round's pass over each active segment (batch
-    ``order``, position ``j``, ``seed``, ``sigma``, ``dw`` ``(d_k,)``, ``delta`` ``(n_k,)``).
+    ``order``, position ``j``, ``seed``, ``sigma``, ``tag`` the mask tag of its last shares or
+    ``None`` unmasked, ``dw`` ``(d_k,)``, ``delta`` ``(n_k,)``); masked, also ``segmask``
+    (:class:`~hybridfl.privacy.segmask.SegmentMasks`: the segment keys and the last tag).
     """
 
     def _segment_init(self, p: Mapping[str, Any]) -> dict[str, Any]:
@@ -331,9 +333,10 @@ class SegmentClientMixin:
         return {"ip": _concat_words(out) if tag is not None else out}
 
     def check_sweep(self, msg: Message) -> None:
-        """Check a ``hyfdca.sweep`` before :meth:`segment_sweep`: only ``segs``, ``u``, ``gamma``;
-        distinct segments with a pass under way; one ``u`` ciphertext of the current batch's length
-        per segment; ``gamma`` a non-negative number.
+        """Check a ``hyfdca.sweep`` before :meth:`segment_sweep`: only ``segs``, ``u``, ``gamma``,
+        ``tag``; distinct segments with a pass under way; one ``u`` ciphertext of the current
+        batch's length per segment (masked: ``uint64`` words of their total length, and a fresh
+        ``tag``); ``gamma`` a non-negative number.
 
         Raises:
             ProtocolError: a sweep of a segment whose pass was not started or is already done.
