@@ -165,13 +165,13 @@ class SegmentClientMixin:
         Raises:
             PayloadError: not one ciphertext per segment, one of another length, or non-finite values.
         """
+        tri = [[rows.size * (rows.size + 1) // 2 for rows in batches] for batches in self.seg_batches]
         if self.params.get("seg_masked"):
-            vecs = self._unmasked_grams(msg)
+            vecs = self._unmasked_grams(msg, [sum(t) for t in tri])
         else:
             vecs = [self.he.decrypt(ct) for ct in validate.blobs(msg, "gram", len(self.seg_batches))]
         gram = []
-        for batches, vec in zip(self.seg_batches, vecs):
-            sizes = [rows.size * (rows.size + 1) // 2 for rows in batches]
+        for batches, vec, sizes in zip(self.seg_batches, vecs, tri):
             v = np.asarray(vec, dtype=np.float64)
             if v.shape != (sum(sizes),) or not np.isfinite(v).all():
                 raise PayloadError(msg, "gram", "holding triangles of another size or non-finite values")
@@ -179,18 +179,17 @@ class SegmentClientMixin:
             gram.append([_symmetric(v[e - n : e], rows.size) for rows, n, e in zip(batches, sizes, ends)])
         self.gram = gram
 
-    def _unmasked_grams(self, msg: Message) -> list[np.ndarray]:
-        """Masked setup (``hyfdca.norms`` with ``seg_keys``): open the other holders' segment keys
-        and unmask the summed Gram vectors (one ``uint64`` array, the segments one after another).
+    def _unmasked_grams(self, msg: Message, sizes: list[int]) -> list[np.ndarray]:
+        """Masked setup (``hyfdca.norms`` with ``seg_keys``, its keys checked by the caller): open
+        the other holders' segment keys and unmask the summed Gram vectors (one ``uint64`` array,
+        the segments one after another, ``sizes`` values each).
 
         Raises:
             PayloadError: ``seg_keys`` of another count or length or not opening (tampered, or sealed
                 for another client or segment); ``gram`` not ``uint64`` of the segments' total
                 length, or unmasking to values no holder can have sent.
         """
-        validate.only_keys(msg, ("norms", "gram", "seg_keys"))
         sealed = validate.blobs(msg, "seg_keys", self.segmask.sealed_count(), max_bytes=SEALED_BYTES)
-        sizes = [sum(r.size * (r.size + 1) // 2 for r in batches) for batches in self.seg_batches]
         words = sm.uint64_array(msg, "gram", sum(sizes))
         try:
             self.segmask.open(sealed)
@@ -562,7 +561,7 @@ class SegmentServerMixin:
     def masked(self) -> bool:
         """Whether the segment passes mask the inner products (``segment_inner_products: masked``,
         :mod:`hybridfl.privacy.segmask`) instead of encrypting them."""
-        return self.config.dual_mode == "segment" and self.config.segment_inner_products == "masked"
+        return self.config.segment_inner_products == "masked"  # the config allows it in segment mode only
 
     def _segment_init_payload(self, segs: list[int], batch_seed: int) -> dict[str, Any]:
         """The segment-mode entries of one client's ``hyfdca.init``: ``batch_size``, the global
