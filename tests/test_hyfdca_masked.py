@@ -383,3 +383,38 @@ def test_overlapping_holdings_with_several_segments_per_client(schedule):
     sweeps = [decode(b) for b in raw]
     widest = max(len(m.payload["segs"]) for m in sweeps if m.kind == "hyfdca.sweep" and m.receiver != SERVER)
     assert widest > 1 if schedule == "parallel" else widest == 1
+
+
+@pytest.mark.parametrize(
+    "field,corrupt",
+    [
+        ("gram", lambda p: {**p, "gram": p["gram"].astype(np.int64)}),
+        ("gram", lambda p: {**p, "gram": p["gram"][:-1]}),
+        ("gram", lambda p: {k: v for k, v in p.items() if k != "gram"}),
+        ("seg_keys", lambda p: {**p, "seg_keys": p["seg_keys"][:-1]}),
+        ("seg_keys", lambda p: {**p, "seg_keys": [k[:-1] for k in p["seg_keys"]]}),
+        ("seg_keys", lambda p: {k: v for k, v in p.items() if k != "seg_keys"}),
+    ],
+    ids=["gram-dtype", "gram-length", "gram-missing", "keys-count", "keys-length", "keys-missing"],
+)
+def test_server_refuses_a_bad_masked_setup_reply(credit_small, field, corrupt):
+    """A holder's masked ``hyfdca.init`` reply with Gram words of another dtype or length, or
+    sealed keys of another count or length, or either missing: the setup (which needs every
+    client) stops with one PayloadError naming the holder and the field, before any key is relayed."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=1))
+    liar = sorted(fed.clients)[4]
+    client = fed.clients[liar]
+    orig = client.handle
+
+    def lying(msg):
+        r = orig(msg)
+        if msg.kind == "hyfdca.init":
+            r = Message(r.kind, r.sender, r.receiver, r.round, corrupt(r.payload))
+        return r
+
+    client.handle = lying
+    with pytest.raises(PayloadError) as e:
+        fed.setup()
+    assert e.value.field == field and e.value.sender == liar
+    assert not any(m.kind == "hyfdca.norms" for m in fed.transport.log.entries)
