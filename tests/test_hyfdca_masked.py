@@ -14,12 +14,13 @@ import pytest
 from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import ProtocolError
-from hybridfl.privacy.secagg import SecAggClient, keystream, to_fixed
+from hybridfl.privacy.secagg import keystream, to_fixed
 from hybridfl.privacy.segmask import SEALED_BYTES, SegmentMasks
 from hybridfl.runtime.messages import SERVER, Message, decode
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
 from tests.rebuild import rebuild_every_message
+from tests.test_secagg import _clients
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 
@@ -39,11 +40,14 @@ def _cfg(**kw) -> HyFDCAConfig:
 
 
 def _three(names=("a", "b", "c")) -> dict[str, SegmentMasks]:
-    """Three clients with secure-aggregation keys and each other as peers."""
-    sa = {n: SecAggClient(n, ["x"], [1]) for n in names}
-    for n, c in sa.items():
-        c.set_peers({m: (o.public_bytes(), ["x"]) for m, o in sa.items() if m != n})
-    return {n: SegmentMasks(c) for n, c in sa.items()}
+    """Clients with secure-aggregation keys and each other as peers (``test_secagg._clients``)."""
+    return {n: SegmentMasks(c) for n, c in _clients({n: ["x"] for n in names}, {"x": 1}).items()}
+
+
+def _lie(client, corrupt) -> None:
+    """Pass every reply of ``client`` through ``corrupt(msg, reply) -> reply`` (a hostile holder)."""
+    orig = client.handle
+    client.handle = lambda msg: corrupt(msg, orig(msg))
 
 
 def _deal(masks: dict[str, SegmentMasks], g: int = 7) -> None:
@@ -301,17 +305,13 @@ def test_server_drops_a_reply_with_bad_words(credit_small):
     missing: its segment loses the pass, nothing of it is added."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=2))
-    victim = sorted(fed.clients)[0]
-    client = fed.clients[victim]
-    orig = client.handle
 
-    def lying(msg):
-        r = orig(msg)
+    def bad_words(msg, r):
         if msg.kind == "hyfdca.sweep" and msg.round == 1 and isinstance(r.payload.get("ip"), np.ndarray):
             r.payload["ip"] = r.payload["ip"].astype(np.int64)
         return r
 
-    client.handle = lying
+    _lie(fed.clients[sorted(fed.clients)[0]], bad_words)
     fed.setup()
     hist = fed.loop(monitor=False).run()
     assert hist[0]["segments_updated"] == 2 and hist[1]["segments_updated"] == 3
@@ -404,16 +404,11 @@ def test_server_refuses_a_bad_masked_setup_reply(credit_small, field, corrupt):
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=1))
     liar = sorted(fed.clients)[4]
-    client = fed.clients[liar]
-    orig = client.handle
 
-    def lying(msg):
-        r = orig(msg)
-        if msg.kind == "hyfdca.init":
-            r = Message(r.kind, r.sender, r.receiver, r.round, corrupt(r.payload))
-        return r
+    def bad_setup(msg, r):
+        return Message(r.kind, r.sender, r.receiver, r.round, corrupt(r.payload)) if msg.kind == "hyfdca.init" else r
 
-    client.handle = lying
+    _lie(fed.clients[liar], bad_setup)
     with pytest.raises(PayloadError) as e:
         fed.setup()
     assert e.value.field == field and e.value.sender == liar
