@@ -18,7 +18,7 @@ from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import DataError, EncryptionPolicyError, ProtocolError
 from hybridfl.privacy.he import KeyDealer
-from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed
+from hybridfl.privacy.secagg import SecAggClient, from_fixed, keystream, to_fixed
 from hybridfl.runtime.messages import Message, decode
 from hybridfl.runtime.simulation import build_federation
 
@@ -45,10 +45,12 @@ def _global(layout, sizes, blocks_order):
     holders=st.lists(st.sets(st.sampled_from("abc"), min_size=1), min_size=2, max_size=5),
     dropped=st.sets(st.integers(0, 4)),
     seed=st.integers(0, 2**31),
+    width=st.integers(1, 3),
 )
-def test_masks_cancel_and_dropouts_are_unmasked(holders, dropped, seed):
-    """Any layout of blocks over 2-5 clients, any set of dropped clients: the unmasked sum equals
-    the plain sum of the fixed-point values of the clients that arrived, exactly (integers)."""
+def test_masks_cancel_and_dropouts_are_unmasked(holders, dropped, seed, width):
+    """Any layout of blocks over 2-5 clients, any set of dropped clients, one vector or ``width``
+    vectors masked as one (HyFDCA's ``step_average`` sends two): the unmasked sum equals the plain
+    sum of the fixed-point values of the clients that arrived, vector by vector, exactly."""
     sizes = {"a": 3, "b": 1, "c": 4}
     layout = {f"c{i}": sorted(h) for i, h in enumerate(holders)}
     cl = _clients(layout, sizes)
@@ -56,18 +58,19 @@ def test_masks_cancel_and_dropouts_are_unmasked(holders, dropped, seed):
     rng = np.random.default_rng(seed)
     names = list(cl)
     got = [c for i, c in enumerate(names) if i not in dropped]
-    total = np.zeros(d, dtype=np.uint64)
-    want = np.zeros(d, dtype=np.int64)
+    total = np.zeros((width, d), dtype=np.uint64)
+    want = np.zeros((width, d), dtype=np.int64)
     for c in names:
-        x = to_fixed(rng.normal(scale=100, size=cl[c].dim), "x")
+        x = to_fixed(rng.normal(scale=100, size=width * cl[c].dim), "x")
         m = cl[c].mask(x, 7, [o for o in names if o != c])
+        assert m.shape == x.shape
         if c in got:
-            total[pos[c]] += m
-            want[pos[c]] += x
+            total[:, pos[c]] += m.reshape(width, -1)
+            want[:, pos[c]] += x.reshape(width, -1)
     missing = [c for c in names if c not in got]
     if missing:
         for c in got:
-            total[pos[c]] -= cl[c].correction(7, missing)
+            total[:, pos[c]] -= cl[c].correction(7, missing).reshape(width, -1)
     assert np.array_equal(total.view(np.int64), want)
 
 
@@ -80,6 +83,20 @@ def test_a_masked_vector_reveals_nothing_of_the_value():
     frac = m.astype(np.float64) / 2.0**64
     assert 0.45 < frac.mean() < 0.55 and abs(np.corrcoef(frac, np.arange(4096))[0, 1]) < 0.1
     assert np.count_nonzero(m == x.view(np.uint64)) == 0
+
+
+def test_width_one_masks_are_unchanged_and_a_partial_width_is_refused():
+    """A single vector's masks are the first words of the wider exchange's first vector (so a
+    client masking one vector sends what it sent before widths existed); a length that is not a
+    multiple of its coordinates is refused."""
+    cl = _clients({"p": ["a"], "q": ["a"]}, {"a": 5})
+    x = to_fixed(np.arange(5.0), "x")
+    one = cl["p"].mask(x, 1, ["q"]) - x.view(np.uint64)
+    two = cl["p"].mask(np.concatenate([x, x]), 2, ["q"])
+    assert np.array_equal(one, keystream(cl["p"]._pair_key("q"), 1, 5) * (1 if "p" < "q" else -1))
+    assert two.shape == (10,)
+    with pytest.raises(ProtocolError, match="not 7 values"):
+        cl["p"].mask(to_fixed(np.zeros(7), "x"), 3, ["q"])
 
 
 def test_client_refuses_tag_reuse_unknown_peers_and_foreign_unmasking():

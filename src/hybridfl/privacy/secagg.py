@@ -129,6 +129,7 @@ class SecAggClient:
         self.peers: dict[str, tuple[bytes, list[str]]] = {}
         self.last_tag = -1
         self.last_peers: list[str] = []
+        self.last_width = 1
         self._keys: dict[str, bytes] = {}
 
     def public_bytes(self) -> bytes:
@@ -183,25 +184,30 @@ class SecAggClient:
             return np.zeros(0, dtype=np.int64)
         return np.concatenate([self._pos[b] for b in common])
 
-    def _pair_mask(self, cid: str, tag: int) -> tuple[np.ndarray, np.ndarray]:
+    def _pair_mask(self, cid: str, tag: int, width: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """Positions ``(m,)`` of the coordinates shared with ``cid`` and the pair's signed masks
+        ``(width, m)`` for exchange ``tag`` (``width`` vectors of ``dim`` sent as one: row ``r`` masks
+        the ``r``-th; width 1 gives the single vector's masks)."""
         pos = self.common(cid)
-        words = keystream(self._pair_key(cid), tag, pos.size)
+        words = keystream(self._pair_key(cid), tag, pos.size * width).reshape(width, pos.size)
         return pos, (words if self.client_id < cid else np.zeros_like(words) - words)
 
-    def _mask_sum(self, tag: int, peers: Sequence[str]) -> np.ndarray:
-        out = np.zeros(self.dim, dtype=np.uint64)
+    def _mask_sum(self, tag: int, peers: Sequence[str], width: int = 1) -> np.ndarray:
+        out = np.zeros((width, self.dim), dtype=np.uint64)
         for cid in peers:
-            pos, m = self._pair_mask(cid, tag)
-            out[pos] += m
-        return out
+            pos, m = self._pair_mask(cid, tag, width)
+            out[:, pos] += m
+        return out.ravel()
 
     def mask(self, fixed: np.ndarray, tag: int, peers: Sequence[str]) -> np.ndarray:
-        """``fixed`` (int64 ``(dim,)``, from :func:`to_fixed`) plus its pair masks with ``peers``
-        for exchange ``tag``, as ``uint64`` ``(dim,)``.
+        """``fixed`` (int64 ``(dim,)``, from :func:`to_fixed`, or ``(width * dim,)``: ``width``
+        vectors one after another, summed by the server vector by vector) plus its pair masks with
+        ``peers`` for exchange ``tag``, as ``uint64`` of the same shape.
 
         Raises:
             ProtocolError: ``tag`` not above every tag it used before (keystream reuse), an
-                unknown peer, itself among the peers, or a repeated peer.
+                unknown peer, itself among the peers, a repeated peer, or a length that is not a
+                positive multiple of ``dim``.
         """
         tag = int(tag)
         if tag <= self.last_tag:
@@ -209,12 +215,18 @@ class SecAggClient:
                 f"client {self.client_id!r} was asked to reuse secure-aggregation tag {tag} (last {self.last_tag})."
             )
         peers = self.check_peers(peers)
-        self.last_tag, self.last_peers = tag, list(peers)
-        return np.asarray(fixed, dtype=np.int64).view(np.uint64) + self._mask_sum(tag, peers)
+        fixed = np.asarray(fixed, dtype=np.int64).ravel()
+        width = fixed.size // self.dim if self.dim else 1
+        if fixed.size != width * self.dim or width < 1:
+            raise ProtocolError(
+                f"client {self.client_id!r} masks vectors of {self.dim} coordinates, not {fixed.size} values."
+            )
+        self.last_tag, self.last_peers, self.last_width = tag, list(peers), width
+        return fixed.view(np.uint64) + self._mask_sum(tag, peers, width)
 
     def correction(self, tag: int, dropped: Sequence[str]) -> np.ndarray:
         """Its masks with the ``dropped`` peers of its last exchange (``tag``), ``uint64``
-        ``(dim,)``: the server subtracts them from the sum (Bonawitz et al. Sec. 4, unmasking).
+        ``(width * dim,)`` (the width of that exchange): the server subtracts them from the sum (Bonawitz et al. Sec. 4, unmasking).
 
         Raises:
             ProtocolError: ``tag`` is not its last exchange, or a dropped client was not a peer of
@@ -229,7 +241,7 @@ class SecAggClient:
             raise ProtocolError(
                 f"client {self.client_id!r} was asked for masks with a client outside its last exchange."
             )
-        return self._mask_sum(int(tag), dropped)
+        return self._mask_sum(int(tag), dropped, self.last_width)
 
     def check_peers(self, peers: Sequence[str]) -> list[str]:
         """``peers`` as a list, each a known peer (not itself), without repeats.
@@ -253,7 +265,7 @@ class SecAggClient:
         peers = {cid: [pk.hex(), bl] for cid, (pk, bl) in self.peers.items()}
         return {
             "secagg_sk": sk,
-            "secagg_peers": json.dumps({"peers": peers, "last_peers": self.last_peers}),
+            "secagg_peers": json.dumps({"peers": peers, "last_peers": self.last_peers, "last_width": self.last_width}),
             "secagg_tag": int(self.last_tag),
         }
 
@@ -266,6 +278,7 @@ class SecAggClient:
             d = json.loads(str(state["secagg_peers"]))
             self.peers = {cid: (bytes.fromhex(pk), list(bl)) for cid, (pk, bl) in d["peers"].items()}
             self.last_peers = list(d["last_peers"])
+            self.last_width = int(d.get("last_width", 1))
             self._keys = {}
         if "secagg_tag" in state:
             self.last_tag = int(state["secagg_tag"])
