@@ -303,12 +303,14 @@ def _run_steps(dirs, server_dir):
     return server, hist, t, payloads
 
 
-@pytest.mark.parametrize("mode", ["block", "segment", "segment-masked"])
+@pytest.mark.parametrize("mode", ["block", "segment", "segment-masked", "segment-step_average"])
 def test_hyfdca_rebuilt_clients_equal_simulation(tmp_path, mode):
     # segment mode also averages the last 3 of 5 rounds into the output model (average_last);
-    # segment-masked: segment_inner_products: masked (keys and tags kept in the client's state)
+    # segment-masked: segment_inner_products: masked (keys and tags kept in the client's state);
+    # segment-step_average: step_average (each round's output the mean of its iterates)
     masked = {"segment_inner_products": "masked"} if mode == "segment-masked" else {}
-    mode = mode.removesuffix("-masked")
+    masked.update({"step_average": True} if mode == "segment-step_average" else {})
+    mode = mode.removesuffix("-masked").removesuffix("-step_average")
     seg = {"batch_size": 64, "average_last": 0.6, **masked} if mode == "segment" else {}
     algo = {**HYFDCA, "dual_mode": mode, **seg}
     prep, dirs, server_dir = _setup(tmp_path, algo)

@@ -328,14 +328,15 @@ def test_fedbcd_skip_and_undo_over_the_flower_transport_equal_simulation(tmp_pat
     assert _rows(hist) == _rows(ref)
 
 
-@pytest.mark.parametrize("mode", ["block", "segment", "segment-masked"])
+@pytest.mark.parametrize("mode", ["block", "segment", "segment-masked", "segment-step_average"])
 def test_hyfdca_commit_over_the_flower_transport_equals_simulation(tmp_path, run_id, mode):
     """Client 1's replies of round 2 never arrive: over the FlowerTransport the server adds only
     the dual changes that arrived and tells client 1 not to commit its own (block mode) or drops
     the segment's pass (segment mode, with the inner products encrypted or masked); ``w`` equals
     the simulation with the same failure."""
     masked = {"segment_inner_products": "masked"} if mode == "segment-masked" else {}
-    mode = mode.removesuffix("-masked")
+    masked.update({"step_average": True} if mode == "segment-step_average" else {})
+    mode = mode.removesuffix("-masked").removesuffix("-step_average")
     algo = {**HYFDCA, "dual_mode": mode, "rounds": 4, **({"batch_size": 64, **masked} if mode == "segment" else {})}
     prep, dirs, server_dir = _setup(tmp_path, algo)
     w_ok, _ = _hyfdca_reference(prep, algo)

@@ -329,8 +329,10 @@ class Monitor:
         """Every metric of a HyFDCA server's output model and its dual (see the module docstring)."""
         p = self.prob
         row = self.primal_metrics(server.output_w())
-        if server.avg_count:  # averaging has started: also the last iterate's suboptimality
-            row["averaged_rounds"] = server.avg_count
+        stepped = getattr(server, "w_step", None) is not None  # step_average: the output is not w
+        if server.avg_count or stepped:  # averaging has started: also the last iterate's suboptimality
+            if server.avg_count:
+                row["averaged_rounds"] = server.avg_count
             if self.ref is not None:
                 row["last_iterate_relative_suboptimality"] = (
                     primal(p.X, p.y, server.w, p.lam, p.loss) - self.ref.objective

@@ -44,6 +44,8 @@ class ReplyChecksMixin:
 
     def _check_share(self, r: Message) -> None:
         validate.array(r, "share", (len(self.feat[r.sender]),))
+        if self.sa_width == 2:  # step_average: the position share too
+            validate.array(r, "position_share", (len(self.feat[r.sender]),))
 
     def _check_ip(self, r: Message) -> None:
         self.check_ciphertexts(r, "ip", self.seg_sizes(r.sender))

@@ -347,9 +347,13 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
                     f"HyFDCA client {self.client_id!r} got 'hyfdca.unmask' in a run without secure aggregation."
                 )
             return self._reply(msg, t0, he0, correction=self.unmask(msg))
+        # step_average: the position share is checked (and computed) before anything changes
+        extra = self.position_share(msg) if "avg_segs" in p and self.params.get("seg_step_average") else None
         share = self.primal_share(msg)
         if self.params.get("secure_aggregation"):
-            return self._reply(msg, t0, he0, masked=self.masked_share(msg, share))
+            return self._reply(msg, t0, he0, masked=self.masked_share(msg, share, extra))
+        if extra is not None:
+            return self._reply(msg, t0, he0, share=share, position_share=extra)
         return self._reply(msg, t0, he0, share=share)
 
     def get_state(self) -> dict[str, Any]:
@@ -505,7 +509,8 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         """
         p = msg.payload
         secure = ("tag", "peers", "acked") if self.params.get("secure_aggregation") else ()
-        validate.only_keys(msg, ("commit" if self.params["dual_mode"] == "block" else "alpha", *secure))
+        avg = ("avg_segs",) if self.params.get("seg_step_average") else ()
+        validate.only_keys(msg, ("commit" if self.params["dual_mode"] == "block" else "alpha", *secure, *avg))
         if secure:
             self.check_secure(msg)
         if self.params["dual_mode"] == "block":

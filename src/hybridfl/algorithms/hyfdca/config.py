@@ -109,6 +109,10 @@ class HyFDCAConfig(BaseModel):
         lt=1,
         description="share of the final rounds whose iterates are averaged into the output model (suffix averaging of w and alpha, SDCA's averaged output for non-smooth losses; 0.5: the second half; 0: the last iterate)",
     )
+    step_average: bool = Field(
+        False,
+        description="segment mode: each round's output model is the mean of the iterates after every SDCA step of the round (SDCA's averaged output, Shalev-Shwartz & Zhang 2013 Thm. 2, taken over one round) instead of the round's last iterate (the default, HyFDCA Alg. 1); the algorithm still steps from the last iterate. Costs one more vector per client in each PrimalAggregation; the server learns this averaged model too (our addition): hybridfl.algorithms.hyfdca.output",
+    )
     eval_every: int = Field(1, ge=0)
     reference: bool = Field(True, description="compute (or load from the cache) the centralised reference optimum")
     reference_sdca_epochs: int = Field(200, ge=1)
@@ -121,4 +125,6 @@ class HyFDCAConfig(BaseModel):
             raise ValueError(
                 "segment_inner_products 'masked' needs secure_aggregation (its keys seal the segment keys)"
             )
+        if self.step_average and self.dual_mode != "segment":
+            raise ValueError("step_average needs dual_mode 'segment' (its exact steps give the iterates to average)")
         return self

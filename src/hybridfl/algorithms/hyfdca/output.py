@@ -1,6 +1,24 @@
-"""HyFDCA's output model (``average_last``): suffix averaging of the server's iterates.
+"""HyFDCA's output model (``average_last``, ``step_average``): averages of the server's iterates.
 
-The output model is the last iterate ``w`` (default), or the mean of the iterates of the final
+A round's output iterate is its last iterate ``w`` (default, HyFDCA Alg. 1), or with
+``step_average`` (segment mode; our option) the mean of the iterates after every SDCA step of the
+round: SDCA's averaged output (Shalev-Shwartz & Zhang 2013, Thm. 2, for Lipschitz losses such as
+the hinge) taken over one round. On MNIST binary (3 x 3 grid, batch 512) segment mode's last
+iterate reaches relative suboptimality 1e-3 after 41 rounds or more, its step average after 9-10
+(``benchmarks/results/hyfdca_speed_b512.md``). The protocol still steps from the last iterate.
+How the server gets the mean without any iterate but its own ``w``: pass ``k`` of the round
+(``T_k`` steps, ``off_k`` steps before it, ``T`` in the round) changed ``w`` by ``dw_k``; its holders
+send, with their PrimalAggregation share, their *position share* ``sum_i (p_i / T_k) delta_i x_i``
+(``p_i`` a step's 0-based place in the pass,
+:meth:`~hybridfl.algorithms.hyfdca.segment.SegmentClientMixin.position_share`; securely
+aggregated like the shares), added into ``P_k``; then
+``mean_t w_t = w - sum_k (off_k / T) dw_k + (T_k / T) P_k / (lambda N)`` (the parallel schedule:
+one pass, ``w - P / (lambda N)``, each segment weighted by its own pass length). A round whose
+PrimalAggregation missed a reply has no step average; its output iterate is then its last. The
+dual paired with the output model stays the last iterate's ``alpha``: ``P(mean w) - D(alpha)``
+still bounds the output's suboptimality (the monitor's ``model_gap``).
+
+The output model is the round's output iterate, or the mean of the output iterates of the final
 ``average_last`` share of the rounds (suffix averaging, as SDCA's averaged output for Lipschitz
 losses). The server keeps the running sums of the public ``w`` and of ``enc(alpha)`` (one
 ciphertext addition per segment and round, never decrypted); the protocol itself keeps stepping
@@ -39,17 +57,41 @@ class OutputModelMixin:
         if start is None or rnd < start:
             return
         if self.avg_count == 0:
-            self.w_sum = self.w.copy()
+            self.w_sum = self.round_output().copy()
             self.alpha_sum = list(self.enc_alpha)
         else:
-            self.w_sum = self.w_sum + self.w
+            self.w_sum = self.w_sum + self.round_output()
             self.alpha_sum = [self.he.add([a, b]) for a, b in zip(self.alpha_sum, self.enc_alpha)]
         self.avg_count += 1
 
+    def step_average_of(self, passes: list[tuple[np.ndarray, np.ndarray | None, int]]) -> np.ndarray | None:
+        """The mean ``(d,)`` of the iterates after every SDCA step of a round (module docstring)
+        from its passes in order: (change of ``w`` ``(d,)``, position sum ``P_k`` ``(d,)`` or ``None``
+        if the pass's PrimalAggregation missed a reply, steps ``T_k``). ``None`` if any pass has no
+        position sum; the last iterate ``w`` if the round made no step."""
+        if any(p is None for _, p, _ in passes):
+            return None
+        total = sum(t for _, _, t in passes)
+        if total == 0:
+            return self.w.copy()
+        out, off = self.w.copy(), 0
+        lam_n = self.config.lam * self.N
+        for dw, pos, t in passes:
+            out -= (off / total) * dw + (t / total) * pos / lam_n
+            off += t
+        return out
+
+    def round_output(self) -> np.ndarray:
+        """The last round's output iterate ``(d,)``: its step average (``step_average``) when it
+        has one, else the last iterate ``w``."""
+        w_step = getattr(self, "w_step", None)
+        return w_step if w_step is not None else self.w
+
     def output_w(self) -> np.ndarray:
-        """The output model ``(d,)``: the mean of ``w`` over the averaged rounds once averaging has
-        started (``average_last``), else the last iterate ``w``."""
-        return self.w_sum / self.avg_count if self.avg_count else self.w
+        """The output model ``(d,)``: the mean of the rounds' output iterates over the averaged
+        rounds once averaging has started (``average_last``), else the last round's output iterate
+        (:meth:`round_output`)."""
+        return self.w_sum / self.avg_count if self.avg_count else self.round_output()
 
     def output_alpha_ciphertexts(self) -> tuple[list[tuple[tuple[str, ...], bytes]], int]:
         """The dual of the output model for an outside monitor with the key: ((segment holder set,

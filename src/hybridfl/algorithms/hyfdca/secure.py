@@ -85,9 +85,10 @@ class SecureSharesClientMixin:
             raise PayloadError(msg, "acked", "missing or not a bool")
         sm.check_exchange(self.secagg, msg)
 
-    def masked_share(self, msg: Message, share: np.ndarray) -> np.ndarray:
+    def masked_share(self, msg: Message, share: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
         """Its masked change of share for this exchange (uint64 ``(d_k,)``), after taking the
-        server's ``acked`` for the previous one.
+        server's ``acked`` for the previous one; with ``extra`` ``(d_k,)`` (``step_average``'s
+        :meth:`position_share`, sent whole, not as a change) the two masked as one ``(2 d_k,)``.
 
         Raises:
             PayloadError: ``acked`` not a bool, ``tag`` not a non-negative integer above every
@@ -98,10 +99,12 @@ class SecureSharesClientMixin:
         self.check_secure(msg)
         tag, peers = int(p["tag"]), list(p["peers"])
         fixed = to_fixed(share, f"the primal share of client {self.client_id!r}")
+        more = None if extra is None else to_fixed(extra, f"the position share of client {self.client_id!r}")
         if bool(p["acked"]) and self.sa_pending is not None:
             self.sa_base = self.sa_pending
+        words = fixed - self.sa_base if more is None else np.concatenate([fixed - self.sa_base, more])
         try:
-            masked = self.secagg.mask(fixed - self.sa_base, tag, peers)
+            masked = self.secagg.mask(words, tag, peers)
         except ProtocolError as e:
             raise PayloadError(msg, "tag" if "tag" in str(e) else "peers", f"refused ({e})") from None
         self.sa_pending = fixed
@@ -139,6 +142,8 @@ class SecureSharesServerMixin:
         self.sa_tag = 0
         self.sa_counted: dict[str, bool] = {}
         self.sa_publics: dict[str, bytes] = {}
+        self.sa_width = 1  # vectors per masked reply in the current exchange (2 with step_average)
+        self.position_sum: np.ndarray | None = None
 
     def secure_hello(self, r: Message) -> None:
         """Check and keep a hello's ``secagg_public`` (with secure aggregation on).
@@ -153,18 +158,22 @@ class SecureSharesServerMixin:
         return sm.peer_table({c: self.sa_publics[c] for c in self.client_ids}, blocks, cid)
 
     def _check_masked(self, r: Message) -> None:
-        sm.uint64_array(r, "masked", len(self.feat[r.sender]))
+        sm.uint64_array(r, "masked", self.sa_width * len(self.feat[r.sender]))
 
     def _check_correction(self, r: Message) -> None:
-        sm.uint64_array(r, "correction", len(self.feat[r.sender]))
+        sm.uint64_array(r, "correction", self.sa_width * len(self.feat[r.sender]))
 
     def collect_masked(self, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
         """PrimalAggregation with secure aggregation (module docstring): send ``msgs`` with
         ``tag``, ``peers`` and ``acked`` added, sum the masked changes, unmask the missing
         clients' pair masks, and set ``w`` from the counted sum. Returns the clients whose change
-        was counted (none if the unmasking failed)."""
+        was counted (none if the unmasking failed). With ``avg_segs`` in the messages
+        (``step_average``) every reply masks two vectors, the change and the position share: the
+        sum of the latter goes to ``position_sum`` ``(d,)`` (``None`` if the unmasking failed)."""
         tag = self.sa_tag = self.sa_tag + 1
         names = [m.receiver for m in msgs]
+        self.sa_width = 2 if msgs and "avg_segs" in msgs[0].payload else 1
+        self.position_sum = None
         sent = []
         for m in msgs:
             extra = {
@@ -174,10 +183,10 @@ class SecureSharesServerMixin:
             }
             sent.append(Message(m.kind, m.sender, m.receiver, m.round, {**m.payload, **extra}))
             self.sa_counted[m.receiver] = False
-        total = np.zeros(self.d, dtype=np.uint64)
+        total = np.zeros((self.sa_width, self.d), dtype=np.uint64)
         got: set[str] = set()
         for r in self._exchange(transport, sent, stats, self._check_masked):
-            total[self.feat[r.sender]] += r.payload["masked"]
+            total[:, self.feat[r.sender]] += r.payload["masked"].reshape(self.sa_width, -1)
             got.add(r.sender)
         dropped = [c for c in names if c not in got]
         if dropped and got:
@@ -188,8 +197,10 @@ class SecureSharesServerMixin:
                 log.warning("HyFDCA: secure aggregation of exchange %d could not be unmasked; nothing counted.", tag)
                 return set()
             for r in fixes:
-                total[self.feat[r.sender]] -= r.payload["correction"]
-        self.sa_sum += total
+                total[:, self.feat[r.sender]] -= r.payload["correction"].reshape(self.sa_width, -1)
+        if self.sa_width == 2:
+            self.position_sum = from_fixed(total[1])
+        self.sa_sum += total[0]
         for c in got:
             self.sa_counted[c] = True
         self.w = from_fixed(self.sa_sum) / (self.config.lam * self.N)

@@ -38,6 +38,13 @@ the batch Gram vectors travel as padded ``uint64`` words (exchange tag 0); every
 and ``hyfdca.sweep`` carries a fresh ``tag``, the shares and sums are padded words (one array per
 message, the listed segments one after another), and every holder removes all holders' pads from
 the sum. The duals (``dalpha``, ``alpha``) stay under the run's encryption.
+
+``step_average`` (our option, :mod:`hybridfl.algorithms.hyfdca.output`): ``hyfdca.init`` carries
+``seg_step_average``; during a pass every holder also sums each step's change times its place in
+the pass, and each ``hyfdca.primal`` names in ``avg_segs`` the client's segments whose pass the
+server added: the reply then carries their position share (masked together with the share under
+secure aggregation, ``position_share`` without), from which the server forms the round's mean
+iterate.
 """
 
 from __future__ import annotations
@@ -97,6 +104,7 @@ class SegmentClientMixin:
             perm = rows[np.random.default_rng([int(p["batch_seed"]), g]).permutation(rows.size)]
             self.seg_batches.append([perm[m : m + b] for m in range(0, rows.size, b)])
         masked = self.params["seg_masked"] = bool(p.get("seg_masked", False))
+        self.params["seg_step_average"] = bool(p.get("seg_step_average", False))
         sealed = []
         if masked:
             sealed = self.segmask.start(dict(zip(self.seg_global, p["seg_holder_names"])))
@@ -128,6 +136,8 @@ class SegmentClientMixin:
             PayloadError: any of these fails, or masking is asked without secure aggregation's peers.
         """
         p = msg.payload
+        if not isinstance(p.get("seg_step_average", False), (bool, np.bool_)):
+            raise PayloadError(msg, "seg_step_average", "not a bool")
         flag = p.get("seg_masked", False)
         if not isinstance(flag, (bool, np.bool_)):
             raise PayloadError(msg, "seg_masked", "not a bool")
@@ -324,10 +334,13 @@ class SegmentClientMixin:
                 "j": 0,
                 "dw": np.zeros(self.X.shape[1]),
                 "delta": np.zeros(self.ids.size),
+                "steps": 0,
                 "seed": int(p["seed"]),
                 "sigma": float(p.get("sigma", self.params["sigma"])),
                 "tag": tag,
             }
+            if self.params.get("seg_step_average"):
+                self.sweep[s]["pdelta"] = np.zeros(self.ids.size)
             pos += c
             out.append(self._batch_share(s, self.sweep[s]["order"][0]))
         return {"ip": _concat_words(out) if tag is not None else out}
@@ -404,8 +417,9 @@ class SegmentClientMixin:
             rows = self.seg_batches[s][m]
             Xb, yb = self._batch(s, m)
             a = self.alpha[rows] + st["delta"][rows]
+            visit = self._visit_order(s)
             d = gram_steps(
-                self._visit_order(s),
+                visit,
                 a,
                 yb,
                 u0,
@@ -417,6 +431,11 @@ class SegmentClientMixin:
             )
             st["delta"][rows] += d
             st["dw"] += _rmatvec(Xb, d) / lam_n
+            if "pdelta" in st:  # step_average: each step's change times its position in the pass
+                place = np.empty(rows.size)
+                place[visit] = st["steps"] + np.arange(rows.size)
+                st["pdelta"][rows] += place * d
+            st["steps"] = st.get("steps", 0) + rows.size
             st["j"] += 1
             if st["j"] < len(st["order"]):
                 nxt.append(self._batch_share(s, st["order"][st["j"]]))
@@ -427,6 +446,33 @@ class SegmentClientMixin:
         if self.params.get("seg_masked"):
             nxt = _concat_words(nxt)
         return {"ip": nxt, "ip_segs": nxt_segs, "dalpha": dal, "dalpha_segs": dal_segs}
+
+    def position_share(self, msg: Message) -> np.ndarray:
+        """``step_average``, PrimalAggregation (``hyfdca.primal``'s ``avg_segs``: its segments whose
+        pass this round the server added): its *position share* ``sum_s sum_i (p_i / T_s) delta_i
+        x_{k,i} / c`` ``(d_k,)`` over those segments, with ``delta_i`` each SDCA step's change of
+        ``alpha_i``, ``p_i`` its 0-based place in the pass and ``T_s`` the pass's steps. With the
+        change of its share over the pass (``X_{k,s}^T delta``) it gives its block's part of the mean
+        of the pass's iterates: ``mean_t w_t = w_0 + (X^T delta - sum_i (p_i/T) delta_i x_i) /
+        (lambda N)`` (:mod:`hybridfl.algorithms.hyfdca.output`).
+
+        Raises:
+            PayloadError: ``avg_segs`` not a list of distinct segments of this client each with a
+                finished pass this round.
+        """
+        segs = _int_list(msg, "avg_segs")
+        if len(set(segs)) != len(segs):
+            raise PayloadError(msg, "avg_segs", "naming a segment twice")
+        out = np.zeros(self.X.shape[1])
+        for s in segs:
+            st = self.sweep.get(s) if 0 <= s < len(self.seg_rows) else None
+            if st is None or st["j"] != len(st["order"]) or "pdelta" not in st:
+                raise PayloadError(msg, "avg_segs", f"naming segment {s}, which has no finished pass this round")
+            weights = st["pdelta"][self.seg_rows[s]] / max(1, st["steps"])
+            v = _rmatvec(self._seg_matrix(s), weights)  # compiled; skips the samples that did not change
+            colw = self.seg_colw[s]
+            out += v if colw is None else v * colw
+        return out
 
     def _segment_state(self) -> dict[str, Any]:
         """The segment-mode part of ``get_state`` (``{}`` in the other modes): ``seg_global``,
@@ -451,10 +497,12 @@ class SegmentClientMixin:
         for s, batches in enumerate(self.seg_batches):
             st[f"seg_batches.{s}"] = np.asarray([rows.size for rows in batches], dtype=np.int64)
         st["sweep"] = json.dumps(
-            {str(k): {f: x for f, x in v.items() if f not in ("dw", "delta")} for k, v in self.sweep.items()}
+            {str(k): {f: x for f, x in v.items() if f not in ("dw", "delta", "pdelta")} for k, v in self.sweep.items()}
         )
         for k, v in self.sweep.items():
             st[f"sweep_dw.{k}"], st[f"sweep_delta.{k}"] = v["dw"].copy(), v["delta"].copy()
+            if "pdelta" in v:
+                st[f"sweep_pdelta.{k}"] = v["pdelta"].copy()
         return st
 
     def _set_segment_state(self, st: Mapping[str, Any]) -> None:
@@ -486,6 +534,11 @@ class SegmentClientMixin:
                 **v,
                 "dw": np.asarray(st[f"sweep_dw.{k}"], dtype=np.float64).copy(),
                 "delta": np.asarray(st[f"sweep_delta.{k}"], dtype=np.float64).copy(),
+                **(
+                    {"pdelta": np.asarray(st[f"sweep_pdelta.{k}"], dtype=np.float64).copy()}
+                    if f"sweep_pdelta.{k}" in st
+                    else {}
+                ),
             }
             for k, v in json.loads(str(st["sweep"])).items()
         }
@@ -568,6 +621,8 @@ class SegmentServerMixin:
         segment IDs ``seg_global`` and the ``batch_seed`` of the fixed mini-batches; masked, also
         ``seg_masked`` and ``seg_holders`` (per segment a JSON list of its holders' names, sorted)."""
         out: dict[str, Any] = {"batch_size": self.config.batch_size, "seg_global": list(segs), "batch_seed": batch_seed}
+        if self.config.step_average:
+            out["seg_step_average"] = True
         if self.masked:
             out["seg_masked"] = True
             out["seg_holders"] = [json.dumps(sorted(self.seg_holders[g])) for g in segs]
@@ -706,6 +761,7 @@ class SegmentServerMixin:
         sent: set[str] = set()
         answered: set[str] = set()
         sigmas = []
+        self._passes: list = []  # step_average: (change of w, position sum, steps) per pass
         for group in groups:
             sigma = float(cfg.sigma) if cfg.sigma is not None else float(len(group))
             sigmas.append(sigma)
@@ -713,8 +769,12 @@ class SegmentServerMixin:
             done |= d
             sent |= k
             answered |= a
+        if cfg.step_average:
+            self.w_step = self.step_average_of(self._passes)
         self._accumulate_average(rnd)
         out = self._finish(stats, t0, he0)
+        if cfg.step_average:
+            out["step_average"] = float(self.w_step is not None)
         out["participants"] = len(selected)
         out["failed"] = len(sent - answered)
         out["segments_updated"] = len(done)
@@ -819,10 +879,18 @@ class SegmentServerMixin:
                     new_running[g] = self._add_shares(nxt[g])
             running = new_running
             step += 1
-        # PrimalAggregation with the new alpha (every client that was sent the pass)
-        msgs = [
-            Message("hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]})
-            for cid in K
-        ]
+        # PrimalAggregation with the new alpha (every client that was sent the pass); step_average:
+        # each client also sends its position share of the segments whose pass was added
+        msgs = []
+        for cid in K:
+            payload = {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]}
+            if cfg.step_average:
+                payload["avg_segs"] = [local[cid][g] for g in self.client_segs[cid] if g in done]
+            msgs.append(Message("hyfdca.primal", SERVER, cid, rnd, payload))
+        w_before = self.w.copy()
         answered = self._primal_aggregation(rnd, transport, msgs, stats)
+        if cfg.step_average:
+            steps = sum(len(self.seg_batches_of(g, m)) for g in done for m in orders[g])
+            complete = answered == set(K) and self.position_sum is not None
+            self._passes.append((self.w - w_before, self.position_sum if complete else None, steps))
         return done, set(K), answered

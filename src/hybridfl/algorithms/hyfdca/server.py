@@ -35,7 +35,7 @@ identity above to 1e-9 after every round and at every SecureInnerProduct.
 ``dual_mode: segment`` keeps ``w = w(alpha)`` by stepping a segment only when all its holders are
 present (:mod:`hybridfl.algorithms.hyfdca.segment`); block mode has no shared ``alpha``.
 
-Untrusted replies: :mod:`.checks`. Output model (``average_last``): :mod:`.output`.
+Untrusted replies: :mod:`.checks`. Output model (``average_last``, ``step_average``): :mod:`.output`.
 """
 
 from __future__ import annotations
@@ -113,6 +113,8 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         self.w_sum = np.zeros(self.d)
         self.alpha_sum: list[bytes] = []
         self.avg_count = 0
+        self.w_step: np.ndarray | None = None  # ``step_average``: the last round's mean iterate
+        self._passes: list = []
         self.bad: set[str] = set()  # clients whose reply failed its check this round (treated as failed)
         self._secure_reset()  # secure aggregation of the primal shares (:mod:`.secure`)
 
@@ -436,13 +438,20 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         keep each answering client's new share, and set ``w_f = (1/(lambda N)) sum_k share_{k,f}``
         over every client's newest share (an absent client's is its last one: Alg. 4 updates ``w``
         "from available local" shares). Returns the clients that answered. With
-        ``secure_aggregation`` the server sees only masked changes (:meth:`collect_masked`)."""
+        ``secure_aggregation`` the server sees only masked changes (:meth:`collect_masked`). With
+        ``avg_segs`` in the messages (``step_average``) the replies' ``position_share`` vectors are
+        added into ``position_sum`` ``(d,)``."""
         if self.config.secure_aggregation:
             return self.collect_masked(transport, msgs, stats)
         answered: set[str] = set()
+        self.sa_width = 2 if msgs and "avg_segs" in msgs[0].payload else 1
+        position = np.zeros(self.d) if self.sa_width == 2 else None
         for r in self._exchange(transport, msgs, stats, self._check_share):
             answered.add(r.sender)
             self.share_cache[r.sender] = np.asarray(r.payload["share"], dtype=np.float64)
+            if position is not None:
+                position[self.feat[r.sender]] += r.payload["position_share"]
+        self.position_sum = position
         w = np.zeros(self.d)
         for cid, share in self.share_cache.items():
             w[self.feat[cid]] += share
@@ -462,9 +471,9 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
     def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
         """What changes from round to round (checkpoints): ``(arrays, json_meta)`` with ``w`` ``(d,)``,
         the ``enc(alpha)`` and cached inner-product ciphertexts (as uint8 arrays), the clients'
-        last primal shares, the averaging sums (``average_last``), and in ``meta`` each client's
-        last round, the participation RNG state, the number of averaged rounds and the encryption
-        scheme. The segment layout is rebuilt by :meth:`setup`."""
+        last primal shares, the averaging sums (``average_last``), the last round's step average
+        ``w_step`` (``step_average``), and in ``meta`` each client's last round, the participation
+        RNG state, the number of averaged rounds and the encryption scheme. The segment layout is rebuilt by :meth:`setup`."""
         arrays: dict[str, np.ndarray] = {"w": self.w.copy()}
         for g, c in enumerate(self.enc_alpha):
             arrays[f"alpha.{g}"] = np.frombuffer(c, dtype=np.uint8).copy()
@@ -474,6 +483,8 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         share_keys = list(self.share_cache)  # insertion order: the order w sums the shares in
         for j, cid in enumerate(share_keys):
             arrays[f"share.{j}"] = self.share_cache[cid].copy()
+        if self.w_step is not None:
+            arrays["w_step"] = self.w_step.copy()
         if self.avg_count:
             arrays["w_sum"] = self.w_sum.copy()
             for g, c in enumerate(self.alpha_sum):
@@ -507,6 +518,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 f"the checkpoint has {meta['segments']} sample segments, this federation {len(self.seg_n)}."
             )
         self.w = np.asarray(arrays["w"], dtype=np.float64).copy()
+        self.w_step = np.asarray(arrays["w_step"], dtype=np.float64).copy() if "w_step" in arrays else None
         self.enc_alpha = [np.asarray(arrays[f"alpha.{g}"], dtype=np.uint8).tobytes() for g in range(len(self.seg_n))]
         self.ip_cache = {
             (str(c), int(g)): np.asarray(arrays[f"ip.{j}"], dtype=np.uint8).tobytes()

@@ -298,8 +298,9 @@ def _setting_warning(cfg: HyFDCAConfig) -> str | None:
             "(docs/privacy.md)."
         )
     if not cfg.secure_aggregation:
+        also = " and position share (step_average), each" if cfg.step_average else ","
         return (
-            "HyFDCA runs without secure aggregation: the server reads each client's primal share, a "
+            f"HyFDCA runs without secure aggregation: the server reads each client's primal share{also} a "
             "combination of its raw rows (docs/privacy.md)."
         )
     if cfg.local_steps is not None and cfg.local_steps < LOCAL_WORK_FLOOR:

@@ -1,0 +1,291 @@
+"""HyFDCA ``step_average`` (segment mode; :mod:`hybridfl.algorithms.hyfdca.output`): each round's
+output model is the mean of the iterates after every SDCA step of the round. Checked against a
+brute force that records every step the holders make and averages the iterates itself, under
+both schedules, with and without secure aggregation, over overlapping holdings, over a rebuild
+before every message and a resumed checkpoint; and by playing a server that lies in ``avg_segs``
+and a client whose position share is malformed. Real UCI credit rows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hybridfl.algorithms.convex.monitor import build_problem
+from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
+from hybridfl.algorithms.hyfdca.segment import SegmentClientMixin
+from hybridfl.data.partitioners import GridPartitioner
+from hybridfl.runtime.messages import SERVER, Message
+from hybridfl.runtime.simulation import build_federation
+from hybridfl.runtime.validate import PayloadError
+from tests.rebuild import rebuild_every_message
+
+pytestmark = pytest.mark.usefixtures("isolated_cache")
+
+
+def _cfg(**kw) -> HyFDCAConfig:
+    base = dict(
+        lam=1e-2,
+        rounds=3,
+        eval_every=0,
+        reference=False,
+        dual_mode="segment",
+        batch_size=64,
+        step_average=True,
+    )
+    base.update(kw)
+    return HyFDCAConfig(**base)
+
+
+class StepRecorder:
+    """Records every SDCA step of the segment passes, once per segment (at its first holder in
+    holder to sweep it): ``(round, global segment, sample ID, change of alpha)`` in the order the
+    steps were made."""
+
+    def __init__(self, monkeypatch):
+        self.steps: list[tuple[int, int, str, float]] = []
+        self.first: dict[int, str] = {}  # global segment -> the holder that records it
+        orig_sweep, orig_visit = SegmentClientMixin.segment_sweep, SegmentClientMixin._visit_order
+        rec = self
+
+        def visit(client, s):
+            order = orig_visit(client, s)
+            client.__dict__.setdefault("_seen_visits", {})[s] = order
+            return order
+
+        def sweep(client, msg):
+            segs = [int(v) for v in msg.payload["segs"]]
+            before = {
+                s: (client.sweep[s]["delta"].copy(), client.sweep[s]["order"][client.sweep[s]["j"]]) for s in segs
+            }
+            out = orig_sweep(client, msg)
+            for s in segs:
+                g = client.seg_global[s]
+                if rec.first.setdefault(g, client.client_id) != client.client_id:
+                    continue
+                delta0, m = before[s]
+                rows = client.seg_batches[s][m]
+                d = client.sweep[s]["delta"][rows] - delta0[rows]
+                for local in client._seen_visits[s]:
+                    rec.steps.append((msg.round, g, str(client.ids[rows[local]]), float(d[local])))
+            return out
+
+        monkeypatch.setattr(SegmentClientMixin, "_visit_order", visit)
+        monkeypatch.setattr(SegmentClientMixin, "segment_sweep", sweep)
+
+
+def _brute_force(split, part, cfg, steps, rnd, w_start):
+    """The mean of the iterates after each recorded step of round ``rnd`` from ``w_start``, and
+    the last iterate. Sequential schedule: the steps one after another in the order they were made;
+    parallel: each segment's own steps from ``w_start``, their changes added, each segment's mean
+    over its own pass (the segments step at the same time)."""
+    prob = build_problem(split, part, cfg.loss, cfg.lam, cfg.positive_classes or [1])
+    X = prob.X.toarray() if hasattr(prob.X, "toarray") else np.asarray(prob.X)
+    lam_n = cfg.lam * X.shape[0]
+    mine = [(g, sid, d) for r, g, sid, d in steps if r == rnd]
+    if cfg.segment_schedule == "sequential":
+        runs = [mine]
+    else:
+        runs = [[x for x in mine if x[0] == g] for g in sorted({x[0] for x in mine})]
+    mean, last = w_start.copy(), w_start.copy()
+    for run in runs:
+        w, total = np.zeros_like(w_start), np.zeros_like(w_start)
+        for _, sid, d in run:
+            w = w + d * X[prob.row[sid]] / lam_n
+            total += w
+        mean += total / len(run)
+        last += w
+    return mean, last
+
+
+def _check_rounds(fed, split, part, cfg, rec, rounds=3):
+    server = fed.server
+    fed.setup()
+    for rnd in range(1, rounds + 1):
+        w0 = server.w.copy()
+        server.run_round(rnd, fed.transport)
+        mean, last = _brute_force(split, part, cfg, rec.steps, rnd, w0)
+        assert server.w_step is not None
+        np.testing.assert_allclose(server.w, last, atol=1e-7)
+        np.testing.assert_allclose(server.w_step, mean, atol=1e-7)
+        assert np.abs(server.w_step - server.w).max() > 1e-3  # a different model, not the last iterate
+        np.testing.assert_array_equal(server.output_w(), server.w_step)
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "parallel"])
+@pytest.mark.parametrize("secure", [True, False])
+def test_step_average_equals_the_brute_force_mean_of_the_iterates(credit_small, monkeypatch, secure, schedule):
+    """3 x 3 grid: the server's step average of every round equals the mean of the iterates
+    rebuilt from every recorded step, and its last iterate the last rebuilt one."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    cfg = _cfg(secure_aggregation=secure, segment_schedule=schedule)
+    rec = StepRecorder(monkeypatch)
+    _check_rounds(build_federation("hyfdca", credit_small, part, cfg), credit_small, part, cfg, rec)
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "parallel"])
+def test_step_average_over_overlapping_holdings(monkeypatch, schedule):
+    """Four clients with random overlapping holdings (several segments per client, blocks held
+    twice weighted 1/c), PSI alignment, two local epochs (every sample stepped twice per pass)."""
+    from tests.test_hyfdca_psi import POS, _overlapping, _split
+
+    split = _split(200)
+    part = _overlapping(split, seed=3)
+    cfg = _cfg(lam=0.1, batch_size=16, alignment="psi", positive_classes=POS, segment_schedule=schedule, local_epochs=2)
+    rec = StepRecorder(monkeypatch)
+    fed = build_federation("hyfdca", split, part, cfg)
+    _check_rounds(fed, split, part, cfg, rec, rounds=2)
+    assert max(len(s) for s in fed.server.client_segs.values()) > 2
+
+
+def test_step_average_survives_a_rebuild_before_every_message_and_a_resume(credit_small, tmp_path):
+    """Flower rebuilds a client from its state before every message; a checkpointed run resumes:
+    both end at the uninterrupted run's output model, bit for bit."""
+    from hybridfl.runtime.checkpoint import CHECKPOINT_NAME
+
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    cfg = _cfg(rounds=3)
+    ref = build_federation("hyfdca", credit_small, part, cfg, seed=0)
+    ref.setup()
+    ref.loop(monitor=False).run()
+    fed = build_federation("hyfdca", credit_small, part, cfg, seed=0, secrets=ref.secrets)
+    rebuild_every_message(fed, credit_small, part, cfg, ref.secrets)
+    fed.setup()
+    fed.loop(monitor=False).run()
+    np.testing.assert_array_equal(fed.server.w_step, ref.server.w_step)
+
+    full = run_hyfdca(credit_small, part, cfg, seed=1)
+    ck = tmp_path / CHECKPOINT_NAME
+
+    class Stop(Exception):
+        pass
+
+    def stop(rnd, total, row):
+        if rnd == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_hyfdca(credit_small, part, cfg, seed=1, progress=stop, checkpoint=ck)
+    resumed = run_hyfdca(credit_small, part, cfg, seed=1, checkpoint=ck, resume=True)
+    np.testing.assert_array_equal(np.asarray(resumed.summary["w"]), np.asarray(full.summary["w"]))
+    assert all(h["step_average"] == 1.0 for h in full.history)
+
+
+def test_step_average_reaches_a_lower_objective_than_the_last_iterate(credit_small):
+    """What the option is for (SDCA's averaged output for the hinge): after the same rounds, on
+    the same steps, the step average's primal objective is below the last iterate's."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    res = run_hyfdca(credit_small, part, _cfg(rounds=4, eval_every=1, reference=True, reference_sdca_epochs=300))
+    last = run_hyfdca(credit_small, part, _cfg(rounds=4, eval_every=1, reference=True, step_average=False))
+    np.testing.assert_allclose(res.history[-1]["dual"], last.history[-1]["dual"], rtol=1e-9)  # the same steps
+    assert [h["primal"] < g["primal"] for h, g in zip(res.history, last.history)].count(True) >= 3
+
+
+def _primal_messages(credit_small, **kw):
+    """A federation after round 1's first pass, and the first client of the second pass's
+    PrimalAggregation message (its holder list etc.)."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    fed = build_federation("hyfdca", credit_small, part, _cfg(**kw))
+    fed.setup()
+    sent: list[Message] = []
+    orig = fed.transport.send_and_receive
+
+    def spy(msgs, *a, **k):
+        sent.extend(msgs)
+        return orig(msgs, *a, **k)
+
+    fed.transport.send_and_receive = spy
+    fed.server.run_round(1, fed.transport)
+    return fed, [m for m in sent if m.kind == "hyfdca.primal"]
+
+
+@pytest.mark.parametrize(
+    "avg_segs,why",
+    [([1], "no finished pass"), ([0, 0], "twice"), ([7], "no finished pass"), ("0", "not a list")],
+    ids=["not-held", "repeat", "unknown", "not-a-list"],
+)
+def test_client_refuses_a_lying_avg_segs_before_anything_changes(credit_small, avg_segs, why):
+    """A server naming in ``avg_segs`` a segment without a finished pass at the client (or twice,
+    or one it does not hold): refused by name, the client's state unchanged."""
+    fed, primals = _primal_messages(credit_small)
+    m = primals[-1]
+    client = fed.clients[m.receiver]
+    before = client.get_state()
+    bad = Message(m.kind, SERVER, m.receiver, m.round, {**m.payload, "avg_segs": avg_segs, "tag": 10**6})
+    with pytest.raises(PayloadError, match="avg_segs") as e:
+        client.handle(bad)
+    assert why.split()[0] in str(e.value) or why == "not a list"
+    after = client.get_state()
+    assert before.keys() == after.keys()
+    for k in before:
+        if isinstance(before[k], np.ndarray):
+            np.testing.assert_array_equal(before[k], after[k])
+        else:
+            assert before[k] == after[k], k
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_a_malformed_position_share_costs_the_round_its_step_average(credit_small, secure):
+    """A client whose position share is of another length (or missing): its reply is refused
+    like a lost one, the round has no step average (``step_average`` 0) and its output model
+    falls back to the last iterate."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    fed = build_federation("hyfdca", credit_small, part, _cfg(secure_aggregation=secure))
+    fed.setup()
+    victim = fed.clients["client-s1-f1"]
+    orig = victim.handle
+
+    def lie(msg):
+        r = orig(msg)
+        if msg.kind == "hyfdca.primal":
+            key = "masked" if secure else "position_share"
+            r.payload[key] = r.payload[key][:-1]
+        return r
+
+    victim.handle = lie
+    out = fed.server.run_round(1, fed.transport)
+    assert out["step_average"] == 0.0 and fed.server.w_step is None
+    np.testing.assert_array_equal(fed.server.output_w(), fed.server.w)
+
+
+def test_config_needs_segment_mode():
+    with pytest.raises(ValueError, match="step_average needs dual_mode 'segment'"):
+        HyFDCAConfig(step_average=True, dual_mode="consensus")
+
+
+@pytest.mark.parametrize("schedule", ["parallel", "sequential"])
+def test_what_an_honest_but_curious_server_learns_of_the_position_shares(credit_small, monkeypatch, schedule):
+    """With secure aggregation the position shares (one weighted combination of a client's rows
+    per pass) cross as masked words and the server learns their per-feature sum over the
+    exchange's clients. Parallel schedule on the 3 x 3 grid: three clients hold each feature, no
+    client's true position share appears in any reply (float64 or fixed point). Sequential: one
+    pass's exchange has one client per feature, so the sum *is* that client's position share
+    (pinned here; ``docs/privacy.md``), as its share change is today."""
+    from hybridfl.privacy.secagg import to_fixed
+    from hybridfl.runtime.messages import decode
+
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    true: list[np.ndarray] = []
+    orig = SegmentClientMixin.position_share
+
+    def spy(client, msg):
+        v = orig(client, msg)
+        true.append(v)
+        return v
+
+    monkeypatch.setattr(SegmentClientMixin, "position_share", spy)
+    raw: list[bytes] = []
+    fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=2, segment_schedule=schedule), recorder=raw.append)
+    fed.setup()
+    fed.loop(monitor=False).run()
+    replies = [m for m in map(decode, raw) if m.kind == "hyfdca.primal" and m.receiver == SERVER]
+    assert replies and all(set(m.payload) <= {"masked", "client_seconds", "he_seconds"} for m in replies)
+    words = np.concatenate([m.payload["masked"] for m in replies])
+    assert words.dtype == np.uint64
+    nonzero = [v for v in true if np.abs(v).max() > 0]
+    assert len(nonzero) >= 9  # every client sent a position share that is not zero
+    seen = [np.isin(to_fixed(v, "p").view(np.uint64)[np.abs(v) > 1e-6], words).mean() for v in nonzero]
+    if schedule == "parallel":
+        assert max(seen) < 0.01
+        assert not any(np.isin(v[np.abs(v) > 1e-6], words.view(np.float64)).any() for v in nonzero)
+    else:
+        assert min(seen) == 1.0
