@@ -289,3 +289,26 @@ def test_what_an_honest_but_curious_server_learns_of_the_position_shares(credit_
         assert not any(np.isin(v[np.abs(v) > 1e-6], words.view(np.float64)).any() for v in nonzero)
     else:
         assert min(seen) == 1.0
+
+
+def test_client_refuses_step_average_fields_it_was_not_set_up_for(credit_small):
+    """``avg_segs`` in a run set up without ``step_average``, and a ``seg_step_average`` that is
+    not a bool at setup: refused by field name (the client computes nothing)."""
+    from hybridfl.runtime.messages import decode
+
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    raw: list[bytes] = []
+    fed = build_federation("hyfdca", credit_small, part, _cfg(step_average=False), recorder=raw.append)
+    fed.setup()
+    fed.server.run_round(1, fed.transport)
+    msgs = [decode(b) for b in raw]
+    m = next(x for x in msgs if x.kind == "hyfdca.primal" and x.receiver != SERVER)
+    bad = Message(m.kind, SERVER, m.receiver, m.round, {**m.payload, "avg_segs": [0], "tag": 10**6})
+    with pytest.raises(PayloadError) as e:
+        fed.clients[m.receiver].handle(bad)
+    assert e.value.field == "avg_segs"
+    init = next(x for x in msgs if x.kind == "hyfdca.init" and x.receiver != SERVER)
+    bad = Message(init.kind, SERVER, init.receiver, init.round, {**init.payload, "seg_step_average": "yes"})
+    with pytest.raises(PayloadError) as e:
+        fed.clients[init.receiver].handle(bad)
+    assert e.value.field == "seg_step_average"
