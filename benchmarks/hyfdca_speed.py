@@ -565,6 +565,22 @@ def profile_report(prof: dict, batch_size: int) -> str:
     return "\n".join(lines)
 
 
+def timing_rows(h: dict, setup: str, round_: str, target: str) -> list[str]:
+    """The CPU and wall rows of a HyFDCA run ``h`` (:func:`to_target`): setup, mean round, and if it
+    reached the target the rounds to it (``target`` with ``{}`` for the round) and with the setup."""
+    rows = [
+        f"| {setup} | {h['setup_cpu_seconds']:.2f} | {h['setup_wall_seconds']:.2f} |",
+        f"| {round_} (mean of {len(h['round_cpu_seconds'])}) | {h['round_cpu_seconds_mean']:.3f} | "
+        f"{h['round_wall_seconds_mean']:.3f} |",
+    ]
+    if h.get("reached"):
+        rows += [
+            f"| {target.format(h['round'])}: rounds | {h['rounds_cpu_seconds']:.2f} | {h['rounds_wall_seconds']:.2f} |",
+            f"| ... with the setup | {h['with_setup_cpu_seconds']:.2f} | {h['with_setup_wall_seconds']:.2f} |",
+        ]
+    return rows
+
+
 def report(o: dict) -> str:
     ll, hy, enc = o["liblinear"], o["hyfdca"], o["ckks_vs_plaintext"]
     lines = [
@@ -578,16 +594,17 @@ def report(o: dict) -> str:
         "|---|---|---|",
         f"| liblinear (median of {len(ll['cpu_seconds'])}; rel. subopt. {ll['relative_suboptimality']:.1e}) | "
         f"{ll['cpu_seconds_median']:.2f} | {ll['wall_seconds_median']:.2f} |",
-        f"| HyFDCA setup (plaintext alignment) | {hy['setup_cpu_seconds']:.2f} | {hy['setup_wall_seconds']:.2f} |",
-        f"| HyFDCA round (mean of {len(hy['round_cpu_seconds'])}) | {hy['round_cpu_seconds_mean']:.3f} | "
-        f"{hy['round_wall_seconds_mean']:.3f} |",
     ]
+    target = o["command"].split("--target ")[1].split()[0]
+    lines += timing_rows(
+        hy,
+        "HyFDCA setup (plaintext alignment)",
+        "HyFDCA round",
+        f"HyFDCA to rel. subopt. <= {target} (round {{}}, evaluated every round)",
+    )
     if hy.get("reached"):
         r = hy["ratio_to_liblinear"]
         lines += [
-            f"| HyFDCA to rel. subopt. <= {o['command'].split('--target ')[1].split()[0]} (round {hy['round']}, "
-            f"evaluated every round): rounds | {hy['rounds_cpu_seconds']:.2f} | {hy['rounds_wall_seconds']:.2f} |",
-            f"| ... with the setup | {hy['with_setup_cpu_seconds']:.2f} | {hy['with_setup_wall_seconds']:.2f} |",
             "",
             f"**Ratio to liblinear**: rounds {r['cpu_rounds']:.1f}x CPU ({r['wall_rounds']:.1f}x wall); with the "
             f"setup {r['cpu_with_setup']:.1f}x CPU ({r['wall_with_setup']:.1f}x wall).",
@@ -615,16 +632,11 @@ def report(o: dict) -> str:
             "",
             "| | CPU s | wall s |",
             "|---|---|---|",
-            f"| setup | {av['setup_cpu_seconds']:.2f} | {av['setup_wall_seconds']:.2f} |",
-            f"| round (mean of {len(av['round_cpu_seconds'])}) | {av['round_cpu_seconds_mean']:.3f} | "
-            f"{av['round_wall_seconds_mean']:.3f} |",
+            *timing_rows(av, "setup", "round", "to the target (round {})"),
         ]
         if av.get("reached"):
             r = av["ratio_to_liblinear"]
             lines += [
-                f"| to the target (round {av['round']}): rounds | {av['rounds_cpu_seconds']:.2f} | "
-                f"{av['rounds_wall_seconds']:.2f} |",
-                f"| ... with the setup | {av['with_setup_cpu_seconds']:.2f} | {av['with_setup_wall_seconds']:.2f} |",
                 "",
                 f"**Ratio to liblinear, `step_average`**: rounds {r['cpu_rounds']:.1f}x CPU ({r['wall_rounds']:.1f}x "
                 f"wall); with the setup {r['cpu_with_setup']:.1f}x CPU ({r['wall_with_setup']:.1f}x wall); clients on "

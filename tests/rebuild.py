@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hybridfl.algorithms.hyfdca.spec import build_client
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
-from hybridfl.runtime.simulation import client_data
+from hybridfl.runtime.simulation import build_federation, client_data
 
 
 class Rebuilt:
@@ -31,3 +31,18 @@ def rebuild_every_message(fed, split, part, cfg, secrets) -> dict[str, Rebuilt]:
     for cid in list(fed.transport.clients):
         out[cid] = fed.clients[cid] = fed.transport.clients[cid] = Rebuilt(cds[cid], cfg)
     return out
+
+
+def reference_and_rebuilt(split, part, cfg, ref=None):
+    """A HyFDCA run of ``cfg`` (seed 0, all rounds, no monitor), and the same run with every client
+    rebuilt before every message (:func:`rebuild_every_message`, the reference's keys): ``(ref,
+    rebuilt)`` federations. ``ref``: a finished reference to reuse."""
+    if ref is None:
+        ref = build_federation("hyfdca", split, part, cfg, seed=0)
+        ref.setup()
+        ref.loop(monitor=False).run()
+    fed = build_federation("hyfdca", split, part, cfg, seed=0, secrets=ref.secrets)
+    rebuild_every_message(fed, split, part, cfg, ref.secrets)
+    fed.setup()
+    fed.loop(monitor=False).run()
+    return ref, fed

@@ -19,7 +19,7 @@ from hybridfl.privacy.segmask import SEALED_BYTES, SegmentMasks
 from hybridfl.runtime.messages import SERVER, Message, decode
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
-from tests.rebuild import rebuild_every_message
+from tests.rebuild import reference_and_rebuilt
 from tests.test_secagg import _clients
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
@@ -322,14 +322,7 @@ def test_client_state_survives_a_rebuild_between_every_message(credit_small):
     last tag are part of it, and a run with a rebuild before each message gives the same model, to
     the bit (the pads cancel exactly, whatever keys were drawn)."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    cfg = _cfg(rounds=2)
-    ref = build_federation("hyfdca", credit_small, part, cfg, seed=0)
-    ref.setup()
-    ref.loop(monitor=False).run()
-    fed = build_federation("hyfdca", credit_small, part, cfg, seed=0, secrets=ref.secrets)
-    rebuild_every_message(fed, credit_small, part, cfg, ref.secrets)
-    fed.setup()
-    fed.loop(monitor=False).run()
+    ref, fed = reference_and_rebuilt(credit_small, part, _cfg(rounds=2))
     assert all("segmask" in r.state for r in fed.clients.values())
     np.testing.assert_array_equal(fed.server.w, ref.server.w)
 

@@ -30,7 +30,7 @@ from hybridfl.errors import ProtocolError
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
-from tests.rebuild import rebuild_every_message
+from tests.rebuild import reference_and_rebuilt
 
 POS = [1]
 
@@ -328,10 +328,6 @@ def test_client_state_survives_a_rebuild_between_every_message():
     kw = {"dual_mode": "segment", "alignment": "psi"}
     ref, _ = _run(split, part, **kw)
     base = {"lam": 0.1, "rounds": 2, "positive_classes": POS, "reference": False, "eval_every": 0, "batch_size": 16}
-    cfg = HyFDCAConfig(**{**base, **kw})
-    fed = build_federation("hyfdca", split, part, cfg, seed=0, secrets=ref.secrets)
-    rebuild_every_message(fed, split, part, cfg, ref.secrets)
-    fed.setup()
-    fed.loop(monitor=False).run()
+    _, fed = reference_and_rebuilt(split, part, HyFDCAConfig(**{**base, **kw}), ref)
     assert fed.server.seg_holders == ref.server.seg_holders and fed.server.seg_n == ref.server.seg_n
     np.testing.assert_allclose(fed.server.w, ref.server.w, atol=1e-12, rtol=0)

@@ -17,7 +17,7 @@ from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
-from tests.rebuild import rebuild_every_message
+from tests.rebuild import reference_and_rebuilt
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 
@@ -144,13 +144,7 @@ def test_step_average_survives_a_rebuild_before_every_message_and_a_resume(credi
 
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     cfg = _cfg(rounds=3)
-    ref = build_federation("hyfdca", credit_small, part, cfg, seed=0)
-    ref.setup()
-    ref.loop(monitor=False).run()
-    fed = build_federation("hyfdca", credit_small, part, cfg, seed=0, secrets=ref.secrets)
-    rebuild_every_message(fed, credit_small, part, cfg, ref.secrets)
-    fed.setup()
-    fed.loop(monitor=False).run()
+    ref, fed = reference_and_rebuilt(credit_small, part, cfg)
     np.testing.assert_array_equal(fed.server.w_step, ref.server.w_step)
 
     full = run_hyfdca(credit_small, part, cfg, seed=1)
