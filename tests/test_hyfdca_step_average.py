@@ -123,6 +123,27 @@ def test_step_average_equals_the_brute_force_mean_of_the_iterates(credit_small, 
 
 
 @pytest.mark.parametrize("schedule", ["sequential", "parallel"])
+def test_step_average_of_rounds_that_lose_a_pass(credit_small, monkeypatch, schedule):
+    """A holder fails in round 2 (its replies lost): its segment's pass is dropped, and the round's
+    step average is still the brute-force mean over the steps of the passes that were added."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    cfg = _cfg(segment_schedule=schedule)
+    rec = StepRecorder(monkeypatch)
+    fed = build_federation("hyfdca", credit_small, part, cfg, fail_at=[(2, "client-s1-f1")])
+    server = fed.server
+    fed.setup()
+    for rnd in (1, 2, 3):
+        w0, before = server.w.copy(), list(server.enc_alpha)
+        out = server.run_round(rnd, fed.transport)
+        added = {g for g, c in enumerate(before) if server.enc_alpha[g] != c}
+        assert len(added) == (2 if rnd == 2 else 3) and out["step_average"] == 1.0
+        steps = [x for x in rec.steps if x[0] != rnd or x[1] in added]
+        mean, last = _brute_force(credit_small, part, cfg, steps, rnd, w0)
+        np.testing.assert_allclose(server.w, last, atol=1e-7)
+        np.testing.assert_allclose(server.w_step, mean, atol=1e-7)
+
+
+@pytest.mark.parametrize("schedule", ["sequential", "parallel"])
 def test_step_average_over_overlapping_holdings(monkeypatch, schedule):
     """Four clients with random overlapping holdings (several segments per client, blocks held
     twice weighted 1/c), PSI alignment, two local epochs (every sample stepped twice per pass)."""

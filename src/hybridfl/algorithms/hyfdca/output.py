@@ -13,8 +13,10 @@ send, with their PrimalAggregation share, their *position share* ``sum_i (p_i / 
 :meth:`~hybridfl.algorithms.hyfdca.segment.SegmentClientMixin.position_share`; securely
 aggregated like the shares), added into ``P_k``; then
 ``mean_t w_t = w - sum_k (off_k / T) dw_k + (T_k / T) P_k / (lambda N)`` (the parallel schedule:
-one pass, ``w - P / (lambda N)``, each segment weighted by its own pass length). A round whose
-PrimalAggregation missed a reply has no step average; its output iterate is then its last. The
+one pass, ``w - P / (lambda N)``, each segment weighted by its own pass length). A pass that lost
+a segment (a holder failed) counts only the segments it added; a round in which a holder of an
+added segment missed its PrimalAggregation has no step average: its output iterate is then its
+last. The
 dual paired with the output model stays the last iterate's ``alpha``: ``P(mean w) - D(alpha)``
 still bounds the output's suboptimality (the monitor's ``model_gap``).
 

@@ -890,7 +890,12 @@ class SegmentServerMixin:
         w_before = self.w.copy()
         answered = self._primal_aggregation(rnd, transport, msgs, stats)
         if cfg.step_average:
+            # the position sum is whole when every holder of a segment whose pass was added
+            # answered (the others send zeros); a pass that added nothing needs none
             steps = sum(len(self.seg_batches_of(g, m)) for g in done for m in orders[g])
-            complete = answered == set(K) and self.position_sum is not None
-            self._passes.append((self.w - w_before, self.position_sum if complete else None, steps))
+            needed = {cid for cid in K if any(g in done for g in self.client_segs[cid])}
+            pos = self.position_sum if self.position_sum is not None and needed <= answered else None
+            if pos is None and not needed:
+                pos = np.zeros(self.d)
+            self._passes.append((self.w - w_before, pos, steps))
         return done, set(K), answered
