@@ -327,3 +327,17 @@ def test_client_refuses_step_average_fields_it_was_not_set_up_for(credit_small):
     with pytest.raises(PayloadError) as e:
         fed.clients[init.receiver].handle(bad)
     assert e.value.field == "seg_step_average"
+
+
+def test_step_average_under_ckks_equals_the_plaintext_run(credit_small):
+    """Under CKKS (duals encrypted, decrypted duals put on their bounds) the step average is the
+    plaintext run's to 1e-7, as ``w`` is."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    runs = {}
+    for enc in ("none", "ckks"):
+        fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=2, batch_size=100, encryption=enc))
+        fed.setup()
+        fed.loop(monitor=False).run()
+        runs[enc] = fed.server
+    assert np.abs(runs["none"].w_step - runs["none"].w).max() > 1e-2
+    np.testing.assert_allclose(runs["ckks"].w_step, runs["none"].w_step, atol=1e-7, rtol=0)
