@@ -238,11 +238,22 @@ def test_client_refuses_a_lying_avg_segs_before_anything_changes(credit_small, a
             assert before[k] == after[k], k
 
 
-@pytest.mark.parametrize("secure", [True, False])
-def test_a_malformed_position_share_costs_the_round_its_step_average(credit_small, secure):
-    """A client whose position share is of another length (or missing): its reply is refused
-    like a lost one, the round has no step average (``step_average`` 0) and its output model
-    falls back to the last iterate."""
+@pytest.mark.parametrize(
+    "secure,corrupt",
+    [
+        (True, lambda p: {**p, "masked": p["masked"][:-1]}),
+        (True, lambda p: {**p, "masked": p["masked"][: p["masked"].size // 2]}),  # the share alone
+        (False, lambda p: {**p, "position_share": p["position_share"][:-1]}),
+        (False, lambda p: {**p, "position_share": np.full_like(p["position_share"], np.nan)}),
+        (False, lambda p: {k: v for k, v in p.items() if k != "position_share"}),
+    ],
+    ids=["masked-length", "masked-width-1", "length", "nan", "missing"],
+)
+def test_a_malformed_position_share_costs_the_round_its_step_average(credit_small, secure, corrupt):
+    """A holder's PrimalAggregation reply whose position share is of another length, NaN or
+    missing (masked: words of another length, or the share without it): refused like a lost
+    reply, the round has no step average (``step_average`` 0) and its output model falls back to
+    the last iterate."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     fed = build_federation("hyfdca", credit_small, part, _cfg(secure_aggregation=secure))
     fed.setup()
@@ -252,8 +263,7 @@ def test_a_malformed_position_share_costs_the_round_its_step_average(credit_smal
     def lie(msg):
         r = orig(msg)
         if msg.kind == "hyfdca.primal":
-            key = "masked" if secure else "position_share"
-            r.payload[key] = r.payload[key][:-1]
+            return Message(r.kind, r.sender, r.receiver, r.round, corrupt(dict(r.payload)))
         return r
 
     victim.handle = lie

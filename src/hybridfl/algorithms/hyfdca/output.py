@@ -35,8 +35,8 @@ import numpy as np
 
 class OutputModelMixin:
     """The averaged output model of :class:`~hybridfl.algorithms.hyfdca.server.HyFDCAServer`
-    (uses its ``config``, ``he``, ``w``, ``enc_alpha``, ``seg_holders``, ``w_sum``, ``alpha_sum`` and
-    ``avg_count``)."""
+    (uses its ``config``, ``he``, ``w``, ``enc_alpha``, ``seg_holders``, ``w_sum``, ``alpha_sum``,
+    ``w_step`` and ``avg_count``)."""
 
     @property
     def average_start(self) -> int | None:
@@ -86,8 +86,7 @@ class OutputModelMixin:
     def round_output(self) -> np.ndarray:
         """The last round's output iterate ``(d,)``: its step average (``step_average``) when it
         has one, else the last iterate ``w``."""
-        w_step = getattr(self, "w_step", None)
-        return w_step if w_step is not None else self.w
+        return self.w_step if self.w_step is not None else self.w
 
     def output_w(self) -> np.ndarray:
         """The output model ``(d,)``: the mean of the rounds' output iterates over the averaged

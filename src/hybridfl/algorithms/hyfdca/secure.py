@@ -167,13 +167,11 @@ class SecureSharesServerMixin:
         """PrimalAggregation with secure aggregation (module docstring): send ``msgs`` with
         ``tag``, ``peers`` and ``acked`` added, sum the masked changes, unmask the missing
         clients' pair masks, and set ``w`` from the counted sum. Returns the clients whose change
-        was counted (none if the unmasking failed). With ``avg_segs`` in the messages
-        (``step_average``) every reply masks two vectors, the change and the position share: the
-        sum of the latter goes to ``position_sum`` ``(d,)`` (``None`` if the unmasking failed)."""
+        was counted (none if the unmasking failed). With ``sa_width`` 2 (``step_average``, set by
+        the caller) every reply masks two vectors, the change and the position share: the sum of
+        the latter goes to ``position_sum`` ``(d,)`` (left ``None`` if the unmasking failed)."""
         tag = self.sa_tag = self.sa_tag + 1
         names = [m.receiver for m in msgs]
-        self.sa_width = 2 if msgs and "avg_segs" in msgs[0].payload else 1
-        self.position_sum = None
         sent = []
         for m in msgs:
             extra = {

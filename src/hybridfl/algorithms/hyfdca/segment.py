@@ -334,13 +334,12 @@ class SegmentClientMixin:
                 "j": 0,
                 "dw": np.zeros(self.X.shape[1]),
                 "delta": np.zeros(self.ids.size),
-                "steps": 0,
                 "seed": int(p["seed"]),
                 "sigma": float(p.get("sigma", self.params["sigma"])),
                 "tag": tag,
             }
-            if self.params.get("seg_step_average"):
-                self.sweep[s]["pdelta"] = np.zeros(self.ids.size)
+            if self.params.get("seg_step_average"):  # each step's change times its place; steps so far
+                self.sweep[s].update(pdelta=np.zeros(self.ids.size), steps=0)
             pos += c
             out.append(self._batch_share(s, self.sweep[s]["order"][0]))
         return {"ip": _concat_words(out) if tag is not None else out}
@@ -435,7 +434,7 @@ class SegmentClientMixin:
                 place = np.empty(rows.size)
                 place[visit] = st["steps"] + np.arange(rows.size)
                 st["pdelta"][rows] += place * d
-            st["steps"] = st.get("steps", 0) + rows.size
+                st["steps"] += rows.size
             st["j"] += 1
             if st["j"] < len(st["order"]):
                 nxt.append(self._batch_share(s, st["order"][st["j"]]))
@@ -761,16 +760,17 @@ class SegmentServerMixin:
         sent: set[str] = set()
         answered: set[str] = set()
         sigmas = []
-        self._passes: list = []  # step_average: (change of w, position sum, steps) per pass
+        passes: list = []  # step_average: (change of w, position sum, steps) per pass
         for group in groups:
             sigma = float(cfg.sigma) if cfg.sigma is not None else float(len(group))
             sigmas.append(sigma)
-            d, k, a = self._segment_pass(rnd, transport, selected, group, sigma, gamma, stats)
+            d, k, a, p = self._segment_pass(rnd, transport, selected, group, sigma, gamma, stats)
+            passes.append(p)
             done |= d
             sent |= k
             answered |= a
         if cfg.step_average:
-            self.w_step = self.step_average_of(self._passes)
+            self.w_step = self.step_average_of(passes)
         self._accumulate_average(rnd)
         out = self._finish(stats, t0, he0)
         if cfg.step_average:
@@ -792,7 +792,7 @@ class SegmentServerMixin:
         sigma: float,
         gamma: float,
         stats: dict,
-    ) -> tuple[set[int], set[str], set[str]]:
+    ) -> tuple[set[int], set[str], set[str], tuple | None]:
         """One pass of the segments in ``group`` (all holders selected) in ``dual_mode: segment``:
         its holders walk each segment's mini-batches in the same order, one exchange per batch: the
         server adds their encrypted shares of the batch's inner products (each holder's block with
@@ -802,7 +802,9 @@ class SegmentServerMixin:
         (``w = w(alpha)``).
 
         Returns:
-            (segments whose changes were added, clients sent the pass, clients that answered PrimalAggregation).
+            (segments whose changes were added, clients sent the pass, clients that answered
+            PrimalAggregation, and with ``step_average`` the pass's (change of ``w``, position sum or
+            ``None`` if a holder of an added segment missed its reply, steps), else ``None``).
         """
         cfg = self.config
         orders: dict[int, list[int]] = {}
@@ -887,15 +889,15 @@ class SegmentServerMixin:
             if cfg.step_average:
                 payload["avg_segs"] = [local[cid][g] for g in self.client_segs[cid] if g in done]
             msgs.append(Message("hyfdca.primal", SERVER, cid, rnd, payload))
-        w_before = self.w.copy()
+        w_before = self.w.copy() if cfg.step_average else None
         answered = self._primal_aggregation(rnd, transport, msgs, stats)
-        if cfg.step_average:
-            # the position sum is whole when every holder of a segment whose pass was added
-            # answered (the others send zeros); a pass that added nothing needs none
-            steps = sum(len(self.seg_batches_of(g, m)) for g in done for m in orders[g])
-            needed = {cid for cid in K if any(g in done for g in self.client_segs[cid])}
-            pos = self.position_sum if self.position_sum is not None and needed <= answered else None
-            if pos is None and not needed:
-                pos = np.zeros(self.d)
-            self._passes.append((self.w - w_before, pos, steps))
-        return done, set(K), answered
+        if not cfg.step_average:
+            return done, set(K), answered, None
+        # the position sum is whole when every holder of a segment whose pass was added answered
+        # (the others send zeros); a pass that added nothing needs none
+        steps = sum(len(self.seg_batches_of(g, m)) for g in done for m in orders[g])
+        needed = {cid for cid in K if any(g in done for g in self.client_segs[cid])}
+        pos = self.position_sum if self.position_sum is not None and needed <= answered else None
+        if pos is None and not needed:
+            pos = np.zeros(self.d)
+        return done, set(K), answered, (self.w - w_before, pos, steps)

@@ -114,7 +114,6 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         self.alpha_sum: list[bytes] = []
         self.avg_count = 0
         self.w_step: np.ndarray | None = None  # ``step_average``: the last round's mean iterate
-        self._passes: list = []
         self.bad: set[str] = set()  # clients whose reply failed its check this round (treated as failed)
         self._secure_reset()  # secure aggregation of the primal shares (:mod:`.secure`)
 
@@ -441,10 +440,12 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         ``secure_aggregation`` the server sees only masked changes (:meth:`collect_masked`). With
         ``avg_segs`` in the messages (``step_average``) the replies' ``position_share`` vectors are
         added into ``position_sum`` ``(d,)``."""
+        # step_average: every reply carries a position share beside the share (width 2)
+        self.sa_width = 2 if msgs and "avg_segs" in msgs[0].payload else 1
+        self.position_sum = None
         if self.config.secure_aggregation:
             return self.collect_masked(transport, msgs, stats)
         answered: set[str] = set()
-        self.sa_width = 2 if msgs and "avg_segs" in msgs[0].payload else 1
         position = np.zeros(self.d) if self.sa_width == 2 else None
         for r in self._exchange(transport, msgs, stats, self._check_share):
             answered.add(r.sender)
