@@ -96,9 +96,11 @@ def execute(
         HybridFLError: ``resume`` for an algorithm without checkpoints, or without ``out_dir``.
     """
     import json
+    import shutil
 
     from hybridfl.algorithms.spec import get_algorithm
     from hybridfl.files import atomic_write
+    from hybridfl.inference.modeldir import write_model_dir
     from hybridfl.reporting.plots import plot_coverage
     from hybridfl.reporting.results import write_results
     from hybridfl.runtime.checkpoint import CheckpointPolicy
@@ -113,6 +115,7 @@ def execute(
         # checkpoint and results must not outlive it next to the new config.json
         for name in ("results.json", CHECKPOINT_NAME):
             (Path(out_dir) / name).unlink(missing_ok=True)
+        shutil.rmtree(Path(out_dir) / MODEL_DIR, ignore_errors=True)
         atomic_write(Path(out_dir) / "config.json", json.dumps(run_config_dict(prep), indent=2))
     ck = prep.config.checkpoint
     t0 = time.perf_counter()
@@ -140,9 +143,41 @@ def execute(
                 "warnings": prep.warnings,
             }
         }
+        if result.model is not None and prep.split.encoding is not None:
+            write_model_dir(
+                Path(out_dir) / MODEL_DIR,
+                result.model,
+                prep.split.encoding,
+                prep.split.scale,
+                spec.name,
+                prep.split.name,
+                model_metrics(result.summary),
+            )
+            result.summary["model_dir"] = str(Path(out_dir) / MODEL_DIR)
         write_results(out_dir, result, run_config_dict(prep), extra)
         plot_coverage(cov, Path(out_dir) / "coverage.png")
     return result
+
+
+MODEL_DIR = "model"
+"""The model directory a run writes into its output directory (:mod:`hybridfl.inference`)."""
+
+_MODEL_METRICS = (
+    "accuracy",
+    "auc",
+    "server_accuracy",
+    "client_accuracy_mean",
+    "client_accuracy",
+    "relative_suboptimality",
+    "primal_objective",
+    "rounds",
+    "eval_samples",
+)
+
+
+def model_metrics(summary: dict) -> dict:
+    """The run's headline metrics a model's manifest records (those the summary has)."""
+    return {k: summary[k] for k in _MODEL_METRICS if k in summary}
 
 
 @dataclass

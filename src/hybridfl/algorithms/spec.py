@@ -189,6 +189,9 @@ class AlgorithmSpec:
         monitor: ``(split, partition, config, seed, clients, secrets) -> object``: the
             simulation's privileged evaluator (see :class:`EvalContext`).
         final_arrays: ``server -> {name: array}``: the final model, written to ``final.npz``.
+        export_model: ``(server, clients, config) -> ModelParts | None``: the model a run leaves
+            in its ``model/`` directory (:mod:`hybridfl.inference`); ``clients`` is client ID ->
+            client object where the caller holds them (the simulation), else ``None``.
         plots: ``(history, config, title) -> [fn(out_dir)]``: extra plot writers.
         baselines: ``(split, partition, config, seed) -> dict``: simulation only, comparison runs
             after the federation (HyFEM's centralised and stand-alone models).
@@ -214,6 +217,7 @@ class AlgorithmSpec:
     deal_secrets: Callable[[Any], dict[str, bytes] | None] | None = None
     monitor: Callable[..., Any] | None = None
     final_arrays: Callable[[Any], dict[str, np.ndarray]] | None = None
+    export_model: Callable[[Any, Mapping[str, Any] | None, Any], Any] | None = None
     plots: Callable[[list[dict], Any, str], list[Callable[[Path], None]]] | None = None
     baselines: Callable[..., dict] | None = None
     run: Callable[..., Any] | None = None

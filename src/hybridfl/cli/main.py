@@ -326,6 +326,9 @@ _deploy.register(app)
 from hybridfl.cli import federation as _federation  # noqa: E402  (federation init, client prepare)
 
 _federation.register(app)
+from hybridfl.cli import predict as _predict  # noqa: E402  (predict, export-table)
+
+_predict.register(app)
 
 
 def main() -> None:

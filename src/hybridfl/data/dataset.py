@@ -22,7 +22,8 @@ Clients that hold the same rows then hold them once.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -312,10 +313,21 @@ class HybridDataset:
 
 @dataclass
 class DatasetSplit:
-    """A train and a test :class:`HybridDataset` with the same blocks and classes."""
+    """A train and a test :class:`HybridDataset` with the same blocks and classes.
+
+    Attributes:
+        train, test: the two parts.
+        encoding: how raw table columns become the blocks (a
+            :class:`~hybridfl.data.encoding.Encoding`; ``None``: not known, e.g. a split built
+            in code), kept so that a trained model can score new rows.
+        scale: block -> ``(mean, std)`` ``(width,)`` float32 arrays of the standardisation
+            :func:`standardize` applied (empty: none).
+    """
 
     train: HybridDataset
     test: HybridDataset
+    encoding: Any = None
+    scale: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.train.block_shapes != self.test.block_shapes:
@@ -358,9 +370,12 @@ def split_train_test(ds: HybridDataset, test_fraction: float, seed: int) -> Data
 def standardize(split: DatasetSplit, blocks: Mapping[str, bool] | None = None) -> DatasetSplit:
     """Scale each vector block to zero mean and unit variance with train statistics.
 
-    Image blocks (``ndim > 2``) are left as they are. Constant columns keep scale 1.
+    Image blocks (``ndim > 2``) are left as they are. Constant columns keep scale 1. The
+    statistics (float32) are recorded in the result's ``scale`` (block -> ``(mean, std)``), so a
+    model can standardise new rows the same way (:mod:`hybridfl.data.encoding`).
     """
     tr, te = {}, {}
+    scale = dict(split.scale)
     for b, x in split.train.blocks.items():
         if (blocks is not None and not blocks.get(b, False)) or x.ndim > 2:
             tr[b], te[b] = x, split.test.blocks[b]
@@ -370,7 +385,10 @@ def standardize(split: DatasetSplit, blocks: Mapping[str, bool] | None = None) -
         sd[sd < 1e-12] = 1.0
         tr[b] = (x - mu) / sd
         te[b] = (split.test.blocks[b] - mu) / sd
+        scale[b] = (np.asarray(mu, dtype=np.float32), np.asarray(sd, dtype=np.float32))
     return DatasetSplit(
         HybridDataset(split.train.name, split.train.ids, split.train.y, tr, split.train.classes),
         HybridDataset(split.test.name, split.test.ids, split.test.y, te, split.test.classes),
+        encoding=split.encoding,
+        scale=scale,
     )

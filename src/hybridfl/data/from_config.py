@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from hybridfl.config import DatasetConfig, PartitionConfig
 from hybridfl.data.dataset import DatasetSplit, HybridDataset, standardize
+from hybridfl.data.encoding import default_encoding
 from hybridfl.data.loaders import load_adult, load_credit_default, load_digits, load_mfeat, load_mnist, load_table
 from hybridfl.data.partition import Partition
 from hybridfl.data.partitioners import (
@@ -60,6 +61,8 @@ def load_dataset(cfg: DatasetConfig, seed: int = 0) -> DatasetSplit:
             sep=cfg.sep,
             categorical=cfg.categorical,
         )
+    if split.encoding is None:  # a dataset without named columns: <block>_<j>
+        split.encoding = default_encoding(split.train.block_shapes, split.train.classes)
     return standardize(split) if cfg.standardize else split
 
 

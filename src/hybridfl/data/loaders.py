@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridfl.data.dataset import DatasetSplit, HybridDataset, split_train_test
+from hybridfl.data.encoding import BlockEncoding, ColumnSpec, Encoding
 from hybridfl.errors import DataError
 
 # ---------------------------------------------------------------------------------------- images
@@ -237,6 +238,43 @@ def _read_table(
         raise DataError(f"cannot parse table file {str(path)!r}: {str(e).splitlines()[0]}.") from None
 
 
+def table_columns(
+    frame, blocks: Mapping[str, Sequence[str]], categorical: Sequence[str] | None = None, where: str = "table"
+) -> dict[str, list[ColumnSpec]]:
+    """How each block's columns are encoded (:class:`~hybridfl.data.encoding.ColumnSpec`): numeric
+    columns as they are; columns listed in ``categorical`` and non-numeric columns one-hot over
+    their sorted distinct values (stripped strings). A column that is at least 90 % numbers with a
+    few other values is an error, not a categorical column.
+
+    Raises:
+        DataError: a mostly numeric column with a non-numeric value (names column and row).
+    """
+    import pandas as pd
+
+    cat = set(categorical or [])
+    out: dict[str, list[ColumnSpec]] = {}
+    for b, bcols in blocks.items():
+        specs = []
+        for c in bcols:
+            col = frame[c]
+            if c not in cat and not pd.api.types.is_numeric_dtype(col):
+                # a mostly numeric column with a few stray strings is a broken numeric column,
+                # not a categorical one: say where instead of one-hot encoding it silently
+                parsed = pd.to_numeric(col, errors="coerce")
+                if parsed.notna().mean() >= 0.9:
+                    row = int(np.flatnonzero(parsed.isna().to_numpy())[0])
+                    raise DataError(
+                        f"column {c!r} of {where} has a non-numeric value {str(col.iloc[row])!r} at row {row + 1}."
+                    )
+            if c in cat or not pd.api.types.is_numeric_dtype(col):
+                levels = sorted(col.dropna().astype(str).str.strip().unique())
+                specs.append(ColumnSpec(name=str(c), kind="categorical", levels=[str(v) for v in levels] or [""]))
+            else:
+                specs.append(ColumnSpec(name=str(c)))
+        out[b] = specs
+    return out
+
+
 def table_to_dataset(
     frame,
     *,
@@ -247,6 +285,7 @@ def table_to_dataset(
     classes: Sequence[str] | None = None,
     categorical: Sequence[str] | None = None,
     where: str = "table",
+    columns: Mapping[str, list[ColumnSpec]] | None = None,
 ) -> HybridDataset:
     """Turn a pandas DataFrame into a :class:`HybridDataset`.
 
@@ -262,12 +301,12 @@ def table_to_dataset(
         id_column: column with the sample IDs (row numbers ``<name>-<row>`` if ``None``).
         categorical: columns to one-hot encode even if numeric.
         where: file name used in error messages.
+        columns: the blocks' column encodings from :func:`table_columns` (computed if ``None``).
 
     Raises:
         DataError: missing label/ID/block column, a column in two blocks, NaN or empty cells,
             a non-numeric value in a numeric column, a label not in ``classes``.
     """
-    import pandas as pd
 
     cols = list(frame.columns)
     if len(frame) == 0:
@@ -303,37 +342,49 @@ def table_to_dataset(
     if unknown:
         raise DataError(f"label {unknown[0]!r} in {where} is not one of the classes {class_list}.")
     y = np.array([lookup[v] for v in lab], dtype=np.int64)
-    cat = set(categorical or [])
+    specs = columns if columns is not None else table_columns(frame, blocks, categorical, where)
     out: dict[str, np.ndarray] = {}
-    for b, bcols in blocks.items():
+    for b, bspecs in specs.items():
         parts = []
-        for c in bcols:
-            col = frame[c]
+        for spec in bspecs:
+            col = frame[spec.name]
             if col.isna().any():
                 row = int(np.flatnonzero(col.isna().to_numpy())[0])
-                raise DataError(f"column {c!r} of {where} has a missing (NaN) value at row {row + 1}.")
-            if c not in cat and not pd.api.types.is_numeric_dtype(col):
-                # a mostly numeric column with a few stray strings is a broken numeric column,
-                # not a categorical one: say where instead of one-hot encoding it silently
-                parsed = pd.to_numeric(col, errors="coerce")
-                if parsed.notna().mean() >= 0.9:
-                    row = int(np.flatnonzero(parsed.isna().to_numpy())[0])
-                    raise DataError(
-                        f"column {c!r} of {where} has a non-numeric value {str(col.iloc[row])!r} at row {row + 1}."
-                    )
-            if c in cat or not pd.api.types.is_numeric_dtype(col):
+                raise DataError(f"column {spec.name!r} of {where} has a missing (NaN) value at row {row + 1}.")
+            if spec.kind == "categorical":
                 values = col.astype(str).str.strip()
-                levels = sorted(values.unique())
-                parts.append(np.stack([(values == v).to_numpy(np.float32) for v in levels], axis=1))
+                parts.append(np.stack([(values == v).to_numpy(np.float32) for v in spec.levels or []], axis=1))
             else:
                 v = col.to_numpy(np.float64)
                 if not np.isfinite(v).all():
                     row = int(np.flatnonzero(~np.isfinite(v))[0])
-                    raise DataError(f"column {c!r} of {where} has an infinite value at row {row + 1}.")
+                    raise DataError(f"column {spec.name!r} of {where} has an infinite value at row {row + 1}.")
                 parts.append(v[:, None])
         out[b] = np.concatenate(parts, axis=1)
     ids = frame[id_column].astype(str).to_numpy() if id_column else np.array([f"{name}-{i}" for i in range(len(frame))])
     return HybridDataset(name, ids, y, out, class_list)
+
+
+def table_encoding(
+    frame,
+    ds: HybridDataset,
+    blocks: Mapping[str, Sequence[str]],
+    categorical: Sequence[str] | None,
+    id_column: str | None,
+    label_column: str,
+    sep: str | None = None,
+    where: str = "table",
+) -> Encoding:
+    """The :class:`~hybridfl.data.encoding.Encoding` of a table that :func:`table_to_dataset`
+    turned into ``ds`` (the same column encodings, its classes, ID and label columns)."""
+    specs = table_columns(frame, blocks, categorical, where)
+    return Encoding(
+        id_column=id_column,
+        label_column=label_column,
+        classes=list(ds.classes),
+        blocks=[BlockEncoding(name=b, shape=list(ds.block_shapes[b]), columns=specs[b]) for b in blocks],
+        sep=sep,
+    )
 
 
 def load_table(
@@ -372,7 +423,9 @@ def load_table(
             categorical=categorical,
             where=path.name,
         )
-        return split_train_test(ds, test_fraction, seed)
+        split = split_train_test(ds, test_fraction, seed)
+        split.encoding = table_encoding(frame, ds, blocks, categorical, id_column, label_column, sep, path.name)
+        return split
     test_path = Path(test_path).expanduser()
     test = _read_table(test_path, sep)
     both = pd.concat([frame, test], ignore_index=True)
@@ -386,7 +439,8 @@ def load_table(
         where=f"{path.name} + {test_path.name}",
     )
     n = len(frame)
-    return DatasetSplit(ds.take(np.arange(n)), ds.take(np.arange(n, len(both))))
+    enc = table_encoding(both, ds, blocks, categorical, id_column, label_column, sep, path.name)
+    return DatasetSplit(ds.take(np.arange(n)), ds.take(np.arange(n, len(both))), encoding=enc)
 
 
 CREDIT_BLOCKS = {
@@ -467,7 +521,8 @@ def load_adult(data_dir: str | Path) -> DatasetSplit:
         classes=["<=50K", ">50K"],
         where="adult.data + adult.test",
     )
-    return DatasetSplit(ds.take(np.arange(n)), ds.take(np.arange(n, len(both))))
+    enc = table_encoding(both, ds, ADULT_BLOCKS, None, "id", "income", None, "adult.data")
+    return DatasetSplit(ds.take(np.arange(n)), ds.take(np.arange(n, len(both))), encoding=enc)
 
 
 DATASETS = ("digits", "mnist", "mfeat", "credit_default", "adult", "table")

@@ -75,6 +75,8 @@ class RunResult:
         plots: extra plot writers ``fn(out_dir)`` an algorithm adds to the standard ones.
         final: the final model as arrays (the spec's ``final_arrays``, e.g. HyFDCA's ``w``), or
             ``None`` for algorithms without them; written to ``final.npz``.
+        model: the model the run leaves (the spec's ``export_model``, a
+            :class:`~hybridfl.inference.modeldir.ModelParts`), or ``None``; written to ``model/``.
     """
 
     summary: dict[str, Any]
@@ -82,6 +84,7 @@ class RunResult:
     comm: CommLog | None = None
     plots: list[Callable[[Path], None]] = field(default_factory=list)
     final: dict[str, np.ndarray] | None = None
+    model: Any = None
 
 
 def _unlabelled(ds: HybridDataset) -> HybridDataset:
@@ -413,7 +416,8 @@ def _run(
     title = f"{spec.name} on {name}"
     plots = spec.plots(history, config, title) if spec.plots is not None else []
     final = spec.final_arrays(fed.server) if spec.final_arrays is not None else None
-    return RunResult(summary, history, fed.transport.log, plots, final)
+    model = spec.export_model(fed.server, fed.clients, config) if spec.export_model is not None else None
+    return RunResult(summary, history, fed.transport.log, plots, final, model)
 
 
 class _StopRequest:

@@ -48,6 +48,7 @@ from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
 from hybridfl.errors import PartitionError, UnknownBlockError
+from hybridfl.inference.modeldir import ModelParts
 from hybridfl.models.device import resolve_device
 from hybridfl.models.towers import SlicedTower, TowerFactory, bottom_factory, make_top
 from hybridfl.runtime.loop import finite
@@ -259,6 +260,40 @@ def plots(history: list[dict], cfg: FedBCDConfig, title: str) -> list[Callable[[
     return [lambda out: plot_auc(history, cfg, Path(out) / "auc.png", title)]
 
 
+def export_model(server: FedBCDCoordinator, clients: Any, cfg: FedBCDConfig) -> ModelParts | None:
+    """Every party's bottom model (``party.<i>.*``, ``i`` its place in the top model's order) and
+    the label party's top model (``top.*``: the bias ``b`` of FedBCD eq. (2), or the whole last
+    layer with ``top: concat``), as :class:`~hybridfl.inference.predictors.FedBCDModel` loads
+    them. Needs the parties themselves (``None`` without them: over Flower each party keeps its own)."""
+    if not clients:
+        return None
+    label = next((p for p in clients.values() if p.is_label), None)
+    if label is None:
+        return None
+    tensors: dict[str, np.ndarray] = {}
+    parties = []
+    for i, pid in enumerate(label.party_order):
+        party = clients[pid]
+        tensors.update(
+            {
+                f"party.{i}.{k}": v.detach().cpu().numpy().astype(np.float32)
+                for k, v in party.bottom.state_dict().items()
+            }
+        )
+        parties.append({"id": pid, "blocks": list(party.blocks)})
+    tensors.update({f"top.{k}": v.detach().cpu().numpy().astype(np.float32) for k, v in label.top.state_dict().items()})
+    meta = {
+        "model": cfg.model,
+        "top": cfg.top,
+        "representation_dim": int(cfg.representation_dim),
+        "hidden": int(cfg.hidden),
+        "channels": int(cfg.channels),
+        "parties": parties,
+        "label_party": label.party_id,
+    }
+    return ModelParts("fedbcd", tensors, meta)
+
+
 SPEC = register(
     AlgorithmSpec(
         name="fedbcd",
@@ -273,6 +308,7 @@ SPEC = register(
         eval_due=eval_due,
         plots=plots,
         clients_hold_test=True,
+        export_model=export_model,
     )
 )
 """FedBCD's recipe, registered as ``fedbcd``."""
@@ -285,7 +321,8 @@ def fedbcd_spec(tower_factory: TowerFactory | None = None, top_factory: TopFacto
     if tower_factory is None and top_factory is None:
         return SPEC
     build = functools.partial(build_client, tower_factory=tower_factory, top_factory=top_factory)
-    return dataclasses.replace(SPEC, build_client=build)
+    # plug-in models cannot be rebuilt from a model directory: no export
+    return dataclasses.replace(SPEC, build_client=build, export_model=None)
 
 
 def run_fedbcd(

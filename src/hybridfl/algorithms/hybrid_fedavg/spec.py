@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from hybridfl.algorithms.convex.model import linear_parts
 from hybridfl.algorithms.convex.monitor import (
     Monitor,
     check_inputs,
@@ -30,6 +31,7 @@ from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, ReportContext, 
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
+from hybridfl.inference.modeldir import ModelParts
 
 WHERE = "hybrid FedAvg"
 
@@ -123,6 +125,20 @@ def final_arrays(server: HybridFedAvgServer) -> dict[str, np.ndarray]:
     return {"w": server.w.copy()}
 
 
+def export_model(server: HybridFedAvgServer, clients: Mapping[str, Any] | None, cfg: HybridFedAvgConfig) -> ModelParts:
+    """The final ``w`` cut per block, with the loss and the positive classes
+    (:func:`~hybridfl.algorithms.convex.model.linear_parts`)."""
+    arrays = final_arrays(server)
+    intercept = arrays.get("intercept")
+    return linear_parts(
+        arrays["w"],
+        server.offsets,
+        cfg.loss,
+        cfg.positive_classes,
+        None if intercept is None else float(np.sum(intercept)),
+    )
+
+
 SPEC = register(
     AlgorithmSpec(
         "hybrid_fedavg",
@@ -135,6 +151,7 @@ SPEC = register(
         report=report,
         monitor=monitor,
         final_arrays=final_arrays,
+        export_model=export_model,
         plots=plots,
     )
 )

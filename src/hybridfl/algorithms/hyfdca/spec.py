@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from hybridfl.algorithms.convex.model import linear_parts
 from hybridfl.algorithms.convex.monitor import (
     Monitor,
     check_inputs,
@@ -45,6 +46,7 @@ from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
 from hybridfl.errors import DataError, EncryptionPolicyError
+from hybridfl.inference.modeldir import ModelParts
 from hybridfl.privacy.he import CKKSBackend, HEBackend, KeyDealer, PlainBackend, check_key_size, server_backend
 from hybridfl.privacy.keys import backend_from_secret
 
@@ -270,6 +272,20 @@ def final_arrays(server: HyFDCAServer) -> dict[str, np.ndarray]:
     return {"w": np.asarray(server.output_w())}
 
 
+def export_model(server: HyFDCAServer, clients: Mapping[str, Any] | None, cfg: HyFDCAConfig) -> ModelParts:
+    """The output model ``w`` (:func:`final_arrays`) cut per block, with the loss and the positive
+    classes (:func:`~hybridfl.algorithms.convex.model.linear_parts`)."""
+    arrays = final_arrays(server)
+    intercept = arrays.get("intercept")
+    return linear_parts(
+        arrays["w"],
+        server.offsets,
+        cfg.loss,
+        cfg.positive_classes,
+        None if intercept is None else float(np.sum(intercept)),
+    )
+
+
 def privacy_warning(cfg: HyFDCAConfig) -> str | None:
     """The one line a run prints when a privacy setting is off (``None`` when none is): what the
     server reads (docs/privacy.md, HyFDCA); ``alignment: plaintext`` is always mentioned."""
@@ -330,6 +346,7 @@ SPEC = register(
         deal_secrets=deal_secrets,
         monitor=monitor,
         final_arrays=final_arrays,
+        export_model=export_model,
         plots=plots,
         privacy_warning=privacy_warning,
     )

@@ -46,6 +46,7 @@ from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
 from hybridfl.errors import PartitionError
+from hybridfl.inference.modeldir import ModelParts
 from hybridfl.matching.classifier import uncovered_share
 from hybridfl.models.device import resolve_device
 from hybridfl.models.hybrid import EVAL_BATCH, ExtractorFactory, default_extractor
@@ -328,6 +329,31 @@ def baselines(
     }
 
 
+def _state(module: Any, prefix: str) -> dict[str, np.ndarray]:
+    """``prefix + name`` -> float32 array of every entry of ``module``'s state dict (on the host)."""
+    return {prefix + k: v.detach().cpu().numpy().astype(np.float32) for k, v in module.state_dict().items()}
+
+
+def export_model(server: HyFEMServer, clients: Any, cfg: HyFEMConfig) -> ModelParts:
+    """The server model (``global.*``: every block's extractor and the server classifier, HyFEM
+    eq. (2)-(3)) and the model each client receives (``client.<i>.*``: ``P_m Theta_0`` and
+    ``Pi_m w_0``, its blocks; :meth:`HyFEMServer.client_model`), as
+    :class:`~hybridfl.inference.predictors.HyFEMModel` loads them."""
+    tensors = _state(server.model, "global.")
+    entries = []
+    for i, cid in enumerate(server.clients):
+        m = server.client_model(cid)
+        tensors.update(_state(m, f"client.{i}."))
+        entries.append({"id": cid, "blocks": list(m.blocks), "hidden": int(m.classifier.fc1.out_features)})
+    meta = {
+        "extractor": cfg.extractor,
+        "extractor_dim": int(cfg.extractor_dim),
+        "hidden": int(server.model.classifier.fc1.out_features),
+        "clients": entries,
+    }
+    return ModelParts("hyfem", tensors, meta)
+
+
 SPEC = register(
     AlgorithmSpec(
         "hyfem",
@@ -340,6 +366,7 @@ SPEC = register(
         report=report,
         monitor=monitor,
         baselines=baselines,
+        export_model=export_model,
     )
 )
 """HyFEM's registered recipe (default extractors of ``config.extractor``)."""
@@ -356,4 +383,5 @@ def spec_with(extractor_factory: ExtractorFactory | None) -> AlgorithmSpec:
         build_server=functools.partial(build_server, extractor_factory=extractor_factory),
         build_client=functools.partial(build_client, extractor_factory=extractor_factory),
         baselines=functools.partial(baselines, extractor_factory=extractor_factory),
+        export_model=None,  # plug-in extractors cannot be rebuilt from a model directory
     )

@@ -1,0 +1,127 @@
+"""Use a trained model from the command line (registered in :mod:`hybridfl.cli.main`).
+
+- ``hybridfl predict --model RUN/model --table new.csv --out predictions.csv``: score every row
+  of one table (CSV or Parquet, encoded as in training) and write the ID column, ``prediction``
+  (the data's own class labels) and the score (``p(<class>)`` per class, or a linear model's
+  ``margin``); with the label column present, the accuracy (and AUC) is printed too. HyFEM:
+  global inference when the table holds every block, local inference (the server model cut to
+  the blocks present) otherwise, or ``--client ID`` for that client's own model.
+- ``hybridfl export-table --config run.yaml --part test --out test.csv``: the rows of a run
+  config's dataset as a raw table in the columns a model of it reads (built-in datasets get
+  ``<block>_<j>`` columns), e.g. to score a run's own test rows with ``predict``.
+
+Every problem is one sentence and exit status 2, and nothing is written: the whole table is
+checked and scored before the output file is written (atomically; an existing one is refused
+unless ``--force``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+console = Console(soft_wrap=True)
+
+
+def read_table(path: Path, sep: str | None):
+    """A CSV (delimiter ``sep``, default ``,``) or Parquet table as a DataFrame.
+
+    Raises:
+        DataError: a missing, empty or unparsable file.
+    """
+    from hybridfl.data.loaders import _read_table
+
+    return _read_table(Path(path).expanduser(), sep)
+
+
+def _check_out(out: Path, force: bool) -> None:
+    from hybridfl.errors import HybridFLError
+
+    if out.is_symlink() or (out.exists() and not out.is_file()):
+        raise HybridFLError(f"output path {str(out)!r} exists and is not a regular file: choose another --out.")
+    if out.exists() and not force:
+        raise HybridFLError(f"output file {str(out)!r} already exists: choose another --out, or --force to replace it.")
+
+
+def predict_frame(model, frame, where: str, client: str | None = None):
+    """The predictions table of ``frame``: the ID column (or ``row``), ``prediction`` and the
+    score columns (:meth:`~hybridfl.inference.predictors.HybridFLModel.score_columns`), and the
+    metrics when ``frame`` has labels (``{}`` otherwise).
+
+    Raises:
+        HybridFLError: any input problem (one sentence).
+    """
+    import pandas as pd
+
+    from hybridfl.data.encoding import frame_labels
+    from hybridfl.inference.predictors import ids_of
+
+    kw = {"client": client} if client is not None else {}
+    if client is not None and model.kind != "hyfem":
+        from hybridfl.errors import HybridFLError
+
+        raise HybridFLError(f"--client picks one of HyFEM's client models; this is a {model.kind} model.")
+    id_name, ids = ids_of(frame, model, where)
+    pred = model.predict(frame, where=where, **kw)
+    cols = {id_name: ids, "prediction": pred, **model.score_columns(frame, where=where, **kw)}
+    y = frame_labels(frame, model.encoding, where)
+    metrics = model.evaluate(frame, where=where, **kw) if y is not None and (y >= 0).any() else {}
+    return pd.DataFrame(cols), metrics
+
+
+def register(app: typer.Typer) -> None:
+    """Add ``predict`` and ``export-table`` to the ``hybridfl`` app."""
+
+    @app.command("predict")
+    def predict_cmd(
+        model: Path = typer.Option(..., "--model", "-m", help="A run's model directory (RUN/model)."),
+        table: Path = typer.Option(..., "--table", "-t", help="The rows to score: CSV or Parquet."),
+        out: Path = typer.Option(..., "--out", "-o", help="Predictions file to write (CSV)."),
+        sep: Optional[str] = typer.Option(
+            None, "--sep", help="CSV delimiter of --table (default: the model's, or ',')."
+        ),
+        client: Optional[str] = typer.Option(None, "--client", help="HyFEM: score with this client's own model."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
+    ) -> None:
+        """Score every row of one table with a trained model and write predictions.csv."""
+        from hybridfl.files import atomic_write
+        from hybridfl.inference import load_model
+
+        _check_out(out, force)
+        m = load_model(model)
+        frame = read_table(table, sep if sep is not None else m.encoding.sep)
+        preds, metrics = predict_frame(m, frame, table.name, client)
+        atomic_write(out, preds.to_csv(index=False))
+        console.print(f"{len(preds)} predictions written to {out}", markup=False, highlight=False)
+        if metrics:
+            parts = [f"{k} {v:.4f}" for k, v in metrics.items() if k != "n_labelled"]
+            console.print(
+                f"on the {metrics['n_labelled']} labelled rows: {', '.join(parts)}", markup=False, highlight=False
+            )
+
+    @app.command("export-table")
+    def export_table_cmd(
+        config: Optional[Path] = typer.Option(
+            None, "--config", "-c", help="Run config (its dataset section is read; default: the main job's)."
+        ),
+        out: Path = typer.Option(..., "--out", "-o", help="CSV file to write."),
+        part: str = typer.Option("test", "--part", help="test or train."),
+        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Override dataset.data_dir."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
+    ) -> None:
+        """Write a run config's train or test rows as a raw table (the columns a model of it reads)."""
+        from hybridfl.config import config_with_overrides
+        from hybridfl.data.export_table import raw_table
+        from hybridfl.errors import HybridFLError
+        from hybridfl.files import atomic_write
+
+        if part not in ("test", "train"):
+            raise HybridFLError(f"--part must be test or train, not {part!r}.")
+        _check_out(out, force)
+        cfg = config_with_overrides(config, None, data_dir, None, None)
+        frame = raw_table(cfg.dataset, cfg.seed, part)
+        atomic_write(out, frame.to_csv(index=False))
+        console.print(f"{len(frame)} {part} rows written to {out}", markup=False, highlight=False)

@@ -1,0 +1,350 @@
+"""The model a run leaves (``model/``), ``load_model`` and ``hybridfl predict``.
+
+A run of each of the four federated algorithms on a small table (string IDs, a categorical
+column, standardised numeric columns) writes ``model/``; scoring the run's own test rows with the
+loaded model gives exactly the test accuracy in the run's results; HyFEM's local inference with a
+client's model gives that client's reported accuracy. Then bad input to ``load_model`` and
+``predict``: one sentence each, nothing written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from hybridfl.config import parse_config
+from hybridfl.data.export_table import raw_table
+from hybridfl.errors import HybridFLError
+from hybridfl.experiment import execute, prepare
+from hybridfl.inference import ModelError, load_model
+from tests.cli_helpers import cli
+
+
+def run_cli(*args: str, capsys=None) -> tuple[int, str, str]:
+    """``hybridfl <args>`` in this process (``main()``: errors become one sentence and exit 2):
+    ``(exit code, stdout, stderr)``."""
+    import sys
+
+    from hybridfl.cli.main import main
+
+    argv, sys.argv = sys.argv, ["hybridfl", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = int(e.code or 0)
+    finally:
+        sys.argv = argv
+    out = capsys.readouterr() if capsys is not None else None
+    return code, out.out if out else "", out.err if out else ""
+
+
+ALGORITHMS = {
+    "hyfem": {"name": "hyfem", "rounds": 3, "local_steps": 5, "extractor_dim": 8, "hidden": 16},
+    "hyfdca": {
+        "name": "hyfdca",
+        "rounds": 3,
+        "lambda": 0.01,
+        "encryption": "none",
+        "alignment": "plaintext",
+        "reference_sdca_epochs": 3,
+    },
+    "hybrid_fedavg": {"name": "hybrid_fedavg", "rounds": 3, "lambda": 0.01, "reference_sdca_epochs": 3},
+    "fedbcd": {"name": "fedbcd", "rounds": 5, "model": "linear", "batch_size": 32},
+}
+PARTITIONS = {
+    "hyfem": {"kind": "grid", "sample_groups": 2, "block_groups": 2},
+    "hyfdca": {"kind": "grid", "sample_groups": 2, "block_groups": 2},
+    "hybrid_fedavg": {"kind": "grid", "sample_groups": 2, "block_groups": 2},
+    "fedbcd": {"kind": "vertical", "parties": [["profile"], ["money"]], "label_party": 1},
+}
+
+
+def make_table(path: Path, n: int = 400, seed: int = 0) -> Path:
+    """A customers table: string IDs, a categorical ``region``, numeric columns, labels yes/no."""
+    rng = np.random.default_rng(seed)
+    region = rng.choice(["north", "south", "east"], n)
+    age = rng.integers(18, 80, n)
+    income = rng.normal(50, 15, n).round(2)
+    debt = rng.normal(10, 5, n).round(2)
+    calls = rng.poisson(3, n)
+    z = 0.05 * (age - 45) + 0.08 * (debt - 10) - 0.04 * (income - 50) + (region == "east") * 0.8
+    label = np.where(z + rng.normal(0, 0.7, n) > 0.3, "yes", "no")
+    pd.DataFrame(
+        {
+            "customer": [f"c{i:05d}" for i in range(n)],
+            "region": region,
+            "age": age,
+            "income": income,
+            "debt": debt,
+            "calls": calls,
+            "label": label,
+        }
+    ).to_csv(path, index=False)
+    return path
+
+
+def config(table: Path, algo: str) -> dict:
+    return {
+        "seed": 0,
+        "dataset": {
+            "name": "table",
+            "path": str(table),
+            "label_column": "label",
+            "id_column": "customer",
+            "blocks": {"profile": ["region", "age", "calls"], "money": ["income", "debt"]},
+            "categorical": ["region"],
+        },
+        "partition": PARTITIONS[algo],
+        "algorithm": ALGORITHMS[algo],
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, tuple[Path, dict, object]]:
+    """Every algorithm run once on the same table: name -> (run dir, results.json, config)."""
+    base = tmp_path_factory.mktemp("runs")
+    table = make_table(base / "customers.csv")
+    out = {}
+    for algo in ALGORITHMS:
+        cfg = parse_config(config(table, algo))
+        d = base / algo
+        execute(prepare(cfg, d), d)
+        out[algo] = (d, json.loads((d / "results.json").read_text()), cfg)
+    return out
+
+
+@pytest.mark.parametrize("algo", list(ALGORITHMS))
+def test_predict_on_the_runs_test_rows_gives_its_test_accuracy(runs, algo):
+    d, res, cfg = runs[algo]
+    model = load_model(d / "model")
+    test = raw_table(cfg.dataset, cfg.seed, "test")
+    reported = res["server_accuracy"] if algo == "hyfem" else res["accuracy"]
+    assert model.evaluate(test)["accuracy"] == reported
+    pred = model.predict(test)
+    assert set(pred) <= {"yes", "no"} and len(pred) == len(test)
+    assert list(model.classes_) == ["no", "yes"]
+    assert model.blocks == ["profile", "money"]
+    if algo != "hyfdca" and algo != "hybrid_fedavg":  # hinge: margins only
+        p = model.predict_proba(test)
+        assert p.shape == (len(test), 2) and np.allclose(p.sum(axis=1), 1.0)
+        assert np.array_equal(model.classes_[p.argmax(axis=1)], pred) or algo == "fedbcd"
+
+
+def test_manifest_records_the_encoding_and_hashes(runs):
+    d, _, _ = runs["hyfdca"]
+    m = json.loads((d / "model" / "model.json").read_text())
+    assert m["format"] == "hybridfl-model" and m["kind"] == "linear" and m["algorithm"] == "hyfdca"
+    region = m["encoding"]["blocks"][0]["columns"][0]
+    assert region == {"name": "region", "kind": "categorical", "levels": ["east", "north", "south"]}
+    assert m["encoding"]["blocks"][0]["scale"] == "float32" and m["encoding"]["id_column"] == "customer"
+    data = (d / "model" / "model.safetensors").read_bytes()
+    assert m["files"]["model.safetensors"] == hashlib.sha256(data).hexdigest()
+
+
+def test_hyfem_local_inference_equals_each_clients_reported_accuracy(runs):
+    d, res, cfg = runs["hyfem"]
+    model = load_model(d / "model")
+    test = raw_table(cfg.dataset, cfg.seed, "test")
+    for cid, acc in res["client_accuracy"].items():
+        assert model.evaluate(test, client=cid)["accuracy"] == acc
+    # local inference with one block only: the server model cut to it, scores every row
+    only = test.drop(columns=["income", "debt"])
+    assert len(model.predict(only)) == len(test)
+    cut = model.model_for(["profile"])
+    assert cut.blocks == ("profile",) and cut.classifier.fc1.in_features == model.extractor_dim
+
+
+def test_dict_of_raw_blocks_equals_the_table(runs):
+    d, _, cfg = runs["hybrid_fedavg"]
+    model = load_model(d / "model")
+    test = raw_table(cfg.dataset, cfg.seed, "test")
+    onehot = np.stack([(test["region"] == lv).to_numpy(float) for lv in ("east", "north", "south")], axis=1)
+    blocks = {
+        "profile": np.column_stack([onehot, test["age"], test["calls"]]),
+        "money": test[["income", "debt"]].to_numpy(),
+    }
+    assert np.array_equal(model.decision_function(blocks), model.decision_function(test))
+
+
+def test_predict_cli_writes_predictions_and_metrics(runs, tmp_path, capsys):
+    d, res, cfg = runs["hyfdca"]
+    test = raw_table(cfg.dataset, cfg.seed, "test")
+    t = tmp_path / "new.csv"
+    test.drop(columns=["label"]).to_csv(t, index=False)
+    out = tmp_path / "pred.csv"
+    p = subprocess.run(
+        cli("predict", "--model", str(d / "model"), "--table", str(t), "--out", str(out)),
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 0, p.stderr
+    pred = pd.read_csv(out)
+    assert list(pred.columns) == ["customer", "prediction", "margin"]
+    assert list(pred["customer"]) == list(test["customer"])
+    assert np.allclose(pred["margin"], load_model(d / "model").decision_function(test))
+    # an existing output is never overwritten without --force
+    before = out.read_bytes()
+    p = subprocess.run(
+        cli("predict", "--model", str(d / "model"), "--table", str(t), "--out", str(out)),
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2 and "already exists" in p.stderr and "Traceback" not in p.stderr
+    assert out.read_bytes() == before
+
+
+# ---------------------------------------------------------------------------------------- bad input
+
+
+def _copy(src: Path, tmp: Path) -> Path:
+    dst = tmp / "model"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def _rehash(d: Path) -> None:
+    m = json.loads((d / "model.json").read_text())
+    m["files"]["model.safetensors"] = hashlib.sha256((d / "model.safetensors").read_bytes()).hexdigest()
+    (d / "model.json").write_text(json.dumps(m))
+
+
+def _edit_manifest(d: Path, fn) -> None:
+    m = json.loads((d / "model.json").read_text())
+    fn(m)
+    (d / "model.json").write_text(json.dumps(m))
+
+
+def _retensor(d: Path, fn) -> None:
+    from safetensors.numpy import load, save
+
+    t = load((d / "model.safetensors").read_bytes())
+    fn(t)
+    (d / "model.safetensors").write_bytes(save(t))
+    _rehash(d)
+
+
+BAD_MODELS = {
+    "missing directory": (lambda d: shutil.rmtree(d), "does not exist"),
+    "a file, not a directory": (lambda d: (shutil.rmtree(d), d.write_text("x")), "not a directory"),
+    "no manifest": (lambda d: (d / "model.json").unlink(), "holds no model.json"),
+    "manifest not JSON": (lambda d: (d / "model.json").write_text("{not json"), "not valid JSON"),
+    "foreign format": (
+        lambda d: _edit_manifest(d, lambda m: m.update(format="other")),
+        "not a hybridfl model manifest",
+    ),
+    "future version": (lambda d: _edit_manifest(d, lambda m: m.update(format_version=99)), "not supported"),
+    "unknown kind": (lambda d: _edit_manifest(d, lambda m: m.update(kind="tree")), "invalid: kind"),
+    "weights changed": (
+        lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-8] + b"\0" * 8),
+        "does not match the SHA-256",
+    ),
+    "weights missing": (lambda d: (d / "model.safetensors").unlink(), "is missing"),
+    "a foreign file beside": (lambda d: (d / "extra.pkl").write_bytes(b"\x80"), "does not list"),
+    "not safetensors": (lambda d: ((d / "model.safetensors").write_bytes(b"garbage"), _rehash(d)), "not a readable"),
+    "a tensor of another shape": (
+        lambda d: _retensor(d, lambda t: t.update({"w.money": np.zeros(5)})),
+        "has shape (5,), expected (2,)",
+    ),
+    "an extra tensor": (lambda d: _retensor(d, lambda t: t.update({"evil": np.zeros(1)})), "does not use"),
+    "a NaN weight": (lambda d: _retensor(d, lambda t: t.update({"intercept": np.array([np.nan])})), "not finite"),
+    "a bad loss": (lambda d: _edit_manifest(d, lambda m: m["model"].update(loss="cubic")), "loss 'cubic'"),
+    "a column in two blocks": (
+        lambda d: _edit_manifest(d, lambda m: m["encoding"]["blocks"][1]["columns"][0].update(name="age")),
+        "in both block",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_MODELS))
+def test_load_model_refuses_with_one_sentence(runs, tmp_path, case):
+    d = _copy(runs["hybrid_fedavg"][0] / "model", tmp_path)
+    spoil, words = BAD_MODELS[case]
+    spoil(d)
+    with pytest.raises(ModelError) as e:
+        load_model(d)
+    msg = str(e.value)
+    assert words in msg and msg.count("\n") == 0 and msg.endswith("."), msg
+
+
+def _table(runs) -> pd.DataFrame:
+    d, _, cfg = runs["hyfem"]
+    return raw_table(cfg.dataset, cfg.seed, "test")
+
+
+BAD_TABLES = {
+    "a missing column": (
+        lambda t: t.drop(columns=["debt"]),
+        "holds column 'income' of block 'money' but not its column 'debt'",
+    ),
+    "an unseen category": (lambda t: t.assign(region=["west"] + list(t["region"][1:])), "never saw"),
+    "a NaN": (lambda t: t.assign(age=[np.nan] + list(t["age"][1:])), "missing (NaN) value at row 1"),
+    "a non-number": (lambda t: t.assign(income=["lots"] + list(t["income"][1:])), "non-number at row 1"),
+    "an infinite value": (lambda t: t.assign(debt=[np.inf] + list(t["debt"][1:])), "infinite value at row 1"),
+    "no block at all": (lambda t: t[["customer", "label"]], "holds none of the model's blocks"),
+    "repeated IDs": (lambda t: t.assign(customer=["same"] * len(t)), "repeats an ID"),
+    "an unknown label": (lambda t: t.assign(label=["maybe"] + list(t["label"][1:])), "not one of the model's"),
+    "no rows": (lambda t: t.iloc[:0], "no data rows"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_TABLES))
+def test_predict_refuses_bad_tables_with_one_sentence(runs, case):
+    from hybridfl.cli.predict import predict_frame
+
+    model = load_model(runs["hybrid_fedavg"][0] / "model")
+    spoil, words = BAD_TABLES[case]
+    with pytest.raises(HybridFLError) as e:
+        predict_frame(model, spoil(_table(runs)), "new.csv")
+    msg = str(e.value)
+    assert words in msg and msg.count("\n") == 0, msg
+    assert "c000" not in msg  # no ID or other value of the table in the message
+
+
+def test_predict_api_refusals(runs):
+    lin = load_model(runs["hyfdca"][0] / "model")
+    hyfem = load_model(runs["hyfem"][0] / "model")
+    t = _table(runs)
+    with pytest.raises(ModelError, match="margins, not probabilities"):
+        lin.predict_proba(t)
+    with pytest.raises(ModelError, match="has no client 'nobody'"):
+        hyfem.predict(t, client="nobody")
+    with pytest.raises(ModelError, match="per-sample shape"):
+        lin.predict({"profile": np.zeros((3, 2)), "money": np.zeros((3, 2))})
+    with pytest.raises(ModelError, match="does not have"):
+        lin.predict({"other": np.zeros((3, 2))})
+    with pytest.raises(ModelError, match="NaN or infinite"):
+        lin.predict({"profile": np.full((3, 5), np.nan), "money": np.zeros((3, 2))})
+    with pytest.raises(ModelError, match="DataFrame or a dict"):
+        lin.predict([[1, 2, 3]])
+
+
+def test_predict_cli_bad_input_is_one_sentence_and_writes_nothing(runs, tmp_path, capsys):
+    d = runs["hyfem"][0]
+    t = tmp_path / "bad.csv"
+    _table(runs).drop(columns=["debt"]).to_csv(t, index=False)
+    out = tmp_path / "p.csv"
+    for args in (
+        ("--model", str(d / "model"), "--table", str(t), "--out", str(out)),
+        ("--model", str(tmp_path / "none"), "--table", str(t), "--out", str(out)),
+        ("--model", str(d / "model"), "--table", str(tmp_path / "absent.csv"), "--out", str(out)),
+        ("--model", str(runs["hyfdca"][0] / "model"), "--table", str(t), "--out", str(out), "--client", "client-0"),
+    ):
+        code, _, err = run_cli("predict", *args, capsys=capsys)
+        assert code == 2, err
+        assert "Traceback" not in err and err.strip().startswith("error:") and err.strip().count("\n") == 0, err
+        assert not out.exists()
+    # one real process: the installed entry point gives the same one sentence and exit status 2
+    p = subprocess.run(
+        cli("predict", "--model", str(tmp_path / "none"), "--table", str(t), "--out", str(out)),
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2 and "does not exist" in p.stderr and "Traceback" not in p.stderr
