@@ -348,3 +348,30 @@ def test_predict_cli_bad_input_is_one_sentence_and_writes_nothing(runs, tmp_path
         text=True,
     )
     assert p.returncode == 2 and "does not exist" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_federation_run_leaves_the_servers_model_scoring_like_its_w(tmp_path, monkeypatch, capsys):
+    """``run --federation`` (three organisations' CSVs, hybrid FedAvg): ``<out>/model`` scores
+    the customers' rows with the schema's encoding exactly as the run's ``w`` does; FedBCD's
+    parties keep their models, so the server writes none for it (not tested here)."""
+    from hybridfl.algorithms.convex.problem import features
+    from hybridfl.data.loaders import table_to_dataset
+    from tests.test_run_federation import BLOCKS, _csv, _federation
+
+    schema, dirs, rows = _federation(tmp_path, monkeypatch, capsys, "{name: hybrid_fedavg, rounds: 3, loss: logistic}")
+    out = tmp_path / "run"
+    args = ["run", "--federation", str(schema), "--clients", ",".join(map(str, dirs)), "--out", str(out), "-q"]
+    code, _, err = run_cli(*args, capsys=capsys)
+    assert code == 0, err
+    model = load_model(out / "model")
+    every = [c for b in BLOCKS.values() for c in b] + ["default"]
+    table = tmp_path / "all.csv"
+    table.write_text(_csv(sorted(rows), every, rows))
+    frame = pd.read_csv(table)
+    w = np.load(out / "final.npz")["w"]
+    levels = {"region": ["east west", "north", "south"]}
+    ds = table_to_dataset(
+        frame, name="x", label_column="default", blocks=BLOCKS, id_column="ID", categorical=list(levels)
+    )
+    np.testing.assert_allclose(model.decision_function(frame), features(ds) @ w, rtol=1e-6, atol=1e-9)
+    assert model.predict_proba(frame).shape == (len(frame), 2)

@@ -7,6 +7,7 @@ the partition against the data, the algorithm settings and the output directory.
 
 from __future__ import annotations
 
+import shutil
 import time
 import warnings
 from dataclasses import dataclass
@@ -96,7 +97,6 @@ def execute(
         HybridFLError: ``resume`` for an algorithm without checkpoints, or without ``out_dir``.
     """
     import json
-    import shutil
 
     from hybridfl.algorithms.spec import get_algorithm
     from hybridfl.files import atomic_write
@@ -316,5 +316,31 @@ def execute_federation(
         )
     result.summary["seconds_total"] = time.perf_counter() - t0
     if out_dir is not None:
+        _write_federation_model(prep, result, Path(out_dir))
         write_results(out_dir, result, prep.config_dict(), {"federation": {"schema": str(prep.schema)}})
     return result
+
+
+SERVER_MODEL_KINDS = ("linear", "hyfem")
+"""The model kinds whose whole model the server holds in the protocol (HyFDCA's and hybrid
+FedAvg's ``w``, HyFEM's server model and the models it sends each client); a FedBCD party's
+bottom model never leaves its party, so a federation writes no server-side FedBCD model."""
+
+
+def _write_federation_model(prep: PreparedFederation, result: RunResult, out: Path) -> None:
+    """``<out>/model/`` of a federation run: the server's model with the schema's encoding and
+    federated standardisation (float64, as ``client prepare`` applied it)."""
+    from hybridfl.data.encoding import schema_encoding
+    from hybridfl.data.federation import load_schema
+    from hybridfl.inference.modeldir import write_model_dir
+
+    shutil.rmtree(out / MODEL_DIR, ignore_errors=True)
+    if result.model is None or result.model.kind not in SERVER_MODEL_KINDS:
+        return
+    schema = load_schema(prep.schema)
+    enc, scale = schema_encoding(schema)
+    name = prep.algorithm.name  # type: ignore[attr-defined]
+    write_model_dir(
+        out / MODEL_DIR, result.model, enc, scale, name, schema.name, model_metrics(result.summary), "float64"
+    )
+    result.summary["model_dir"] = str(out / MODEL_DIR)

@@ -335,3 +335,30 @@ def frame_labels(frame: Any, encoding: Encoding, where: str = "table") -> np.nda
             raise DataError(f"label at row {i + 1} of {where} is not one of the model's {len(lookup)} classes.")
         y[i] = lookup[v]
     return y
+
+
+def schema_encoding(schema: Any) -> tuple[Encoding, dict[str, tuple[np.ndarray, np.ndarray]]]:
+    """The encoding of a federation schema (:class:`~hybridfl.data.federation.FederationSchema`)
+    and its standardisation: ``(encoding, block -> (mean, std))`` as ``client prepare`` applies
+    them (float64, a std below ``1e-12`` counts as 1)."""
+    blocks, scale = [], {}
+    for b, cols in schema.blocks.items():
+        specs = [
+            ColumnSpec(name=c, kind="categorical", levels=list(schema.categorical[c]))
+            if c in schema.categorical
+            else ColumnSpec(name=c)
+            for c in cols
+        ]
+        blocks.append(BlockEncoding(name=b, shape=[sum(s.width for s in specs)], columns=specs))
+        if b in schema.means:
+            sd = np.asarray(schema.stds[b], dtype=np.float64)
+            sd[sd < 1e-12] = 1.0
+            scale[b] = (np.asarray(schema.means[b], dtype=np.float64), sd)
+    enc = Encoding(
+        id_column=schema.id_column,
+        label_column=schema.label_column,
+        classes=list(schema.classes),
+        blocks=blocks,
+        sep=getattr(schema, "sep", None),
+    )
+    return enc, scale
