@@ -65,11 +65,11 @@ def predict_frame(model, frame, where: str, client: str | None = None):
 
         raise HybridFLError(f"--client picks one of HyFEM's client models; this is a {model.kind} model.")
     id_name, ids = ids_of(frame, model, where)
-    pred = model.predict(frame, where=where, **kw)
-    cols = {id_name: ids, "prediction": pred, **model.score_columns(frame, where=where, **kw)}
     y = frame_labels(frame, model.encoding, where)
-    metrics = model.evaluate(frame, where=where, **kw) if y is not None and (y >= 0).any() else {}
-    return pd.DataFrame(cols), metrics
+    raw = model.raw(frame, where, **kw)  # one pass of the model; the rest is derived from it
+    pred, scores = model.outputs(raw)
+    metrics = model.metrics(raw, y) if y is not None and (y >= 0).any() else {}
+    return pd.DataFrame({id_name: ids, "prediction": pred, **scores}), metrics
 
 
 def register(app: typer.Typer) -> None:

@@ -122,23 +122,38 @@ class HybridFLModel:
         return out
 
     # ------------------------------------------------------------------ scoring
-    def predict(self, X: Any, **kw: Any) -> np.ndarray:
-        """``(n,)`` predicted class labels (strings of :attr:`classes_`)."""
-        raise NotImplementedError
-
     def predict_proba(self, X: Any, **kw: Any) -> np.ndarray:
         """``(n, C)`` class probabilities (columns in :attr:`classes_` order)."""
         raise NotImplementedError
 
-    def score_columns(self, X: Any, where: str = "input", **kw: Any) -> dict[str, np.ndarray]:
-        """The score columns ``predict`` writes beside ``prediction``: per-class probabilities
+    def raw(self, X: Any, where: str = "input", **kw: Any) -> np.ndarray:
+        """The model's raw output on ``X``: margins ``(n,)`` (linear), logits ``(n, C)`` (HyFEM) or
+        ``(n,)`` (FedBCD); everything else is derived from it (:meth:`outputs`)."""
+        raise NotImplementedError
+
+    def outputs(self, raw: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """``(predictions (n,), score columns)`` from :meth:`raw`: per-class probabilities
         ``p(<class>)``, or the ``margin`` of a linear model without probabilities."""
-        p = self.predict_proba(X, where=where, **kw)
-        return {f"p({c})": p[:, i] for i, c in enumerate(self.classes_)}
+        raise NotImplementedError
+
+    def metrics(self, raw: np.ndarray, y: np.ndarray) -> dict[str, float]:
+        """``accuracy`` (as the training run counts it), ``auc`` where defined, ``n_labelled``
+        over the rows with ``y >= 0`` (class indices; ``-1``: no label)."""
+        lab = y >= 0
+        pred, _ = self.outputs(raw[lab])
+        return {"accuracy": float(np.mean(pred == self.classes_[y[lab]])), "n_labelled": int(lab.sum())}
+
+    def predict(self, X: Any, where: str = "input", **kw: Any) -> np.ndarray:
+        """``(n,)`` predicted labels (strings of :attr:`classes_`; a linear model over a grouping
+        of classes gives ``a|b|...``)."""
+        return self.outputs(self.raw(X, where, **kw))[0]
+
+    def score_columns(self, X: Any, where: str = "input", **kw: Any) -> dict[str, np.ndarray]:
+        """The score columns ``predict`` writes beside ``prediction`` (:meth:`outputs`)."""
+        return self.outputs(self.raw(X, where, **kw))[1]
 
     def evaluate(self, frame: Any, where: str = "table", **kw: Any) -> dict[str, float]:
-        """Metrics on a labelled table: ``accuracy`` (and ``auc`` with two classes and a score)
-        over the rows with a label, ``n_labelled``.
+        """Metrics on a labelled table (:meth:`metrics`).
 
         Raises:
             DataError: the table has no label column, or no labelled row.
@@ -148,13 +163,9 @@ class HybridFLModel:
         y = frame_labels(frame, self.encoding, where)
         if y is None:
             raise DataError(f"{where} has no label column {self.encoding.label_column!r} to evaluate against.")
-        pred = self.predict(frame, where=where, **kw)
-        lab = y >= 0
-        if not lab.any():
+        if not (y >= 0).any():
             raise DataError(f"{where} has no labelled row to evaluate against.")
-        truth = self.classes_[y[lab]]
-        out = {"accuracy": float(np.mean(pred[lab] == truth)), "n_labelled": int(lab.sum())}
-        return out
+        return self.metrics(self.raw(frame, where, **kw), y)
 
 
 class LinearModel(HybridFLModel):
@@ -208,11 +219,9 @@ class LinearModel(HybridFLModel):
         w = np.concatenate([self.w[b] for b in self.blocks])
         return np.asarray(features(ds) @ w).ravel() + self.intercept
 
-    def predict(self, X: Any, where: str = "input") -> np.ndarray:
-        """``(n,)`` labels: the positive side's label where ``z >= 0``, else the negative side's
-        (a class name for binary data; ``a|b|...`` for a grouping of several classes)."""
-        z = self.decision_function(X, where)
-        return np.where(z >= 0, self.labels[1], self.labels[0]).astype(object)
+    def raw(self, X: Any, where: str = "input", **kw: Any) -> np.ndarray:
+        """The margins (:meth:`decision_function`)."""
+        return self.decision_function(X, where)
 
     def predict_proba(self, X: Any, where: str = "input") -> np.ndarray:
         """``(n, 2)``: ``P(-1), P(+1)`` of the logistic loss, ``P(+1) = 1 / (1 + exp(-z))``.
@@ -226,27 +235,23 @@ class LinearModel(HybridFLModel):
         p = 0.5 * (1.0 + np.tanh(0.5 * z))  # the logistic function, without overflow
         return np.stack([1.0 - p, p], axis=1)
 
-    def score_columns(self, X: Any, where: str = "input", **kw: Any) -> dict[str, np.ndarray]:
-        """``p(<+1 label>)`` for the logistic loss, else ``margin``."""
-        z = self.decision_function(X, where)
+    def outputs(self, raw: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Labels: the positive side's where ``z >= 0``, else the negative side's (a class name for
+        binary data; ``a|b|...`` for a grouping of several classes); ``p(<+1 label>)`` for the
+        logistic loss, else ``margin``."""
+        z = np.asarray(raw)
+        pred = np.where(z >= 0, self.labels[1], self.labels[0]).astype(object)
         if self.loss == "logistic":
-            return {f"p({self.labels[1]})": 0.5 * (1.0 + np.tanh(0.5 * z))}
-        return {"margin": z}
+            return pred, {f"p({self.labels[1]})": 0.5 * (1.0 + np.tanh(0.5 * z))}
+        return pred, {"margin": z}
 
-    def evaluate(self, frame: Any, where: str = "table", **kw: Any) -> dict[str, float]:
+    def metrics(self, raw: np.ndarray, y: np.ndarray) -> dict[str, float]:
         """``accuracy`` of the ``+1``/``-1`` grouping over the labelled rows (as the training run
         counts it), ``auc`` of the margin, ``n_labelled``."""
         from sklearn.metrics import roc_auc_score
 
-        from hybridfl.errors import DataError
-
-        y = frame_labels(frame, self.encoding, where)
-        if y is None:
-            raise DataError(f"{where} has no label column {self.encoding.label_column!r} to evaluate against.")
         lab = y >= 0
-        if not lab.any():
-            raise DataError(f"{where} has no labelled row to evaluate against.")
-        z = self.decision_function(frame, where)[lab]
+        z = np.asarray(raw)[lab]
         t = np.where(np.isin(y[lab], self.positive), 1.0, -1.0)
         out = {"accuracy": float(np.mean(np.where(z >= 0, 1.0, -1.0) == t)), "n_labelled": int(lab.sum())}
         if len(np.unique(t)) == 2:
@@ -376,16 +381,24 @@ class HyFEMModel(HybridFLModel):
                 out.append(model({b: torch.from_numpy(xs[b][s : s + EVAL_BATCH]) for b in model.blocks}).numpy())
         return np.concatenate(out).astype(np.float64)
 
-    def predict(self, X: Any, where: str = "input", client: str | None = None) -> np.ndarray:
-        """``(n,)`` class labels: the argmax of the logits (global or local inference, see
-        :meth:`model_for`; ``client``: that client's model on its blocks)."""
-        return self.classes_[self._logits(X, where, client).argmax(axis=1)]
+    def raw(self, X: Any, where: str = "input", client: str | None = None) -> np.ndarray:
+        """``(n, C)`` logits (global or local inference, see :meth:`model_for`; ``client``: that
+        client's model on its blocks)."""
+        return self._logits(X, where, client)
+
+    @staticmethod
+    def _softmax(z: np.ndarray) -> np.ndarray:
+        z = np.exp(z - z.max(axis=1, keepdims=True))
+        return z / z.sum(axis=1, keepdims=True)
+
+    def outputs(self, raw: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """The argmax class of the logits and ``p(<class>)`` (softmax) per class."""
+        p = self._softmax(raw)
+        return self.classes_[raw.argmax(axis=1)], {f"p({c})": p[:, i] for i, c in enumerate(self.classes_)}
 
     def predict_proba(self, X: Any, where: str = "input", client: str | None = None) -> np.ndarray:
         """``(n, C)`` softmax of the logits."""
-        z = self._logits(X, where, client)
-        z = np.exp(z - z.max(axis=1, keepdims=True))
-        return z / z.sum(axis=1, keepdims=True)
+        return self._softmax(self._logits(X, where, client))
 
 
 class FedBCDModel(HybridFLModel):
@@ -474,24 +487,29 @@ class FedBCDModel(HybridFLModel):
                 out.append(self.top(hs).numpy())
         return np.concatenate(out).astype(np.float64)
 
-    def predict(self, X: Any, where: str = "input") -> np.ndarray:
-        """``(n,)`` labels: class 1 where the logit is ``> 0`` (as the run's accuracy counts it)."""
-        return np.where(self.decision_function(X, where) > 0, self.classes_[1], self.classes_[0]).astype(object)
+    def raw(self, X: Any, where: str = "input", **kw: Any) -> np.ndarray:
+        """The logits (:meth:`decision_function`)."""
+        return self.decision_function(X, where)
+
+    def outputs(self, raw: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Class 1 where the logit is ``> 0`` (as the run's accuracy counts it); ``p(<class>)``."""
+        p = 0.5 * (1.0 + np.tanh(0.5 * raw))
+        pred = np.where(raw > 0, self.classes_[1], self.classes_[0]).astype(object)
+        return pred, {f"p({self.classes_[0]})": 1.0 - p, f"p({self.classes_[1]})": p}
 
     def predict_proba(self, X: Any, where: str = "input") -> np.ndarray:
         """``(n, 2)``: ``1 - p, p`` with ``p = sigmoid(logit)``."""
         p = 0.5 * (1.0 + np.tanh(0.5 * self.decision_function(X, where)))
         return np.stack([1.0 - p, p], axis=1)
 
-    def evaluate(self, frame: Any, where: str = "table", **kw: Any) -> dict[str, float]:
+    def metrics(self, raw: np.ndarray, y: np.ndarray) -> dict[str, float]:
         """``accuracy`` (logit > 0 is class 1) and ``auc`` of the logits over the labelled rows."""
         from sklearn.metrics import roc_auc_score
 
-        out = super().evaluate(frame, where)
-        y = frame_labels(frame, self.encoding, where)
-        lab = y >= 0  # type: ignore[operator]
-        if len(np.unique(y[lab])) == 2:  # type: ignore[index]
-            out["auc"] = float(roc_auc_score(y[lab], self.decision_function(frame, where)[lab]))  # type: ignore[index]
+        out = super().metrics(raw, y)
+        lab = y >= 0
+        if len(np.unique(y[lab])) == 2:
+            out["auc"] = float(roc_auc_score(y[lab], raw[lab]))
         return out
 
 
