@@ -189,7 +189,14 @@ def prepare_federation(
     """Check and load a federation of client directories prepared with ``hybridfl client prepare``
     (or written by ``export-clients``) against their schema, before anything runs or is written:
     the schema, every directory and its agreement with the schema (the checks of ``hybridfl
-    federation assemble``), the algorithm section and the output directory (as :func:`prepare`).
+    federation assemble``), the algorithm section, who holds labels (the algorithm's
+    :class:`~hybridfl.algorithms.spec.LabelRule`), the output directory (as :func:`prepare`), and
+    then every client and the server are built once as the run will build them, so what only
+    building finds (a missing or mismatched ``he_secret.key``, labels that are not binary for the
+    loss) also stops the run here, with nothing written.
+
+    Rows without a label are left out of training (:func:`~hybridfl.data.export.load_client_dir`);
+    each client holding some gets a line in ``warnings``.
 
     Raises:
         HybridFLError: any problem, in one sentence.
@@ -219,8 +226,18 @@ def prepare_federation(
     if out_dir is not None:
         _check_out_dir(Path(out_dir), resume, force)
     server_data, client_data = load_federation(schema_path, clients)
+    if spec.labels is not None:
+        spec.labels.check(server_data.layout)
+    from hybridfl.runtime.simulation import assemble_federation
+
+    assemble_federation(spec, server_data, client_data, algo, int(fs.seed))  # built and dropped: checks only
     dirs = [Path(cd.path).resolve() for cd in client_data]
-    notes = []
+    notes = [
+        f"client {cd.client_id!r} holds {cd.unlabelled} rows without a label: they are left out of training "
+        f"(it trains on its {cd.data.n_samples} labelled rows)."
+        for cd in client_data
+        if cd.unlabelled
+    ]
     privacy = spec.privacy_warning(algo) if spec.privacy_warning is not None else None
     if privacy:
         notes.append(privacy)

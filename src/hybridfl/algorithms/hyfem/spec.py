@@ -41,7 +41,15 @@ from hybridfl.algorithms.hyfem.baselines import (
 from hybridfl.algorithms.hyfem.client import HyFEMClient
 from hybridfl.algorithms.hyfem.config import HyFEMConfig
 from hybridfl.algorithms.hyfem.server import HyFEMServer
-from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, ReportContext, client_seed, register
+from hybridfl.algorithms.spec import (
+    AlgorithmSpec,
+    EvalContext,
+    LabelRule,
+    ReportContext,
+    client_seed,
+    no_labels_message,
+    register,
+)
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
@@ -53,10 +61,12 @@ from hybridfl.models.hybrid import EVAL_BATCH, ExtractorFactory, default_extract
 _ACC = "client_accuracy["
 
 
+LABELS = LabelRule("HyFEM", "every")
+"""Who must hold labels: every client (each trains its classifier on the rows it holds labels for)."""
+
+
 def _no_labels(client_id: str) -> PartitionError:
-    return PartitionError(
-        f"HyFEM needs labels at every client, but client {client_id!r} has none (use a hybrid or horizontal partition)."
-    )
+    return PartitionError(no_labels_message("HyFEM", client_id))
 
 
 def _factory(cfg: HyFEMConfig, extractor_factory: ExtractorFactory | None) -> ExtractorFactory:
@@ -336,6 +346,7 @@ SPEC = register(
         build_server=build_server,
         build_client=build_client,
         check=check,
+        labels=LABELS,
         evaluate=evaluate,
         report=report,
         monitor=monitor,
