@@ -206,6 +206,28 @@ def test_who_must_hold_labels_is_checked_before_anything_is_written(
     assert not out.exists()
 
 
+def test_deploy_local_and_the_flower_server_check_who_holds_labels(tmp_path, monkeypatch, capsys):
+    """The same rule before any Flower process starts (``deploy-local --federation``) and in the
+    ServerApp (``run_server``, from the assembled server directory) before any node is asked."""
+    from hybridfl.data.federation import assemble_server
+    from hybridfl.errors import PartitionError
+    from hybridfl.runtime.flower.node import run_server
+
+    schema = _init(tmp_path, monkeypatch, capsys, _config("{name: hyfdca, rounds: 1, encryption: none}"))
+    dirs = _tables(tmp_path, schema, monkeypatch, capsys, {"bank": True, "census": False, "shop": True})
+    out = tmp_path / "deploy"
+    code, _, err = run_cli(
+        monkeypatch, capsys, "deploy-local", "--federation", str(schema), "--clients", ",".join(map(str, dirs)),
+        "--out", str(out),
+    )  # fmt: skip
+    _one_error(code, err, "HyFDCA needs labels at every client", "'census'")
+    assert not out.exists()
+    infos = [(str(d / "client.json"), json.loads((d / "client.json").read_text())) for d in dirs]
+    server = assemble_server(schema, infos, tmp_path / "server")
+    with pytest.raises(PartitionError, match="HyFDCA needs labels at every client"):
+        run_server(None, server)  # no grid needed: refused before any message
+
+
 def test_fedbcd_trains_with_a_label_party_missing_some_labels(tmp_path, monkeypatch, capsys):
     """FedBCD: the bank is the label party with some empty label cells, the others hold no label
     column; the run trains (the unlabelled samples are not in the aligned set)."""
