@@ -372,6 +372,13 @@ def test_missing_values_error_by_default_and_impute_mean_after_stats(tmp_path, m
         "--stats", str(first[0] / "stats.json"), "--stats", str(first[1] / "stats.json"), "--out", str(std),
     )  # fmt: skip
     assert code == 0, err
+    from hybridfl.data.federation import combine_stats
+    from hybridfl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="no organisation observed feature 0 of block 'shop'"):
+        combine_stats(
+            load_schema(schema), [("a", {"blocks": {"shop": {"count": [0, 2], "sum": [0, 1], "sumsq": [0, 1]}}})]
+        )
     means = load_schema(std).means["shop"]  # spend over 1, 5, 3, 7; visits over 2, 4, 6, 8
     np.testing.assert_allclose(means, [4.0, 5.0])
     stdout = _prepare(monkeypatch, capsys, shop1, std, tmp_path / "second")

@@ -455,7 +455,8 @@ def combine_stats(schema: FederationSchema, stats: Sequence[tuple[str, Mapping[s
     means, stds = {}, {}
     for b, (n, s, sq) in total.items():
         if not (n > 0).all():
-            raise ConfigError(f"no organisation observed every feature of block {b!r}: its mean is unknown.")
+            j = int(np.flatnonzero(n <= 0)[0])
+            raise ConfigError(f"no organisation observed feature {j} of block {b!r} (every cell missing): no mean.")
         mean = s / n
         std = np.sqrt(np.maximum(sq / n - mean * mean, 0.0))
         means[b] = mean.tolist()
