@@ -404,6 +404,18 @@ def test_a_missing_he_key_stops_run_federation_before_anything_is_written(tmp_pa
     assert list(out.iterdir()) == []
 
 
+def test_a_federation_refused_at_setup_leaves_no_config_json(tmp_path, monkeypatch, capsys):
+    """What only the setup exchanges find (FedBCD parties without a common sample, found by PSI)
+    stops the run with one sentence and takes back the config.json it had written."""
+    algo = "{name: fedbcd, rounds: 1, model: linear}"
+    schema = _init(tmp_path, monkeypatch, capsys, _config(algo))
+    labels = {"bank": True, "census": False, "shop": False}
+    dirs = _tables(tmp_path, schema, monkeypatch, capsys, labels, drop={"bank": {f"c{i:03d}" for i in range(24, 72)}})
+    out = tmp_path / "run"
+    _one_error(*_run(monkeypatch, capsys, schema, dirs, out)[::2], "share no sample ID")
+    assert not out.exists()
+
+
 # ------------------------------------------------------------------------------------ README walkthrough
 
 

@@ -266,8 +266,13 @@ def execute_federation(
     and, with ``out_dir``, write ``config.json`` first, a checkpoint as :func:`execute` does, and
     the results files.
 
+    :func:`prepare_federation` has checked the input; what only the setup exchanges can find (e.g.
+    FedBCD parties without a common sample) stops a new run before its first checkpoint, and then
+    the ``config.json`` written here is removed again (and ``out_dir`` if this call created it), so
+    the next attempt needs no ``--force``.
+
     Raises:
-        HybridFLError: ``resume`` without ``out_dir``.
+        HybridFLError: ``resume`` without ``out_dir``; any input problem found while training.
     """
     import json
 
@@ -279,23 +284,31 @@ def execute_federation(
     checkpoint = Path(out_dir) / CHECKPOINT_NAME if out_dir is not None else None
     if resume and checkpoint is None:
         raise HybridFLError("--resume needs the run's output directory.")
+    created = out_dir is not None and not Path(out_dir).exists()
     if out_dir is not None and not resume:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         for name in ("results.json", CHECKPOINT_NAME):
             (Path(out_dir) / name).unlink(missing_ok=True)
         atomic_write(Path(out_dir) / "config.json", json.dumps(prep.config_dict(), indent=2))
     t0 = time.perf_counter()
-    with single_threaded():
-        result = simulate_directories(
-            prep.server_data,
-            prep.client_data,
-            prep.algorithm,
-            prep.seed,
-            progress,
-            checkpoint=checkpoint,
-            resume=resume,
-            checkpoint_policy=checkpoint_policy if checkpoint_policy is not None else CheckpointPolicy(),
-        )
+    try:
+        with single_threaded():
+            result = simulate_directories(
+                prep.server_data,
+                prep.client_data,
+                prep.algorithm,
+                prep.seed,
+                progress,
+                checkpoint=checkpoint,
+                resume=resume,
+                checkpoint_policy=checkpoint_policy if checkpoint_policy is not None else CheckpointPolicy(),
+            )
+    except HybridFLError:
+        if out_dir is not None and not resume and checkpoint is not None and not checkpoint.exists():
+            (Path(out_dir) / "config.json").unlink(missing_ok=True)  # a run that never started leaves nothing
+            if created and not any(Path(out_dir).iterdir()):
+                Path(out_dir).rmdir()
+        raise
     result.summary["seconds_total"] = time.perf_counter() - t0
     if out_dir is not None:
         write_results(out_dir, result, prep.config_dict(), {"federation": {"schema": str(prep.schema)}})
