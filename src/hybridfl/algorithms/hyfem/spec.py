@@ -61,10 +61,6 @@ from hybridfl.models.hybrid import EVAL_BATCH, ExtractorFactory, default_extract
 _ACC = "client_accuracy["
 
 
-LABELS = LabelRule("HyFEM", "every")
-"""Who must hold labels: every client (each trains its classifier on the rows it holds labels for)."""
-
-
 def _no_labels(client_id: str) -> PartitionError:
     return PartitionError(no_labels_message("HyFEM", client_id))
 
@@ -346,7 +342,7 @@ SPEC = register(
         build_server=build_server,
         build_client=build_client,
         check=check,
-        labels=LABELS,
+        labels=LabelRule("HyFEM", "every"),  # each client trains its classifier on its labelled rows
         evaluate=evaluate,
         report=report,
         monitor=monitor,
