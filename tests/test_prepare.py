@@ -421,9 +421,9 @@ def test_prepared_clients_assemble_into_a_federation_that_trains(tmp_path, schem
     assert len(hist) == 4  # the schema's rounds
     assert np.isfinite(srv.w).all() and np.abs(srv.w).sum() > 0  # it trained on the prepared data
     assert (server.stat().st_mode & 0o777) == 0o700
-    # refused: the same index twice; a client.json of another schema
+    # refused: the same index twice; a client.json of another schema (other data: one more level)
     other = tmp_path / "other.toml"
-    other.write_text(schema_file.read_text().replace("seed = 7", "seed = 8"))
+    other.write_text(schema_file.read_text().replace('"east west"]', '"east west", "west"]'))
     for extra, needle in (
         (["--client", str(dirs[0] / "client.json"), "--client", str(dirs[0] / "client.json")], "same client name"),
     ):

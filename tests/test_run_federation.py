@@ -220,7 +220,7 @@ def test_bad_federation_input_is_one_sentence_and_writes_nothing(tmp_path, monke
         "twice": ["--federation", str(schema), "--clients", cl + "," + str(dirs[0])],
         "other_schema": ["--federation", str(tmp_path / "other.toml"), "--clients", cl],
     }[case]
-    (tmp_path / "other.toml").write_text(schema.read_text().replace("seed = 5", "seed = 6"))
+    (tmp_path / "other.toml").write_text(schema.read_text().replace('label_column = "default"', 'label_column = "y"'))
     code, stdout, err = run_cli(monkeypatch, capsys, "run", *args, "--out", str(out), "-q")
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code == 2 and needle in err and len(lines) == 1, err

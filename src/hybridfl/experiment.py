@@ -224,7 +224,14 @@ def prepare_federation(
     """Check and load a federation of client directories prepared with ``hybridfl client prepare``
     (or written by ``export-clients``) against their schema, before anything runs or is written:
     the schema, every directory and its agreement with the schema (the checks of ``hybridfl
-    federation assemble``), the algorithm section and the output directory (as :func:`prepare`).
+    federation assemble``), the algorithm section, who holds labels (the algorithm's
+    :class:`~hybridfl.algorithms.spec.LabelRule`), the output directory (as :func:`prepare`), and
+    then every client and the server are built once as the run will build them, so what only
+    building finds (a missing or mismatched ``he_secret.key``, labels that are not binary for the
+    loss) also stops the run here, with nothing written.
+
+    Rows without a label are left out of training (:func:`~hybridfl.data.export.load_client_dir`);
+    each client holding some gets a line in ``warnings``.
 
     Raises:
         HybridFLError: any problem, in one sentence.
@@ -254,8 +261,18 @@ def prepare_federation(
     if out_dir is not None:
         _check_out_dir(Path(out_dir), resume, force)
     server_data, client_data = load_federation(schema_path, clients)
+    if spec.labels is not None:
+        spec.labels.check(server_data.layout)
+    from hybridfl.runtime.simulation import assemble_federation
+
+    assemble_federation(spec, server_data, client_data, algo, int(fs.seed))  # built and dropped: checks only
     dirs = [Path(cd.path).resolve() for cd in client_data]
-    notes = []
+    notes = [
+        f"client {cd.client_id!r} holds {cd.unlabelled} rows without a label: they are left out of training "
+        f"(it trains on its {cd.data.n_samples} labelled rows)."
+        for cd in client_data
+        if cd.unlabelled
+    ]
     privacy = spec.privacy_warning(algo) if spec.privacy_warning is not None else None
     if privacy:
         notes.append(privacy)
@@ -284,8 +301,13 @@ def execute_federation(
     and, with ``out_dir``, write ``config.json`` first, a checkpoint as :func:`execute` does, and
     the results files.
 
+    :func:`prepare_federation` has checked the input; what only the setup exchanges can find (e.g.
+    FedBCD parties without a common sample) stops a new run before its first checkpoint, and then
+    the ``config.json`` written here is removed again (and ``out_dir`` if this call created it), so
+    the next attempt needs no ``--force``.
+
     Raises:
-        HybridFLError: ``resume`` without ``out_dir``.
+        HybridFLError: ``resume`` without ``out_dir``; any input problem found while training.
     """
     import json
 
@@ -297,23 +319,31 @@ def execute_federation(
     checkpoint = Path(out_dir) / CHECKPOINT_NAME if out_dir is not None else None
     if resume and checkpoint is None:
         raise HybridFLError("--resume needs the run's output directory.")
+    created = out_dir is not None and not Path(out_dir).exists()
     if out_dir is not None and not resume:
         Path(out_dir).mkdir(parents=True, exist_ok=True)
         for name in ("results.json", CHECKPOINT_NAME):
             (Path(out_dir) / name).unlink(missing_ok=True)
         atomic_write(Path(out_dir) / "config.json", json.dumps(prep.config_dict(), indent=2))
     t0 = time.perf_counter()
-    with single_threaded():
-        result = simulate_directories(
-            prep.server_data,
-            prep.client_data,
-            prep.algorithm,
-            prep.seed,
-            progress,
-            checkpoint=checkpoint,
-            resume=resume,
-            checkpoint_policy=checkpoint_policy if checkpoint_policy is not None else CheckpointPolicy(),
-        )
+    try:
+        with single_threaded():
+            result = simulate_directories(
+                prep.server_data,
+                prep.client_data,
+                prep.algorithm,
+                prep.seed,
+                progress,
+                checkpoint=checkpoint,
+                resume=resume,
+                checkpoint_policy=checkpoint_policy if checkpoint_policy is not None else CheckpointPolicy(),
+            )
+    except HybridFLError:
+        if out_dir is not None and not resume and checkpoint is not None and not checkpoint.exists():
+            (Path(out_dir) / "config.json").unlink(missing_ok=True)  # a run that never started leaves nothing
+            if created and not any(Path(out_dir).iterdir()):
+                Path(out_dir).rmdir()
+        raise
     result.summary["seconds_total"] = time.perf_counter() - t0
     if out_dir is not None:
         _write_federation_model(prep, result, Path(out_dir))

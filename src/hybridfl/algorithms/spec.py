@@ -42,6 +42,53 @@ LayoutEntry = tuple[str, list[str], bool]
 """The public structure of one client: ``(client_id, block names, has_labels)``, partition order."""
 
 
+def no_labels_message(title: str, client_id: str) -> str:
+    """The one sentence for a client without labels in an algorithm that needs labels at every client."""
+    return (
+        f"{title} needs labels at every client (each trains on the rows it holds labels for), but client "
+        f"{client_id!r} holds none; FedBCD trains with labels at one party only."
+    )
+
+
+@dataclass(frozen=True)
+class LabelRule:
+    """Who must hold labels, as an algorithm states it (:attr:`AlgorithmSpec.labels`), checked on the
+    public layout before any training (``run --federation``, the Flower ServerApp; the simulation's
+    ``check`` does the same on the partition).
+
+    Every algorithm trains a client holding labels on its labelled rows only (a row with an empty
+    label cell stays in the client directory but is left out: :func:`~hybridfl.data.export.load_client_dir`).
+
+    Attributes:
+        title: the algorithm as its messages name it (``"HyFDCA"``).
+        holders: ``"every"``: every client holds labels (HyFEM, HyFDCA, hybrid FedAvg); ``"one"``:
+            exactly one client does, the label party (FedBCD).
+    """
+
+    title: str
+    holders: str = "every"
+
+    def check(self, layout: Sequence[Sequence[Any]]) -> None:
+        """Raise unless the layout ``[(client_id, blocks, has_labels)]`` has labels where this rule says.
+
+        Raises:
+            PartitionError: a client without labels (``every``), or not exactly one label party (``one``).
+        """
+        from hybridfl.errors import PartitionError
+
+        holding = [str(c) for c, _, lab in layout if lab]
+        if self.holders == "every":
+            missing = [str(c) for c, _, lab in layout if not lab]
+            if missing:
+                raise PartitionError(no_labels_message(self.title, missing[0]))
+        elif len(holding) != 1:
+            who = f"clients {', '.join(repr(c) for c in holding)} hold labels" if holding else "no client holds labels"
+            raise PartitionError(
+                f"{self.title} needs exactly one label party, but {who}: prepare only the label party's table with "
+                "the label column (HyFEM, HyFDCA and hybrid FedAvg train with labels at every client)."
+            )
+
+
 class ClientSteps(Protocol):
     """Client-side steps of an algorithm."""
 
@@ -201,6 +248,8 @@ class AlgorithmSpec:
             (``ClientData.test``; the export writes them), for evaluations that need every party.
         privacy_warning: ``config -> str | None``: one line saying what the server learns under
             these settings when a privacy setting is off (printed before training; docs/privacy.md).
+        labels: who must hold labels (:class:`LabelRule`), checked on the public layout before
+            any training of a federation of client directories; ``None``: not checked there.
     """
 
     name: str
@@ -223,6 +272,7 @@ class AlgorithmSpec:
     run: Callable[..., Any] | None = None
     clients_hold_test: bool = False
     privacy_warning: Callable[[Any], str | None] | None = None
+    labels: LabelRule | None = None
 
     @property
     def federated(self) -> bool:

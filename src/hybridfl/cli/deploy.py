@@ -176,7 +176,8 @@ def deploy_local_cmd(
         dirs.sort(key=lambda d: order.index(d.name))
     else:
         from hybridfl.cli.federation import split_client_dirs
-        from hybridfl.data.federation import load_federation, write_server_dir
+        from hybridfl.data.federation import write_server_dir
+        from hybridfl.experiment import prepare_federation
 
         if seed is not None:
             raise ConfigError("--seed is the federation schema's with --federation (it seeds every organisation).")
@@ -185,11 +186,14 @@ def deploy_local_cmd(
             raise ConfigError("--federation needs the client directories: --clients DIR,DIR,...")
         if (out / "server").exists():
             raise ConfigError(f"{str(out / 'server')!r} exists: deploy into a new --out directory.")
-        # every directory checked before anything starts; the server directory is the one
-        # `federation assemble` would write from the clients' public client.json
-        server, client_data = load_federation(federation, given)
-        dirs = [Path(c.path) for c in client_data]
-        server_dir = write_server_dir(server.meta, out / "server")
+        # every check of `run --federation` before anything starts (directories against the schema,
+        # who holds labels, every client and the server built once: HE keys); the server directory
+        # is the one `federation assemble` would write from the clients' public client.json
+        prep = prepare_federation(federation, given, None, rounds)
+        for w in prep.warnings:
+            console.print(f"[yellow]warning:[/] {w}")
+        dirs = [Path(c.path) for c in prep.client_data]
+        server_dir = write_server_dir(prep.server_data.meta, out / "server")
     if insecure:
         console.print("[yellow]--insecure: no TLS and no SuperNode authentication; for local experiments only[/]")
     (out / "flower").mkdir(parents=True, exist_ok=True)

@@ -1,8 +1,9 @@
 """Commands for organisations that each bring their own table (registered in :mod:`hybridfl.cli.main`).
 
 - ``hybridfl federation init --config run.yaml --out federation.toml``: the federation schema
-  (blocks and their columns, categorical levels, label column and classes, ID column, seed and
-  algorithm) from a run config's ``dataset:`` section of kind ``table``; no data is read;
+  (blocks and their columns, categorical levels, label column and classes, ID column, CSV
+  delimiter, missing-value policy, seed and algorithm) from a run config's ``dataset:`` section of
+  kind ``table``; no data is read;
 - ``hybridfl client prepare --table customers.csv --schema federation.toml --out client-dir/``:
   one organisation's own table -> a client directory in the layout ``hybridfl export-clients``
   writes (checked against the schema; nothing is written on an error);
@@ -119,19 +120,39 @@ def client_prepare_cmd(
     index: int = typer.Option(
         0, "--index", min=0, help="The client's position in the federation (seeds it); distinct per organisation."
     ),
+    sep: Optional[str] = typer.Option(None, "--sep", help="The CSV delimiter (default: the schema's sep)."),
 ) -> None:
     """Check the organisation's own table against the schema and write its client directory."""
     from hybridfl.data.prepare import STATS_FILE, prepare_client
 
     r = prepare_client(
-        table, schema, out, id_column=id_column, label_column=label_column, client_id=client_id, index=index
+        table, schema, out, id_column=id_column, label_column=label_column, client_id=client_id, index=index, sep=sep
     )
+    labels = "no"
+    if r.has_labels:
+        labels = "yes" if r.n_labelled == r.n_samples else f"{r.n_labelled} of {r.n_samples} rows"
     console.print(
-        f"{r.path}  (client {r.client_id}: {r.n_samples} samples, blocks {', '.join(r.blocks)}, "
-        f"labels {'yes' if r.has_labels else 'no'})",
+        f"{r.path}  (client {r.client_id}: {r.n_samples} samples, blocks {', '.join(r.blocks)}, labels {labels})",
         markup=False,
         highlight=False,
     )
+    if r.has_labels and r.n_labelled < r.n_samples:
+        console.print(
+            f"{r.n_samples - r.n_labelled} rows have no label: they stay in the directory, and no algorithm "
+            "trains on them (README: who must hold labels)",
+            markup=False,
+            highlight=False,
+        )
+    if r.imputed:
+        console.print(f"{r.imputed} missing cells filled with the federation's means", markup=False, highlight=False)
+    if r.unfilled:
+        console.print(
+            f"{r.unfilled} missing cells are not filled yet: the schema has no federation means (missing = "
+            "impute_mean); combine the organisations' stats.json with `hybridfl federation stats` and prepare again "
+            "with its schema (this directory cannot train until then)",
+            markup=False,
+            highlight=False,
+        )
     if r.ignored:
         console.print(f"ignored columns in no block: {', '.join(r.ignored)}", markup=False, highlight=False)
     if r.stats:

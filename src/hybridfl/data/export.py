@@ -13,11 +13,17 @@ turns a simulated set-up (a training split plus a :class:`Partition`) into exact
         blocks.json            the client's blocks: name -> file and per-sample shape
         sample_ids.npy         (n_m,) sample IDs (str)
         block-<k>.npz          one file per held block: array ``x`` of shape (n_m, *block_shape)
-        labels.npy             (n_m,) int64 class indices, only if the client holds labels
+        labels.npy             (n_m,) int64 class indices, only if the client holds labels; -1 marks
+                               an unlabelled row (``client prepare`` of a table with empty label cells)
 
 :func:`load_client_dir` reads a client directory back into a :class:`ClientData` whose
 ``data.subset``-equivalent dataset equals ``split.train.subset(sample_ids, blocks)`` bit for bit
 (float32 features, same sample order), so a deployed run sees the same data as the simulation.
+
+**Unlabelled rows.** A client holding labels trains on its labelled rows only: the loader leaves
+the rows whose ``labels.npy`` entry is -1 out of ``ClientData.data`` (they stay in the directory;
+``ClientData.unlabelled`` counts them). Every algorithm gets the same rule; which clients must hold
+labels at all is each algorithm's (:attr:`hybridfl.algorithms.spec.AlgorithmSpec.labels`).
 """
 
 from __future__ import annotations
@@ -77,6 +83,8 @@ class ClientData:
             (``he_secret``: HyFDCA's HE key pair, from the directory's ``he_secret.key``).
         test: its blocks of the test samples (labels only if ``has_labels``), for algorithms whose
             evaluation needs every party (FedBCD); ``None`` otherwise.
+        unlabelled: the rows of its directory without a label, left out of ``data`` (a client
+            holding labels trains on its labelled rows only).
     """
 
     client_id: str
@@ -89,6 +97,7 @@ class ClientData:
     path: Path | None = None
     secrets: dict[str, bytes] = field(default_factory=dict, repr=False)
     test: HybridDataset | None = None
+    unlabelled: int = 0
 
     @property
     def n_classes(self) -> int:
@@ -120,7 +129,8 @@ class ServerData:
         return [(c, [str(b) for b in blocks.get(c, [])], bool(labels.get(c, True))) for c in self.client_ids]
 
 
-def _write_dataset_dir(path: Path, ds: HybridDataset, with_labels: bool) -> dict:
+def _write_dataset_dir(path: Path, ds: HybridDataset, with_labels: bool, labels: np.ndarray | None = None) -> dict:
+    """Write ``ds`` as a data directory; ``labels`` (with -1 for unlabelled rows) replaces ``ds.y``."""
     path.mkdir(mode=DIR_MODE)
     _write_npy(path / "sample_ids.npy", np.asarray(ds.ids).astype(str))
     entries = []
@@ -130,11 +140,12 @@ def _write_dataset_dir(path: Path, ds: HybridDataset, with_labels: bool) -> dict
         entries.append({"name": b, "file": fname, "shape": list(x.shape[1:])})
     atomic_write(path / "blocks.json", json.dumps({"blocks": entries}, indent=1), mode=FILE_MODE)
     if with_labels:
-        _write_npy(path / "labels.npy", ds.y.astype(np.int64))
+        _write_npy(path / "labels.npy", (ds.y if labels is None else labels).astype(np.int64))
     return {"n_samples": ds.n_samples, "blocks": [e["name"] for e in entries]}
 
 
-def _read_dataset_dir(path: Path, name: str, classes: list[str], with_labels: bool) -> HybridDataset:
+def _read_dataset_dir(path: Path, name: str, classes: list[str], with_labels: bool) -> tuple[HybridDataset, int]:
+    """The data directory's labelled rows (all rows without labels) and the number of rows left out."""
     for f in ("sample_ids.npy", "blocks.json"):
         if not (path / f).is_file():
             raise DataError(f"data directory {str(path)!r} has no {f} (write it with `hybridfl export-clients`).")
@@ -161,9 +172,15 @@ def _read_dataset_dir(path: Path, name: str, classes: list[str], with_labels: bo
         if not (path / "labels.npy").is_file():
             raise DataError(f"data directory {str(path)!r} should hold labels but has no labels.npy.")
         y = np.load(path / "labels.npy", allow_pickle=False)
+        if y.shape == ids.shape and np.issubdtype(y.dtype, np.integer) and (y == -1).any():
+            keep = y != -1  # unlabelled rows: kept in the directory, not trained on
+            if not keep.any():
+                raise DataError(f"data directory {str(path)!r} holds labels.npy without any label.")
+            ids, y, blocks = ids[keep], y[keep], {b: x[keep] for b, x in blocks.items()}
+            return HybridDataset(name=name, ids=ids, y=y, blocks=blocks, classes=classes), int((~keep).sum())
     else:
         y = np.zeros(ids.shape[0], dtype=np.int64)
-    return HybridDataset(name=name, ids=ids, y=y, blocks=blocks, classes=classes)
+    return HybridDataset(name=name, ids=ids, y=y, blocks=blocks, classes=classes), 0
 
 
 def export_clients(
@@ -276,12 +293,17 @@ def load_client_dir(path: str | Path) -> ClientData:
     if not p.is_dir():
         raise DataError(f"client data directory {str(p)!r} does not exist.")
     meta = _read_json(p / "client.json", "client data directory")
+    if meta.get("unfilled"):
+        raise DataError(
+            f"client directory {str(p)!r} has {int(meta['unfilled'])} missing cells that the federation's means fill, "
+            "and its schema had none yet: prepare it again with the schema `hybridfl federation stats` writes."
+        )
     try:
         classes = [str(c) for c in meta["classes"]]
         schema = {str(b): tuple(int(v) for v in s) for b, s in meta["block_shapes"].items()}
-        data = _read_dataset_dir(p, str(meta["dataset"]), classes, bool(meta["has_labels"]))
+        data, unlabelled = _read_dataset_dir(p, str(meta["dataset"]), classes, bool(meta["has_labels"]))
         has_test = (p / "test" / "blocks.json").is_file()  # written with client_test
-        test = _read_dataset_dir(p / "test", data.name, classes, bool(meta["has_labels"])) if has_test else None
+        test = _read_dataset_dir(p / "test", data.name, classes, bool(meta["has_labels"]))[0] if has_test else None
         secrets = {"he_secret": (p / SECRET_FILE).read_bytes()} if (p / SECRET_FILE).is_file() else {}
         out = ClientData(
             str(meta["client_id"]),
@@ -294,15 +316,16 @@ def load_client_dir(path: str | Path) -> ClientData:
             p,
             secrets,
             test,
+            unlabelled,
         )
     except KeyError as e:
         raise DataError(f"{str(p / 'client.json')!r} is missing the field {e}.") from None
     unknown = [b for b in data.block_names if b not in schema]
     if unknown:
         raise DataError(f"client directory {str(p)!r} holds block {unknown[0]!r}, which is not in its schema.")
-    if data.n_samples != int(meta.get("n_samples", data.n_samples)):
+    if data.n_samples + unlabelled != int(meta.get("n_samples", data.n_samples + unlabelled)):
         raise DataError(
-            f"client directory {str(p)!r} holds {data.n_samples} samples, client.json says {meta['n_samples']}."
+            f"client directory {str(p)!r} holds {data.n_samples + unlabelled} samples, client.json says {meta['n_samples']}."
         )
     return out
 
@@ -320,7 +343,7 @@ def load_server_dir(path: str | Path) -> ServerData:
     try:
         classes = [str(c) for c in meta["classes"]]
         schema = {str(b): tuple(int(v) for v in s) for b, s in meta["block_shapes"].items()}
-        test = _read_dataset_dir(p / "test", str(meta["dataset"]), classes, True) if meta.get("has_test") else None
+        test = _read_dataset_dir(p / "test", str(meta["dataset"]), classes, True)[0] if meta.get("has_test") else None
         return ServerData(schema, classes, [str(c) for c in meta["client_ids"]], test, meta)
     except KeyError as e:
         raise DataError(f"{str(p / 'server.json')!r} is missing the field {e}.") from None

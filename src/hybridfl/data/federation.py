@@ -11,6 +11,8 @@ and edited by people::
     label_column = "default"
     classes = ["0", "1"]           # label values, class index = position
     standardize = true             # clients write per-block sums for a federated z-score
+    sep = ","                      # CSV delimiter of the organisations' tables (client prepare --sep overrides)
+    missing = "error"              # a missing feature cell: "error", or "impute_mean" (the federation's mean)
     seed = 0
 
     [blocks]                       # block name -> its columns, in global block order
@@ -27,19 +29,30 @@ and edited by people::
 Optional ``[means]`` and ``[stds]`` tables (block -> one value per feature, after one-hot encoding)
 hold global standardisation statistics; a client then standardises its blocks with them.
 
-The config's ``dataset`` section may carry, for this command only, string ``classes`` and a
-``levels`` mapping (column -> levels) of its ``categorical`` columns.
+The config's ``dataset`` section may carry, for this command only, string ``classes``, a
+``levels`` mapping (column -> levels) of its ``categorical`` columns and ``missing``.
+
+**What the organisations must agree on** (:func:`schema_digest`): only what decides the content of
+a prepared client directory -- the dataset name, ID and label columns, classes, blocks and their
+columns, categorical levels, ``standardize`` with the global ``means``/``stds``, ``sep`` and
+``missing``. Each client directory records the digest of these fields, and ``federation
+assemble``, ``run --federation`` and ``deploy-local --federation`` refuse a directory prepared for
+other data. The ``seed`` and the ``[algorithm]`` section are training settings: a client directory
+does not depend on them (``client prepare`` writes no algorithm-specific material; HyFDCA's
+``he_secret.key`` is made apart with ``hybridfl he-keys`` and checked when the run starts), so
+they can change -- more rounds, another ``lr``, even another algorithm -- without preparing again.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -63,6 +76,11 @@ class FederationSchema(BaseModel):
         label_column: the column holding the labels (only some organisations have it).
         classes: the label values as strings; class index = position (``C = len(classes)``).
         standardize: whether features are to be z-scored (clients record per-block sums).
+        sep: the CSV delimiter of the organisations' tables (``client prepare --sep`` overrides it).
+        missing: a missing numeric cell: ``"error"`` (refused, naming column and row) or
+            ``"impute_mean"`` (filled with the federation's mean of that feature, the schema's
+            ``means`` from ``hybridfl federation stats``). A missing categorical cell is always
+            refused.
         seed: the run seed.
         blocks: block name -> its column names, in global block order.
         categorical: column -> its levels, one-hot encoded in this order; every other column of a
@@ -83,6 +101,8 @@ class FederationSchema(BaseModel):
     label_column: str = Field(min_length=1)
     classes: list[str] = Field(min_length=1)
     standardize: bool = False
+    sep: str = Field(",", min_length=1)
+    missing: Literal["error", "impute_mean"] = "error"
     seed: int = 0
     blocks: dict[str, list[str]] = Field(min_length=1)
     categorical: dict[str, list[str]] = Field(default_factory=dict)
@@ -172,6 +192,9 @@ def schema_from_config(path: str | Path) -> FederationSchema:
     ds = dict(ds)
     classes = ds.pop("classes", None)
     levels = ds.pop("levels", None)
+    missing = ds.pop("missing", "error")
+    if missing not in ("error", "impute_mean"):
+        raise ConfigError(f"config field 'dataset.missing' in {p.name} must be 'error' or 'impute_mean'.")
     cfg = parse_config({**raw, "dataset": ds}, where=p.name)
     d = cfg.dataset
     if d.name != "table":
@@ -220,6 +243,8 @@ def schema_from_config(path: str | Path) -> FederationSchema:
             label_column=d.label_column,
             classes=[str(c) for c in classes],
             standardize=d.standardize,
+            sep=d.sep if d.sep is not None else ",",
+            missing=missing,
             seed=cfg.seed,
             blocks=d.blocks,
             categorical=cat,
@@ -342,18 +367,54 @@ def load_schema(path: str | Path) -> FederationSchema:
         raise ConfigError(f"federation schema {str(p)!r} is invalid: {_first(e)}.") from None
 
 
-def schema_digest(path: str | Path) -> str:
-    """SHA-256 (hex) of a schema file's bytes: recorded in each client directory, so a later step can
-    check that every organisation prepared its data against the same schema."""
-    return hashlib.sha256(Path(path).expanduser().read_bytes()).hexdigest()
+DATA_FIELDS = (
+    "format",
+    "name",
+    "id_column",
+    "label_column",
+    "classes",
+    "standardize",
+    "sep",
+    "missing",
+    "blocks",
+    "categorical",
+    "means",
+    "stds",
+)
+"""The schema fields a prepared client directory depends on: what :func:`schema_digest` covers."""
+
+
+def schema_digest(schema: FederationSchema | str | Path) -> str:
+    """SHA-256 (hex) of the schema's data fields (:data:`DATA_FIELDS`; of the file's schema when
+    given a path): recorded in each client directory (``client.json`` ``schema_sha256``), so a
+    later step can check that every organisation prepared its data the same way.
+
+    Covered: dataset name, ID and label columns, classes, ``standardize`` with the global
+    ``means``/``stds``, ``sep``, ``missing``, blocks with their columns in order, categorical
+    levels in order. Not covered: ``seed`` and ``[algorithm]`` (training settings: a prepared
+    directory holds nothing that depends on them, so changing rounds, ``lr`` or the algorithm needs
+    no new ``client prepare``), comments and formatting of the file.
+
+    Raises:
+        ConfigError: a path that is not a valid schema file.
+    """
+    s = schema if isinstance(schema, FederationSchema) else load_schema(schema)
+    data = {k: getattr(s, k) for k in DATA_FIELDS}
+    data["blocks"] = [[b, list(c)] for b, c in s.blocks.items()]  # block order is the global feature order
+    for k in ("categorical", "means", "stds"):
+        data[k] = sorted([c, list(v)] for c, v in getattr(s, k).items())
+    text = json.dumps(data, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def combine_stats(schema: FederationSchema, stats: Sequence[tuple[str, Mapping[str, Any]]]) -> FederationSchema:
     """The schema with global ``means`` and ``stds`` per block from the organisations' ``stats.json``
     (``{"blocks": {block: {"count", "sum", "sumsq"}}}``, :func:`hybridfl.data.prepare.block_stats`):
     ``mean = sum_k sum_k / sum_k n_k`` and ``std = sqrt(sum_k sumsq_k / sum_k n_k - mean^2)`` (a
-    feature with std 0 gets 1), per feature, over the organisations holding the block. Only these
-    aggregates are combined, never rows; a block nobody holds gets no statistics.
+    feature with std 0 gets 1), per feature, over the organisations holding the block. ``count``
+    is one integer (every feature observed in every row) or one per feature (with ``missing =
+    "impute_mean"``, the cells observed). Only these aggregates are combined, never rows; a block
+    nobody holds gets no statistics.
 
     Args:
         stats: ``(where, content)`` per organisation (``where`` names it in errors).
@@ -373,8 +434,11 @@ def combine_stats(schema: FederationSchema, stats: Sequence[tuple[str, Mapping[s
             if b not in schema.blocks:
                 raise ConfigError(f"{where} has statistics for block {b!r}, which is not in the schema.")
             n = s.get("count") if isinstance(s, Mapping) else None
-            if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-                raise ConfigError(f"{where}: the count of block {b!r} is not a positive integer.")
+            counts = n if isinstance(n, list) and len(n) == schema.width(b) else [n]
+            if any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in counts) or max(counts) < 1:
+                raise ConfigError(
+                    f"{where}: the count of block {b!r} is not a positive integer (or one integer per feature)."
+                )
             sums = []
             for key in ("sum", "sumsq"):
                 v = s.get(key)
@@ -384,12 +448,15 @@ def combine_stats(schema: FederationSchema, stats: Sequence[tuple[str, Mapping[s
                 if not np.isfinite(a).all():
                     raise ConfigError(f"{where}: {key!r} of block {b!r} holds a value that is not finite.")
                 sums.append(a)
-            acc = total.setdefault(b, [0, np.zeros(schema.width(b)), np.zeros(schema.width(b))])
-            acc[0] += n
+            acc = total.setdefault(b, [np.zeros(schema.width(b)), np.zeros(schema.width(b)), np.zeros(schema.width(b))])
+            acc[0] += np.asarray(n, dtype=np.float64)
             acc[1] += sums[0]
             acc[2] += sums[1]
     means, stds = {}, {}
     for b, (n, s, sq) in total.items():
+        if not (n > 0).all():
+            j = int(np.flatnonzero(n <= 0)[0])
+            raise ConfigError(f"no organisation observed feature {j} of block {b!r} (every cell missing): no mean.")
         mean = s / n
         std = np.sqrt(np.maximum(sq / n - mean * mean, 0.0))
         means[b] = mean.tolist()
@@ -426,7 +493,10 @@ def federation_server_meta(
         except (KeyError, TypeError, ValueError):
             raise ConfigError(f"{where} is not a client.json of a prepared client.") from None
         if info.get("schema_sha256") not in (None, digest):
-            raise ConfigError(f"{where} was prepared against another federation schema than {str(schema_path)!r}.")
+            raise ConfigError(
+                f"{where} was prepared against another federation schema than {str(schema_path)!r} (other blocks, "
+                "columns, levels, classes, standardisation, sep or missing policy): prepare it again with this schema."
+            )
         unknown = [b for b in blocks if b not in schema.blocks]
         if unknown:
             raise ConfigError(f"{where} holds block {unknown[0]!r}, which is not in the schema.")

@@ -13,9 +13,22 @@ Rules (each violation is one sentence naming the column and the problem; nothing
 
 - a block is held when all its columns are in the table; a block with only some is an error;
 - columns in no block of the schema are ignored; the table must hold at least one block;
-- numeric columns: numbers, finite, no missing value; categorical columns: values among the
-  schema's levels (compared as stripped strings), one-hot encoded in the schema's order;
-- IDs: present, non-empty, unique; labels (if the table has the label column): among the classes.
+- numeric columns: numbers, finite; a missing cell is refused with the schema's ``missing =
+  "error"`` (the default), and with ``missing = "impute_mean"`` filled with the federation's mean of
+  that feature (the schema's ``means``, from ``hybridfl federation stats``). Before those means
+  exist the directory is written with the cells unfilled and is refused by every loader until
+  prepared again with the schema that has them (its ``stats.json``, over the observed cells,
+  is what the means are made of);
+- categorical columns: values among the schema's levels (compared as stripped strings), one-hot
+  encoded in the schema's order; a missing cell is refused;
+- IDs: present, non-empty, unique;
+- labels: an organisation may hold no label column (it holds no labels) or a label column with
+  empty cells: those rows are unlabelled (``labels.npy`` holds -1 for them). They stay in the
+  directory as feature rows, and :func:`~hybridfl.data.export.load_client_dir` gives the
+  algorithms only the labelled rows of a client holding labels (README, "who must hold labels").
+  A label column with no value at all is the same as none. A value must be among the classes.
+
+The table's CSV delimiter is the schema's ``sep`` (``client prepare --sep`` overrides it).
 """
 
 from __future__ import annotations
@@ -49,7 +62,12 @@ class PreparedClient:
         client_id: the client's name.
         n_samples: rows of the table (``n_m``).
         blocks: the schema's blocks the table holds, in global block order.
-        has_labels: whether the table holds the label column.
+        has_labels: whether the table holds labels (a label column with at least one value).
+        n_labelled: the rows with a label (``n_samples`` minus the unlabelled ones; 0 without labels).
+        imputed: the missing numeric cells filled with the federation's means.
+        unfilled: the missing numeric cells left unfilled because the schema has no means yet
+            (``missing = "impute_mean"`` before ``federation stats``): the directory cannot be
+            used until it is prepared again with the schema that has them.
         ignored: the table's columns that are in no block (nor the ID or label column).
         standardized: whether global means/stds from the schema were applied.
         stats: whether ``stats.json`` was written.
@@ -63,12 +81,15 @@ class PreparedClient:
     ignored: list[str] = field(default_factory=list)
     standardized: bool = False
     stats: bool = False
+    n_labelled: int = 0
+    imputed: int = 0
+    unfilled: int = 0
 
 
-def read_client_table(path: str | Path):
-    """Read an organisation's table into a pandas DataFrame: ``.csv`` (any other suffix too),
-    ``.parquet``/``.pq``, or ``.npz`` (an ``ids`` array and one 1-D array per column, all of the same
-    length; the ID column is then called ``ids``).
+def read_client_table(path: str | Path, sep: str = ","):
+    """Read an organisation's table into a pandas DataFrame: ``.csv`` (any other suffix too; columns
+    separated by ``sep``), ``.parquet``/``.pq``, or ``.npz`` (an ``ids`` array and one 1-D array per
+    column, all of the same length; the ID column is then called ``ids``).
 
     Raises:
         DataError: a missing, empty or unparsable file, or an ``.npz`` with arrays of other shapes.
@@ -79,7 +100,7 @@ def read_client_table(path: str | Path):
 
     p = Path(path).expanduser()
     if p.suffix.lower() != ".npz":
-        return _read_table(p, None)
+        return _read_table(p, sep)
     if not p.is_file():
         raise DataError(f"table file {str(p)!r} does not exist.")
     try:
@@ -119,42 +140,62 @@ def _check_ids(frame, id_column: str, where: str) -> np.ndarray:
     return ids
 
 
+def _strings(col) -> np.ndarray:
+    """A column's cells as stripped strings; a float column of whole numbers (pandas reads an
+    integer column with empty cells as float) gives ``"1"``, not ``"1.0"``."""
+    import pandas as pd
+
+    if pd.api.types.is_float_dtype(col):
+        v = col.to_numpy(np.float64)
+        seen = v[~np.isnan(v)]
+        if seen.size and np.all(np.isfinite(seen)) and np.all(seen == np.round(seen)):
+            return np.array(["" if np.isnan(x) else str(int(x)) for x in v], dtype=object)
+    return col.astype(str).str.strip().to_numpy()
+
+
 def _check_labels(frame, label_column: str, classes: list[str], where: str) -> np.ndarray:
+    """Class indices, ``-1`` for an empty cell (an unlabelled row)."""
     col = frame[label_column]
-    if col.isna().any():
-        row = int(np.flatnonzero(col.isna().to_numpy())[0])
-        raise DataError(f"label column {label_column!r} of {where} is empty at row {row + 1}.")
-    lab = col.astype(str).str.strip().to_numpy()
+    lab = _strings(col)
+    empty = col.isna().to_numpy() | np.array([str(v) == "" for v in lab], dtype=bool)
     lookup = {c: i for i, c in enumerate(classes)}
-    bad = [i for i, v in enumerate(lab) if v not in lookup]
+    bad = [i for i, v in enumerate(lab) if not empty[i] and str(v) not in lookup]
     if bad:
         raise DataError(
-            f"label column {label_column!r} of {where} has value {lab[bad[0]]!r} at row {bad[0] + 1}, "
+            f"label column {label_column!r} of {where} has value {str(lab[bad[0]])!r} at row {bad[0] + 1}, "
             f"which is not one of the schema's classes {classes}."
         )
-    return np.array([lookup[v] for v in lab], dtype=np.int64)
+    return np.array([-1 if empty[i] else lookup[str(v)] for i, v in enumerate(lab)], dtype=np.int64)
 
 
-def _numeric(frame, c: str, where: str) -> np.ndarray:
+def _numeric(frame, c: str, where: str, missing: str) -> np.ndarray:
+    """``(n, 1)`` float64; a missing cell is NaN with ``missing = "impute_mean"``, else refused."""
     import pandas as pd
 
     col = frame[c]
-    if col.isna().any():
-        row = int(np.flatnonzero(col.isna().to_numpy())[0])
-        raise DataError(f"column {c!r} of {where} has a missing value at row {row + 1}.")
+    gaps = col.isna().to_numpy()
+    if gaps.any() and missing == "error":
+        row = int(np.flatnonzero(gaps)[0])
+        raise DataError(
+            f'column {c!r} of {where} has a missing value at row {row + 1} (the schema says missing = "error"; '
+            '"impute_mean" fills numeric cells with the federation\'s mean).'
+        )
     if not pd.api.types.is_numeric_dtype(col):  # e.g. strings: all must parse as numbers
         parsed = pd.to_numeric(col.astype(str).str.strip(), errors="coerce")
-        if parsed.isna().any():
-            row = int(np.flatnonzero(parsed.isna().to_numpy())[0])
+        unparsed = parsed.isna().to_numpy() & ~gaps
+        if unparsed.any():
+            row = int(np.flatnonzero(unparsed)[0])
             raise DataError(
                 f"column {c!r} of {where} is numeric in the schema but has the value {str(col.iloc[row])!r} "
                 f"at row {row + 1}."
             )
         col = parsed
-    v = col.to_numpy(np.float64)
-    if not np.isfinite(v).all():
-        row = int(np.flatnonzero(~np.isfinite(v))[0])
+    v = col.to_numpy(np.float64, copy=True)
+    bad = ~np.isfinite(v) & ~gaps
+    if bad.any():
+        row = int(np.flatnonzero(bad)[0])
         raise DataError(f"column {c!r} of {where} has a value that is not finite ({v[row]}) at row {row + 1}.")
+    v[gaps] = np.nan
     return v[:, None]
 
 
@@ -162,8 +203,10 @@ def _categorical(frame, c: str, levels: list[str], where: str) -> np.ndarray:
     col = frame[c]
     if col.isna().any():
         row = int(np.flatnonzero(col.isna().to_numpy())[0])
-        raise DataError(f"column {c!r} of {where} has a missing value at row {row + 1}.")
-    values = col.astype(str).str.strip().to_numpy()
+        raise DataError(
+            f"column {c!r} of {where} has a missing value at row {row + 1} (a categorical cell is never imputed)."
+        )
+    values = _strings(col)
     known = set(levels)
     bad = [i for i, v in enumerate(values) if v not in known]
     if bad:
@@ -174,6 +217,29 @@ def _categorical(frame, c: str, levels: list[str], where: str) -> np.ndarray:
     return np.stack([(values == lv).astype(np.float64) for lv in levels], axis=1)
 
 
+@dataclass
+class ClientTable:
+    """An organisation's table, checked against the schema and encoded (:func:`table_to_client_dataset`).
+
+    Attributes:
+        ids: ``(n_m,)`` sample IDs (str).
+        blocks: held block -> ``(n_m, width)`` float64, global block order; with ``missing =
+            "impute_mean"`` a missing numeric cell is NaN.
+        labels: ``(n_m,)`` class indices, -1 for an unlabelled row; ``None`` without labels.
+        ignored: the table's columns in no block (nor the ID or label column).
+    """
+
+    ids: np.ndarray
+    blocks: dict[str, np.ndarray]
+    labels: np.ndarray | None
+    ignored: list[str]
+
+    @property
+    def has_labels(self) -> bool:
+        """Whether the table holds labels: a label column with at least one value."""
+        return self.labels is not None
+
+
 def table_to_client_dataset(
     frame,
     schema: FederationSchema,
@@ -181,7 +247,7 @@ def table_to_client_dataset(
     id_column: str | None = None,
     label_column: str | None = None,
     where: str = "table",
-) -> tuple[HybridDataset, bool, list[str]]:
+) -> ClientTable:
     """Check an organisation's table against the schema and encode its held blocks.
 
     Args:
@@ -193,13 +259,14 @@ def table_to_client_dataset(
         where: the file name used in error messages.
 
     Returns:
-        ``(dataset, has_labels, ignored)``: the samples with the held blocks (``(n_m, width_b)``
-        float64 each, global block order; ``y`` all zeros without labels), whether the table holds
-        labels, and the columns in no block.
+        The :class:`ClientTable`: IDs, held blocks (float64, global block order; missing numeric
+        cells NaN under ``missing = "impute_mean"``), labels (-1: unlabelled row; ``None``: no
+        labels, also for a label column without any value) and the ignored columns.
 
     Raises:
         DataError: an empty table, a missing/empty/duplicate ID, a block with only some of its
-            columns, no block at all, a bad value in a held column, or a label not in the classes.
+            columns, no block at all, a bad value in a held column, a missing cell the schema's
+            ``missing`` policy refuses, or a label not in the classes.
     """
     cols = [str(c) for c in frame.columns]
     frame = frame.set_axis(cols, axis=1)
@@ -238,24 +305,29 @@ def table_to_client_dataset(
         parts = [
             _categorical(frame, c, schema.categorical[c], where)
             if c in schema.categorical
-            else _numeric(frame, c, where)
+            else _numeric(frame, c, where, schema.missing)
             for c in schema.blocks[b]
         ]
         blocks[b] = np.concatenate(parts, axis=1)
-    has_labels = label_column is not None
-    y = _check_labels(frame, label_column, schema.classes, where) if has_labels else np.zeros(len(ids), np.int64)
+    labels = _check_labels(frame, label_column, schema.classes, where) if label_column is not None else None
+    if labels is not None and not (labels >= 0).any():
+        labels = None  # a label column without any value: the organisation holds no labels
     ignored = [c for c in cols if c not in in_block and c not in (id_column, label_column)]
-    return HybridDataset(schema.name, ids, y, blocks, list(schema.classes)), has_labels, ignored
+    return ClientTable(ids, blocks, labels, ignored)
 
 
-def block_stats(ds: HybridDataset) -> dict[str, dict]:
-    """Per block: ``count`` (n_m), ``sum`` and ``sumsq`` (one float per feature, float64) of the
+def block_stats(blocks: dict[str, np.ndarray]) -> dict[str, dict]:
+    """Per block: ``count`` (n_m; with missing cells, NaN, one count per feature of its observed
+    cells), ``sum`` and ``sumsq`` (one float per feature, float64, over the observed cells) of the
     raw features: what a federated mean and variance need (``mean = sum/count``, ``var =
     sumsq/count - mean**2`` over all organisations holding the block)."""
     out = {}
-    for b, x in ds.blocks.items():
+    for b, x in blocks.items():
         x = np.asarray(x, dtype=np.float64).reshape(x.shape[0], -1)
-        out[b] = {"count": int(x.shape[0]), "sum": x.sum(axis=0).tolist(), "sumsq": (x * x).sum(axis=0).tolist()}
+        seen = ~np.isnan(x)
+        x = np.where(seen, x, 0.0)
+        count = int(x.shape[0]) if seen.all() else seen.sum(axis=0).astype(int).tolist()
+        out[b] = {"count": count, "sum": x.sum(axis=0).tolist(), "sumsq": (x * x).sum(axis=0).tolist()}
     return out
 
 
@@ -268,14 +340,21 @@ def prepare_client(
     label_column: str | None = None,
     client_id: str | None = None,
     index: int = 0,
+    sep: str | None = None,
 ) -> PreparedClient:
     """Write the client directory ``out_dir`` from an organisation's own table and the federation schema.
 
     The directory has the layout of ``hybridfl export-clients`` (``client.json``, ``blocks.json``,
     ``sample_ids.npy``, ``block-<k>-<name>.npz`` of float32 ``(n_m, width)``, ``labels.npy`` if the
-    table holds labels), plus ``stats.json`` when the schema says ``standardize = true``. It is
-    written in a temporary directory next to ``out_dir`` and renamed at the end: on any error
-    nothing is left.
+    table holds labels, -1 for an unlabelled row), plus ``stats.json`` when the schema says
+    ``standardize = true`` or ``missing = "impute_mean"``. It is written in a temporary directory
+    next to ``out_dir`` and renamed at the end: on any error nothing is left.
+
+    Missing numeric cells (``missing = "impute_mean"``) are filled with the schema's ``means`` of
+    their feature; without them the cells stay unfilled (``client.json`` ``unfilled``), and
+    :func:`~hybridfl.data.export.load_client_dir` refuses the directory until it is prepared again
+    with the schema ``hybridfl federation stats`` writes. Global ``means``/``stds`` standardise the
+    blocks when the schema says ``standardize = true``.
 
     Args:
         table: CSV, Parquet or ``.npz`` file (see :func:`read_client_table`).
@@ -285,6 +364,7 @@ def prepare_client(
         client_id: the client's name (default: ``out_dir``'s name).
         index: the client's position in the federation (its seed is ``seed + 1 + index``; give each
             organisation a different one).
+        sep: the CSV delimiter (default: the schema's ``sep``).
 
     Raises:
         ConfigError: a missing or invalid schema.
@@ -303,29 +383,41 @@ def prepare_client(
         )
     if index < 0:
         raise DataError(f"client index {index} must be 0 or more.")
+    if sep is not None and not sep:
+        raise DataError("--sep must not be empty.")
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise DataError(f"client directory {str(out)!r} exists and is not an empty directory: prepare into a new one.")
-    frame = read_client_table(table)
-    ds, has_labels, ignored = table_to_client_dataset(
-        frame, schema, id_column=id_column, label_column=label_column, where=table.name
-    )
-    stats = block_stats(ds) if schema.standardize else None
+    frame = read_client_table(table, sep if sep is not None else schema.sep)
+    ct = table_to_client_dataset(frame, schema, id_column=id_column, label_column=label_column, where=table.name)
+    stats = block_stats(ct.blocks) if schema.standardize or schema.missing == "impute_mean" else None
+    blocks, imputed, unfilled = {}, 0, 0
+    for b, x in ct.blocks.items():
+        gaps = np.isnan(x)
+        if gaps.any():
+            if b in schema.means:
+                x = np.where(gaps, np.asarray(schema.means[b], dtype=np.float64)[None, :], x)
+                imputed += int(gaps.sum())
+            else:  # no federation mean yet: a placeholder the loader never gives to an algorithm
+                x = np.where(gaps, 0.0, x)
+                unfilled += int(gaps.sum())
+        blocks[b] = x
     standardized = False
-    if schema.means:
-        blocks = {}
-        for b, x in ds.blocks.items():
+    if schema.standardize and schema.means:
+        for b, x in blocks.items():
             if b in schema.means:
                 sd = np.asarray(schema.stds[b], dtype=np.float64)
                 sd[sd < 1e-12] = 1.0
-                x = (np.asarray(x, dtype=np.float64) - np.asarray(schema.means[b])) / sd
-            blocks[b] = x
-        ds = HybridDataset(ds.name, ds.ids, ds.y, blocks, ds.classes)
+                blocks[b] = (x - np.asarray(schema.means[b])) / sd
         standardized = True
+    labels = ct.labels
+    y = np.maximum(labels, 0) if labels is not None else np.zeros(len(ct.ids), np.int64)
+    ds = HybridDataset(schema.name, ct.ids, y, blocks, list(schema.classes))
+    n_labelled = int((labels >= 0).sum()) if labels is not None else 0
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.prepare-", dir=out.parent))
     try:
         stage = tmp / "client"
-        info = _write_dataset_dir(stage, ds, with_labels=has_labels)
+        info = _write_dataset_dir(stage, ds, with_labels=labels is not None, labels=labels)
         public_key = new_client_key(stage)  # client_key.pem: the node's proof of identity at the hello
         meta = {
             "format": FORMAT_VERSION,
@@ -334,11 +426,14 @@ def prepare_client(
             "block_shapes": {b: list(s) for b, s in schema.block_shapes.items()},
             "client_id": cid,
             "index": int(index),
-            "has_labels": bool(has_labels),
+            "has_labels": labels is not None,
+            "n_labelled": n_labelled,
             **info,
             "prepared": True,
-            "schema_sha256": schema_digest(schema_path),
+            "schema_sha256": schema_digest(schema),
             "standardized": standardized,
+            "imputed": imputed,
+            "unfilled": unfilled,
             PUBLIC_KEY_FIELD: public_key,
         }
         if stats is not None:
@@ -349,5 +444,15 @@ def prepare_client(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return PreparedClient(
-        out, cid, ds.n_samples, list(ds.block_names), has_labels, ignored, standardized, stats is not None
+        out,
+        cid,
+        ds.n_samples,
+        list(ds.block_names),
+        labels is not None,
+        ct.ignored,
+        standardized,
+        stats is not None,
+        n_labelled,
+        imputed,
+        unfilled,
     )

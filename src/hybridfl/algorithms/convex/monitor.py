@@ -105,15 +105,15 @@ def check_inputs(
 
 
 def needs_labels(client_id: str, has_labels: bool, where: str) -> None:
-    """A convex algorithm needs the labels of every sample at its holders.
+    """A convex algorithm needs labels at every client (each trains on the rows it holds labels for).
 
     Raises:
         PartitionError: the client holds no labels (one sentence naming it and ``where``).
     """
     if not has_labels:
-        raise PartitionError(
-            f"client {client_id!r} has no labels, but {where} needs the labels of every sample at its holders."
-        )
+        from hybridfl.algorithms.spec import no_labels_message
+
+        raise PartitionError(no_labels_message(where, client_id))
 
 
 def client_positive_set(cd: Any, loss: str, positive_classes: Sequence[int] | None, where: str) -> list[int]:

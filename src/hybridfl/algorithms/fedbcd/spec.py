@@ -43,7 +43,7 @@ from hybridfl.algorithms.fedbcd.config import FedBCDConfig
 from hybridfl.algorithms.fedbcd.coordinator import FedBCDCoordinator
 from hybridfl.algorithms.fedbcd.inputs import check_inputs, party_input, party_shape
 from hybridfl.algorithms.fedbcd.party import FedBCDParty
-from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, ReportContext, register
+from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, LabelRule, ReportContext, register
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
@@ -302,6 +302,7 @@ SPEC = register(
         build_server=build_server,
         build_client=build_client,
         check=check_inputs,
+        labels=LabelRule("FedBCD", "one"),  # the label party; samples it holds no label for are not trained on
         evaluate=evaluate,
         report=report,
         should_stop=should_stop,

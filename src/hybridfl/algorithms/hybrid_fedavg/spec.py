@@ -27,7 +27,7 @@ from hybridfl.algorithms.convex.monitor import (
 from hybridfl.algorithms.hybrid_fedavg.client import HybridFedAvgClient
 from hybridfl.algorithms.hybrid_fedavg.config import HybridFedAvgConfig
 from hybridfl.algorithms.hybrid_fedavg.server import HybridFedAvgServer
-from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, ReportContext, client_seed, register
+from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, LabelRule, ReportContext, client_seed, register
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
@@ -147,6 +147,7 @@ SPEC = register(
         build_server=build_server,
         build_client=build_client,
         check=check,
+        labels=LabelRule("hybrid FedAvg", "every"),  # each client trains on the rows it holds labels for
         evaluate=evaluate,
         report=report,
         monitor=monitor,

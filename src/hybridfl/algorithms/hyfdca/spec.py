@@ -41,7 +41,7 @@ from hybridfl.algorithms.convex.monitor import (
 from hybridfl.algorithms.hyfdca.client import HyFDCAClient
 from hybridfl.algorithms.hyfdca.config import HyFDCAConfig
 from hybridfl.algorithms.hyfdca.server import HyFDCAServer
-from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, ReportContext, client_seed, register
+from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, LabelRule, ReportContext, client_seed, register
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
@@ -340,6 +340,7 @@ SPEC = register(
         build_server=build_server,
         build_client=build_client,
         check=check,
+        labels=LabelRule("HyFDCA", "every"),  # each client trains on the rows it holds labels for
         evaluate=evaluate,
         report=report,
         hello_payload=hello_payload,

@@ -41,7 +41,15 @@ from hybridfl.algorithms.hyfem.baselines import (
 from hybridfl.algorithms.hyfem.client import HyFEMClient
 from hybridfl.algorithms.hyfem.config import HyFEMConfig
 from hybridfl.algorithms.hyfem.server import HyFEMServer
-from hybridfl.algorithms.spec import AlgorithmSpec, EvalContext, ReportContext, client_seed, register
+from hybridfl.algorithms.spec import (
+    AlgorithmSpec,
+    EvalContext,
+    LabelRule,
+    ReportContext,
+    client_seed,
+    no_labels_message,
+    register,
+)
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
@@ -55,9 +63,7 @@ _ACC = "client_accuracy["
 
 
 def _no_labels(client_id: str) -> PartitionError:
-    return PartitionError(
-        f"HyFEM needs labels at every client, but client {client_id!r} has none (use a hybrid or horizontal partition)."
-    )
+    return PartitionError(no_labels_message("HyFEM", client_id))
 
 
 def _factory(cfg: HyFEMConfig, extractor_factory: ExtractorFactory | None) -> ExtractorFactory:
@@ -362,6 +368,7 @@ SPEC = register(
         build_server=build_server,
         build_client=build_client,
         check=check,
+        labels=LabelRule("HyFEM", "every"),  # each client trains its classifier on its labelled rows
         evaluate=evaluate,
         report=report,
         monitor=monitor,

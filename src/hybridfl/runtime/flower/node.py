@@ -364,6 +364,8 @@ def run_server(
     t_start = time.perf_counter()
     sd, cfg, seed = algorithm_from(server_dir, rounds)
     spec = deployable(cfg.name)
+    if spec.labels is not None:  # who must hold labels, from the public layout, before any node is asked
+        spec.labels.check(sd.layout)
     n = len(sd.client_ids)
     # hello: every node says which client it holds and learns the algorithm settings; "session"
     # tells a restarted node of this run (its state kept on disk) from a node of another run
