@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-from hybridfl.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint
+from hybridfl.runtime.checkpoint import CHECKPOINT_NAME, TEST_STOP_ENV, TEST_STOP_EXIT_CODE, load_checkpoint
 
 
 def cli(*args: str) -> list[str]:
@@ -17,22 +15,12 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "hybridfl.cli.main", *args]
 
 
-def kill_after(cmd: list[str], out: Path, after: int, timeout: float = 300) -> int:
-    """Start ``cmd``, SIGKILL it (and its process group) once the checkpoint in ``out`` holds round
-    ``>= after``; return the round the checkpoint holds. Fails if the run ends by itself first."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and proc.poll() is None:
-            ck = out / CHECKPOINT_NAME
-            if ck.exists() and load_checkpoint(ck)[0] >= after:
-                os.killpg(proc.pid, signal.SIGKILL)
-                break
-            time.sleep(0.02)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-    assert proc.returncode == -signal.SIGKILL, "the run ended before it could be interrupted"
+def stop_after(cmd: list[str], out: Path, rnd: int, timeout: float = 600) -> int:
+    """Run ``cmd`` with the test-only ``HYBRIDFL_TEST_STOP_AFTER_ROUND=rnd``: the run ends its
+    process right after writing the checkpoint of round ``rnd`` in ``out`` (no results), at that
+    round exactly, not when a timer fires. Return the round the checkpoint holds. Fails if the run
+    ended any other way (finished before round ``rnd``, or an error)."""
+    env = {**os.environ, TEST_STOP_ENV: str(rnd)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+    assert proc.returncode == TEST_STOP_EXIT_CODE, f"the run was not stopped (exit {proc.returncode}): {proc.stderr}"
     return load_checkpoint(out / CHECKPOINT_NAME)[0]

@@ -141,3 +141,44 @@ def test_partition_command_prints_coverage(tmp_path):
     assert p.returncode == 0, p.stderr
     assert "cells held by no client" in p.stdout and "fou" in p.stdout
     assert (tmp_path / "c.png").exists() and json.loads((tmp_path / "p.json").read_text())["clients"]
+
+
+def test_every_algorithm_option_has_a_description():
+    """``hybridfl algorithms --describe`` prints each field's description: every field of every
+    registered algorithm's config (nested sections' fields too) has one."""
+    from hybridfl.algorithms.spec import algorithms, config_fields
+
+    missing = [
+        f"{name}: {key}"
+        for name, spec in sorted(algorithms().items())
+        for key, info in config_fields(spec.config_model)
+        if not (info.description or "").strip()
+    ]
+    assert missing == [], "fields without a description:\n" + "\n".join(missing)
+
+
+def test_algorithms_describe_prints_every_option():
+    from hybridfl.algorithms.hyfem.config import HyFEMConfig
+    from hybridfl.algorithms.spec import config_fields
+
+    p = cli("algorithms", "--describe", "hyfem")
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith("hyfem: ")
+    heads = {ln.split(":", 1)[0]: ln for ln in lines[3:] if ln and not ln.startswith(" ")}
+    assert list(heads) == [key for key, _ in config_fields(HyFEMConfig)]  # every option, nested ones as section.field
+    assert heads["rounds"] == "rounds: integer; >= 1; default 30"
+    assert heads["momentum"] == "momentum: number; in [0, 1); default 0.0"
+    assert heads["variant"] == "variant: one of avg, prox; default avg"
+    assert heads["matching.new_penalty"] == "matching.new_penalty: number or null; > 0; default null"
+    assert heads["baselines"] == "baselines: true/false; default true"
+    assert heads["matching"] == "matching: section"
+    i = lines.index(heads["rounds"])
+    assert lines[i + 1] == "    communication rounds T"
+    # an alias is shown with the field it sets
+    fedavg = cli("algorithms", "--describe", "hybrid_fedavg").stdout
+    assert "\nlam (or lambda): number; > 0; default 0.0001\n    L2 regulariser lambda" in fedavg
+
+
+def test_algorithms_describe_unknown_name():
+    assert_one_sentence_error(cli("algorithms", "--describe", "nope"), "unknown algorithm 'nope' (known: centralized,")

@@ -1,4 +1,5 @@
-"""Checkpoint and resume: a run killed mid-way (SIGKILL) and resumed with `hybridfl run --resume`
+"""Checkpoint and resume: a run stopped mid-way (its process ended after a chosen round's
+checkpoint, as a kill would) and resumed with `hybridfl run --resume`
 ends with the same model metrics and results as an uninterrupted run with the same seed (HyFEM
 and FedBCD, both with client failures)."""
 
@@ -13,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from hybridfl.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint
-from tests.cli_helpers import cli, kill_after
+from tests.cli_helpers import cli, stop_after
 
 CONFIG = """
 seed: 3
@@ -21,8 +22,7 @@ dataset: {name: digits}
 partition: {kind: class_block, num_clients: 4, classes_per_client: [5, 7], blocks_per_client: 3}
 algorithm: {name: hyfem, rounds: 12, local_steps: 40, lr: 0.05, momentum: 0.9, eval_every: 4, failure_rate: 0.2}
 """
-# FedBCD-p with MLP towers on UCI credit default, 3 parties, 20 % failures (rounds skipped):
-# 20-40 ms per round with its checkpoint, so a kill lands mid-run
+# FedBCD-p with MLP towers on UCI credit default, 3 parties, 20 % failures (rounds skipped)
 FEDBCD_CONFIG = """
 seed: 2
 dataset: {{name: credit_default, data_dir: {data_dir}, standardize: true}}
@@ -49,9 +49,10 @@ def results(d: Path) -> tuple[dict, list[dict]]:
     return res, rows
 
 
-def kill_and_resume(tmp_path: Path, config: str, rounds: int, kill_after_round: int) -> tuple[dict, dict]:
-    """Run ``config`` uninterrupted; run it again, SIGKILL it once its checkpoint is at round
-    ``kill_after_round`` or later, resume it; check both runs' results agree; return both results.json."""
+def stop_and_resume(tmp_path: Path, config: str, rounds: int, stop_round: int) -> tuple[dict, dict]:
+    """Run ``config`` uninterrupted; run it again, ending its process right after the checkpoint of
+    round ``stop_round`` (the test-only ``HYBRIDFL_TEST_STOP_AFTER_ROUND``), resume it; check both
+    runs' results agree; return both results.json."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(config)
     full, part = tmp_path / "full", tmp_path / "part"
@@ -60,9 +61,9 @@ def kill_and_resume(tmp_path: Path, config: str, rounds: int, kill_after_round: 
     )
     assert done.returncode == 0, done.stderr
 
-    stopped_at = kill_after(cli("run", "--config", str(cfg), "--out", str(part), "-q"), part, kill_after_round)
-    assert kill_after_round <= stopped_at < rounds
-    assert not (part / "results.json").exists()  # killed: no results yet, nothing half-written
+    stopped_at = stop_after(cli("run", "--config", str(cfg), "--out", str(part), "-q"), part, stop_round)
+    assert stopped_at == stop_round < rounds
+    assert not (part / "results.json").exists()  # stopped: no results yet, nothing half-written
 
     resumed = subprocess.run(cli("run", "--resume", str(part), "-q"), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr
@@ -74,13 +75,13 @@ def kill_and_resume(tmp_path: Path, config: str, rounds: int, kill_after_round: 
     return res_full, res_part
 
 
-def test_killed_run_resumes_to_the_same_result(tmp_path):
-    res, _ = kill_and_resume(tmp_path, CONFIG, rounds=12, kill_after_round=3)
+def test_stopped_run_resumes_to_the_same_result(tmp_path):
+    res, _ = stop_and_resume(tmp_path, CONFIG, rounds=12, stop_round=3)
     assert res["client_failures"] > 0
 
 
-def test_killed_fedbcd_run_resumes_to_the_same_result(tmp_path, credit_dir):
-    res, _ = kill_and_resume(tmp_path, FEDBCD_CONFIG.format(data_dir=credit_dir), rounds=60, kill_after_round=5)
+def test_stopped_fedbcd_run_resumes_to_the_same_result(tmp_path, credit_dir):
+    res, _ = stop_and_resume(tmp_path, FEDBCD_CONFIG.format(data_dir=credit_dir), rounds=60, stop_round=5)
     assert res["algorithm"] == "fedbcd" and res["rounds"] == 60
     assert (
         res["skipped_rounds"] > 0
@@ -88,6 +89,23 @@ def test_killed_fedbcd_run_resumes_to_the_same_result(tmp_path, credit_dir):
         and res["client_failures"] >= res["skipped_rounds"]
     )
     assert res["auc"] > 0.7
+
+
+def test_test_stop_hook_is_off_unless_set(monkeypatch):
+    """The test-only stop hook reads HYBRIDFL_TEST_STOP_AFTER_ROUND: unset or empty, no stop round;
+    a round number, that round; anything else is refused."""
+    from hybridfl.runtime.checkpoint import TEST_STOP_ENV, stop_round_for_tests
+
+    monkeypatch.delenv(TEST_STOP_ENV, raising=False)
+    assert stop_round_for_tests() is None
+    monkeypatch.setenv(TEST_STOP_ENV, "")
+    assert stop_round_for_tests() is None
+    monkeypatch.setenv(TEST_STOP_ENV, "4")
+    assert stop_round_for_tests() == 4
+    for bad in ("0", "-1", "x"):
+        monkeypatch.setenv(TEST_STOP_ENV, bad)
+        with pytest.raises(ValueError, match=TEST_STOP_ENV):
+            stop_round_for_tests()
 
 
 @pytest.mark.parametrize("variant,crash", [("p", False), ("s", False), ("p", True)])

@@ -27,16 +27,37 @@ class CentralizedConfig(BaseModel):
     """The centralised solver of the same problem (``algorithm:`` section with ``name: centralized``)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    name: Literal["centralized"] = "centralized"
-    loss: Literal["hinge", "logistic", "squared"] = "hinge"
-    lam: float = Field(1e-4, gt=0, validation_alias=AliasChoices("lam", "lambda"))
-    solver: Literal["liblinear", "sdca"] = "liblinear"
+    name: Literal["centralized"] = Field("centralized", description="the algorithm (centralised solver, not federated)")
+    loss: Literal["hinge", "logistic", "squared"] = Field(
+        "hinge",
+        description="loss l of the L2-regularised linear problem on labels +-1: hinge (SVM), logistic or squared",
+    )
+    lam: float = Field(
+        1e-4,
+        gt=0,
+        validation_alias=AliasChoices("lam", "lambda"),
+        description="L2 regulariser lambda (> 0) of P(w) = (lambda/2)||w||^2 + (1/N) sum_i l(x_i^T w)",
+    )
+    solver: Literal["liblinear", "sdca"] = Field(
+        "liblinear",
+        description="liblinear: scikit-learn's liblinear (LinearSVC for hinge, LogisticRegression for logistic; normal equations for squared), to tol; sdca: SDCA for epochs passes, seeded by the run seed",
+    )
     tol: float = Field(1e-4, gt=0, description="liblinear tolerance")
     epochs: int = Field(100, ge=1, description="SDCA epochs")
     rounds: int = Field(1, ge=1, description="unused (kept so `--rounds` works)")
-    positive_classes: list[int] | None = None
-    reference: bool = True
-    reference_sdca_epochs: int = Field(200, ge=1)
+    positive_classes: list[int] | None = Field(
+        None,
+        description="class indices labelled +1, the others -1 (required with more than 2 classes; default with 2: class 1)",
+    )
+    reference: bool = Field(
+        True,
+        description="compute (or load from the cache) the centralised reference optimum P* for relative_suboptimality",
+    )
+    reference_sdca_epochs: int = Field(
+        200,
+        ge=1,
+        description="SDCA epochs of the reference solve (P* is the best of liblinear and this SDCA run; cached per problem)",
+    )
 
 
 def run_centralized(

@@ -323,6 +323,19 @@ def get_algorithm(name: str) -> AlgorithmSpec:
     return _REGISTRY[name]
 
 
+def config_fields(model: type[BaseModel], prefix: str = "") -> list[tuple[str, Any]]:
+    """Every option of a pydantic config class as ``(name, FieldInfo)``, in declaration order;
+    the fields of a nested model (a section such as HyFEM's ``matching``) follow that section's
+    own entry, named ``section.field``. ``hybridfl algorithms --describe`` prints these."""
+    out: list[tuple[str, Any]] = []
+    for name, info in model.model_fields.items():
+        out.append((prefix + name, info))
+        ann = info.annotation
+        if isinstance(ann, type) and issubclass(ann, BaseModel):
+            out.extend(config_fields(ann, f"{prefix}{name}."))
+    return out
+
+
 def deployable(name: str) -> AlgorithmSpec:
     """The spec of an algorithm that can run on Flower.
 

@@ -6,7 +6,8 @@
   (overwrite it).
 - ``hybridfl partition``: print the partition's clients and its class x block coverage table
   (and save the heatmap / the partition JSON).
-- ``hybridfl algorithms``: list the algorithms a config can name.
+- ``hybridfl algorithms``: list the algorithms a config can name; ``hybridfl algorithms --describe
+  NAME``: every option of that algorithm's config (description, type or allowed values, range, default).
 
 A user error (missing file, unknown block, NaN in a table, bad config field, ...) prints one
 sentence to standard error and exits with status 2, without a traceback.
@@ -312,12 +313,108 @@ def partition(
 
 
 @app.command("algorithms")
-def list_algorithms() -> None:
-    """List the algorithms a run config can name."""
-    from hybridfl.algorithms.spec import algorithms
+def list_algorithms(
+    describe: Optional[str] = typer.Option(
+        None,
+        "--describe",
+        metavar="NAME",
+        help="Print every option of algorithm NAME's config: its description, type, allowed values and default.",
+    ),
+) -> None:
+    """List the algorithms a run config can name (with --describe NAME: that algorithm's options)."""
+    from hybridfl.algorithms.spec import algorithms, get_algorithm
 
+    if describe is not None:
+        spec = get_algorithm(describe)  # an unknown name: ConfigError, one sentence, exit 2
+        typer.echo(describe_algorithm(spec.name, spec.description, spec.config_model))
+        return
     for name, spec in sorted(algorithms().items()):
         console.print(f"[bold]{name}[/]: {spec.description}")
+
+
+_TYPE_NAMES = {bool: "true/false", int: "integer", float: "number", str: "text"}
+
+
+def _yaml_value(v) -> str:
+    """``v`` as it is written in a YAML run config."""
+    if v is None:
+        return "null"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return str(v)
+
+
+def _type_text(ann) -> str:
+    """A field annotation in words: ``integer``, ``one of a, b``, ``list of integer or null``, ..."""
+    import types
+    from typing import Literal, Union, get_args, get_origin
+
+    from pydantic import BaseModel
+
+    origin, args = get_origin(ann), get_args(ann)
+    if origin is Literal:
+        return "one of " + ", ".join(_yaml_value(a) for a in args)
+    if origin in (Union, types.UnionType):
+        kept = [a for a in args if a is not type(None)]
+        text = " or ".join(_type_text(a) for a in kept)
+        return f"{text} or null" if len(kept) < len(args) else text
+    if origin is list:
+        return f"list of {_type_text(args[0])}" if args else "list"
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return "section"
+    return _TYPE_NAMES.get(ann, getattr(ann, "__name__", str(ann)))
+
+
+def _range_text(info) -> str:
+    """The numeric constraints of a field (``ge``, ``gt``, ``le``, ``lt``) as ``> 0``, ``[0, 1)``, ...;
+    empty without any."""
+    low = high = None
+    for m in info.metadata:
+        for attr, side, sym in (("ge", "low", "["), ("gt", "low", "("), ("le", "high", "]"), ("lt", "high", ")")):
+            if getattr(m, attr, None) is not None:
+                if side == "low":
+                    low = (sym, getattr(m, attr))
+                else:
+                    high = (sym, getattr(m, attr))
+    if low and high:
+        return f"in {low[0]}{_yaml_value(low[1])}, {_yaml_value(high[1])}{high[0]}"
+    if low:
+        return f"{'>=' if low[0] == '[' else '>'} {_yaml_value(low[1])}"
+    if high:
+        return f"{'<=' if high[0] == ']' else '<'} {_yaml_value(high[1])}"
+    return ""
+
+
+def describe_algorithm(name: str, description: str, model) -> str:
+    """The text of ``hybridfl algorithms --describe NAME``: per option of the pydantic config
+    ``model`` (nested sections' options as ``section.field``), its name (and accepted aliases), its
+    type or allowed values, its range, its default, then its description."""
+    import textwrap
+
+    from pydantic import AliasChoices
+    from pydantic_core import PydanticUndefined
+
+    from hybridfl.algorithms.spec import config_fields
+
+    lines = [f"{name}: {description}", f"options of the algorithm: section of a run config (name: {name}):", ""]
+    for key, info in config_fields(model):
+        head = key
+        alias = info.validation_alias
+        others = [a for a in alias.choices if a != key.rsplit(".", 1)[-1]] if isinstance(alias, AliasChoices) else []
+        if others:
+            head += f" (or {', '.join(map(str, others))})"
+        parts = [_type_text(info.annotation)]
+        rng = _range_text(info)
+        if rng:
+            parts.append(rng)
+        if info.default is not PydanticUndefined:
+            parts.append(f"default {_yaml_value(info.default)}")
+        elif info.default_factory is not None and parts[0] != "section":
+            parts.append(f"default {_yaml_value(info.default_factory())}")
+        lines.append(f"{head}: {'; '.join(parts)}")
+        text = (info.description or "").strip() or "(no description)"
+        lines.extend(textwrap.wrap(text, 100, initial_indent="    ", subsequent_indent="    "))
+    return "\n".join(lines)
 
 
 from hybridfl.cli import deploy as _deploy  # noqa: E402  (export-clients, flower-app, deploy-local)

@@ -69,11 +69,6 @@ class RowBlocks(Mapping[str, np.ndarray]):
         """The per-sample shape of block ``b``."""
         return tuple(int(s) for s in self._base[b].shape[1:])
 
-    @property
-    def gathered_nbytes(self) -> int:
-        """Bytes of the blocks gathered so far (0 while only shared arrays are referenced)."""
-        return int(sum(x.nbytes for x in self._gathered.values()))
-
 
 @dataclass
 class HybridDataset:

@@ -178,12 +178,6 @@ def bottom_factory(
     return factory
 
 
-def bottom_out_dim(kind: str, representation_dim: int, top: str = "party_slice") -> int:
-    """Output width of the built-in bottom models (the width of the ``H_k`` a party sends): 1 for
-    ``linear`` or ``top`` = ``party_slice``, else ``representation_dim``."""
-    return 1 if kind == "linear" or top == "party_slice" else int(representation_dim)
-
-
 def make_top(kind: str, out_dims: Sequence[int], top: str = "party_slice") -> nn.Module:
     """The label party's top model: :class:`SumTop` for ``linear`` or ``top`` = ``party_slice``,
     else :class:`LinearTop` over ``sum(out_dims)`` inputs."""

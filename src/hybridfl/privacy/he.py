@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import math
 import os
-import secrets
 import struct
 import time
 from typing import Literal
@@ -536,8 +535,3 @@ def check_key_size(backend: HEBackend, who: str) -> None:
             f"{who} refuses its CKKS key of polynomial modulus degree {size}, below the minimum {MIN_CKKS_DEGREE}; "
             f"make a key with ckks_degree {MIN_CKKS_DEGREE} or more ({WEAK_KEYS_ENV}=1 allows weaker keys in tests only)."
         )
-
-
-def random_seed() -> int:
-    """A fresh 63-bit seed from the OS (for keys that must not depend on the run seed)."""
-    return secrets.randbits(63)

@@ -11,11 +11,16 @@ every party's state).
 ``every`` rounds, at least ``seconds`` apart, and (with ``max_share``) only while writing them keeps
 below that share of the run's wall time; the last round (or an early stop) and a clean stop
 (SIGINT/SIGTERM, see :mod:`hybridfl.runtime.simulation`) always write one.
+
+For tests only, :data:`TEST_STOP_ENV` (``HYBRIDFL_TEST_STOP_AFTER_ROUND=N``) makes a run end its
+process right after the checkpoint of round ``N`` is written, as a kill would, but at a chosen
+round instead of whenever a timer fires (:func:`stop_round_for_tests`, :func:`exit_for_tests`).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import secrets
 import time
@@ -32,6 +37,39 @@ from hybridfl.files import atomic_write
 from hybridfl.runtime.messages import Message, decode, encode
 
 CHECKPOINT_NAME = "checkpoint.hfl"
+
+TEST_STOP_ENV = "HYBRIDFL_TEST_STOP_AFTER_ROUND"
+"""Test-only: the environment variable read by :func:`stop_round_for_tests`. Never set it outside
+tests: a run that sees it ends its process after that round's checkpoint, without results."""
+
+TEST_STOP_EXIT_CODE = 86
+"""Test-only: the exit status of a process ended by :func:`exit_for_tests`."""
+
+
+def stop_round_for_tests() -> int | None:
+    """Test-only: the round ``N`` of ``HYBRIDFL_TEST_STOP_AFTER_ROUND=N`` (:data:`TEST_STOP_ENV`),
+    ``None`` when the variable is unset or empty (then the hook has no effect at all).
+
+    Tests that interrupt a run set it on the subprocess: the simulation then checkpoints round
+    ``N`` (whatever the :class:`CheckpointPolicy` says) and calls :func:`exit_for_tests`, so the
+    interruption lands after round ``N`` deterministically instead of racing a timer.
+
+    Raises:
+        ValueError: a value that is not a positive integer.
+    """
+    raw = os.environ.get(TEST_STOP_ENV, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"{TEST_STOP_ENV} must be a round number >= 1, not {raw!r}")
+    return int(raw)
+
+
+def exit_for_tests(rnd: int) -> None:
+    """Test-only: end this process at once with :data:`TEST_STOP_EXIT_CODE` after the checkpoint of
+    round ``rnd`` was written (``os._exit``: no cleanup, no results, as a SIGKILL would leave the
+    run). Called only when :func:`stop_round_for_tests` returned ``rnd``."""
+    os._exit(TEST_STOP_EXIT_CODE)
 
 
 @dataclass

@@ -31,10 +31,12 @@ from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
 from hybridfl.runtime.checkpoint import (
     CheckpointPolicy,
+    exit_for_tests,
     federation_state,
     open_for_resume,
     restore_federation,
     save_checkpoint,
+    stop_round_for_tests,
 )
 from hybridfl.runtime.loop import ProgressFn, RoundLoop
 from hybridfl.runtime.transport import CommLog, InProcessTransport
@@ -291,7 +293,9 @@ def simulate(
             every party's state and shared secrets), after the rounds ``checkpoint_policy`` picks
             and always after the last one. While the loop runs, SIGINT or SIGTERM (in the main
             thread) stops the run cleanly after the current round, with a checkpoint, by raising
-            :class:`KeyboardInterrupt`; a second SIGINT interrupts at once.
+            :class:`KeyboardInterrupt`; a second SIGINT interrupts at once. (Tests only: the
+            environment variable ``HYBRIDFL_TEST_STOP_AFTER_ROUND`` ends the process after a
+            chosen round's checkpoint, see :func:`~hybridfl.runtime.checkpoint.stop_round_for_tests`.)
         resume: continue from ``checkpoint`` after its last completed round (build, setup, restore:
             the same order for every algorithm); the result equals an uninterrupted run's.
         checkpoint_policy: when to checkpoint (default: after every round). Its cost goes into the
@@ -380,9 +384,11 @@ def _run(
     policy = checkpoint_policy if checkpoint_policy is not None else CheckpointPolicy()
     policy.begin(start - 1)
     stop = _StopRequest()
+    halt_at = stop_round_for_tests()  # test-only (HYBRIDFL_TEST_STOP_AFTER_ROUND); None in real runs
 
     def on_round(rnd: int, history: list[dict], finished: bool) -> None:
-        if checkpoint is None or not policy.due(rnd, finished or stop.requested):
+        halt = rnd == halt_at
+        if checkpoint is None or not policy.due(rnd, finished or stop.requested or halt):
             return
         t0 = time.perf_counter()
         vals, s_meta = federation_state(fed.server, fed.clients)
@@ -401,6 +407,8 @@ def _run(
             },
         )
         policy.record(rnd, time.perf_counter() - t0)
+        if halt:
+            exit_for_tests(rnd)
         if stop.requested and not finished:
             raise KeyboardInterrupt(f"stopped after round {rnd}, checkpoint written")
 

@@ -90,10 +90,6 @@ class CommLog:
         """Number of messages logged."""
         return len(self.entries)
 
-    def bytes_in_round(self, rnd: int) -> int:
-        """Bytes of the messages of round ``rnd``."""
-        return sum(e.nbytes for e in self.entries if e.round == rnd)
-
     def per_client(self, server: str = SERVER) -> dict[str, dict[str, int]]:
         """Client -> {messages, bytes_up (client to server), bytes_down (server to client)}."""
         out: dict[str, dict[str, int]] = defaultdict(lambda: {"messages": 0, "bytes_up": 0, "bytes_down": 0})

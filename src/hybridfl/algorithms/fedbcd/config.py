@@ -66,8 +66,11 @@ class FedBCDConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
-    name: Literal["fedbcd"] = "fedbcd"
-    variant: Literal["sgd", "p", "s", "prox"] = "p"
+    name: Literal["fedbcd"] = Field("fedbcd", description="the algorithm (FedBCD, vertical FL)")
+    variant: Literal["sgd", "p", "s", "prox"] = Field(
+        "p",
+        description="sgd: FedSGD (Alg. 1, one local step per exchange); p: FedBCD-p (Alg. 2, Q local steps, all parties in parallel); s: FedBCD-s (Alg. 3, the passive parties in turn, then the label party); prox: FedPBCD-p (FedBCD-p with the proximal term mu, eq. (15))",
+    )
     rounds: int = Field(100, ge=1, description="communication rounds (one exchange on one mini-batch each)")
     local_steps: int | None = Field(
         None, ge=1, description="Q local steps per exchange (default: 1 for sgd, 5 otherwise)"

@@ -21,8 +21,13 @@ class HyFDCAConfig(BaseModel):
     """HyFDCA settings (``algorithm:`` section with ``name: hyfdca``)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-    name: Literal["hyfdca"] = "hyfdca"
-    loss: Literal["hinge", "logistic", "squared"] = "hinge"
+    name: Literal["hyfdca"] = Field(
+        "hyfdca", description="the algorithm (HyFDCA, hybrid federated dual coordinate ascent)"
+    )
+    loss: Literal["hinge", "logistic", "squared"] = Field(
+        "hinge",
+        description="loss l of the L2-regularised linear problem on labels +-1: hinge (SVM), logistic or squared",
+    )
     lam: float = Field(
         1e-4, gt=0, validation_alias=AliasChoices("lam", "lambda"), description="L2 regulariser lambda (> 0)"
     )
@@ -67,10 +72,19 @@ class HyFDCAConfig(BaseModel):
         ge=0,
         description="hinge only: gamma of the smoothed hinge the local steps solve in round 1 (0: the plain hinge)",
     )
-    smoothing_decay: float = Field(1.0, gt=0, le=1, description="gamma is multiplied by this every round ...")
-    smoothing_min: float = Field(0.0, ge=0, description="... down to this floor")
+    smoothing_decay: float = Field(
+        1.0, gt=0, le=1, description="hinge smoothing: gamma is multiplied by this every round (1: constant)"
+    )
+    smoothing_min: float = Field(
+        0.0,
+        ge=0,
+        description="hinge smoothing: the floor below which gamma does not decay (gamma of round t = max(smoothing_min, smoothing * smoothing_decay^(t-1)))",
+    )
     participation: float = Field(1.0, gt=0, le=1, description="share (or probability) of clients per round")
-    participation_mode: Literal["fraction", "probability", "cyclic"] = "fraction"
+    participation_mode: Literal["fraction", "probability", "cyclic"] = Field(
+        "fraction",
+        description="how the round's clients are chosen: fraction: a random subset of round(participation x clients); probability: each client independently with probability participation (both at least one client); cyclic: client i in rounds t with i mod cyclic_groups = (t - 1) mod cyclic_groups (participation unused)",
+    )
     cyclic_groups: int = Field(2, ge=2, description="number of cyclic client groups (participation_mode: cyclic)")
     failure_rate: float = Field(
         0.0,
@@ -88,15 +102,30 @@ class HyFDCAConfig(BaseModel):
         "psi",
         description="how the holder sets of the samples are found: psi: pairwise private set intersection between the clients, relayed by the server as opaque blobs (the server learns holder sets and sizes, never an ID; our addition); plaintext: every client sends its sample IDs to the server (the paper's setting; faster): hybridfl.algorithms.hyfdca.align",
     )
-    encryption: Literal["none", "paillier", "ckks"] = "none"
+    encryption: Literal["none", "paillier", "ckks"] = Field(
+        "none",
+        description="homomorphic encryption of what the clients send for the server to add (enc(alpha), squared norms, inner-product shares): none (plaintext), paillier (exact fixed point, precision_bits), ckks (approximate, about 1e-8 per value); the server holds only the public key: hybridfl.privacy.he",
+    )
     secure_aggregation: bool = Field(
         True,
         description="mask the primal shares pairwise so the server learns only their sum per feature (our addition; the paper sends them in the clear): hybridfl.algorithms.hyfdca.secure",
     )
-    paillier_bits: int = Field(2048, ge=256)
+    paillier_bits: int = Field(
+        2048,
+        ge=256,
+        description="Paillier modulus bits; clients refuse keys below 2048 unless HYBRIDFL_ALLOW_WEAK_KEYS=1 (tests only)",
+    )
     precision_bits: int = Field(40, ge=16, le=60, description="Paillier fixed-point fraction bits")
-    ckks_degree: Literal[4096, 8192, 16384] = 8192
-    ckks_scale_bits: int = Field(40, ge=20, le=50)
+    ckks_degree: Literal[4096, 8192, 16384] = Field(
+        8192,
+        description="CKKS polynomial modulus degree (degree / 2 values per ciphertext); 4096 is refused (too small for the 120-bit coefficient modulus), and clients refuse keys below 8192 unless HYBRIDFL_ALLOW_WEAK_KEYS=1",
+    )
+    ckks_scale_bits: int = Field(
+        40,
+        ge=20,
+        le=50,
+        description="CKKS scale 2**ckks_scale_bits: each bit less halves the precision and doubles the largest encodable value (2**18 at 40)",
+    )
     ckks_secret_key_encryption: bool = Field(
         False,
         description="CKKS: the clients encrypt with their shared secret key (SEAL's symmetric encryption, 2.4x less CPU per ciphertext; the same ciphertexts for the server, which still only adds; our addition) instead of the public key: hybridfl.privacy.he.CKKSBackend.with_secret_key_encryption",
@@ -113,9 +142,13 @@ class HyFDCAConfig(BaseModel):
         False,
         description="segment mode: each round's output model is the mean of the iterates after every SDCA step of the round (SDCA's averaged output, Shalev-Shwartz & Zhang 2013 Thm. 2, taken over one round) instead of the round's last iterate (the default, HyFDCA Alg. 1); the algorithm still steps from the last iterate. Costs one more vector per client in each PrimalAggregation; the server learns this averaged model too (our addition): hybridfl.algorithms.hyfdca.output",
     )
-    eval_every: int = Field(1, ge=0)
+    eval_every: int = Field(1, ge=0, description="evaluate every k rounds and after the last (0: only after the last)")
     reference: bool = Field(True, description="compute (or load from the cache) the centralised reference optimum")
-    reference_sdca_epochs: int = Field(200, ge=1)
+    reference_sdca_epochs: int = Field(
+        200,
+        ge=1,
+        description="SDCA epochs of the reference solve (P* is the best of liblinear and this SDCA run; cached per problem)",
+    )
 
     @model_validator(mode="after")
     def _check(self) -> HyFDCAConfig:

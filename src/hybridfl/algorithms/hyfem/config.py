@@ -28,14 +28,28 @@ class MatchingSettings(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
-    cost: Literal["pfnm", "euclidean", "index"] = "pfnm"
+    cost: Literal["pfnm", "euclidean", "index"] = Field(
+        "pfnm",
+        description="pfnm: the PFNM posterior cost; euclidean: squared distance over shared coordinates; index: no matching (index-wise averaging, a baseline)",
+    )
     sweeps: int = Field(3, ge=0, description="matching sweeps P over the clients")
-    sigma: float = Field(1.0, gt=0)
-    sigma0: float = Field(1.0, gt=0)
-    gamma: float = Field(1.0, gt=0)
-    new_penalty: float | None = Field(None, gt=0)
+    sigma: float = Field(
+        1.0, gt=0, description="PFNM: variance of the client neurons' weights around their server neuron"
+    )
+    sigma0: float = Field(1.0, gt=0, description="PFNM: prior variance of a server neuron's weights")
+    gamma: float = Field(
+        1.0, gt=0, description="PFNM: mass of the Indian buffet process prior (larger: new server neurons are cheaper)"
+    )
+    new_penalty: float | None = Field(
+        None,
+        gt=0,
+        description="euclidean: cost of opening a new server neuron (default: median squared norm of the client's neuron vectors)",
+    )
     max_width: int | None = Field(None, ge=1, description="cap on the server hidden width")
-    output_weighting: Literal["samples", "class"] = "samples"
+    output_weighting: Literal["samples", "class"] = Field(
+        "samples",
+        description="output layer average weights: samples: each client's sample count; class: row c by the client's samples of class c",
+    )
     uncovered: Literal["zero", "previous"] = Field(
         "zero", description="server classifier entries no client covers: zero (paper) or previous value"
     )
@@ -61,11 +75,16 @@ class HyFEMConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
-    name: Literal["hyfem"] = "hyfem"
-    variant: Literal["avg", "prox"] = "avg"
+    name: Literal["hyfem"] = Field("hyfem", description="the algorithm (HyFEM, hybrid federated matching)")
+    variant: Literal["avg", "prox"] = Field(
+        "avg",
+        description="avg: HyFEM-Avg (mu1 = mu2 = 0); prox: HyFEM-Prox (proximal weights mu1, mu2 in the local steps)",
+    )
     rounds: int = Field(30, ge=1, description="communication rounds T")
     local_steps: int = Field(20, ge=1, description="local SGD steps Q per round")
-    batch_size: int = Field(32, ge=1)
+    batch_size: int = Field(
+        32, ge=1, description="samples per local SGD step, drawn with replacement (capped at the client's samples)"
+    )
     lr: float = Field(0.05, gt=0, description="SGD step size eta")
     lr_decay: float = Field(
         1.0,
@@ -74,13 +93,23 @@ class HyFEMConfig(BaseModel):
         description="multiply lr by this every lr_decay_every rounds (1: constant, TMLR Sec. 4; the workshop version's Sec. 4 uses 0.2 every 8)",
     )
     lr_decay_every: int = Field(0, ge=0, description="rounds between lr decays (0: never)")
-    momentum: float = Field(0.0, ge=0, lt=1)
+    momentum: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="SGD momentum of the local steps (0: plain SGD, HyFEM Alg. 2); its buffer restarts every round",
+    )
     mu1: float = Field(0.0, ge=0, description="proximal weight on the extractors (HyFEM-Prox)")
     mu2: float = Field(0.0, ge=0, description="proximal weight on the classifier (HyFEM-Prox)")
-    extractor: Literal["auto", "mlp", "cnn"] = "auto"
+    extractor: Literal["auto", "mlp", "cnn"] = Field(
+        "auto",
+        description="feature extractor per block: auto: CNN for image blocks, MLP otherwise; mlp: MLP on the flattened block; cnn: CNN",
+    )
     extractor_dim: int = Field(32, ge=1, description="output width e of every extractor")
     hidden: int = Field(64, ge=1, description="client classifier hidden width")
-    matching: MatchingSettings = Field(default_factory=MatchingSettings)
+    matching: MatchingSettings = Field(
+        default_factory=MatchingSettings, description="classifier matching settings (HyFEM Alg. 3)"
+    )
     eval_every: int = Field(1, ge=0, description="evaluate every k rounds (0: only at the end)")
     fraction_fit: float = Field(
         1.0,

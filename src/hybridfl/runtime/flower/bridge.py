@@ -129,11 +129,6 @@ class WireLog:
     exchanges: list[dict] = field(default_factory=list)
 
     @property
-    def counted_total(self) -> int:
-        """Bytes of our codec over all messages (what the simulation's :class:`CommLog` counts)."""
-        return sum(e.counted for e in self.entries)
-
-    @property
     def wire_total(self) -> int:
         """Bytes of Flower's serialized objects over all messages (without RPC framing and TLS)."""
         return sum(e.wire for e in self.entries)
