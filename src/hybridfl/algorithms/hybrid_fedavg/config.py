@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from hybridfl.algorithms.convex.intercept import FIT_INTERCEPT_DESCRIPTION
+
 
 class HybridFedAvgConfig(BaseModel):
     """Hybrid FedAvg settings (``algorithm:`` section with ``name: hybrid_fedavg``)."""
@@ -14,6 +16,7 @@ class HybridFedAvgConfig(BaseModel):
     name: Literal["hybrid_fedavg"] = "hybrid_fedavg"
     loss: Literal["hinge", "logistic", "squared"] = "hinge"
     lam: float = Field(1e-4, gt=0, validation_alias=AliasChoices("lam", "lambda"))
+    fit_intercept: bool = Field(True, description=FIT_INTERCEPT_DESCRIPTION)
     rounds: int = Field(100, ge=1)
     local_steps: int = Field(50, ge=1, description="local SGD steps per round")
     batch_size: int = Field(64, ge=1)
