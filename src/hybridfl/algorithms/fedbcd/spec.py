@@ -125,7 +125,7 @@ def build_client(
         return FedBCDParty(cd.client_id, cd.data.ids, x, bottoms[cd.client_id], own, test_x=test_x, device=device)
     with torch.no_grad():
         dims = [int(bottoms[c](torch.zeros((1, *shapes[c]))).shape[1]) for c in order]
-    top = top_factory(dims) if top_factory is not None else make_top(cfg.model, dims, cfg.top)
+    top = top_factory(dims) if top_factory is not None else make_top(cfg.model, dims, cfg.top, cfg.fit_intercept)
     return FedBCDParty(
         cd.client_id,
         cd.data.ids,
