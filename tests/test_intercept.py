@@ -182,3 +182,15 @@ def test_fedbcd_fit_intercept_switches_the_label_partys_bias():
         if on:
             assert float(top.bias.detach()) < 0  # a quarter positive: the bias moves down
         assert len(list(top.parameters())) == int(on)
+
+
+def test_resume_of_a_run_from_before_the_option_keeps_it_off(tmp_path):
+    """A run directory's config.json holds every field; one without fit_intercept predates it."""
+    import json
+
+    from hybridfl.config import run_dir_config
+
+    base = {"seed": 0, "dataset": {"name": "digits"}, "partition": {"kind": "grid"}}
+    for algo, want in (({"name": "hyfdca"}, False), ({"name": "hybrid_fedavg", "fit_intercept": True}, True)):
+        (tmp_path / "config.json").write_text(json.dumps({**base, "algorithm": algo}))
+        assert run_dir_config(tmp_path).algorithm_config().fit_intercept is want
