@@ -267,6 +267,7 @@ def hyfdca_part(settings: list[str], rounds: int = 5) -> dict:
         "name": "hyfdca",
         "loss": "hinge",
         "lam": 1e-3,
+        "fit_intercept": False,  # as the committed numbers
         "rounds": rounds,
         "positive_classes": [0, 1, 2, 3, 4],
         "encryption": "none",

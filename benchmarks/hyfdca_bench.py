@@ -115,7 +115,13 @@ def convergence(
         ("hyfdca_random50", {"participation": 0.5, "participation_mode": participation_mode, **(partial_extra or {})}),
     ):
         cfg = HyFDCAConfig(
-            lam=lam, rounds=rounds, positive_classes=pos, eval_every=eval_every, sigma=sigma, **{**(extra or {}), **kw}
+            fit_intercept=False,
+            lam=lam,
+            rounds=rounds,
+            positive_classes=pos,
+            eval_every=eval_every,
+            sigma=sigma,
+            **{**(extra or {}), **kw},
         )
         t = time.perf_counter()
         res = run_hyfdca(split, part, cfg, seed=0)
@@ -148,7 +154,9 @@ def convergence(
         print(label, out["runs"][label]["final"], flush=True)
     best = None
     for lr in lrs:
-        cfg = HybridFedAvgConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=eval_every, lr=lr)
+        cfg = HybridFedAvgConfig(
+            fit_intercept=False, lam=lam, rounds=rounds, positive_classes=pos, eval_every=eval_every, lr=lr
+        )
         res = run_hybrid_fedavg(split, part, cfg, seed=0)
         final = res.summary["relative_suboptimality"]
         out["runs"][f"fedavg_lr{lr:g}"] = {
@@ -163,6 +171,7 @@ def convergence(
     hist_for_plot[f"hybrid FedAvg (lr={best[0]:g}, best of {lrs})"] = best[2]
     # hybrid FedAvg under the same 50 % participation as hyfdca_random50 (its best full-participation lr)
     cfg = HybridFedAvgConfig(
+        fit_intercept=False,
         lam=lam,
         rounds=rounds,
         positive_classes=pos,
@@ -248,6 +257,7 @@ def encryption(rounds: int, extra: dict | None = None) -> dict:
     ws = {}
     for scheme in ("none", "ckks"):
         cfg = HyFDCAConfig(
+            fit_intercept=False,
             lam=lam,
             rounds=rounds,
             positive_classes=pos,
@@ -291,7 +301,9 @@ def encryption_plot(rounds: int) -> dict:
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
     hists, out = {}, {"dataset": "credit", "rounds": rounds, "runs": {}}
     for scheme in ("none", "ckks"):
-        cfg = HyFDCAConfig(lam=lam, rounds=rounds, positive_classes=pos, eval_every=2, encryption=scheme)
+        cfg = HyFDCAConfig(
+            fit_intercept=False, lam=lam, rounds=rounds, positive_classes=pos, eval_every=2, encryption=scheme
+        )
         res = run_hyfdca(split, part, cfg, seed=0)
         hists[f"HyFDCA {scheme}"] = res.history
         out["runs"][scheme] = {

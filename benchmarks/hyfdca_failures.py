@@ -48,6 +48,7 @@ def main() -> None:
     }
     for rate in (float(r) for r in args.rates.split(",")):
         cfg = HyFDCAConfig(
+            fit_intercept=False,
             lam=lam,
             loss=args.loss,
             sigma=args.sigma,

@@ -43,7 +43,9 @@ def main() -> None:
             res = run_hybrid_fedavg(
                 split,
                 part,
-                HybridFedAvgConfig(lam=lam, rounds=a.rounds, positive_classes=pos, eval_every=a.eval_every, lr=lr),
+                HybridFedAvgConfig(
+                    fit_intercept=False, lam=lam, rounds=a.rounds, positive_classes=pos, eval_every=a.eval_every, lr=lr
+                ),
                 seed=0,
             )
             fa = {h["round"]: h["relative_suboptimality"] for h in res.history if "relative_suboptimality" in h}

@@ -303,6 +303,7 @@ def child(spec: dict, eval_every: int, psi_samples: int) -> dict:
         fields = {
             "lam": LAM,
             "loss": "hinge",
+            "fit_intercept": False,  # the paper's problem: the committed numbers are without an intercept
             "positive_classes": POSITIVE,
             "rounds": spec["rounds"],
             "alignment": "plaintext",

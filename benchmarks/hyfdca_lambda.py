@@ -175,6 +175,7 @@ def certify(X, y: np.ndarray, w: np.ndarray, lam: float, eps: float = 1e-3, epoc
 
 def run_mode(split, part, pos, lam: float, mode: str, rounds: int, eval_every: int, average_last: float = 0.0) -> dict:
     cfg = HyFDCAConfig(
+        fit_intercept=False,
         lam=lam,
         rounds=rounds,
         positive_classes=pos,

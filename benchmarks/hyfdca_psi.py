@@ -46,7 +46,9 @@ def run(name: str, alignment: str) -> tuple[dict, np.ndarray, list, list]:
     """One setup (and one round) of ``name`` on a 3 x 3 grid with ``alignment``."""
     split, pos, lam = dataset(name)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
-    cfg = HyFDCAConfig(lam=lam, rounds=1, positive_classes=pos, reference=False, eval_every=0, alignment=alignment)
+    cfg = HyFDCAConfig(
+        fit_intercept=False, lam=lam, rounds=1, positive_classes=pos, reference=False, eval_every=0, alignment=alignment
+    )
     raw: list[bytes] = []
     fed = build_federation("hyfdca", split, part, cfg, seed=0, recorder=raw.append)
     c0, w0 = _cpu(), time.perf_counter()

@@ -101,6 +101,7 @@ def config(batch_size: int = 128, **kw) -> HyFDCAConfig:
     """The example's settings (``examples/configs/hyfdca_mnist.yaml``) with ``kw`` on top."""
     base = dict(
         lam=LAM,
+        fit_intercept=False,  # the paper's problem: the committed numbers are without an intercept
         loss="hinge",
         positive_classes=POSITIVE,
         dual_mode="segment",

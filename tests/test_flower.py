@@ -325,6 +325,32 @@ def test_hyfdca_rebuilt_clients_equal_simulation(tmp_path, mode):
     assert 0.5 < hist[-1]["accuracy"] <= 1.0
 
 
+@pytest.mark.parametrize("algorithm", ["hyfdca", "hybrid_fedavg"])
+def test_fit_intercept_rebuilt_clients_equal_simulation(tmp_path, algorithm):
+    """fit_intercept on (the constant block ``intercept`` added when each client is rebuilt from
+    its directory, and to the server's schema): the same final arrays as the simulation."""
+    from hybridfl.algorithms.spec import get_algorithm
+
+    if algorithm == "hyfdca":
+        algo = {**HYFDCA, "fit_intercept": True, "rounds": 2, "alignment": "plaintext"}
+    else:
+        algo = {"name": "hybrid_fedavg", "rounds": 3, "positive_classes": [0, 1, 2, 3, 4], "reference": False}
+        algo.update(fit_intercept=True, local_steps=5, batch_size=16)
+    prep, dirs, server_dir = _setup(tmp_path, algo)
+    spec = get_algorithm(algorithm)
+    cfg = spec.config_model(**{k: v for k, v in algo.items() if k != "name"})
+    fed = build_federation(algorithm, prep.split, prep.partition, cfg, prep.config.seed)
+    fed.setup()
+    fed.loop(monitor=False).run()
+    ref = spec.final_arrays(fed.server)
+    server, _, _, _ = _run_steps(dirs, server_dir)
+    got = spec.final_arrays(server)
+    d = sum(int(np.prod(s)) for s in prep.split.train.block_shapes.values())
+    assert got["w"].shape == (d + 1,) and got["intercept"][0] == got["w"][-1] != 0.0
+    np.testing.assert_allclose(got["w"], ref["w"], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(got["intercept"], ref["intercept"], rtol=1e-9, atol=1e-12)
+
+
 def test_hyfdca_paillier_keys_stay_on_clients(tmp_path):
     from hybridfl.privacy.he import KeyDealer
     from hybridfl.privacy.keys import SECRET_FILE, write_secret

@@ -72,7 +72,8 @@ def test_reference_is_cached_and_says_which_solver(credit_small, tmp_path):
 
 
 def _cfg(**kw) -> HyFDCAConfig:
-    base = dict(lam=1e-2, rounds=30, eval_every=0, reference_sdca_epochs=100)
+    # the paper's problem (no intercept): several tests rebuild it by hand (build_problem)
+    base = dict(lam=1e-2, rounds=30, eval_every=0, reference_sdca_epochs=100, fit_intercept=False)
     base.update(kw)
     return HyFDCAConfig(**base)
 

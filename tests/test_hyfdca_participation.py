@@ -39,6 +39,7 @@ def _cfg(**kw) -> HyFDCAConfig:
     # the exact identities below hold for the plaintext shares; secure aggregation sums them in
     # fixed point (2^-32): tests/test_secagg.py checks that it gives the same w to that resolution
     base["secure_aggregation"] = False
+    base["fit_intercept"] = False  # the paper's problem: the identities are checked on build_problem's
     base.update(kw)
     return HyFDCAConfig(**base)
 

@@ -26,7 +26,16 @@ pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def _cfg(**kw) -> HyFDCAConfig:
-    base = dict(lam=1e-2, rounds=30, eval_every=0, reference_sdca_epochs=100, dual_mode="segment", batch_size=64)
+    # the paper's problem (no intercept): the tests rebuild it by hand (build_problem)
+    base = dict(
+        lam=1e-2,
+        rounds=30,
+        eval_every=0,
+        reference_sdca_epochs=100,
+        dual_mode="segment",
+        batch_size=64,
+        fit_intercept=False,
+    )
     base.update(kw)
     return HyFDCAConfig(**base)
 

@@ -31,6 +31,7 @@ def _cfg(**kw) -> HyFDCAConfig:
         dual_mode="segment",
         batch_size=64,
         step_average=True,
+        fit_intercept=False,  # the paper's problem: the brute force rebuilds it by hand (build_problem)
     )
     base.update(kw)
     return HyFDCAConfig(**base)

@@ -263,6 +263,10 @@ def config_with_overrides(
 def run_dir_config(run_dir: str | Path) -> RunConfig:
     """The config of an earlier run, from its output directory's ``config.json`` (for ``--resume``).
 
+    A ``config.json`` holds every algorithm field with its value; one of HyFDCA, hybrid FedAvg or
+    the centralised solver without ``fit_intercept`` was written before that option existed, so its
+    run had no intercept: ``fit_intercept`` is set to ``false`` for it (the default is ``true``).
+
     Raises:
         ConfigError: the directory holds no ``config.json`` or it is not a valid run config.
     """
@@ -275,4 +279,10 @@ def run_dir_config(run_dir: str | Path) -> RunConfig:
         data = json.loads(p.read_text())
     except json.JSONDecodeError:
         raise ConfigError(f"{str(p)!r} is not valid JSON.") from None
+    algo = data.get("algorithm") if isinstance(data, dict) else None
+    if isinstance(algo, dict) and algo.get("name") in _INTERCEPT_ALGORITHMS and "fit_intercept" not in algo:
+        data = {**data, "algorithm": {**algo, "fit_intercept": False}}  # a run from before the option
     return parse_config(data, where=str(p))
+
+
+_INTERCEPT_ALGORITHMS = ("hyfdca", "hybrid_fedavg", "centralized")

@@ -11,10 +11,13 @@ from __future__ import annotations
 import time
 from typing import Literal
 
+import numpy as np
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from hybridfl.algorithms.convex.intercept import FIT_INTERCEPT_DESCRIPTION, intercept_array, split_with_intercept
 from hybridfl.algorithms.convex.losses import sdca
 from hybridfl.algorithms.convex.monitor import Monitor, build_problem, check_inputs, reference_of
+from hybridfl.algorithms.convex.problem import block_offsets
 from hybridfl.algorithms.convex.reference import liblinear_solve
 from hybridfl.algorithms.spec import AlgorithmSpec, register
 from hybridfl.data.dataset import DatasetSplit
@@ -38,6 +41,7 @@ class CentralizedConfig(BaseModel):
         validation_alias=AliasChoices("lam", "lambda"),
         description="L2 regulariser lambda (> 0) of P(w) = (lambda/2)||w||^2 + (1/N) sum_i l(x_i^T w)",
     )
+    fit_intercept: bool = Field(True, description=FIT_INTERCEPT_DESCRIPTION)
     solver: Literal["liblinear", "sdca"] = Field(
         "liblinear",
         description="liblinear: scikit-learn's liblinear (LinearSVC for hinge, LogisticRegression for logistic; normal equations for squared), to tol; sdca: SDCA for epochs passes, seeded by the run seed",
@@ -65,12 +69,17 @@ def run_centralized(
 ) -> RunResult:
     """Solve the federated problem (all clients' data in one place) with liblinear or SDCA
     (``epochs`` passes, seeded by ``seed``); one metrics row (``seconds``: the solve's wall time).
+    Its ``final`` arrays are ``w`` (every block in schema order, ``intercept`` last when fitted)
+    and ``intercept`` (1 element; 0.0 when not fitted). With ``fit_intercept`` the problem has the constant ``intercept`` column (regularised like
+    every weight, :mod:`hybridfl.algorithms.convex.intercept`), as the federated runs' problem.
 
     Raises:
         DataError, PartitionError: the input checks of the convex algorithms
             (:func:`~hybridfl.algorithms.convex.monitor.check_inputs`).
     """
     pos = check_inputs(split, partition, cfg.loss, cfg.positive_classes, "centralized")
+    if cfg.fit_intercept:
+        split, partition = split_with_intercept(split, partition)
     prob = build_problem(split, partition, cfg.loss, cfg.lam, pos)
     t0 = time.perf_counter()
     if cfg.solver == "liblinear":
@@ -87,6 +96,7 @@ def run_centralized(
         "solver": cfg.solver,
         "loss": cfg.loss,
         "lambda": cfg.lam,
+        "fit_intercept": cfg.fit_intercept,
         "rounds": 1,
         "primal_objective": row["primal"],
         "reference_objective": ref.objective if ref else None,
@@ -103,7 +113,11 @@ def run_centralized(
         ["relative suboptimality (P(w) - P*) / P*", summary["relative_suboptimality"], "sci"],
         [f"solve seconds ({cfg.solver})", seconds, "plain"],
     ]
-    return RunResult(summary=summary, history=[row], comm=None)
+    final = {
+        "w": np.asarray(w, dtype=np.float64),
+        "intercept": intercept_array(w, block_offsets(split.train.block_shapes)),
+    }
+    return RunResult(summary=summary, history=[row], comm=None, final=final)
 
 
 SPEC = register(

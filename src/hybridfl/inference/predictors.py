@@ -405,7 +405,7 @@ class FedBCDModel(HybridFLModel):
     """FedBCD's joint model: each party's bottom model ``party.<i>.*`` (``i`` its position in
     ``parties``) on its blocks, the label
     party's top ``top.*``. Settings: ``model`` (linear | mlp | cnn), ``representation_dim``,
-    ``hidden``, ``channels``, ``top`` (party_slice | concat), ``parties`` (``[{"id", "blocks"}]``
+    ``hidden``, ``channels``, ``top`` (party_slice | concat), ``fit_intercept`` (the top's bias), ``parties`` (``[{"id", "blocks"}]``
     in the top model's order)."""
 
     kind = "fedbcd"
@@ -445,7 +445,7 @@ class FedBCDModel(HybridFLModel):
                     shape = party_shape(self.encoding.block_shapes, blocks)
                     dims.append(int(m(torch.zeros((1, *shape))).shape[1]))
                 self.bottoms[pid] = m
-            self.top = make_top(kind, dims, top)
+            self.top = make_top(kind, dims, top, bool(meta.get("fit_intercept", True)))
         self._load(self.top, "top.", tensors)
         used = {k for k in tensors if k.startswith(("party.", "top.", "scale."))}
         if used != set(tensors):

@@ -101,26 +101,33 @@ class MLPTower(nn.Module):
 
 
 class SumTop(nn.Module):
-    """``H = sum_k H_k + b`` for ``(batch, 1)`` inputs (paper eq. (2)); returns ``(batch,)``."""
+    """``H = sum_k H_k + b`` for ``(batch, 1)`` inputs (paper eq. (2)); returns ``(batch,)``.
 
-    def __init__(self) -> None:
+    Args:
+        bias: learn the intercept ``b`` (starts at 0; FedBCD's ``fit_intercept``); ``False``: no
+            ``b`` (no parameter, ``H = sum_k H_k``).
+    """
+
+    def __init__(self, bias: bool = True) -> None:
         super().__init__()
-        self.bias = nn.Parameter(torch.zeros(1))
+        self.bias = nn.Parameter(torch.zeros(1)) if bias else None
 
     def forward(self, hs: Sequence[torch.Tensor]) -> torch.Tensor:
         """``H = sum_k H_k + b`` (paper eq. (2)): one ``(batch, 1)`` tensor per party -> logits ``(batch,)``."""
-        return torch.stack([h.reshape(h.shape[0]) for h in hs], dim=0).sum(dim=0) + self.bias
+        h = torch.stack([h.reshape(h.shape[0]) for h in hs], dim=0).sum(dim=0)
+        return h + self.bias if self.bias is not None else h
 
 
 class LinearTop(nn.Module):
     """Logistic regression over the concatenated party outputs: ``Linear(sum_k r_k, 1)``; returns
-    ``(batch,)`` logits. Weights start at zero."""
+    ``(batch,)`` logits. Weights start at zero; ``bias`` ``False``: no intercept."""
 
-    def __init__(self, in_dim: int):
+    def __init__(self, in_dim: int, bias: bool = True):
         super().__init__()
-        self.fc = nn.Linear(in_dim, 1)
+        self.fc = nn.Linear(in_dim, 1, bias=bias)
         nn.init.zeros_(self.fc.weight)
-        nn.init.zeros_(self.fc.bias)
+        if bias:
+            nn.init.zeros_(self.fc.bias)
 
     def forward(self, hs: Sequence[torch.Tensor]) -> torch.Tensor:
         """Logits of the concatenated party outputs: ``(batch, r_k)`` per party, in party order ->
@@ -178,9 +185,10 @@ def bottom_factory(
     return factory
 
 
-def make_top(kind: str, out_dims: Sequence[int], top: str = "party_slice") -> nn.Module:
+def make_top(kind: str, out_dims: Sequence[int], top: str = "party_slice", bias: bool = True) -> nn.Module:
     """The label party's top model: :class:`SumTop` for ``linear`` or ``top`` = ``party_slice``,
-    else :class:`LinearTop` over ``sum(out_dims)`` inputs."""
+    else :class:`LinearTop` over ``sum(out_dims)`` inputs; ``bias``: with its intercept (FedBCD's
+    ``fit_intercept``)."""
     if kind == "linear" or top == "party_slice":
-        return SumTop()
-    return LinearTop(int(sum(out_dims)))
+        return SumTop(bias)
+    return LinearTop(int(sum(out_dims)), bias)

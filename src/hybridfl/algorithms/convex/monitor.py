@@ -26,7 +26,9 @@ decrypts the server's ``enc(alpha)``; nothing it does is counted as communicatio
 
 The federated problem is the one the clients hold: the union of their samples, with a feature
 block of a sample set to zero where no holder of that sample holds the block (in a grid partition
-every cell is held, so it is the centralised problem on all training data).
+every cell is held, so it is the centralised problem on all training data). With
+``fit_intercept`` it has one more column, the constant ``intercept`` block held by every client
+holding labels (:mod:`hybridfl.algorithms.convex.intercept`), last in the feature order.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
+from hybridfl.algorithms.convex.intercept import split_with_intercept
 from hybridfl.algorithms.convex.losses import dual, primal, w_of_alpha
 from hybridfl.algorithms.convex.problem import features, positive_set, signed_labels
 from hybridfl.algorithms.convex.reference import Reference, reference_optimum
@@ -182,15 +185,22 @@ def accuracy_of(w: np.ndarray, X: Any, y: np.ndarray) -> float:
     return float(np.mean(np.where(z >= 0, 1.0, -1.0) == y))
 
 
-_HOLDOUT: list = []  # (test set, positive classes, X, y) of the last holdout_accuracy call
+_HOLDOUT: list = []  # (test set, (positive classes, intercept), X, y) of the last holdout_accuracy call
 
 
 def holdout_accuracy(
-    w: np.ndarray, test: HybridDataset | None, loss: str, positive_classes: Sequence[int] | None, where: str
+    w: np.ndarray,
+    test: HybridDataset | None,
+    loss: str,
+    positive_classes: Sequence[int] | None,
+    where: str,
+    intercept: bool = False,
 ) -> dict[str, float]:
     """``{"accuracy": ...}`` of ``w`` (``(d,)``, all blocks in schema order) on a labelled test set
-    (the server's public evaluation, e.g. over Flower); ``{}`` without a test set. The test
-    features of the last test set are kept between calls (one conversion per run).
+    (the server's public evaluation, e.g. over Flower); ``{}`` without a test set. With
+    ``intercept`` the test set lacks the constant block that ``w``'s last weight multiplies
+    (:mod:`hybridfl.algorithms.convex.intercept`): a column of ones is appended to its features.
+    The test features of the last test set are kept between calls (one conversion per run).
 
     Raises:
         DataError: the labels are not binary for the loss and no valid ``positive_classes``
@@ -199,8 +209,12 @@ def holdout_accuracy(
     if test is None:
         return {}
     pos = positive_set(test, positive_classes, loss, where)
-    if not _HOLDOUT or _HOLDOUT[0] is not test or _HOLDOUT[1] != pos:
-        _HOLDOUT[:] = [test, pos, features(test), signed_labels(test.y, pos)]
+    if not _HOLDOUT or _HOLDOUT[0] is not test or _HOLDOUT[1] != (pos, intercept):
+        X = features(test)
+        if intercept:
+            ones = np.ones((test.n_samples, 1))
+            X = sp.hstack([X, sp.csr_matrix(ones)], format="csr") if sp.issparse(X) else np.hstack([X, ones])
+        _HOLDOUT[:] = [test, (pos, intercept), X, signed_labels(test.y, pos)]
     return {"accuracy": accuracy_of(w, _HOLDOUT[2], _HOLDOUT[3])}
 
 
@@ -357,11 +371,16 @@ def make_monitor(
     split: DatasetSplit, partition: Partition, cfg: Any, where: str, dealer: KeyDealer | None = None
 ) -> Monitor:
     """A :class:`Monitor` of the federated problem of ``cfg`` (``loss``, ``lam``,
-    ``positive_classes``, ``reference``), with the reference's computing time in ``ref_seconds``.
+    ``positive_classes``, ``reference``; with ``fit_intercept`` the problem has the constant
+    ``intercept`` block, :func:`~hybridfl.algorithms.convex.intercept.split_with_intercept`), with
+    the reference's computing time in ``ref_seconds``.
 
     Raises:
-        DataError: labels not binary for the loss (names ``where``).
+        DataError: labels not binary for the loss (names ``where``); a dataset block already named
+            ``intercept`` with ``fit_intercept``.
     """
+    if getattr(cfg, "fit_intercept", False):
+        split, partition = split_with_intercept(split, partition)
     pos = positive_set(split.train, cfg.positive_classes, cfg.loss, where)
     prob = build_problem(split, partition, cfg.loss, cfg.lam, pos)
     t0 = time.perf_counter()

@@ -12,6 +12,10 @@ The tighter one (smaller ``P(w)``) is the reference; :class:`Reference` says whi
 (``solver``) and carries the certified lower bound ``D(alpha)`` from SDCA. Cached as ``.npz`` under
 ``cache_dir`` (default ``$HYBRIDFL_CACHE`` or ``~/.cache/hybridfl``) by a SHA-256 of the data,
 labels, ``lambda`` and loss.
+
+With ``fit_intercept`` (:mod:`hybridfl.algorithms.convex.intercept`) the intercept is a column of
+ones inside ``X``, so liblinear's ``fit_intercept=False`` still solves the same problem, its
+intercept regularised like every weight.
 """
 
 from __future__ import annotations

@@ -82,6 +82,13 @@ class FedBCDConfig(BaseModel):
     )
     mu: float | None = Field(None, ge=0, description="proximal weight (prox only; default 0.1)")
     l2: float = Field(0.0, ge=0, description="L2 weight lambda on every party's parameters (paper eq. (1))")
+    fit_intercept: bool = Field(
+        True,
+        description="learn the intercept b of the label party's top model (linear: H = sum_k H_k + b, paper eq. (2); "
+        "cnn/mlp: the bias of the top layer), held by the label party only, never a feature block; regularised "
+        "by l2 like every other parameter (l2/2 * b^2, paper eq. (1)). The paper's model has it, so it is on in the "
+        "paper settings too; false: no b (the logit is sum_k H_k)",
+    )
     model: Literal["linear", "cnn", "mlp"] = Field(
         "linear", description="bottom models: linear (summed), cnn or mlp towers (+ linear top)"
     )

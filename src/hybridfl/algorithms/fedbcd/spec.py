@@ -126,7 +126,7 @@ def build_client(
         return FedBCDParty(cd.client_id, cd.data.ids, x, bottoms[cd.client_id], own, test_x=test_x, device=device)
     with torch.no_grad():
         dims = [int(bottoms[c](torch.zeros((1, *shapes[c]))).shape[1]) for c in order]
-    top = top_factory(dims) if top_factory is not None else make_top(cfg.model, dims, cfg.top)
+    top = top_factory(dims) if top_factory is not None else make_top(cfg.model, dims, cfg.top, cfg.fit_intercept)
     return FedBCDParty(
         cd.client_id,
         cd.data.ids,
@@ -288,6 +288,7 @@ def export_model(server: FedBCDCoordinator, clients: Any, cfg: FedBCDConfig) -> 
         "representation_dim": int(cfg.representation_dim),
         "hidden": int(cfg.hidden),
         "channels": int(cfg.channels),
+        "fit_intercept": bool(cfg.fit_intercept),
         "parties": parties,
         "label_party": label.party_id,
     }

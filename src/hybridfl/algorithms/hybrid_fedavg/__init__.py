@@ -4,7 +4,8 @@ Each client runs local mini-batch SGD on its own block of ``w`` over its own sam
 ``(lambda/2)||w_k||^2 + (1/n_k) sum_{i in I_k} l_i(x_{k,i}^T w_k)`` (it sees only its features);
 the server averages each feature's weight over the participating clients holding that feature,
 weighted by their sample counts ("concatenating the model weights and averaging at the
-overlaps"). Step size ``eta_t = lr / sqrt(t)`` in round ``t`` (the paper tunes ``a, b`` of a decaying
+overlaps"; with ``fit_intercept``, the default, the constant block ``intercept`` of the label
+holders is one more such feature: :mod:`hybridfl.algorithms.convex.intercept`). Step size ``eta_t = lr / sqrt(t)`` in round ``t`` (the paper tunes ``a, b`` of a decaying
 rate; our benchmark tunes ``lr`` on a grid).
 
 Messages per round (one exchange): ``fedavg.fit`` server -> client ``w`` on its features, ``lr``,

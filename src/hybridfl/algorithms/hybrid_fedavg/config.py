@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
+from hybridfl.algorithms.convex.intercept import FIT_INTERCEPT_DESCRIPTION
+
 
 class HybridFedAvgConfig(BaseModel):
     """Hybrid FedAvg settings (``algorithm:`` section with ``name: hybrid_fedavg``)."""
@@ -24,6 +26,7 @@ class HybridFedAvgConfig(BaseModel):
         validation_alias=AliasChoices("lam", "lambda"),
         description="L2 regulariser lambda (> 0) of P(w) = (lambda/2)||w||^2 + (1/N) sum_i l(x_i^T w)",
     )
+    fit_intercept: bool = Field(True, description=FIT_INTERCEPT_DESCRIPTION)
     rounds: int = Field(
         100, ge=1, description="communication rounds T (one fit exchange with the round's clients each)"
     )

@@ -14,6 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from hybridfl.algorithms.convex.intercept import (
+    INTERCEPT,
+    check_no_intercept_block,
+    client_with_intercept,
+    intercept_array,
+    server_with_intercept,
+)
 from hybridfl.algorithms.convex.model import linear_parts
 from hybridfl.algorithms.convex.monitor import (
     Monitor,
@@ -43,15 +50,21 @@ def check(split: DatasetSplit, partition: Partition, cfg: HybridFedAvgConfig) ->
         DataError: labels not binary for the loss; PartitionError, UnknownBlockError: see there.
     """
     check_inputs(split, partition, cfg.loss, cfg.positive_classes, WHERE)
+    if cfg.fit_intercept:
+        check_no_intercept_block(split.train.block_names, WHERE)
 
 
 def build_client(cd: ClientData, cfg: HybridFedAvgConfig, seed: int, layout: list | None = None) -> HybridFedAvgClient:
-    """One client from its own data (seed ``client_seed(seed, index)``).
+    """One client from its own data (seed ``client_seed(seed, index)``); with ``fit_intercept``
+    the data gains the constant ``intercept`` block
+    (:func:`~hybridfl.algorithms.convex.intercept.client_with_intercept`).
 
     Raises:
         PartitionError: the client has no labels.
-        DataError: labels not binary for the loss.
+        DataError: labels not binary for the loss; a block already named ``intercept``.
     """
+    if cfg.fit_intercept:
+        cd = client_with_intercept(cd)
     pos = client_positive_set(cd, cfg.loss, cfg.positive_classes, WHERE)
     return HybridFedAvgClient(cd.client_id, cd.data, pos, client_seed(seed, cd.index))
 
@@ -59,7 +72,14 @@ def build_client(cd: ClientData, cfg: HybridFedAvgConfig, seed: int, layout: lis
 def build_server(
     sd: ServerData, cfg: HybridFedAvgConfig, seed: int, hello: Mapping[str, dict] | None = None
 ) -> HybridFedAvgServer:
-    """The server from the public schema (``hello`` is unused)."""
+    """The server from the public schema (``hello`` is unused); with ``fit_intercept`` the schema
+    gains the ``intercept`` block, last (:func:`~hybridfl.algorithms.convex.intercept.server_with_intercept`).
+
+    Raises:
+        DataError: a block already named ``intercept`` with ``fit_intercept``.
+    """
+    if cfg.fit_intercept:
+        sd = server_with_intercept(sd)
     return HybridFedAvgServer(sd.block_shapes, cfg, seed)
 
 
@@ -82,7 +102,7 @@ def evaluate(ctx: EvalContext) -> dict[str, float]:
     if ctx.monitor is not None:
         return ctx.monitor.primal_metrics(w)
     cfg = ctx.config
-    return holdout_accuracy(w, ctx.server_data.test, cfg.loss, cfg.positive_classes, WHERE)
+    return holdout_accuracy(w, ctx.server_data.test, cfg.loss, cfg.positive_classes, WHERE, cfg.fit_intercept)
 
 
 def report(ctx: ReportContext) -> tuple[dict, list]:
@@ -95,6 +115,8 @@ def report(ctx: ReportContext) -> tuple[dict, list]:
     summary = {
         "loss": cfg.loss,
         "lambda": cfg.lam,
+        "fit_intercept": cfg.fit_intercept,
+        "intercept": float(intercept_array(ctx.server.w, ctx.server.offsets)[0]),
         "lr": cfg.lr,
         "local_steps": cfg.local_steps,
         "primal_objective": last.get("primal"),
@@ -121,8 +143,12 @@ def plots(history: list[dict], cfg: HybridFedAvgConfig, title: str) -> list[Call
 
 
 def final_arrays(server: HybridFedAvgServer) -> dict[str, np.ndarray]:
-    """The final model: ``{"w": w}`` ``(d,)``."""
-    return {"w": server.w.copy()}
+    """The final model: ``w`` ``(d,)`` float64, the weights of every block of the schema in its
+    order (block ``b``'s flattened features at ``block_offsets(schema)[b]``), with ``fit_intercept``
+    the ``intercept`` block last (one weight, ``w[-1]``); and ``intercept``, a 1-element float64
+    array holding that weight (``[0.0]`` without ``fit_intercept``). A sample's score is
+    ``x^T w[:-1] + intercept`` with ``fit_intercept``, ``x^T w`` without."""
+    return {"w": server.w.copy(), INTERCEPT: intercept_array(server.w, server.offsets)}
 
 
 def export_model(server: HybridFedAvgServer, clients: Mapping[str, Any] | None, cfg: HybridFedAvgConfig) -> ModelParts:

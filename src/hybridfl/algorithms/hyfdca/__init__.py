@@ -2,7 +2,9 @@
 
 Solves ``min_w P(w) = (lambda/2)||w||^2 + (1/N) sum_i l_i(x_i^T w)`` (hinge, logistic or squared
 loss; :mod:`hybridfl.algorithms.convex.losses`) when client ``k`` holds the samples ``I_k`` and,
-for them, the feature blocks ``M_k``. Written once as client-side steps (:mod:`.client`,
+for them, the feature blocks ``M_k`` (with ``fit_intercept``, the default, the label holders also
+hold a constant block ``intercept`` whose weight is the intercept, regularised like every weight:
+:mod:`hybridfl.algorithms.convex.intercept`; the paper fits none). Written once as client-side steps (:mod:`.client`,
 :mod:`.segment`) and server-side steps (:mod:`.server`) that exchange
 :class:`~hybridfl.runtime.messages.Message` objects, built in one place, :data:`SPEC`
 (:mod:`.spec`); the server never touches client data. Settings: :mod:`.config`.

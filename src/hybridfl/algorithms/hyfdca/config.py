@@ -13,6 +13,8 @@ from typing import Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
+from hybridfl.algorithms.convex.intercept import FIT_INTERCEPT_DESCRIPTION
+
 PAPER_LATENCY = 0.2575
 """Seconds per round trip that HyFDCA's experiments model (HyFDCA Sec. 5.1, Fig. 3/5)."""
 
@@ -31,6 +33,7 @@ class HyFDCAConfig(BaseModel):
     lam: float = Field(
         1e-4, gt=0, validation_alias=AliasChoices("lam", "lambda"), description="L2 regulariser lambda (> 0)"
     )
+    fit_intercept: bool = Field(True, description=FIT_INTERCEPT_DESCRIPTION)
     rounds: int = Field(100, ge=1, description="outer iterations T")
     local_steps: int | None = Field(
         None, ge=1, description="H: SDCA steps per client per round (default: local_fraction of its samples)"

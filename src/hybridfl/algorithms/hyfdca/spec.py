@@ -28,6 +28,13 @@ from typing import Any
 
 import numpy as np
 
+from hybridfl.algorithms.convex.intercept import (
+    INTERCEPT,
+    check_no_intercept_block,
+    client_with_intercept,
+    intercept_array,
+    server_with_intercept,
+)
 from hybridfl.algorithms.convex.model import linear_parts
 from hybridfl.algorithms.convex.monitor import (
     Monitor,
@@ -61,6 +68,8 @@ def check(split: DatasetSplit, partition: Partition, cfg: HyFDCAConfig) -> None:
         DataError: labels not binary for the loss; PartitionError, UnknownBlockError: see there.
     """
     check_inputs(split, partition, cfg.loss, cfg.positive_classes, "HyFDCA")
+    if cfg.fit_intercept:
+        check_no_intercept_block(split.train.block_names, "HyFDCA")
 
 
 def deal_secrets(cfg: HyFDCAConfig) -> dict[str, bytes] | None:
@@ -120,15 +129,19 @@ def hello_payload(cd: ClientData, cfg: HyFDCAConfig) -> dict:
 
 
 def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | None = None) -> HyFDCAClient:
-    """One client from its own data and the shared key pair (seed ``client_seed(seed, index)``).
+    """One client from its own data and the shared key pair (seed ``client_seed(seed, index)``);
+    with ``fit_intercept`` the data gains the constant ``intercept`` block
+    (:func:`~hybridfl.algorithms.convex.intercept.client_with_intercept`).
 
     Raises:
         PartitionError: the client has no labels.
         DataError: labels not binary for the loss; the run uses encryption and its key is missing
-            or unreadable.
+            or unreadable; a block already named ``intercept`` with ``fit_intercept``.
         EncryptionPolicyError: it holds a key pair and the run asks for no or another encryption;
             its key is below the minimum size.
     """
+    if cfg.fit_intercept:
+        cd = client_with_intercept(cd)
     pos = client_positive_set(cd, cfg.loss, cfg.positive_classes, "HyFDCA")
     he = _backend(cd, cfg)[0]
     if cfg.ckks_secret_key_encryption and isinstance(he, CKKSBackend):
@@ -140,14 +153,18 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
 
 def build_server(sd: ServerData, cfg: HyFDCAConfig, seed: int, hello: Mapping[str, dict] | None = None) -> HyFDCAServer:
     """The server from the public schema and the clients' hello payloads (its backend from their
-    public material: it can add ciphertexts, never decrypt).
+    public material: it can add ciphertexts, never decrypt). With ``fit_intercept`` the schema
+    gains the ``intercept`` block, last (:func:`~hybridfl.algorithms.convex.intercept.server_with_intercept`).
 
     Raises:
         DataError: a hello whose ``he_public`` is not bytes or ``he_scheme`` not a string; the
             clients sent different public material or another scheme (they must share one key
             pair), or no client sent any; public material that is not a public key of the scheme
-            (unreadable, or a CKKS context holding a secret key).
+            (unreadable, or a CKKS context holding a secret key); a block already named
+            ``intercept`` with ``fit_intercept``.
     """
+    if cfg.fit_intercept:
+        sd = server_with_intercept(sd)
     hello = hello or {}
     for cid, h in hello.items():
         if not isinstance(h.get("he_public", b""), (bytes, bytearray)) or not isinstance(
@@ -191,7 +208,11 @@ def evaluate(ctx: EvalContext) -> dict[str, float]:
     row = dict(ctx.monitor(server)) if ctx.monitor is not None else {}
     if "accuracy" not in row:
         cfg = ctx.config
-        row.update(holdout_accuracy(server.output_w(), ctx.server_data.test, cfg.loss, cfg.positive_classes, "HyFDCA"))
+        row.update(
+            holdout_accuracy(
+                server.output_w(), ctx.server_data.test, cfg.loss, cfg.positive_classes, "HyFDCA", cfg.fit_intercept
+            )
+        )
     return row
 
 
@@ -208,6 +229,8 @@ def report(ctx: ReportContext) -> tuple[dict, list]:
     summary = {
         "loss": cfg.loss,
         "lambda": cfg.lam,
+        "fit_intercept": cfg.fit_intercept,
+        "intercept": float(intercept_array(server.output_w(), server.offsets)[0]),
         "encryption": cfg.encryption,
         "samples": int(server.N),
         "features": int(server.d),
@@ -268,8 +291,14 @@ def plots(history: list[dict], cfg: HyFDCAConfig, title: str) -> list[Callable[[
 
 
 def final_arrays(server: HyFDCAServer) -> dict[str, np.ndarray]:
-    """The final model: ``{"w": output_w}`` ``(d,)``."""
-    return {"w": np.asarray(server.output_w())}
+    """The final model: ``w`` ``(d,)`` float64 (the output model, :meth:`HyFDCAServer.output_w`),
+    the weights of every block of the schema in its order (block ``b``'s flattened features at
+    ``block_offsets(schema)[b]``), with ``fit_intercept`` the ``intercept`` block last (one weight,
+    ``w[-1]``); and ``intercept``, a 1-element float64 array holding that weight (``[0.0]`` without
+    ``fit_intercept``). A sample's score is ``x^T w[:-1] + intercept`` with ``fit_intercept``,
+    ``x^T w`` without."""
+    w = np.asarray(server.output_w())
+    return {"w": w, INTERCEPT: intercept_array(w, server.offsets)}
 
 
 def export_model(server: HyFDCAServer, clients: Mapping[str, Any] | None, cfg: HyFDCAConfig) -> ModelParts:
