@@ -368,10 +368,12 @@ def test_federation_run_leaves_the_servers_model_scoring_like_its_w(tmp_path, mo
     table = tmp_path / "all.csv"
     table.write_text(_csv(sorted(rows), every, rows))
     frame = pd.read_csv(table)
-    w = np.load(out / "final.npz")["w"]
+    final = np.load(out / "final.npz")
+    w, b = final["w"], float(final["intercept"][0])  # fit_intercept: the intercept block is last in w
     levels = {"region": ["east west", "north", "south"]}
     ds = table_to_dataset(
         frame, name="x", label_column="default", blocks=BLOCKS, id_column="ID", categorical=list(levels)
     )
-    np.testing.assert_allclose(model.decision_function(frame), features(ds) @ w, rtol=1e-6, atol=1e-9)
+    assert b != 0.0 and w[-1] == b and model.intercept == b
+    np.testing.assert_allclose(model.decision_function(frame), features(ds) @ w[:-1] + b, rtol=1e-6, atol=1e-9)
     assert model.predict_proba(frame).shape == (len(frame), 2)
