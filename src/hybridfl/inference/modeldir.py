@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hybridfl.data.encoding import Encoding
 from hybridfl.errors import HybridFLError
+from hybridfl.files import atomic_write
 
 MODEL_FORMAT = "hybridfl-model"
 """The ``format`` of every manifest."""
@@ -169,11 +170,8 @@ def write_model_dir(
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        (stage / WEIGHTS).write_bytes(weights)
-        (stage / MANIFEST).write_text(json.dumps(manifest.model_dump(mode="json"), indent=1))
-        for f in (WEIGHTS, MANIFEST):
-            with open(stage / f, "rb") as fh:
-                os.fsync(fh.fileno())
+        atomic_write(stage / WEIGHTS, weights)
+        atomic_write(stage / MANIFEST, json.dumps(manifest.model_dump(mode="json", exclude_none=True), indent=1))
         os.chmod(stage, 0o755)
         if out.is_symlink() or out.is_file():
             raise ModelError(f"model path {str(out)!r} exists and is not a directory: nothing was written.")

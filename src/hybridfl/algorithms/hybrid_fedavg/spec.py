@@ -152,17 +152,9 @@ def final_arrays(server: HybridFedAvgServer) -> dict[str, np.ndarray]:
 
 
 def export_model(server: HybridFedAvgServer, clients: Mapping[str, Any] | None, cfg: HybridFedAvgConfig) -> ModelParts:
-    """The final ``w`` cut per block, with the loss and the positive classes
-    (:func:`~hybridfl.algorithms.convex.model.linear_parts`)."""
-    arrays = final_arrays(server)
-    intercept = arrays.get("intercept")
-    return linear_parts(
-        arrays["w"],
-        server.offsets,
-        cfg.loss,
-        cfg.positive_classes,
-        None if intercept is None else float(np.sum(intercept)),
-    )
+    """The final ``w`` cut per block (the ``intercept`` block's weight as the intercept), with
+    the loss and the positive classes (:func:`~hybridfl.algorithms.convex.model.linear_parts`)."""
+    return linear_parts(final_arrays(server)["w"], server.offsets, cfg.loss, cfg.positive_classes)
 
 
 SPEC = register(

@@ -302,17 +302,10 @@ def final_arrays(server: HyFDCAServer) -> dict[str, np.ndarray]:
 
 
 def export_model(server: HyFDCAServer, clients: Mapping[str, Any] | None, cfg: HyFDCAConfig) -> ModelParts:
-    """The output model ``w`` (:func:`final_arrays`) cut per block, with the loss and the positive
-    classes (:func:`~hybridfl.algorithms.convex.model.linear_parts`)."""
-    arrays = final_arrays(server)
-    intercept = arrays.get("intercept")
-    return linear_parts(
-        arrays["w"],
-        server.offsets,
-        cfg.loss,
-        cfg.positive_classes,
-        None if intercept is None else float(np.sum(intercept)),
-    )
+    """The output model ``w`` (:func:`final_arrays`) cut per block (the ``intercept`` block's
+    weight as the intercept), with the loss and the positive classes
+    (:func:`~hybridfl.algorithms.convex.model.linear_parts`)."""
+    return linear_parts(final_arrays(server)["w"], server.offsets, cfg.loss, cfg.positive_classes)
 
 
 def privacy_warning(cfg: HyFDCAConfig) -> str | None:
