@@ -124,7 +124,7 @@ def test_hyfdca_reaches_the_centralised_optimum_with_intercept(data, segment_run
     assert res.final["w"].shape == (11,) and res.final["intercept"].shape == (1,)
     assert res.final["intercept"].dtype == np.float64 and res.final["intercept"][0] == res.final["w"][-1]
     np.testing.assert_allclose(
-        res.final["intercept"], central.final["intercept"], atol=1e-2 if mode == "block" else 1e-3
+        res.final["intercept"], central.final["intercept"], atol=2e-2 if mode == "block" else 5e-3
     )
     assert res.summary["intercept"] == res.final["intercept"][0] < -1.0
 
