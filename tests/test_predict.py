@@ -377,3 +377,174 @@ def test_federation_run_leaves_the_servers_model_scoring_like_its_w(tmp_path, mo
     assert b != 0.0 and w[-1] == b and model.intercept == b
     np.testing.assert_allclose(model.decision_function(frame), features(ds) @ w[:-1] + b, rtol=1e-6, atol=1e-9)
     assert model.predict_proba(frame).shape == (len(frame), 2)
+
+
+# ---------------------------------------------------------------------------------------- federated
+
+
+def _org_tables(test: pd.DataFrame) -> dict[str, pd.DataFrame]:
+    """Three organisations' new rows of the test table: ``a`` (the receiver, with labels) holds
+    the profile block of rows 0-79, ``b`` the money block of rows 20-99, ``c`` both blocks of rows
+    60 on. Rows 0-19 of ``a`` have no money block anywhere."""
+    prof, money = ["region", "age", "calls"], ["income", "debt"]
+    return {
+        "a": test.iloc[:80][["customer", *prof, "label"]],
+        "b": test.iloc[20:100][["customer", *money]].iloc[::-1],  # another order than the receiver's
+        "c": test.iloc[60:][["customer", *prof, *money]],
+    }
+
+
+@pytest.mark.parametrize("algo", ["hyfdca", "hyfem", "fedbcd"])
+def test_federated_prediction_equals_single_table_prediction(runs, algo):
+    """The receiver's predictions from three organisations' tables equal the single-table ones of
+    the same rows: linear margins to 1e-9 (fixed point 2^-32 per organisation), FedBCD and HyFEM
+    (float32 models, parts summed in float64) to 1e-6; HyFEM's rows with the profile block only
+    are its local inference (the server model cut to that block); the linear and FedBCD models
+    leave them unscored."""
+    from hybridfl.inference.federated import federated_predict
+
+    d, _, cfg = runs[algo]
+    model = load_model(d / "model")
+    test = raw_table(cfg.dataset, cfg.seed, "test")
+    out, stats = federated_predict(model, _org_tables(test), "a")
+    assert list(out["customer"]) == list(test["customer"][:80])
+    full = model.raw(test.iloc[20:80])
+    if algo == "hyfem":
+        local = model.raw(test.iloc[:20][["customer", "region", "age", "calls"]])
+        ref_pred, ref_scores = model.outputs(np.concatenate([local, full]))
+        assert stats["scored"] == 80 and stats["unscored"] == 0
+        rows = slice(0, 80)
+    else:
+        ref_pred, ref_scores = model.outputs(full)
+        assert stats["scored"] == 60 and stats["unscored"] == 20
+        assert (out["prediction"][:20] == "").all() and out[list(ref_scores)[0]][:20].isna().all()
+        rows = slice(20, 80)
+    assert list(out["prediction"][rows]) == list(ref_pred)
+    tol = 1e-9 if algo == "hyfdca" else 1e-6
+    for k, v in ref_scores.items():
+        np.testing.assert_allclose(out[k][rows].to_numpy(), v, rtol=0, atol=tol)
+    # hello, keys (3 each), the PSI request (1), PSI serve (2), plan (1), score (2), combine (1), and replies
+    assert stats["messages"] == 2 * (3 + 3 + 1 + 2 + 1 + 2 + 1)
+
+
+def test_federated_prediction_message_audit(runs):
+    """Every message's bytes (what the server relays and each organisation receives): no sample ID
+    in the clear (PSI blobs and keyed tags only), no feature value of any table, and every
+    organisation's scores masked (an organisation's vector is non-zero where it contributes
+    nothing); only the receiver ends with predictions."""
+    from hybridfl.inference.federated import build_orgs, run_prediction
+    from hybridfl.runtime.messages import decode
+    from hybridfl.runtime.transport import InProcessTransport
+
+    d, _, cfg = runs["hyfdca"]
+    model = load_model(d / "model")
+    test = raw_table(cfg.dataset, cfg.seed, "test")
+    tables = _org_tables(test)
+    wire: list[bytes] = []
+    orgs, _ = build_orgs(model, tables, "a")
+    run_prediction(InProcessTransport(orgs, wire.append), list(orgs), "a", model.blocks)
+    blob = b"".join(wire)
+    for t in tables.values():
+        for i in t["customer"]:
+            assert str(i).encode() not in blob
+    for c in ("income", "debt", "age"):
+        for v in test[c][:100]:
+            assert np.float64(v).tobytes() not in blob and np.float32(v).tobytes() not in blob
+    msgs = [decode(w) for w in wire]
+    masked = [m for m in msgs if m.kind == "predict.score" and "masked" in m.payload]
+    assert {m.sender for m in masked} == {"b", "c"}
+    for m in masked:  # b contributes nothing to rows 0-19, c nothing to rows 0-59: still random words
+        assert np.count_nonzero(m.payload["masked"][:20]) == 20
+    assert orgs["a"].raw is not None and orgs["b"].raw is None and orgs["c"].raw is None
+
+
+def test_federated_prediction_refusals(runs, capsys, tmp_path):
+    """A receiver outside the organisations, a table without the ID column, a plan changed by the
+    server (authenticated encryption), a replayed message: one sentence each."""
+    from hybridfl.inference.federated import PredictionError, build_orgs, federated_predict, run_prediction
+    from hybridfl.runtime.transport import InProcessTransport
+
+    d, _, cfg = runs["hyfdca"]
+    model = load_model(d / "model")
+    tables = _org_tables(raw_table(cfg.dataset, cfg.seed, "test"))
+    with pytest.raises(PredictionError, match="not one of the organisations"):
+        federated_predict(model, tables, "z")
+    with pytest.raises(PredictionError, match="no ID column"):
+        federated_predict(model, {**tables, "b": tables["b"].drop(columns=["customer"])}, "a")
+
+    class Tamper(InProcessTransport):
+        def send_and_receive(self, messages):
+            for m in messages:
+                if m.kind == "predict.score":
+                    p = bytearray(m.payload["plan"])
+                    p[-1] ^= 1
+                    m.payload["plan"] = bytes(p)
+            return super().send_and_receive(messages)
+
+    orgs, _ = build_orgs(model, tables, "a")
+    with pytest.raises(HybridFLError, match="does not decrypt under the pair key") as e:
+        run_prediction(Tamper(orgs), list(orgs), "a", model.blocks)
+    assert "\n" not in str(e.value)
+    from hybridfl.runtime.messages import SERVER, Message
+
+    with pytest.raises(HybridFLError, match="twice"):
+        orgs["b"].handle(Message("predict.hello", SERVER, "b", 0, {"to": "a"}))
+
+
+def test_federated_predict_cli_from_client_directories(tmp_path, monkeypatch, capsys):
+    """``hybridfl predict --federation F --clients ... --tables ... --model RUN/model``: the three
+    organisations' CSVs, the run's own model; the receiver (the first label holder, ``bank``) gets
+    a prediction for each of its customers whose blocks somebody holds, equal to the single-table
+    one (the others unscored); bad input is one
+    sentence and writes nothing."""
+    from tests.test_run_federation import BLOCKS, _csv, _federation
+
+    schema, dirs, rows = _federation(tmp_path, monkeypatch, capsys, "{name: hybrid_fedavg, rounds: 3}")
+    run = tmp_path / "run"
+    code, _, err = run_cli(
+        "run",
+        "--federation",
+        str(schema),
+        "--clients",
+        ",".join(map(str, dirs)),
+        "--out",
+        str(run),
+        "-q",
+        capsys=capsys,
+    )
+    assert code == 0, err
+    tables = ",".join(str(tmp_path / f"{d.name}.csv") for d in dirs)
+    out = tmp_path / "pred.csv"
+    args = [
+        "predict",
+        "--model",
+        str(run / "model"),
+        "--federation",
+        str(schema),
+        "--clients",
+        ",".join(map(str, dirs)),
+    ]
+    code, stdout, err = run_cli(*args, "--tables", tables, "--out", str(out), capsys=capsys)
+    assert code == 0, err
+    assert "of 'bank' scored by 3 organisations" in stdout
+    pred = pd.read_csv(out)
+    every = [c for b in BLOCKS.values() for c in b] + ["default"]
+    whole = tmp_path / "all.csv"
+    whole.write_text(_csv(sorted(rows), every, rows))
+    ref = load_model(run / "model").decision_function(pd.read_csv(whole).set_index("ID").loc[pred["ID"]].reset_index())
+    # bank's customers c001, c003, ..., c023 have no shop block anywhere (shop holds the even ones,
+    # census c024 on): unscored; every other one equals the single-table margin
+    unscored = {f"c{i:03d}" for i in range(1, 24, 2)}
+    assert set(pred["ID"][pred["margin"].isna()]) == unscored
+    ok = pred["margin"].notna().to_numpy()
+    assert ok.sum() == 48 - 12 and np.abs(ref[ok]).min() > 1e-3
+    np.testing.assert_allclose(pred["margin"].to_numpy()[ok], ref[ok], rtol=0, atol=1e-9)
+    for bad, words in (
+        (["--tables", tables.rsplit(",", 1)[0]], "2 tables for 3 --clients"),
+        (["--tables", tables, "--to", "nobody"], "not one of the organisations"),
+        (["--tables", tables, "--table", str(whole)], "drop --table"),
+    ):
+        out2 = tmp_path / "p2.csv"
+        code, _, err = run_cli(*args, *bad, "--out", str(out2), capsys=capsys)
+        assert code == 2 and words in err and "Traceback" not in err, err
+        assert not out2.exists()

@@ -72,24 +72,106 @@ def predict_frame(model, frame, where: str, client: str | None = None):
     return pd.DataFrame({id_name: ids, "prediction": pred, **scores}), metrics
 
 
+def _split(values: list[str]) -> list[str]:
+    return [v for item in values for v in str(item).split(",") if v]
+
+
+def _federated(model_dir: Path, schema: Path | None, clients: list[str], tables: list[str], to: str | None, sep):
+    """Federated prediction in process (:func:`hybridfl.inference.federated.federated_predict`)
+    from the organisations' client directories and new tables: ``(predictions, stats)``.
+
+    Raises:
+        HybridFLError: any problem, before anything is written (one sentence).
+    """
+    import json
+
+    from hybridfl.data.federation import load_schema
+    from hybridfl.errors import HybridFLError
+    from hybridfl.inference import load_model
+    from hybridfl.inference.federated import federated_predict
+
+    dirs, paths = [Path(c) for c in _split(clients)], [Path(t) for t in _split(tables)]
+    if schema is None or not dirs or not paths:
+        raise HybridFLError("federated prediction needs --federation, --clients and --tables together.")
+    if len(dirs) != len(paths):
+        raise HybridFLError(f"--tables names {len(paths)} tables for {len(dirs)} --clients: give one per organisation.")
+    m = load_model(model_dir)
+    fs = load_schema(schema)
+    if list(fs.blocks) != m.blocks or list(fs.classes) != list(m.classes_):
+        raise HybridFLError(f"the model's blocks or classes are not those of the federation schema {str(schema)!r}.")
+    names, labels = [], []
+    for d in dirs:
+        meta = d / "client.json"
+        if not meta.is_file():
+            raise HybridFLError(f"{str(d)!r} is not a client directory (no client.json).")
+        try:
+            info = json.loads(meta.read_text())
+            names.append(str(info["client_id"]))
+            labels.append(bool(info.get("has_labels", False)))
+        except (ValueError, KeyError, TypeError):
+            raise HybridFLError(f"client.json of {str(d)!r} is not a client description.") from None
+    if len(set(names)) != len(names):
+        raise HybridFLError("two --clients directories are the same organisation.")
+    receiver = to if to is not None else next((n for n, lab in zip(names, labels) if lab), None)
+    if receiver is None:
+        raise HybridFLError("no organisation holds labels: say which receives the predictions with --to.")
+    frames = {n: read_table(p, sep if sep is not None else m.encoding.sep) for n, p in zip(names, paths)}
+    preds, stats = federated_predict(m, frames, receiver)
+    return preds, {**stats, "to": receiver, "organisations": len(names)}
+
+
 def register(app: typer.Typer) -> None:
     """Add ``predict`` and ``export-table`` to the ``hybridfl`` app."""
 
     @app.command("predict")
     def predict_cmd(
         model: Path = typer.Option(..., "--model", "-m", help="A run's model directory (RUN/model)."),
-        table: Path = typer.Option(..., "--table", "-t", help="The rows to score: CSV or Parquet."),
         out: Path = typer.Option(..., "--out", "-o", help="Predictions file to write (CSV)."),
+        table: Optional[Path] = typer.Option(None, "--table", "-t", help="The rows to score: CSV or Parquet."),
         sep: Optional[str] = typer.Option(
-            None, "--sep", help="CSV delimiter of --table (default: the model's, or ',')."
+            None, "--sep", help="CSV delimiter of the tables (default: the model's, or ',')."
         ),
         client: Optional[str] = typer.Option(None, "--client", help="HyFEM: score with this client's own model."),
         force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
+        federation: Optional[Path] = typer.Option(
+            None, "--federation", help="Federated prediction: the federation schema the organisations prepared with."
+        ),
+        clients: Optional[list[str]] = typer.Option(
+            None,
+            "--clients",
+            help="With --federation: the organisations' client directories (comma-separated or repeated).",
+        ),
+        tables: Optional[list[str]] = typer.Option(
+            None, "--tables", help="With --federation: each organisation's new rows, in --clients order."
+        ),
+        to: Optional[str] = typer.Option(
+            None,
+            "--to",
+            help="With --federation: the organisation that receives the predictions (default: a label holder).",
+        ),
     ) -> None:
-        """Score every row of one table with a trained model and write predictions.csv."""
+        """Score every row of one table with a trained model and write predictions.csv; with
+        --federation, the organisations score the receiver's rows together (federated prediction)."""
+        from hybridfl.errors import HybridFLError
         from hybridfl.files import atomic_write
         from hybridfl.inference import load_model
 
+        if federation is not None or clients or tables or to is not None:
+            if table is not None or client is not None:
+                raise HybridFLError("--federation scores the organisations' --tables: drop --table and --client.")
+            _check_out(out, force)
+            preds, stats = _federated(model, federation, clients or [], tables or [], to, sep)
+            atomic_write(out, preds.to_csv(index=False))
+            console.print(
+                f"{stats['scored']} of {stats['scored'] + stats['unscored']} rows of {stats['to']!r} scored by "
+                f"{stats['organisations']} organisations ({stats['unscored']} lack a block nobody holds): {out}; "
+                f"{stats['messages']} messages, {stats['bytes'] / 1e6:.2f} MB, {stats['seconds']:.1f} s",
+                markup=False,
+                highlight=False,
+            )
+            return
+        if table is None:
+            raise HybridFLError("predict needs --table (or --federation with --clients and --tables).")
         _check_out(out, force)
         m = load_model(model)
         frame = read_table(table, sep if sep is not None else m.encoding.sep)

@@ -1,0 +1,554 @@
+"""Federated prediction: organisations score new samples together without showing each other, or
+the server, their rows, their partial scores or the IDs they do not share.
+
+Every organisation holds some new rows (its own table, its own IDs) with some blocks, and only its
+own part of the trained model (:func:`org_part`): the weights of the blocks it holds (a linear
+model's ``w_b``; HyFEM's extractors ``h_b`` and the server classifier's columns ``W1[:, cols_b]``
+of them; FedBCD's bottom model of the party whose blocks it holds). One organisation, the
+*receiver* (``to``; by default the label holder), asks for predictions of its rows and alone
+receives them; it also holds the model's shared head (the intercept; HyFEM's ``b1``, ``W2``,
+``b2``; FedBCD's top bias).
+
+The scores are sums over blocks before the model's non-linear head, so the protocol computes
+``S(i) = sum_units part_unit(x_unit(i))`` with a secure sum and the receiver applies the head:
+
+- linear (HyFDCA, hybrid FedAvg): unit = block, ``part = x_b^T w_b``; ``z = S + b``;
+- HyFEM: unit = block, ``part = W1[:, cols_b] h_b(x_b)`` (width ``H``); logits ``= W2 relu(S +
+  b1) + b2`` (HyFEM eq. (2)-(3); with some blocks missing this is local inference, the server
+  model cut to the blocks present, HyFEM Remark 2);
+- FedBCD: unit = party (its blocks together), ``part = H_k``; ``logit = S + b`` (FedBCD eq. (2);
+  ``top: party_slice`` or ``model: linear``).
+
+Messages (every one through the server, which relays and orchestrates; each counted):
+
+1. ``predict.hello`` -> every organisation: its fresh X25519 public key, its blocks (public
+   structure); the receiver also the number of its rows ``n`` and the output width.
+2. ``predict.keys`` -> every organisation: the others' public keys (pairwise keys for masks,
+   tags and the plans' encryption).
+3. ``predict.psi_request`` -> receiver: its ECDH-PSI request over its IDs (openmined-psi).
+4. ``predict.psi_serve`` -> every other organisation ``k``: the request; ``k`` answers with its
+   PSI setup and response (it learns only the request's size).
+5. ``predict.plan`` -> receiver: every setup and response; the receiver learns which of its IDs
+   each organisation holds, decides per row and unit who contributes (the first organisation in
+   order holding the row and the unit; itself first), and returns one plan per organisation,
+   encrypted (ChaCha20-Poly1305) under their pair key: the positions of the rows, their order
+   tags (HMAC of the ID under the pair key) and the units to contribute.
+6. ``predict.score`` -> every other organisation: its plan; it matches the tags to its own IDs,
+   computes its part on those rows, and replies the ``(n, width)`` vector of its parts (zeros
+   elsewhere) in fixed point plus its pairwise masks with every other organisation
+   (:class:`~hybridfl.privacy.secagg.SecAggClient`).
+7. ``predict.combine`` -> receiver: the masked vectors; it adds its own masked vector, the masks
+   cancel, and it applies the head. Its reply holds counts only.
+
+What each party learns (adversary: an honest-but-curious server, or honest-but-curious
+organisations; no collusion): the server, ``n``, the organisations' blocks, the sizes of the PSI
+blobs and of the plans (so the size of each intersection) and masked vectors (uniformly random);
+organisation ``k``, which of its IDs the receiver asked about (the intersection; none outside it)
+and nothing else; the receiver, which of its IDs each organisation holds (PSI's output) and the
+sums ``S`` (with two organisations the other's part is ``S`` minus its own: secure summation
+cannot hide it). For a linear model that is ``x_k(i)^T w_k``: one number per shared row about
+organisation ``k``'s features, whatever the number of requests (asking again about the same rows
+gives the same numbers). A missing or malformed reply stops the request with one sentence.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hybridfl.errors import HybridFLError, ProtocolError
+from hybridfl.runtime.messages import SERVER, Message, decode, encode
+
+PLAN_CONTEXT = "predict plan v1"
+"""The HKDF purpose of the key that encrypts a plan (receiver -> organisation)."""
+TAG_CONTEXT = "predict tags v1"
+"""The HKDF purpose of the key of the order tags in a plan."""
+MASK_TAG = 1
+"""The secure-aggregation exchange tag (keys are fresh for every request, so one tag suffices)."""
+
+
+class PredictionError(HybridFLError):
+    """A federated prediction that cannot go on (a missing or malformed reply, bad input): one sentence."""
+
+
+# ------------------------------------------------------------------------------------ model parts
+
+
+@dataclass
+class OrgPart:
+    """What one organisation holds of a model for federated prediction.
+
+    Attributes:
+        kind: the model kind (``linear``, ``hyfem``, ``fedbcd``).
+        units: the units it can contribute, in global order (block names; FedBCD: party IDs).
+        unit_blocks: unit -> its blocks.
+        width: the width of a part (1; HyFEM: the server classifier's hidden width ``H``).
+        weights: unit -> what computing its part needs (``w_b``; ``(extractor, W1[:, cols_b])``;
+            a FedBCD bottom model).
+        head: the receiver's shared parameters (``None`` for the others).
+    """
+
+    kind: str
+    units: list[str]
+    unit_blocks: dict[str, list[str]]
+    width: int
+    weights: dict[str, Any]
+    head: dict[str, Any] | None = None
+
+    def contributions(self, xs: Mapping[str, np.ndarray], unit: str, rows: np.ndarray) -> np.ndarray:
+        """``(len(rows), width)`` float64: the part of ``unit`` on the rows ``rows`` of the
+        organisation's encoded blocks ``xs``."""
+        import torch
+
+        if self.kind == "linear":
+            b = self.unit_blocks[unit][0]
+            x = xs[b][rows].reshape(len(rows), -1).astype(np.float64)
+            return (x @ self.weights[unit])[:, None]
+        if self.kind == "hyfem":
+            b = self.unit_blocks[unit][0]
+            extractor, w1 = self.weights[unit]
+            with torch.inference_mode():
+                h = extractor(torch.from_numpy(np.ascontiguousarray(xs[b][rows]))).numpy().astype(np.float64)
+            return h @ w1.T
+        from hybridfl.algorithms.fedbcd.inputs import party_input
+        from hybridfl.data.dataset import HybridDataset
+
+        blocks = self.unit_blocks[unit]
+        sub = {b: xs[b][rows] for b in blocks}
+        ds = HybridDataset._trusted("x", np.arange(len(rows)).astype(str), np.zeros(len(rows), np.int64), sub, [])
+        with torch.inference_mode():
+            return self.weights[unit](torch.from_numpy(party_input(ds, blocks))).numpy().astype(np.float64)
+
+    def apply_head(self, s: np.ndarray) -> np.ndarray:
+        """The model's raw output from the sums ``S`` ``(n, width)``: margins ``(n,)`` (linear),
+        logits ``(n, C)`` (HyFEM) or ``(n,)`` (FedBCD)."""
+        h = self.head or {}
+        if self.kind == "linear":
+            return s[:, 0] + h["intercept"]
+        if self.kind == "fedbcd":
+            return s[:, 0] + h["bias"]
+        a = np.maximum(s + h["b1"], 0.0)
+        return a @ h["W2"].T + h["b2"]
+
+
+def model_units(model: Any) -> dict[str, list[str]]:
+    """The units of a loaded model, in global order: unit -> its blocks (a block each for linear
+    and HyFEM models; a FedBCD party's blocks).
+
+    Raises:
+        PredictionError: a FedBCD model whose top is not a sum (``top: concat``).
+    """
+    if model.kind == "fedbcd":
+        from hybridfl.models.towers import SumTop
+
+        if not isinstance(model.top, SumTop):
+            raise PredictionError(
+                "federated prediction needs FedBCD's top to be a sum of the parties' outputs (top: party_slice or "
+                "model: linear); this model's top layer takes every party's representation (top: concat)."
+            )
+        return {pid: list(blocks) for pid, blocks in model.parties}
+    return {b: [b] for b in model.blocks}
+
+
+def org_part(model: Any, blocks: Sequence[str], receiver: bool) -> OrgPart:
+    """The part of ``model`` an organisation holding ``blocks`` keeps (see :class:`OrgPart`): the
+    units all of whose blocks it holds, and the head if it is the receiver."""
+    units = model_units(model)
+    held = set(blocks)
+    mine = [u for u, bl in units.items() if set(bl) <= held]
+    weights: dict[str, Any] = {}
+    head: dict[str, Any] | None = None
+    if model.kind == "linear":
+        weights = {u: model.w[u].astype(np.float64) for u in mine}
+        width = 1
+        head = {"intercept": float(model.intercept)} if receiver else None
+    elif model.kind == "hyfem":
+        from hybridfl.models.hybrid import block_columns
+
+        g = model.global_model
+        w1 = g.classifier.fc1.weight.detach().numpy().astype(np.float64)
+        width = int(w1.shape[0])
+        for u in mine:
+            cols = block_columns([u], model.blocks, model.extractor_dim)
+            weights[u] = (g.extractors[u], w1[:, cols].copy())
+        if receiver:
+            c = g.classifier
+            head = {
+                "b1": c.fc1.bias.detach().numpy().astype(np.float64),
+                "W2": c.fc2.weight.detach().numpy().astype(np.float64),
+                "b2": c.fc2.bias.detach().numpy().astype(np.float64),
+            }
+    else:
+        weights = {u: model.bottoms[u] for u in mine}
+        width = 1
+        if receiver:
+            bias = model.top.bias
+            head = {"bias": float(bias.detach().numpy()[0]) if bias is not None else 0.0}
+    return OrgPart(model.kind, mine, {u: units[u] for u in mine}, width, weights, head)
+
+
+# ------------------------------------------------------------------------------------ organisation
+
+
+def _seal(key: bytes, data: bytes) -> bytes:
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+    nonce = os.urandom(12)
+    return nonce + ChaCha20Poly1305(key).encrypt(nonce, data, None)
+
+
+def _open(key: bytes, blob: bytes, what: str) -> bytes:
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+    if not isinstance(blob, (bytes, bytearray)) or len(blob) < 28:
+        raise ProtocolError(f"{what} is not an encrypted plan.")
+    try:
+        return ChaCha20Poly1305(key).decrypt(bytes(blob[:12]), bytes(blob[12:]), None)
+    except InvalidTag:
+        raise ProtocolError(f"{what} does not decrypt under the pair key: it was changed or is foreign.") from None
+
+
+@dataclass
+class PredictOrg:
+    """One organisation's steps of a federated prediction (``handle(msg) -> msg``).
+
+    Args:
+        org_id: its name.
+        ids: ``(n_k,)`` the IDs of its new rows.
+        xs: its encoded blocks of those rows (block -> ``(n_k, *shape)`` float32).
+        part: its part of the model (:func:`org_part`).
+        receiver: the receiver's name.
+
+    After ``predict.combine`` the receiver holds :attr:`raw` (``(n, ...)`` the model's raw output
+    of its rows) and :attr:`scored` (``(n,)`` bool: rows with every needed unit).
+    """
+
+    org_id: str
+    ids: np.ndarray
+    xs: dict[str, np.ndarray]
+    part: OrgPart
+    receiver: str
+    secagg: Any = None
+    n: int = 0
+    width: int = 1
+    peers: list[str] = field(default_factory=list)
+    _psi: Any = None
+    _own_masked: np.ndarray | None = None
+    raw: np.ndarray | None = None
+    scored: np.ndarray | None = None
+    done: set = field(default_factory=set)
+
+    @property
+    def is_receiver(self) -> bool:
+        """Whether this organisation asked for the predictions."""
+        return self.org_id == self.receiver
+
+    def _once(self, msg: Message) -> None:
+        if msg.kind in self.done:
+            raise ProtocolError(f"organisation {self.org_id!r} was sent {msg.kind!r} twice in one request.")
+        self.done.add(msg.kind)
+
+    def handle(self, msg: Message) -> Message:
+        """Answer one server message of the protocol (module docs).
+
+        Raises:
+            ProtocolError: a message out of order, twice, or malformed (one sentence).
+        """
+        from hybridfl.privacy.secagg import SecAggClient
+
+        if msg.sender != SERVER or msg.receiver != self.org_id:
+            raise ProtocolError(f"organisation {self.org_id!r} got a message not from the server to it.")
+        self._once(msg)
+        if msg.kind == "predict.hello":
+            self.secagg = SecAggClient(self.org_id, ["scores"], [1])
+            out: dict[str, Any] = {"pk": self.secagg.public_bytes(), "units": list(self.part.units)}
+            if self.is_receiver:
+                out.update(n=len(self.ids), width=self.part.width)
+            return msg.reply(**out)
+        if msg.kind == "predict.keys":
+            return self._keys(msg)
+        if msg.kind == "predict.psi_request" and self.is_receiver:
+            from hybridfl.privacy.psi import PSIClient
+
+            self._psi = PSIClient(list(self.ids), workers=1)
+            return msg.reply(request=self._psi.request())
+        if msg.kind == "predict.psi_serve" and not self.is_receiver:
+            from hybridfl.privacy.psi import PSIServer
+
+            req = msg.payload.get("request")
+            server = PSIServer(list(self.ids), workers=1)
+            return msg.reply(setup=server.setup(), response=server.respond(req, max_ids=max(self.n, 1)))
+        if msg.kind == "predict.plan" and self.is_receiver:
+            return self._plan(msg)
+        if msg.kind == "predict.score" and not self.is_receiver:
+            return self._score(msg)
+        if msg.kind == "predict.combine" and self.is_receiver:
+            return self._combine(msg)
+        raise ProtocolError(f"organisation {self.org_id!r} does not answer {msg.kind!r} in its role.")
+
+    def _keys(self, msg: Message) -> Message:
+        from hybridfl.privacy.secagg import SecAggClient
+
+        peers = [str(p) for p in msg.payload.get("peers", [])]
+        n, width = msg.payload.get("n"), msg.payload.get("width")
+        if not isinstance(n, int) or not isinstance(width, int) or n < 1 or width < 1:
+            raise ProtocolError(f"organisation {self.org_id!r} got predict.keys without a valid size.")
+        if self.is_receiver and (n != len(self.ids) or width != self.part.width):
+            raise ProtocolError(f"organisation {self.org_id!r} got another size than it sent.")
+        if self.org_id in peers or len(set(peers)) != len(peers) or self.receiver not in peers + [self.org_id]:
+            raise ProtocolError(f"organisation {self.org_id!r} got a peer list that is not the request's.")
+        self.n, self.width, self.peers = n, width, peers
+        sk = self.secagg._sk.private_bytes_raw()
+        self.secagg = SecAggClient(self.org_id, ["scores"], [n * width], private=sk)
+        self.secagg.set_peers({p: (msg.payload.get(f"pk.{p}"), ["scores"]) for p in peers})
+        return msg.reply()
+
+    def _plan(self, msg: Message) -> Message:
+        from hybridfl.privacy.psi import order_tags
+
+        others = self.peers
+        holds = {self.org_id: np.ones(self.n, dtype=bool)}
+        for k in others:
+            rows = self._psi.intersect(msg.payload.get(f"setup.{k}"), msg.payload.get(f"response.{k}"))
+            h = np.zeros(self.n, dtype=bool)
+            h[rows] = True
+            holds[k] = h
+        units = msg.payload.get("all_units", [])
+        org_units = {k: set(msg.payload.get(f"units.{k}", [])) for k in others}
+        org_units[self.org_id] = set(self.part.units)
+        order = [self.org_id, *others]
+        chosen = {k: np.zeros((self.n, len(units)), dtype=bool) for k in order}
+        covered = np.zeros((self.n, len(units)), dtype=bool)
+        for j, u in enumerate(units):
+            for k in order:
+                if u not in org_units[k]:
+                    continue
+                take = holds[k] & ~covered[:, j]
+                chosen[k][take, j] = True
+                covered[:, j] |= take
+        need_all = self.part.kind in ("linear", "fedbcd")
+        self.scored = covered.all(axis=1) if need_all else covered.any(axis=1)
+        for k in order:
+            chosen[k][~self.scored] = False
+        self._own = chosen[self.org_id]
+        out = {}
+        for k in others:
+            rows = np.flatnonzero(chosen[k].any(axis=1))
+            mine = [j for j, u in enumerate(units) if u in org_units[k]]
+            sel = chosen[k][rows][:, mine].astype(np.uint8)
+            tags = (
+                order_tags(self.secagg.pair_key(k, TAG_CONTEXT), [str(i) for i in self.ids[rows]]) if rows.size else b""
+            )
+            plan = encode(
+                Message("predict.plan", self.org_id, k, 0, {"rows": rows.astype(np.int64), "tags": tags, "units": sel})
+            )
+            out[f"plan.{k}"] = _seal(self.secagg.pair_key(k, PLAN_CONTEXT), plan)
+        self._own_masked = self._masked(self._own, units, np.arange(self.n))
+        return msg.reply(**out)
+
+    def _masked(self, sel: np.ndarray, units: Sequence[str], own_rows: np.ndarray) -> np.ndarray:
+        """Its parts on the selected (row, unit) cells, ``(n, width)`` in fixed point plus masks.
+        ``sel``: ``(m, len(units))`` bool for the positions ``positions`` (here all rows ``n``)."""
+        from hybridfl.privacy.secagg import to_fixed
+
+        vec = np.zeros((self.n, self.width), dtype=np.float64)
+        for j, u in enumerate(units):
+            take = np.flatnonzero(sel[:, j])
+            if take.size:
+                vec[take] += self.part.contributions(self.xs, u, own_rows[take])
+        fixed = to_fixed(vec.ravel(), f"the partial scores of organisation {self.org_id!r}")
+        return self.secagg.mask(fixed, MASK_TAG, self.peers)
+
+    def _score(self, msg: Message) -> Message:
+        from hybridfl.privacy.psi import PSIError, match_tags
+
+        raw = _open(self.secagg.pair_key(self.receiver, PLAN_CONTEXT), msg.payload.get("plan"), "the plan")
+        plan = decode(raw)
+        if plan.kind != "predict.plan" or plan.sender != self.receiver or plan.receiver != self.org_id:
+            raise ProtocolError(f"organisation {self.org_id!r} got a plan that is not the receiver's to it.")
+        rows = np.asarray(plan.payload.get("rows", np.zeros(0, np.int64)))
+        sel = np.asarray(plan.payload.get("units", np.zeros((0, 0), np.uint8)))
+        units = list(self.part.units)
+        if rows.dtype.kind not in "iu" or rows.ndim != 1 or sel.shape != (rows.size, len(units)):
+            raise ProtocolError(f"organisation {self.org_id!r} got a plan of the wrong shape.")
+        if rows.size and (rows.min() < 0 or rows.max() >= self.n or np.unique(rows).size != rows.size):
+            raise ProtocolError(f"organisation {self.org_id!r} got a plan with a position outside the request.")
+        full = np.zeros((self.n, len(units)), dtype=bool)
+        own = np.zeros(self.n, dtype=np.int64)
+        if rows.size:
+            try:
+                mine = match_tags(
+                    self.secagg.pair_key(self.receiver, TAG_CONTEXT),
+                    [str(i) for i in self.ids],
+                    plan.payload.get("tags"),
+                )
+            except PSIError as e:
+                raise ProtocolError(f"organisation {self.org_id!r} refused the plan's tags ({e}).") from None
+            if mine.size != rows.size:
+                raise ProtocolError(f"organisation {self.org_id!r} got a plan whose tags and rows differ in number.")
+            full[rows] = sel.astype(bool)
+            own[rows] = mine
+        return msg.reply(masked=self._masked(full, units, own))
+
+    def _combine(self, msg: Message) -> Message:
+        from hybridfl.privacy.secagg import from_fixed
+
+        total = self._own_masked.copy()
+        for k in self.peers:
+            v = msg.payload.get(f"masked.{k}")
+            if not isinstance(v, np.ndarray) or v.dtype != np.uint64 or v.shape != total.shape:
+                raise ProtocolError(f"the masked scores of organisation {k!r} are missing or of the wrong shape.")
+            total = total + v
+        s = from_fixed(total).reshape(self.n, self.width)
+        self.raw = self.part.apply_head(s)
+        return msg.reply(scored=int(self.scored.sum()), unscored=int((~self.scored).sum()))
+
+
+# ------------------------------------------------------------------------------------ server
+
+
+def run_prediction(transport: Any, orgs: Sequence[str], receiver: str, all_units: Sequence[str]) -> dict[str, int]:
+    """The server's side of a federated prediction over ``transport``: relay the messages of the
+    protocol (module docs) between the organisations ``orgs`` for the ``receiver``.
+
+    Returns:
+        ``{"scored": ..., "unscored": ...}``: the receiver's counts of rows.
+
+    Raises:
+        PredictionError: an organisation's reply is missing or malformed.
+    """
+    others = [o for o in orgs if o != receiver]
+
+    def ask(messages: list[Message], step: str) -> dict[str, Message]:
+        replies = {r.sender: r for r in transport.send_and_receive(messages)}
+        for m in messages:
+            if m.receiver not in replies:
+                raise PredictionError(f"organisation {m.receiver!r} did not answer {step}: the prediction stops.")
+        return replies
+
+    hello = ask([Message("predict.hello", SERVER, o, 0, {"to": receiver}) for o in orgs], "predict.hello")
+    n, width = hello[receiver].payload.get("n"), hello[receiver].payload.get("width")
+    keys = {f"pk.{o}": hello[o].payload.get("pk") for o in orgs}
+    ask(
+        [
+            Message(
+                "predict.keys", SERVER, o, 0, {"peers": [p for p in orgs if p != o], "n": n, "width": width, **keys}
+            )
+            for o in orgs
+        ],
+        "predict.keys",
+    )
+    req = ask([Message("predict.psi_request", SERVER, receiver, 0, {})], "predict.psi_request")[receiver]
+    served = ask(
+        [Message("predict.psi_serve", SERVER, k, 0, {"request": req.payload.get("request")}) for k in others],
+        "predict.psi_serve",
+    )
+    payload: dict[str, Any] = {"all_units": list(all_units)}
+    for k in others:
+        payload[f"setup.{k}"] = served[k].payload.get("setup")
+        payload[f"response.{k}"] = served[k].payload.get("response")
+        payload[f"units.{k}"] = list(hello[k].payload.get("units", []))
+    plans = ask([Message("predict.plan", SERVER, receiver, 0, payload)], "predict.plan")[receiver]
+    scores = ask(
+        [Message("predict.score", SERVER, k, 0, {"plan": plans.payload.get(f"plan.{k}")}) for k in others],
+        "predict.score",
+    )
+    done = ask(
+        [
+            Message(
+                "predict.combine", SERVER, receiver, 0, {f"masked.{k}": scores[k].payload.get("masked") for k in others}
+            )
+        ],
+        "predict.combine",
+    )[receiver]
+    return {"scored": int(done.payload.get("scored", 0)), "unscored": int(done.payload.get("unscored", 0))}
+
+
+def federated_predict(
+    model: Any,
+    tables: Mapping[str, Any],
+    receiver: str,
+    recorder: Any = None,
+) -> tuple[Any, dict[str, Any]]:
+    """Score the receiver's rows with the organisations' tables, in process, over an
+    :class:`~hybridfl.runtime.transport.InProcessTransport` (every message encoded and counted).
+
+    Args:
+        model: a loaded model (:func:`~hybridfl.inference.load_model`); each organisation keeps
+            only its part (:func:`org_part`).
+        tables: organisation -> its new rows (a pandas DataFrame with the model's ID column and
+            the columns of the blocks it holds), in organisation order.
+        receiver: the organisation that asks and receives.
+        recorder: receives the raw bytes of every message (audits).
+
+    Returns:
+        ``(predictions, stats)``: a DataFrame of the receiver's rows (ID column, ``prediction``,
+        score columns; empty prediction for an unscored row) and ``{"scored", "unscored",
+        "messages", "bytes", "seconds"}``.
+
+    Raises:
+        HybridFLError: bad input (one sentence) or a failed exchange.
+    """
+    import time
+
+    import pandas as pd
+
+    from hybridfl.runtime.transport import InProcessTransport
+
+    t0 = time.perf_counter()
+    orgs, id_names = build_orgs(model, tables, receiver)
+    all_units = list(model_units(model))
+    transport = InProcessTransport(orgs, recorder)  # type: ignore[arg-type]
+    counts = run_prediction(transport, list(orgs), receiver, all_units)
+    r = orgs[receiver]
+    pred, scores = model.outputs(r.raw[r.scored])
+    out = pd.DataFrame({id_names[receiver]: r.ids})
+    out["prediction"] = ""
+    out.loc[r.scored, "prediction"] = pred
+    for k, v in scores.items():
+        col = np.full(r.n, np.nan)
+        col[r.scored] = v
+        out[k] = col
+    stats = {
+        **counts,
+        "messages": transport.log.messages_total,
+        "bytes": transport.log.bytes_total,
+        "seconds": time.perf_counter() - t0,
+    }
+    return out, stats
+
+
+def build_orgs(model: Any, tables: Mapping[str, Any], receiver: str) -> tuple[dict[str, PredictOrg], dict[str, str]]:
+    """Every organisation's steps from its table (encoded with the model's encoding, checked) and
+    its part of the model: ``(organisation -> PredictOrg, organisation -> its ID column name)``.
+
+    Raises:
+        HybridFLError: a receiver that is not an organisation, fewer than two organisations, a
+            table without the ID column, or any table problem (one sentence).
+    """
+    from hybridfl.data.encoding import encode_frame, frame_ids, held_blocks
+
+    if receiver not in tables:
+        raise PredictionError(f"the receiver {receiver!r} is not one of the organisations ({', '.join(tables)}).")
+    if len(tables) < 2:
+        raise PredictionError("a federated prediction needs at least two organisations.")
+    orgs: dict[str, PredictOrg] = {}
+    id_names: dict[str, str] = {}
+    for name, frame in tables.items():
+        where = f"the table of {name!r}"
+        blocks = held_blocks(frame, model.encoding, where)
+        id_name, ids = frame_ids(frame, model.encoding, where)
+        if id_name == "row":
+            raise PredictionError(f"{where} has no ID column {model.encoding.id_column!r}: rows are matched by ID.")
+        xs = encode_frame(frame, model.encoding, model.scale, blocks, where)
+        part = org_part(model, blocks, name == receiver)
+        orgs[name] = PredictOrg(name, ids, xs, part, receiver)
+        id_names[name] = id_name
+    if not any(orgs[o].part.units for o in orgs):
+        raise PredictionError("no organisation holds a whole unit of the model's blocks.")
+    return orgs, id_names
