@@ -9,6 +9,11 @@
 - ``hybridfl export-table --config run.yaml --part test --out test.csv``: the rows of a run
   config's dataset as a raw table in the columns a model of it reads (built-in datasets get
   ``<block>_<j>`` columns), e.g. to score a run's own test rows with ``predict``.
+- ``hybridfl export-onnx --model RUN/model --out model.onnx [--client ID] [--blocks a,b]``: the
+  model as an ONNX graph (:mod:`hybridfl.inference.onnx`: one float32 input per block of encoded
+  features, the standardisation inside the graph, the raw output ``logits`` or ``margin``);
+  HyFEM: ``--client`` for a client's own model, ``--blocks`` for the server model cut to those
+  blocks. Needs ``pip install 'hybridfl[onnx]'``.
 
 Every problem is one sentence and exit status 2, and nothing is written: the whole table is
 checked and scored before the output file is written (atomically; an existing one is refused
@@ -121,7 +126,7 @@ def _federated(model_dir: Path, schema: Path | None, clients: list[str], tables:
 
 
 def register(app: typer.Typer) -> None:
-    """Add ``predict`` and ``export-table`` to the ``hybridfl`` app."""
+    """Add ``predict``, ``export-table`` and ``export-onnx`` to the ``hybridfl`` app."""
 
     @app.command("predict")
     def predict_cmd(
@@ -207,3 +212,28 @@ def register(app: typer.Typer) -> None:
         frame = raw_table(cfg.dataset, cfg.seed, part)
         atomic_write(out, frame.to_csv(index=False))
         console.print(f"{len(frame)} {part} rows written to {out}", markup=False, highlight=False)
+
+    @app.command("export-onnx")
+    def export_onnx_cmd(
+        model: Path = typer.Option(..., "--model", "-m", help="A run's model directory (RUN/model)."),
+        out: Path = typer.Option(..., "--out", "-o", help="ONNX file to write."),
+        client: Optional[str] = typer.Option(None, "--client", help="HyFEM: export this client's own model."),
+        blocks: Optional[str] = typer.Option(
+            None, "--blocks", help="HyFEM: the server model cut to these blocks (comma-separated)."
+        ),
+        force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
+    ) -> None:
+        """Export a trained model as an ONNX graph (inputs: the blocks' encoded features; the
+        standardisation is part of the graph)."""
+        from hybridfl.inference import load_model
+        from hybridfl.inference.onnx import export_onnx, require_onnx
+
+        require_onnx()  # before anything else: the one sentence naming the extra
+        _check_out(out, force)
+        m = load_model(model)
+        names = [b.strip() for b in blocks.split(",") if b.strip()] if blocks is not None else None
+        export_onnx(m, out, blocks=names, client=client)
+        which = f"client {client}'s model" if client is not None else "global model"
+        if names is not None:
+            which = f"server model on blocks {', '.join(names)}"
+        console.print(f"{m.kind} {which} written to {out} (ONNX)", markup=False, highlight=False)

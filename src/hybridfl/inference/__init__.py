@@ -4,8 +4,10 @@
   settings, SHA-256 of the weights) + ``model.safetensors``; written atomically, checked on load.
 - :mod:`hybridfl.inference.predictors`: the loaded models (linear, HyFEM, FedBCD) with
   ``predict``, ``predict_proba`` and ``decision_function``.
+- :mod:`hybridfl.inference.onnx`: ``export_onnx``, the model as an ONNX graph (the ``onnx`` extra).
 
-``hybridfl predict --model DIR --table new.csv --out predictions.csv`` is the command line.
+``hybridfl predict --model DIR --table new.csv --out predictions.csv`` is the command line
+(and ``hybridfl export-onnx --model DIR --out model.onnx``).
 """
 
 from __future__ import annotations
