@@ -153,7 +153,7 @@ def execute(
                 prep.split.name,
                 model_metrics(result.summary),
             )
-            result.summary["model_dir"] = str(Path(out_dir) / MODEL_DIR)
+            result.summary["model_dir"] = MODEL_DIR  # relative to the run directory
         write_results(out_dir, result, run_config_dict(prep), extra)
         plot_coverage(cov, Path(out_dir) / "coverage.png")
     return result
@@ -344,11 +344,44 @@ def execute_federation(
             if created and not any(Path(out_dir).iterdir()):
                 Path(out_dir).rmdir()
         raise
+    _federated_evaluation(prep, result)
     result.summary["seconds_total"] = time.perf_counter() - t0
     if out_dir is not None:
         _write_federation_model(prep, result, Path(out_dir))
         write_results(out_dir, result, prep.config_dict(), {"federation": {"schema": str(prep.schema)}})
     return result
+
+
+def _federated_evaluation(prep: PreparedFederation, result: RunResult) -> None:
+    """Evaluate the trained model on the organisations' own test rows (``client prepare
+    --test-table``) by federated prediction (:func:`hybridfl.inference.federated.federated_evaluate`):
+    the label holders compute the metrics; they go into the summary and the last round's row
+    (``accuracy``, HyFEM's ``server_accuracy``, ``auc``). Nothing happens without test rows."""
+    import tempfile
+
+    from hybridfl.data.encoding import schema_encoding
+    from hybridfl.data.federation import load_schema
+    from hybridfl.inference import load_model
+    from hybridfl.inference.federated import evaluation_rows, federated_evaluate
+    from hybridfl.inference.modeldir import write_model_dir
+
+    rows = {}
+    for cd in prep.client_data:
+        got = evaluation_rows(cd.path) if cd.path is not None else None
+        if got is not None:
+            rows[cd.client_id] = got
+    if not rows or result.model is None:
+        return
+    enc, scale = schema_encoding(load_schema(prep.schema))
+    with tempfile.TemporaryDirectory() as tmp:
+        write_model_dir(Path(tmp) / MODEL_DIR, result.model, enc, scale, prep.algorithm.name, "", {}, "float64")  # type: ignore[attr-defined]
+        metrics = federated_evaluate(load_model(Path(tmp) / MODEL_DIR), rows)
+    if "accuracy" in metrics and result.model.kind == "hyfem":
+        metrics["server_accuracy"] = metrics.pop("accuracy")
+    metrics["evaluation"] = "federated"
+    result.summary.update(metrics)
+    if result.history:
+        result.history[-1].update({k: v for k, v in metrics.items() if k in ("accuracy", "server_accuracy", "auc")})
 
 
 SERVER_MODEL_KINDS = ("linear", "hyfem")
@@ -373,4 +406,4 @@ def _write_federation_model(prep: PreparedFederation, result: RunResult, out: Pa
     write_model_dir(
         out / MODEL_DIR, result.model, enc, scale, name, schema.name, model_metrics(result.summary), "float64"
     )
-    result.summary["model_dir"] = str(out / MODEL_DIR)
+    result.summary["model_dir"] = MODEL_DIR  # relative to the run directory

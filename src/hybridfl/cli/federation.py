@@ -121,12 +121,23 @@ def client_prepare_cmd(
         0, "--index", min=0, help="The client's position in the federation (seeds it); distinct per organisation."
     ),
     sep: Optional[str] = typer.Option(None, "--sep", help="The CSV delimiter (default: the schema's sep)."),
+    test_table: Optional[Path] = typer.Option(
+        None, "--test-table", help="The organisation's own test rows (federated evaluation; never trained on)."
+    ),
 ) -> None:
     """Check the organisation's own table against the schema and write its client directory."""
     from hybridfl.data.prepare import STATS_FILE, prepare_client
 
     r = prepare_client(
-        table, schema, out, id_column=id_column, label_column=label_column, client_id=client_id, index=index, sep=sep
+        table,
+        schema,
+        out,
+        id_column=id_column,
+        label_column=label_column,
+        client_id=client_id,
+        index=index,
+        sep=sep,
+        test_table=test_table,
     )
     labels = "no"
     if r.has_labels:

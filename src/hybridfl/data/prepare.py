@@ -331,6 +331,39 @@ def block_stats(blocks: dict[str, np.ndarray]) -> dict[str, dict]:
     return out
 
 
+EVAL_DIR = "evaluation"
+"""The sub-directory of a client directory holding the organisation's own test rows (``client
+prepare --test-table``), in the layout of the directory itself."""
+
+
+def _encoded(ct: ClientTable, schema: FederationSchema) -> tuple[HybridDataset, np.ndarray | None, int, int, bool]:
+    """``(dataset, labels (-1: none) or None, imputed, unfilled, standardized)`` of a checked
+    table: missing cells filled with the schema's means (``impute_mean``; placeholders counted as
+    ``unfilled`` before the federation has means), then the federated z-score."""
+    blocks, imputed, unfilled = {}, 0, 0
+    for b, x in ct.blocks.items():
+        gaps = np.isnan(x)
+        if gaps.any():
+            if b in schema.means:
+                x = np.where(gaps, np.asarray(schema.means[b], dtype=np.float64)[None, :], x)
+                imputed += int(gaps.sum())
+            else:  # no federation mean yet: a placeholder the loader never gives to an algorithm
+                x = np.where(gaps, 0.0, x)
+                unfilled += int(gaps.sum())
+        blocks[b] = x
+    standardized = False
+    if schema.standardize and schema.means:
+        for b, x in blocks.items():
+            if b in schema.means:
+                sd = np.asarray(schema.stds[b], dtype=np.float64)
+                sd[sd < 1e-12] = 1.0
+                blocks[b] = (x - np.asarray(schema.means[b])) / sd
+        standardized = True
+    labels = ct.labels
+    y = np.maximum(labels, 0) if labels is not None else np.zeros(len(ct.ids), np.int64)
+    return HybridDataset(schema.name, ct.ids, y, blocks, list(schema.classes)), labels, imputed, unfilled, standardized
+
+
 def prepare_client(
     table: str | Path,
     schema_path: str | Path,
@@ -341,6 +374,7 @@ def prepare_client(
     client_id: str | None = None,
     index: int = 0,
     sep: str | None = None,
+    test_table: str | Path | None = None,
 ) -> PreparedClient:
     """Write the client directory ``out_dir`` from an organisation's own table and the federation schema.
 
@@ -365,6 +399,9 @@ def prepare_client(
         index: the client's position in the federation (its seed is ``seed + 1 + index``; give each
             organisation a different one).
         sep: the CSV delimiter (default: the schema's ``sep``).
+        test_table: the organisation's own test rows (other samples, the same blocks and label
+            column), checked and encoded like ``table`` and kept in ``evaluation/`` for federated
+            evaluation (:mod:`hybridfl.inference.federated`); never trained on.
 
     Raises:
         ConfigError: a missing or invalid schema.
@@ -390,34 +427,36 @@ def prepare_client(
     frame = read_client_table(table, sep if sep is not None else schema.sep)
     ct = table_to_client_dataset(frame, schema, id_column=id_column, label_column=label_column, where=table.name)
     stats = block_stats(ct.blocks) if schema.standardize or schema.missing == "impute_mean" else None
-    blocks, imputed, unfilled = {}, 0, 0
-    for b, x in ct.blocks.items():
-        gaps = np.isnan(x)
-        if gaps.any():
-            if b in schema.means:
-                x = np.where(gaps, np.asarray(schema.means[b], dtype=np.float64)[None, :], x)
-                imputed += int(gaps.sum())
-            else:  # no federation mean yet: a placeholder the loader never gives to an algorithm
-                x = np.where(gaps, 0.0, x)
-                unfilled += int(gaps.sum())
-        blocks[b] = x
-    standardized = False
-    if schema.standardize and schema.means:
-        for b, x in blocks.items():
-            if b in schema.means:
-                sd = np.asarray(schema.stds[b], dtype=np.float64)
-                sd[sd < 1e-12] = 1.0
-                blocks[b] = (x - np.asarray(schema.means[b])) / sd
-        standardized = True
-    labels = ct.labels
-    y = np.maximum(labels, 0) if labels is not None else np.zeros(len(ct.ids), np.int64)
-    ds = HybridDataset(schema.name, ct.ids, y, blocks, list(schema.classes))
+    ds, labels, imputed, unfilled, standardized = _encoded(ct, schema)
     n_labelled = int((labels >= 0).sum()) if labels is not None else 0
+    test = None
+    if test_table is not None:  # the organisation's own evaluation rows: same checks, same encoding
+        test_table = Path(test_table).expanduser()
+        tframe = read_client_table(test_table, sep if sep is not None else schema.sep)
+        tct = table_to_client_dataset(
+            tframe, schema, id_column=id_column, label_column=label_column, where=test_table.name
+        )
+        if list(tct.blocks) != list(ct.blocks):
+            raise DataError(
+                f"{test_table.name} holds blocks {', '.join(tct.blocks)}, the training table {', '.join(ct.blocks)}: "
+                "an organisation's test rows have the blocks of its training rows."
+            )
+        if (tct.labels is None) != (ct.labels is None):
+            raise DataError(f"{test_table.name} and {table.name} must both have the label column, or neither.")
+        both = np.intersect1d(tct.ids, ct.ids)
+        if both.size:
+            raise DataError(
+                f"{test_table.name} repeats {both.size} IDs of {table.name}: test rows must be other samples."
+            )
+        test = _encoded(tct, schema)
+        unfilled += test[3]
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.prepare-", dir=out.parent))
     try:
         stage = tmp / "client"
         info = _write_dataset_dir(stage, ds, with_labels=labels is not None, labels=labels)
+        if test is not None:
+            _write_dataset_dir(stage / EVAL_DIR, test[0], with_labels=test[1] is not None, labels=test[1])
         public_key = new_client_key(stage)  # client_key.pem: the node's proof of identity at the hello
         meta = {
             "format": FORMAT_VERSION,
@@ -428,6 +467,7 @@ def prepare_client(
             "index": int(index),
             "has_labels": labels is not None,
             "n_labelled": n_labelled,
+            "n_test": 0 if test is None else int(test[0].n_samples),
             **info,
             "prepared": True,
             "schema_sha256": schema_digest(schema),

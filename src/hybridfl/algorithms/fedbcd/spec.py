@@ -256,8 +256,15 @@ def plot_auc(history: list[dict[str, float]], cfg: FedBCDConfig, path: Path, tit
 
 
 def plots(history: list[dict], cfg: FedBCDConfig, title: str) -> list[Callable[[Path], Path]]:
-    """The extra plot of a FedBCD run: ``auc.png`` (:func:`plot_auc`) in the output directory."""
-    return [lambda out: plot_auc(history, cfg, Path(out) / "auc.png", title)]
+    """The extra plot of a FedBCD run: ``auc.png`` (:func:`plot_auc`) in the output directory, when
+    a round has an AUC (none without a test set: no empty plot)."""
+
+    def write(out: Path) -> Path | None:
+        if not any("auc" in r for r in history):
+            return None
+        return plot_auc(history, cfg, Path(out) / "auc.png", title)
+
+    return [write]
 
 
 def export_model(server: FedBCDCoordinator, clients: Any, cfg: FedBCDConfig) -> ModelParts | None:
