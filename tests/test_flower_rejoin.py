@@ -213,6 +213,12 @@ def test_killed_node_rejoins_and_w_equals_simulation(tmp_path, run_id, hyfdca_se
     assert len(grid.killed) == 1 and len(grid.started) == 4
     w = np.load(tmp_path / "res" / "final.npz")["w"]
     np.testing.assert_allclose(w, w_ref, rtol=1e-9, atol=1e-12)
+    # the ServerApp leaves the model directory (the export's encoding in server.json): its weights
+    # are w cut per block, the intercept block's weight last
+    from hybridfl.inference import load_model
+
+    model = load_model(tmp_path / "res" / "model")
+    np.testing.assert_array_equal(np.concatenate([model.w[b] for b in model.blocks] + [[model.intercept]]), w)
     # the algorithm's messages are counted once; the re-sent one only in Flower's bytes
     assert summary["messages_total"] == log_ref.messages_total
     assert summary["retried_messages"] == 1

@@ -362,3 +362,38 @@ def schema_encoding(schema: Any) -> tuple[Encoding, dict[str, tuple[np.ndarray, 
         sep=getattr(schema, "sep", None),
     )
     return enc, scale
+
+
+def encoding_meta(encoding: Encoding, scale: Mapping[str, tuple[np.ndarray, np.ndarray]], dtype: str) -> dict[str, Any]:
+    """The JSON form of an encoding and its standardisation (``server.json``'s ``encoding``), so a
+    server that never sees a row can still write a model directory users score tables with."""
+    return {
+        "encoding": encoding.model_dump(mode="json", exclude_none=True),
+        "scale": {b: {"mean": np.asarray(m).tolist(), "std": np.asarray(s).tolist()} for b, (m, s) in scale.items()},
+        "scale_dtype": dtype,
+    }
+
+
+def encoding_from_meta(
+    meta: Mapping[str, Any],
+) -> tuple[Encoding, dict[str, tuple[np.ndarray, np.ndarray]], str] | None:
+    """Inverse of :func:`encoding_meta` (``None`` when ``meta`` has no encoding: an older export).
+
+    Raises:
+        DataError: an encoding that does not validate.
+    """
+    from pydantic import ValidationError
+
+    raw = meta.get("encoding")
+    if not isinstance(raw, Mapping):
+        return None
+    try:
+        enc = Encoding.model_validate(raw["encoding"])
+        dtype = str(raw.get("scale_dtype", "float32"))
+        t = np.float32 if dtype == "float32" else np.float64
+        scale = {
+            str(b): (np.asarray(v["mean"], dtype=t), np.asarray(v["std"], dtype=t)) for b, v in raw["scale"].items()
+        }
+    except (ValidationError, KeyError, TypeError, ValueError):
+        raise DataError("the server directory's encoding is not valid: export or assemble it again.") from None
+    return enc, scale, dtype

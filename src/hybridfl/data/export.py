@@ -262,6 +262,10 @@ def export_clients(
     }
     if run_config is not None:
         smeta["run_config"] = run_config
+    if split.encoding is not None:  # so the server can leave a model directory (hybridfl.inference)
+        from hybridfl.data.encoding import encoding_meta
+
+        smeta["encoding"] = encoding_meta(split.encoding, split.scale, "float32")
     if include_test:
         _write_dataset_dir(srv / "test", split.test, with_labels=True)
     atomic_write(srv / "server.json", json.dumps(smeta, indent=1), mode=FILE_MODE)

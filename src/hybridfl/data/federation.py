@@ -527,6 +527,10 @@ def federation_server_meta(
         "run_config": {"seed": int(schema.seed), "algorithm": dict(schema.algorithm)},
         "schema_sha256": digest,
     }
+    from hybridfl.data.encoding import encoding_meta, schema_encoding
+
+    enc, scale = schema_encoding(schema)
+    meta["encoding"] = encoding_meta(enc, scale, "float64")  # the server's model directory (hybridfl.inference)
     return meta
 
 

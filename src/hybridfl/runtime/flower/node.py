@@ -449,4 +449,23 @@ def run_server(
             buf = io.BytesIO()
             np.savez(buf, **spec.final_arrays(server))
             atomic_write(out / "final.npz", buf.getvalue())
+        _write_server_model(spec, server, cfg, sd, out, summary)
     return summary
+
+
+def _write_server_model(spec: Any, server: Any, cfg: Any, sd: Any, out: Path, summary: dict) -> None:
+    """``<out>/model/``: the model the server holds (HyFDCA's and hybrid FedAvg's ``w``, HyFEM's
+    server and client models) with the encoding recorded in ``server.json`` (an export or a
+    federation assembled by this version); FedBCD's parties keep theirs, so nothing is written for it."""
+    from hybridfl.data.encoding import encoding_from_meta
+    from hybridfl.experiment import MODEL_DIR, SERVER_MODEL_KINDS, model_metrics
+    from hybridfl.inference.modeldir import write_model_dir
+
+    parts = spec.export_model(server, None, cfg) if spec.export_model is not None else None
+    got = encoding_from_meta(sd.meta or {})
+    if parts is None or parts.kind not in SERVER_MODEL_KINDS or got is None:
+        return
+    enc, scale, dtype = got
+    write_model_dir(
+        out / MODEL_DIR, parts, enc, scale, cfg.name, str(sd.meta.get("dataset", "")), model_metrics(summary), dtype
+    )
