@@ -539,6 +539,19 @@ def test_federated_predict_cli_from_client_directories(tmp_path, monkeypatch, ca
     ok = pred["margin"].notna().to_numpy()
     assert ok.sum() == 48 - 12 and np.abs(ref[ok]).min() > 1e-3
     np.testing.assert_allclose(pred["margin"].to_numpy()[ok], ref[ok], rtol=0, atol=1e-9)
+    # each organisation's own part (run --federation wrote <client>/model/): the same predictions
+    own = tmp_path / "own.csv"
+    args_parts = ["predict", "--federation", str(schema), "--clients", ",".join(map(str, dirs)), "--tables", tables]
+    code, _, err = run_cli(*args_parts, "--out", str(own), capsys=capsys)
+    assert code == 0, err
+    pd.testing.assert_frame_equal(pd.read_csv(own), pred, rtol=0, atol=1e-12)
+    with pytest.raises(ModelError, match="part of a model, not a whole model"):
+        load_model(dirs[0] / "model")
+    from hybridfl.inference.parts import load_org_part
+
+    bank, census = load_org_part(dirs[0] / "model"), load_org_part(dirs[1] / "model")
+    assert bank.part.units == ["demo", "bank"] and bank.part.head is not None  # bank holds labels
+    assert set(census.part.units) == {"demo", "shop"} and set(census.part.weights) == {"demo", "shop"}
     for bad, words in (
         (["--tables", tables.rsplit(",", 1)[0]], "2 tables for 3 --clients"),
         (["--tables", tables, "--to", "nobody"], "not one of the organisations"),

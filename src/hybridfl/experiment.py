@@ -12,6 +12,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
@@ -398,12 +399,37 @@ def _write_federation_model(prep: PreparedFederation, result: RunResult, out: Pa
     from hybridfl.inference.modeldir import write_model_dir
 
     shutil.rmtree(out / MODEL_DIR, ignore_errors=True)
-    if result.model is None or result.model.kind not in SERVER_MODEL_KINDS:
+    if result.model is None:
         return
     schema = load_schema(prep.schema)
     enc, scale = schema_encoding(schema)
     name = prep.algorithm.name  # type: ignore[attr-defined]
-    write_model_dir(
-        out / MODEL_DIR, result.model, enc, scale, name, schema.name, model_metrics(result.summary), "float64"
-    )
-    result.summary["model_dir"] = MODEL_DIR  # relative to the run directory
+    metrics = model_metrics(result.summary)
+    if result.model.kind in SERVER_MODEL_KINDS:
+        write_model_dir(out / MODEL_DIR, result.model, enc, scale, name, schema.name, metrics, "float64")
+        result.summary["model_dir"] = MODEL_DIR  # relative to the run directory
+    _write_org_parts(prep, result.model, enc, scale, name, schema.name)
+
+
+def _write_org_parts(prep: PreparedFederation, parts: Any, enc: Any, scale: dict, name: str, dataset: str) -> None:
+    """Every organisation's part of the model into its own client directory (``<client>/model/``,
+    :mod:`hybridfl.inference.parts`): the weights of its blocks (FedBCD: its party's bottom model),
+    and the model's head for a label holder. A model with a FedBCD ``concat`` top has no parts
+    (federated prediction needs a summed top): nothing is written then."""
+    import tempfile
+
+    from hybridfl.inference import load_model
+    from hybridfl.inference.federated import PredictionError, model_units
+    from hybridfl.inference.modeldir import write_model_dir
+    from hybridfl.inference.parts import write_org_part
+
+    with tempfile.TemporaryDirectory() as tmp:
+        write_model_dir(Path(tmp) / MODEL_DIR, parts, enc, scale, name, dataset, {}, "float64")
+        model = load_model(Path(tmp) / MODEL_DIR)
+        try:
+            model_units(model)
+        except PredictionError:
+            return
+        for cd in prep.client_data:
+            if cd.path is not None:
+                write_org_part(Path(cd.path) / MODEL_DIR, model, cd.client_id, list(cd.data.block_names), cd.has_labels)

@@ -81,7 +81,7 @@ def _split(values: list[str]) -> list[str]:
     return [v for item in values for v in str(item).split(",") if v]
 
 
-def _federated(model_dir: Path, schema: Path | None, clients: list[str], tables: list[str], to: str | None, sep):
+def _federated(model_dir: Path | None, schema: Path | None, clients: list[str], tables: list[str], to: str | None, sep):
     """Federated prediction in process (:func:`hybridfl.inference.federated.federated_predict`)
     from the organisations' client directories and new tables: ``(predictions, stats)``.
 
@@ -100,10 +100,11 @@ def _federated(model_dir: Path, schema: Path | None, clients: list[str], tables:
         raise HybridFLError("federated prediction needs --federation, --clients and --tables together.")
     if len(dirs) != len(paths):
         raise HybridFLError(f"--tables names {len(paths)} tables for {len(dirs)} --clients: give one per organisation.")
-    m = load_model(model_dir)
+    from hybridfl.inference.parts import load_org_part
+
+    m = load_model(model_dir) if model_dir is not None else None
+    parts = None if m is not None else {}
     fs = load_schema(schema)
-    if list(fs.blocks) != m.blocks or list(fs.classes) != list(m.classes_):
-        raise HybridFLError(f"the model's blocks or classes are not those of the federation schema {str(schema)!r}.")
     names, labels = [], []
     for d in dirs:
         meta = d / "client.json"
@@ -117,11 +118,21 @@ def _federated(model_dir: Path, schema: Path | None, clients: list[str], tables:
             raise HybridFLError(f"client.json of {str(d)!r} is not a client description.") from None
     if len(set(names)) != len(names):
         raise HybridFLError("two --clients directories are the same organisation.")
+    if parts is not None:  # each organisation's own part, from its own directory
+        for n, d in zip(names, dirs):
+            if not (d / "model").is_dir():
+                raise HybridFLError(
+                    f"{str(d)!r} keeps no part of a model (model/): run --federation first, or give --model."
+                )
+            parts[n] = load_org_part(d / "model")
+    enc = m.encoding if m is not None else next(iter(parts.values())).encoding  # type: ignore[union-attr]
+    if list(fs.blocks) != enc.block_names or list(fs.classes) != list(enc.classes):
+        raise HybridFLError(f"the model's blocks or classes are not those of the federation schema {str(schema)!r}.")
     receiver = to if to is not None else next((n for n, lab in zip(names, labels) if lab), None)
     if receiver is None:
         raise HybridFLError("no organisation holds labels: say which receives the predictions with --to.")
-    frames = {n: read_table(p, sep if sep is not None else m.encoding.sep) for n, p in zip(names, paths)}
-    preds, stats = federated_predict(m, frames, receiver)
+    frames = {n: read_table(p, sep if sep is not None else enc.sep) for n, p in zip(names, paths)}
+    preds, stats = federated_predict(m, frames, receiver, parts=parts)
     return preds, {**stats, "to": receiver, "organisations": len(names)}
 
 
@@ -130,8 +141,14 @@ def register(app: typer.Typer) -> None:
 
     @app.command("predict")
     def predict_cmd(
-        model: Path = typer.Option(..., "--model", "-m", help="A run's model directory (RUN/model)."),
         out: Path = typer.Option(..., "--out", "-o", help="Predictions file to write (CSV)."),
+        model: Optional[Path] = typer.Option(
+            None,
+            "--model",
+            "-m",
+            help="A run's model directory (RUN/model); with --federation optional: each organisation's part "
+            "from its client directory's model/.",
+        ),
         table: Optional[Path] = typer.Option(None, "--table", "-t", help="The rows to score: CSV or Parquet."),
         sep: Optional[str] = typer.Option(
             None, "--sep", help="CSV delimiter of the tables (default: the model's, or ',')."
@@ -175,8 +192,8 @@ def register(app: typer.Typer) -> None:
                 highlight=False,
             )
             return
-        if table is None:
-            raise HybridFLError("predict needs --table (or --federation with --clients and --tables).")
+        if table is None or model is None:
+            raise HybridFLError("predict needs --model and --table (or --federation with --clients and --tables).")
         _check_out(out, force)
         m = load_model(model)
         frame = read_table(table, sep if sep is not None else m.encoding.sep)

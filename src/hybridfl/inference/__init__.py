@@ -31,6 +31,11 @@ def load_model(path: str | Path):
     from hybridfl.inference.predictors import PREDICTORS
 
     manifest, tensors = read_model_dir(path)
+    if manifest.part is not None:
+        raise ModelError(
+            f"{str(path)!r} is organisation {manifest.part.get('organisation')!r}'s part of a model, not a whole "
+            "model: score with hybridfl predict --federation (each organisation's part from its client directory)."
+        )
     return PREDICTORS[manifest.kind](manifest, tensors, path)
 
 

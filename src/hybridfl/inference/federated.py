@@ -474,6 +474,7 @@ def federated_predict(
     tables: Mapping[str, Any],
     receiver: str,
     recorder: Any = None,
+    parts: Mapping[str, Any] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Score the receiver's rows with the organisations' tables, in process, over an
     :class:`~hybridfl.runtime.transport.InProcessTransport` (every message encoded and counted).
@@ -485,6 +486,8 @@ def federated_predict(
             the columns of the blocks it holds), in organisation order.
         receiver: the organisation that asks and receives.
         recorder: receives the raw bytes of every message (audits).
+        parts: instead of ``model`` (``None``), each organisation's own part
+            (:func:`hybridfl.inference.parts.load_org_part` of its ``<client>/model/``).
 
     Returns:
         ``(predictions, stats)``: a DataFrame of the receiver's rows (ID column, ``prediction``,
@@ -501,12 +504,12 @@ def federated_predict(
     from hybridfl.runtime.transport import InProcessTransport
 
     t0 = time.perf_counter()
-    orgs, id_names = build_orgs(model, tables, receiver)
-    all_units = list(model_units(model))
+    orgs, id_names = build_orgs(model, tables, receiver, parts)
+    all_units = list(parts[receiver].all_units) if parts is not None else list(model_units(model))
     transport = InProcessTransport(orgs, recorder)  # type: ignore[arg-type]
     counts = run_prediction(transport, list(orgs), receiver, all_units)
     r = orgs[receiver]
-    pred, scores = model.outputs(r.raw[r.scored])
+    pred, scores = (parts[receiver] if parts is not None else model).outputs(r.raw[r.scored])
     out = pd.DataFrame({id_names[receiver]: r.ids})
     out["prediction"] = ""
     out.loc[r.scored, "prediction"] = pred
@@ -523,13 +526,17 @@ def federated_predict(
     return out, stats
 
 
-def build_orgs(model: Any, tables: Mapping[str, Any], receiver: str) -> tuple[dict[str, PredictOrg], dict[str, str]]:
+def build_orgs(
+    model: Any, tables: Mapping[str, Any], receiver: str, parts: Mapping[str, Any] | None = None
+) -> tuple[dict[str, PredictOrg], dict[str, str]]:
     """Every organisation's steps from its table (encoded with the model's encoding, checked) and
-    its part of the model: ``(organisation -> PredictOrg, organisation -> its ID column name)``.
+    its part of the model (cut from ``model``, or its own from ``parts``): ``(organisation ->
+    PredictOrg, organisation -> its ID column name)``.
 
     Raises:
         HybridFLError: a receiver that is not an organisation, fewer than two organisations, a
-            table without the ID column, or any table problem (one sentence).
+            table without the ID column, a receiver without the model's head, or any table
+            problem (one sentence).
     """
     from hybridfl.data.encoding import encode_frame, frame_ids, held_blocks
 
@@ -541,12 +548,25 @@ def build_orgs(model: Any, tables: Mapping[str, Any], receiver: str) -> tuple[di
     id_names: dict[str, str] = {}
     for name, frame in tables.items():
         where = f"the table of {name!r}"
-        blocks = held_blocks(frame, model.encoding, where)
-        id_name, ids = frame_ids(frame, model.encoding, where)
+        if parts is not None and name not in parts:
+            raise PredictionError(f"organisation {name!r} has no part of the model.")
+        view = parts[name] if parts is not None else model
+        blocks = held_blocks(frame, view.encoding, where)
+        id_name, ids = frame_ids(frame, view.encoding, where)
         if id_name == "row":
-            raise PredictionError(f"{where} has no ID column {model.encoding.id_column!r}: rows are matched by ID.")
-        xs = encode_frame(frame, model.encoding, model.scale, blocks, where)
-        part = org_part(model, blocks, name == receiver)
+            raise PredictionError(f"{where} has no ID column {view.encoding.id_column!r}: rows are matched by ID.")
+        xs = encode_frame(frame, view.encoding, view.scale, blocks, where)
+        if parts is None:
+            part = org_part(model, blocks, name == receiver)
+        else:
+            own = view.part
+            units = [u for u in own.units if set(own.unit_blocks[u]) <= set(blocks)]
+            part = OrgPart(own.kind, units, {u: own.unit_blocks[u] for u in units}, own.width, own.weights, own.head)
+            if name == receiver and part.head is None:
+                raise PredictionError(
+                    f"organisation {name!r} keeps no head of the model (it holds no labels): it cannot receive "
+                    "predictions; name a label holder with --to."
+                )
         orgs[name] = PredictOrg(name, ids, xs, part, receiver)
         id_names[name] = id_name
     if not any(orgs[o].part.units for o in orgs):

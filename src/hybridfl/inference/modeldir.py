@@ -84,6 +84,7 @@ class Manifest(BaseModel):
     model: dict[str, Any] = Field(default_factory=dict)
     metrics: dict[str, Any] = Field(default_factory=dict)
     files: dict[str, str] = Field(min_length=1)
+    part: dict[str, Any] | None = None
 
 
 def _sha256(data: bytes) -> str:
@@ -114,6 +115,7 @@ def write_model_dir(
     dataset: str = "",
     metrics: Mapping[str, Any] | None = None,
     scale_dtype: str = "float32",
+    part: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write the model directory ``out`` (replacing an earlier one as a whole).
 
@@ -125,6 +127,8 @@ def write_model_dir(
         metrics: the run's headline metrics, recorded as they were reported.
         scale_dtype: the dtype the standardisation was computed in (``float32`` for a simulated
             split, ``float64`` for prepared clients).
+        part: for one organisation's part (:mod:`hybridfl.inference.parts`): its name, units and
+            whether it holds the head.
 
     Returns:
         ``out`` as a path.
@@ -165,6 +169,7 @@ def write_model_dir(
         model=_finite(parts.meta),
         metrics=_finite(dict(metrics or {})),
         files={WEIGHTS: _sha256(weights)},
+        part=_finite(dict(part)) if part is not None else None,
     )
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)

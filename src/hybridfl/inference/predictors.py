@@ -54,6 +54,16 @@ class HybridFLModel:
 
     kind = ""
 
+    @classmethod
+    def for_outputs(cls, manifest: Manifest) -> HybridFLModel:
+        """An object with only what :meth:`outputs` needs (the classes, a linear model's loss and
+        positive classes), for a receiver that holds a part of the model, not its weights."""
+        m = object.__new__(cls)
+        m.manifest, m.encoding = manifest, manifest.encoding
+        m.classes_ = np.asarray(manifest.encoding.classes, dtype=object)
+        m.blocks = manifest.encoding.block_names
+        return m
+
     def __init__(self, manifest: Manifest, tensors: Mapping[str, np.ndarray], path: str | Path = ""):
         self.manifest = manifest
         self.path = Path(path)
@@ -188,14 +198,26 @@ class LinearModel(HybridFLModel):
         if len(set(pos)) == C:
             raise ModelError(f"{self._where}: positive_classes lists every class.")
         self.positive = sorted(set(pos))
+        self._set_labels()
         self.w = {
             b.name: _expect(tensors, f"w.{b.name}", (b.width,), self._where).astype(np.float64)
             for b in self.encoding.blocks
         }
         self.intercept = float(_expect(tensors, "intercept", (1,), self._where)[0])
-        neg = [c for c in range(C) if c not in self.positive]
-        self.labels = ["|".join(self.classes_[neg]), "|".join(self.classes_[self.positive])]
         self._check_extra(tensors)
+
+    def _set_labels(self) -> None:
+        neg = [c for c in range(len(self.classes_)) if c not in self.positive]
+        self.labels = ["|".join(self.classes_[neg]), "|".join(self.classes_[self.positive])]
+
+    @classmethod
+    def for_outputs(cls, manifest: Manifest) -> LinearModel:
+        """See :meth:`HybridFLModel.for_outputs` (loss, positive classes and their labels too)."""
+        m = super().for_outputs(manifest)
+        m.loss = str(manifest.model.get("loss", "hinge"))
+        m.positive = sorted({int(c) for c in manifest.model.get("positive_classes", [1])})
+        m._set_labels()
+        return m  # type: ignore[return-value]
 
     def _check_extra(self, tensors: Mapping[str, np.ndarray]) -> None:
         known = (
@@ -427,8 +449,10 @@ class FedBCDModel(HybridFLModel):
         except (KeyError, TypeError, ValueError):
             raise ModelError(f"{self._where}: the FedBCD settings (model, top, parties, ...) are incomplete.") from None
         covered = [b for _, bs in self.parties for b in bs]
-        if sorted(covered) != sorted(self.blocks) or len(set(covered)) != len(covered):
-            raise ModelError(f"{self._where}: the parties' blocks are not the model's blocks, each once.")
+        if not set(covered) <= set(self.blocks) or any(len(set(bs)) != len(bs) or not bs for _, bs in self.parties):
+            raise ModelError(f"{self._where}: a party's blocks are not distinct blocks of the model.")
+        # a schema block no party holds is not part of the joint model: not needed to score
+        self.needed = [b for b in self.blocks if b in set(covered)]
         if kind not in ("linear", "mlp", "cnn") or top not in ("party_slice", "concat"):
             raise ModelError(f"{self._where}: model {kind!r} or top {top!r} is not known.")
         factory = bottom_factory(kind, rep, hidden, channels, top)
@@ -476,7 +500,7 @@ class FedBCDModel(HybridFLModel):
         from hybridfl.algorithms.fedbcd.inputs import party_input
         from hybridfl.data.dataset import HybridDataset
 
-        xs = self._input_blocks(X, self.blocks, where)
+        xs = self._input_blocks(X, self.needed, where)
         n = next(iter(xs.values())).shape[0]
         ds = HybridDataset._trusted("predict", np.arange(n).astype(str), np.zeros(n, np.int64), xs, list(self.classes_))
         inputs = {pid: party_input(ds, blocks) for pid, blocks in self.parties}
