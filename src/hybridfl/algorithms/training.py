@@ -39,7 +39,8 @@ class LocalTrainer:
         self.model = model
         self.device = model_device(model)
         # a view of a shared dataset (HybridDataset.row_source): gather each mini-batch from the
-        # shared array through the client's row indices, never a copy of its rows (issue 17)
+        # shared array through the client's row indices, never a copy of its rows (so memory does not
+        # grow with the number of clients)
         src = {b: data.row_source(b) for b in model.blocks}
         rows = {None if r is None else id(r): r for _, r in src.values()}
         self.rows = None

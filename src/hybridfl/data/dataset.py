@@ -1,7 +1,8 @@
 """A dataset for hybrid FL: samples with stable IDs, labels and named feature blocks.
 
 The full feature space is split into ``d0`` named feature blocks (an image region, a view, a group
-of table columns; SPEC.md "The setting"). A :class:`HybridDataset` stores, for ``N`` samples:
+of table columns; HyFEM Sec. 2, "Data description"). A :class:`HybridDataset` stores, for ``N``
+samples:
 
 - ``ids``: shape ``(N,)``, unique sample IDs (strings), stable across train/test splits and
   partitions, so that clients can align samples by ID;

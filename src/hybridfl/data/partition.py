@@ -1,8 +1,8 @@
 """Partitions: who holds what, validated against a dataset, with a coverage report.
 
 A :class:`Partition` lists, for each client ``m``, the sample IDs ``N_m`` it holds and the
-feature blocks ``I_m`` it holds for them (SPEC.md "The setting"). Horizontal FL is one block held
-by everyone; vertical FL is every client holding all sample IDs. ``has_labels`` marks which
+feature blocks ``I_m`` it holds for them (HyFEM Sec. 2, "Data description"). Horizontal FL is one
+block held by everyone; vertical FL is every client holding all sample IDs (HyFEM Remark 1). ``has_labels`` marks which
 clients hold the labels of their samples (all of them in hybrid/horizontal FL; one label party in
 vertical FL).
 """
@@ -105,7 +105,7 @@ class Partition:
             if len(set(c.blocks)) != len(c.blocks):
                 raise PartitionError(f"client {c.client_id!r} lists a block twice.")
             ids = np.asarray(c.sample_ids)
-            rows, found = ds.find(ids)  # vectorised lookup (issue 17: 36 M IDs at 1,000 clients)
+            rows, found = ds.find(ids)  # vectorised: at 1,000 clients this lookup covers 36 M IDs
             if found.all():
                 counts = np.bincount(rows, minlength=ds.n_samples)
                 if (counts > 1).any():

@@ -1,5 +1,5 @@
 """HyFEM classifier matching: merge client classifiers of different input sets into one server
-classifier (HyFEM Alg. 1 line 8, Alg. 3, Appendix A; SPEC.md "Classifier matching").
+classifier (HyFEM Alg. 1 line 8, Alg. 3, Appendix A.2).
 
 Each client ``m`` holds a one-hidden-layer classifier over its own input columns
 (``W1_m`` ``(H_m, D_m)``, ``b1_m`` ``(H_m,)``, ``W2_m`` ``(C, H_m)``, ``b2_m`` ``(C,)``); its input
@@ -23,7 +23,7 @@ An entry covered by nobody (a server neuron's input columns of blocks that none 
 matched to it holds) is where ``sum_m p_m Pi_m^T Pi_m`` of Alg. 3 line 9 is singular. With
 ``uncovered="zero"`` (default, the paper's) it is 0: ``Pi_m^T w_m`` pads zeros where a client
 lacks features (``P_m^T v_m``, HyFEM Appendix A, eq. (14)), so the numerator is 0 there and the
-pseudo-inverse gives 0. With ``uncovered="previous"`` (the behaviour before issue 16) it keeps its
+pseudo-inverse gives 0. With ``uncovered="previous"`` (ours; the default of earlier versions) it keeps its
 previous value, i.e. the random initialisation for a column nobody ever covered. Neurons reserved
 for absent clients keep their previous values in both modes.
 
@@ -106,7 +106,7 @@ class MatchingConfig:
         new_penalty: Euclidean cost of opening a new neuron (``None``: the median squared norm of
             the client's neuron vectors).
         max_width: cap on the server hidden width (``None``: no cap).
-        output_weighting: ``"samples"`` (SPEC: ``p_m`` for every entry) or ``"class"`` (output
+        output_weighting: ``"samples"`` (HyFEM Alg. 3 line 9: ``p_m`` for every entry) or ``"class"`` (output
             row ``c`` weighted by the client's sample count of class ``c``; clients without class
             ``c`` do not cover it).
         uncovered: value of a server entry no client covers: ``"zero"`` (HyFEM Appendix A's zero

@@ -4,7 +4,8 @@ A *neuron vector* is everything attached to one hidden neuron of a one-hidden-la
 laid out in server coordinates: its incoming weights (``W1`` row, over the server's classifier
 input columns), its bias, and its outgoing weights (``W2`` column), ``D = D0 + 1 + C`` numbers.
 A client holds only some input columns (its blocks, ``P_m``); the missing ones get zero precision
-so they do not count in the cost (SPEC.md "HyFEM", Cost).
+so they do not count in the cost (HyFEM eq. (20) compares a client row with the server row seen
+through the client's inputs, ``w_{0,l} Pi_{m,l-1}^T``; zero precision is our PFNM form of that).
 
 Two costs (lower is better), each a ``(J, L + J_new)`` matrix for ``J`` client neurons against
 ``L`` existing server neurons followed by ``J_new`` "new neuron" columns:

@@ -2,7 +2,7 @@
 
 A client model holds extractors ``h_b(theta_b; x_b)`` for the blocks ``I_m`` it holds; their
 outputs are concatenated in global block order into ``v_m`` and fed to the classifier
-``F(w; v)`` (SPEC.md "HyFEM"; HyFEM eq. (2)-(3)). The server model is the same with all ``d0``
+``F(w; v)`` (HyFEM Sec. 2, eq. (2)-(3), Fig. 3b). The server model is the same with all ``d0``
 blocks. Every extractor outputs ``extractor_dim`` features, so block ``b`` occupies the classifier
 input columns ``[pos(b) * e, (pos(b) + 1) * e)`` where ``pos`` is its index in the global order:
 that is the selection matrix ``P_m`` of HyFEM Sec. 2.

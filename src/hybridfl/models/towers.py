@@ -1,7 +1,8 @@
 """Party models for vertical FL (FedBCD, FedSGD): bottom models per party and the top model.
 
 In vertical FL every party ``k`` holds some feature blocks of the same samples and a *bottom*
-model producing ``H_k`` per sample (FedBCD paper Sec. 3-4, SPEC.md "FedBCD"); the label party
+model producing ``H_k`` per sample (FedBCD paper Sec. 3-4, ``H_i^k = x_i^k theta_k``; Sec. 6 for
+neural sub-models); the label party
 combines the ``H_k`` of all parties with a *top* model into one logit and computes the logistic
 loss.
 
@@ -61,8 +62,9 @@ class LinearBottom(nn.Module):
 class PaperCNNTower(nn.Module):
     """Two ``2x2`` convolutions (``channels`` each, stride 1, "same" padding, ReLU), flatten,
     ``Linear(channels * h * w, out_dim) -> ReLU``. Input ``(batch, c, h, w)``, output
-    ``(batch, out_dim)``. He init. Source: FedBCD paper Sec. 8 "MNIST" and SPEC.md (2x2 kernels
-    as in the public reference code; the paper text says 3x3)."""
+    ``(batch, out_dim)``. He init. Source: FedBCD paper Sec. 8 "MNIST" (two convolutions with 64
+    channels, 256 units); 2x2 kernels as in the public reference code ``yankang18/FedBCD``, where
+    the paper text says 3x3."""
 
     def __init__(self, shape: tuple[int, ...], out_dim: int = 256, channels: int = 64):
         super().__init__()

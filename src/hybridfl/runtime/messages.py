@@ -1,7 +1,8 @@
 """Messages between the server and the clients, and their byte codec.
 
 Every value that crosses between a client and the server is a :class:`Message` with a sender, a
-receiver, a round and a payload (SPEC.md "Communication and privacy accounting"). The simulation
+receiver, a round and a payload, so that a run can report rounds, messages and bytes per client and
+a test can check on the message log that no raw feature value or label is ever sent. The simulation
 encodes every message to bytes with :func:`encode` and decodes it on the other side, so the
 counted size is the size of real bytes and no Python object is shared between the two sides.
 

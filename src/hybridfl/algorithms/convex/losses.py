@@ -1,6 +1,6 @@
 """L2-regularised convex losses, their primal and dual objectives, and SDCA coordinate steps.
 
-Problem (SPEC.md "HyFDCA", HyFDCA eq. (1)-(2)), labels ``y_i`` in ``{-1, +1}``::
+Problem (HyFDCA Sec. 3: the primal problem and its Fenchel dual), labels ``y_i`` in ``{-1, +1}``::
 
     P(w)     = (lambda/2) ||w||^2 + (1/N) sum_i l_i(x_i^T w)
     D(alpha) = -(lambda/2) ||A alpha||^2 - (1/N) sum_i l_i*(-alpha_i),   A alpha = X^T alpha / (lambda N)
@@ -17,7 +17,8 @@ CoCoA+ local subproblem's safety factor ``sigma'``, Smith et al. 2017)::
     -l*(-a) - (a - alpha_i) u_i - (sigma' q_i / (2 lambda N)) (a - alpha_i)^2
 
 where ``u_i`` is the current estimate of ``x_i^T w`` and ``q_i = ||x_i||^2``. Closed forms:
-hinge ``a = y clip(y alpha_i + lambda N (1 - y u_i) / (sigma' q_i), 0, 1)`` (SPEC.md); squared
+hinge ``a = y clip(y alpha_i + lambda N (1 - y u_i) / (sigma' q_i), 0, 1)`` (the maximiser of the
+above; HyFDCA Sec. 5 states a closed form for Alg. 5 line 5 that the extracted text garbles); squared
 ``a = alpha_i + (y - u_i - alpha_i) / (1 + s)``, ``s = sigma' q_i / (lambda N)``; logistic: a
 safeguarded 1-D Newton iteration on ``b = y a`` in ``(0, 1)``.
 """
@@ -131,7 +132,7 @@ class RowData:
         dw: np.ndarray,
         gamma: float = 0.0,
     ) -> np.ndarray:
-        """Sequential SDCA steps over local rows ``order`` (HyFDCA Alg. 3; SPEC.md LocalDualMethod).
+        """Sequential SDCA steps over local rows ``order`` (HyFDCA LocalDualMethod, Alg. 3 and Alg. 5).
 
         For each row ``i``: ``u = u0[i] + cross * x_i^T dw`` (the client's own changes since the
         last SecureInnerProduct, scaled by ``cross``), new ``alpha_i`` by :func:`coordinate_step`
@@ -211,7 +212,8 @@ def gram_steps(
     gamma: float = 0.0,
 ) -> np.ndarray:
     """Exact sequential SDCA steps on a mini-batch whose Gram matrix ``G = X_B X_B^T`` is known
-    (HyFDCA ``dual_mode: segment``; SPEC.md LocalDualMethod with the inner products kept exact).
+    (HyFDCA ``dual_mode: segment``: LocalDualMethod, Alg. 3 and Alg. 5, with the inner products kept
+    exact).
 
     For each position ``i`` in ``order``: ``u = u0[i] + (sigma / lam_n) sum_j dalpha_j G[i, j]``
     (the batch's own changes so far, with the CoCoA+ factor ``sigma'``), new ``alpha_i`` by

@@ -1,6 +1,7 @@
 """The centralised reference optimum ``P*`` of a problem, computed once and cached.
 
-Two solvers of the same problem (SPEC.md "Must converge to the centralised optimum"):
+Two solvers of the same problem (HyFDCA converges to the solution trained centrally, Sec. 2, and
+Sec. 5.1 measures the relative loss against that optimum ``P*``):
 
 - liblinear through scikit-learn (tolerance 1e-6, at most 5,000 iterations): ``LinearSVC(loss="hinge", C=1/(lambda N), fit_intercept=False)``
   for hinge, ``LogisticRegression(solver="liblinear", C=1/(lambda N), fit_intercept=False)`` for

@@ -1,5 +1,4 @@
-"""Vertical FL: FedSGD, FedBCD-p, FedBCD-s and FedPBCD-p (FedBCD paper, Algorithms 1-3, eq. (15);
-SPEC.md "FedBCD").
+"""Vertical FL: FedSGD, FedBCD-p, FedBCD-s and FedPBCD-p (FedBCD paper, Algorithms 1-3, eq. (15)).
 
 ``K`` parties (2..8) hold different feature blocks of the same samples, aligned by sample ID;
 one of them, the *label party*, also holds the labels. Party ``k`` has a bottom model producing

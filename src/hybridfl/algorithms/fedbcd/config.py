@@ -11,7 +11,8 @@ from hybridfl.errors import ConfigError, HybridFLError
 from hybridfl.models.device import check_device
 
 MIN_PARTIES, MAX_PARTIES = 2, 8
-"""The number of parties ``K`` FedBCD accepts (SPEC.md "FedBCD": 2 to 8)."""
+"""The number of parties ``K`` FedBCD accepts: at least 2 (FedBCD Theorem 1 assumes ``K >= 2``), at most 8
+(ours, not the paper's: its experiments go up to 17 parties, Sec. 8)."""
 
 
 class PartyMissingError(HybridFLError):

@@ -1,4 +1,4 @@
-"""Hybrid FedAvg, the baseline HyFDCA compares with (HyFDCA Sec. 2 and 5; SPEC.md "HyFDCA").
+"""Hybrid FedAvg, the baseline HyFDCA compares with (HyFDCA Sec. 2 and 5).
 
 Each client runs local mini-batch SGD on its own block of ``w`` over its own samples, i.e. on
 ``(lambda/2)||w_k||^2 + (1/n_k) sum_{i in I_k} l_i(x_{k,i}^T w_k)`` (it sees only its features);

@@ -1,4 +1,4 @@
-"""HyFDCA: Hybrid Federated Dual Coordinate Ascent (HyFDCA paper, Algorithms 1-5; SPEC.md "HyFDCA").
+"""HyFDCA: Hybrid Federated Dual Coordinate Ascent (HyFDCA paper, Sec. 3, Algorithms 1-5).
 
 Solves ``min_w P(w) = (lambda/2)||w||^2 + (1/N) sum_i l_i(x_i^T w)`` (hinge, logistic or squared
 loss; :mod:`hybridfl.algorithms.convex.losses`) when client ``k`` holds the samples ``I_k`` and,
@@ -27,7 +27,8 @@ Setup (once, 3 exchanges; 6 with the default ``alignment: psi``):
    clients of the segment holding the block; 1 in a grid without replicas);
    client -> server ``enc(sum_b ||x_{k,i,b}||^2 / c)`` per segment (partial squared norms);
 3. ``hyfdca.norms``: server -> client the encrypted sums over ``B_i``; clients decrypt
-   ``q_i = ||x_i||^2`` (SPEC.md: "the full squared norm, obtainable once by the same secure sum").
+   ``q_i = ||x_i||^2``, the full squared norm that the closed form of Sec. 5 needs (ours: obtained
+   once by the same secure sum as SecureInnerProduct, Alg. 2).
 
 Round ``t`` with available clients ``K^t`` (Alg. 1; the practical variant of Sec. 5 that omits the
 second SecureInnerProduct, line 18; 3 exchanges, 4 in a consensus-mode round with returning clients):
@@ -41,8 +42,9 @@ second SecureInnerProduct, line 18; 3 exchanges, 4 in a consensus-mode round wit
    share is its last one: stale under partial participation, exact with full participation).
 2. ``hyfdca.dual`` (LocalDualMethod, Alg. 3 / 5): server -> client ``enc(x_i^T w)`` of its
    segments; the client decrypts and makes ``H`` SDCA coordinate steps on its own samples chosen
-   without replacement (:meth:`RowData.dot_and_add`; the step is SPEC.md's closed form for hinge
-   with the CoCoA+ safety factor ``sigma'``); client -> server ``enc((nu / |B_i|) dalpha_{k,i})``.
+   without replacement (:meth:`RowData.dot_and_add`; the step is the closed form for hinge of
+   Alg. 5 line 5, Sec. 5, garbled in the extracted text: our reading, with the CoCoA+ safety
+   factor ``sigma'``, :mod:`hybridfl.algorithms.convex.losses`); client -> server ``enc((nu / |B_i|) dalpha_{k,i})``.
    Server: ``enc(alpha_i) += sum_{k in B_i and K^t} enc(...)`` (Alg. 1 lines 13-15).
 3. ``hyfdca.primal`` (PrimalAggregation, Alg. 4): server -> client (consensus mode) the new
    ``enc(alpha)`` of its segments; client -> server, per feature,

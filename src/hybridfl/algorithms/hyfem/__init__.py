@@ -1,4 +1,4 @@
-"""HyFEM: Hybrid Federated Matching (HyFEM paper, Algorithms 1-3; SPEC.md "HyFEM").
+"""HyFEM: Hybrid Federated Matching (HyFEM paper, Algorithms 1-3, problem (6)).
 
 Written once as client-side steps (:class:`HyFEMClient`, Alg. 2) and server-side steps
 (:class:`HyFEMServer`, Alg. 1 with classifier matching, Alg. 3) that exchange

@@ -3,7 +3,7 @@
 - Centralised: the server-shaped model (all blocks) trained on all training samples.
 - Stand-alone: each client trains its own client-shaped model on its own samples and blocks,
   with no communication.
-- Centralised on the held cells (not in the paper; issue 16 "a fair upper bound"): the
+- Centralised on the held cells (not in the paper; ours, a fair upper bound for these holdings): the
   server-shaped model trained on the pooled data the clients hold, each sample with only the
   blocks some client holds for it; an unheld block's extractor output is 0 in the classifier
   input, the zero padding ``P_m^T v_m`` of HyFEM Appendix A. It is the best a federation of these

@@ -1,7 +1,7 @@
 """HyFEM's :class:`~hybridfl.algorithms.spec.AlgorithmSpec`: the one place HyFEM is built.
 
 The simulation (:func:`hybridfl.runtime.simulation.simulate`) and Flower consume :data:`SPEC`
-unchanged. Metrics (HyFEM Sec. 4, SPEC.md "Test data"):
+unchanged. Metrics (HyFEM Sec. 4, "In the testing phase"):
 
 - ``server_accuracy`` (global accuracy): the server model on all test samples with all blocks;
 - ``client_accuracy_mean`` (local accuracy): each client's model, i.e. what it receives from the
