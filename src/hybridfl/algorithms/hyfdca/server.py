@@ -335,8 +335,9 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         """Available clients ``K^t`` of round ``rnd`` (HyFDCA Assumption 5 random subsets or
         Assumption 7 cyclic groups), drawn from the server's RNG."""
         cfg = self.config
+        minimum = cfg.secagg_threshold if cfg.secure_aggregation else 1  # its clients' threshold (issue 28)
         return select_participants(
-            rnd, self.client_ids, cfg.participation, cfg.participation_mode, cfg.cyclic_groups, self.rng
+            rnd, self.client_ids, cfg.participation, cfg.participation_mode, cfg.cyclic_groups, self.rng, minimum
         )
 
     def smoothing(self, rnd: int) -> float:
