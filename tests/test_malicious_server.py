@@ -183,15 +183,15 @@ def test_self_unmask_is_refused(tiny):
     """Self-unmask (issue 28, Found 2). The victim answered a masked ``hyfdca.primal``; the server
     sends ``hyfdca.unmask`` to the victim itself with ``dropped`` = all its peers. Before this work
     it answered, and reply minus correction was its words exactly (checked here with the masks
-    computed from its own state). Now it is refused (1 of 4 clients would survive, below
-    ``max(t, majority)`` = 3); naming the victim itself as dropped is refused too (fresh run)."""
+    computed from its own state). Now it is refused (1 of 4 clients would survive, below the
+    threshold ``t`` = 2); naming the victim itself as dropped is refused too (fresh run)."""
     fed, cid, client, msg, masked = _answered_exchange(tiny)
     tag, peers = int(msg.payload["tag"]), list(msg.payload["peers"])
     # what the attack would read: its masks with every peer removed leave the unmasked words
     words = masked - client.secagg._mask_sum(tag, peers)
     assert np.array_equal(words.view(np.int64), client.sa_pending - client.sa_base)  # fixed(share) - base
     with pytest.raises(
-        PayloadError, match="unmasks only if at least 3 of the 4 clients of the exchange survive, not 1"
+        PayloadError, match="unmasks only if at least 2 of the 4 clients of the exchange survive, not 1"
     ):
         client.handle(_msg("hyfdca.unmask", cid, 2, {"tag": tag, "dropped": peers}))
     fed, cid, client, msg, _ = _answered_exchange(tiny)

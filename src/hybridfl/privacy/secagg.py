@@ -23,7 +23,7 @@ Privacy-Preserving Machine Learning" (CCS 2017, Sec. 4), on coordinates held by 
   A client masks only in an exchange of at least :func:`mask_quorum` clients (``t``, at least 2),
   so ``peers=[]`` never returns its vector in the clear; it answers an unmasking request only if
   the survivors (the exchange's clients not named dropped, itself included) are at least
-  :func:`unmask_quorum` (``t`` and a majority of the ``m``), never for itself, once per exchange.
+  :func:`unmask_quorum` (``t``, at least 2), never for itself, once per exchange.
 
 Adversary: an honest-but-curious server (it follows the protocol and reads everything) learns,
 per coordinate, only the sum over the exchange's clients that hold it, plus the exchange's
@@ -71,10 +71,12 @@ def mask_quorum(threshold: int, roster: int, cap: int | None = None) -> int:
 
 def unmask_quorum(threshold: int, roster: int, members: int) -> int:
     """The fewest survivors (itself included) of an exchange of ``members`` clients for which a
-    client reveals its masks with the dropped ones: ``max(t, majority of members)`` with ``t`` =
-    :func:`mask_quorum`, and at least 2, so a server that names all but one client dropped learns
-    nobody's vector alone (the honest server drops such an exchange instead)."""
-    return max(2, mask_quorum(threshold, roster), int(members) // 2 + 1)
+    client reveals its masks with the dropped ones: ``t`` (:func:`mask_quorum`) and at least 2, so
+    a server that names all but one client dropped (or all its peers, to the client itself) learns
+    nobody's vector alone; the honest server drops such an exchange instead. Not a majority of
+    ``members``: with failures that would drop honest exchanges whose survivors meet ``t``
+    (``w`` would then differ from the plaintext run's); a run that wants it sets ``t``."""
+    return min(max(2, mask_quorum(threshold, roster)), max(int(members), 2))
 
 
 def to_fixed(x: np.ndarray, what: str) -> np.ndarray:
