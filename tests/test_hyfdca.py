@@ -167,7 +167,11 @@ def test_partial_participation_sends_fresh_alpha_to_returning_clients(credit_sma
     for rnd in sorted(per_round):
         returning = {m.receiver for m in per_round[rnd]} - last.get(rnd - 1, set()) if rnd > 1 else set()
         n_returning += len(returning)
-        assert first.get(rnd, set()) == returning
+        # line 7 goes to the returning clients; with secure aggregation (default) an exchange of
+        # fewer than t = 2 clients is refused (issue 28), so one present client joins a lone returning one
+        got = first.get(rnd, set())
+        assert returning <= got and len(got - returning) == (1 if len(returning) == 1 else 0)
+        assert got - returning <= {m.receiver for m in per_round[rnd]}
     assert 1 not in first  # setup left every client at alpha = 0 (Alg. 1 line 1)
     assert n_returning > 9
     assert np.isfinite(res.summary["relative_suboptimality"])

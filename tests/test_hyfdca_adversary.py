@@ -89,7 +89,12 @@ def test_block_mode_client_refuses_a_server_alpha(tiny, paillier_secret):
     assert str(e.value) == "'server' sent 'hyfdca.primal' with 'alpha' not expected in this message."
     assert (e.value.sender, e.value.kind, e.value.field) == (SERVER, "hyfdca.primal", "alpha")
     assert np.array_equal(client.alpha, before["alpha"])
-    # the honest message (commit only) still answers, from the client's own duals, masked (secure aggregation)
+    # fail closed (issue 28): the client now refuses everything, the honest message too
+    with pytest.raises(ProtocolError, match="has stopped taking part in this run"):
+        client.handle(_primal(fed, cid, 2, {"commit": True}))
+    # from the state before the refusal, the honest message (commit only) answers, from the
+    # client's own duals, masked (secure aggregation): only the alpha was refused
+    client.set_state(before)
     reply = client.handle(_primal(fed, cid, 2, {"commit": True})).payload
     assert "share" not in reply and reply["masked"].dtype == np.uint64
 
@@ -147,8 +152,12 @@ def test_segment_client_refuses_a_unit_vector(tiny):
     cid = fed.transport.client_ids[0]
     client = fed.clients[cid]
     cts, _ = _unit_alpha(fed, cid, -1)
+    before = client.get_state()
     with pytest.raises(PayloadError, match="dual domain"):
         client.handle(_primal(fed, cid, 2, {"alpha": cts}))
+    client.set_state(
+        before
+    )  # the client stopped after the refusal (issue 28): the segstart check from its state before
     start = {"w": client.w.copy(), "segs": [0], "count": [1], "order": [0], "seed": 3, "sigma": 1.0, "alpha": cts}
     with pytest.raises(PayloadError, match="dual domain"):
         client.handle(_cross(Message("hyfdca.segstart", SERVER, cid, 2, start)))
@@ -180,12 +189,15 @@ def test_client_refuses_malformed_server_arrays(tiny):
     cid = fed.transport.client_ids[0]
     client = fed.clients[cid]
     d = client.X.shape[1]
+    before = client.get_state()  # each refusal stops the client (issue 28): every check from this state
     with pytest.raises(PayloadError, match=r"'w' of shape \(1,\), expected"):
         client.handle(_cross(Message("hyfdca.ip", SERVER, cid, 1, {"w": np.zeros(1)})))
+    client.set_state(before)
     w = np.zeros(d)
     w[0] = np.nan
     with pytest.raises(PayloadError, match="'w' holding NaN"):
         client.handle(_cross(Message("hyfdca.ip", SERVER, cid, 1, {"w": w})))
+    client.set_state(before)
     with pytest.raises(PayloadError, match="'ip' holding 0 items, expected 1"):
         client.handle(_cross(Message("hyfdca.dual", SERVER, cid, 1, {"ip": []})))
 
@@ -285,7 +297,13 @@ def test_a_bad_reply_is_a_missing_reply(tiny, caplog, mode, kind, corrupt, field
     cfg = _cfg(dual_mode=mode, rounds=3, secure_aggregation=field != "share", **extra)
     with caplog.at_level(logging.WARNING, logger="hybridfl.algorithms.hyfdca.server"):
         bad, bad_rows, cid = _run(tiny, cfg, lambda c, t: _Corrupting(c, kind, 2, corrupt))
-    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    # an exchange left with fewer replies than the clients unmask for is dropped with its own warning
+    # (issue 28; the crashing reference drops it alike: the equalities below)
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "its clients unmask for" not in r.getMessage()
+    ]
     ref, ref_rows, _ = _run(tiny, cfg, lambda c, t: _Crashing(c, kind, 2, t))
     assert np.isfinite(bad.server.w).all()
     assert np.array_equal(bad.server.w, ref.server.w)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
+from hybridfl.algorithms.hyfdca.protocol import SETUP
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.secagg import keystream, to_fixed
@@ -215,7 +216,13 @@ def test_client_refuses_hostile_setup_messages(credit_small):
     client = fed.clients[cid]
     state = client.get_state()
 
+    def before(kind):  # the client's protocol where ``kind`` comes (it has answered the whole setup)
+        proto = json.loads(state["protocol"])
+        proto["setup"] = SETUP.index(kind) - 1  # psi_tags (before init) or init (before norms)
+        return {**state, "protocol": json.dumps(proto)}
+
     def refused(msg, field):
+        client.set_state(before(msg.kind))
         with pytest.raises(PayloadError) as e:
             client.handle(msg)
         assert e.value.field == field, e.value
@@ -276,10 +283,12 @@ def test_round_messages_with_a_bad_tag_or_bad_words_are_refused(credit_small):
     with pytest.raises(PayloadError) as e:
         client.handle(edit(start, tag=0))  # the Gram's tag
     assert e.value.field == "tag"
+    client.set_state(snapshot[start.receiver])  # each refusal stops the client (issue 28): from the snapshot again
     p = {k: v for k, v in start.payload.items() if k != "tag"}
     with pytest.raises(PayloadError) as e:
         client.handle(Message(start.kind, start.sender, start.receiver, start.round, p))
     assert e.value.field == "tag"
+    client.set_state(snapshot[start.receiver])
     client.handle(start)  # the pass starts
     before = client.get_state()
     u = sweep.payload["u"]
@@ -295,6 +304,7 @@ def test_round_messages_with_a_bad_tag_or_bad_words_are_refused(credit_small):
         after = client.get_state()
         for k in ("alpha", "w"):
             np.testing.assert_array_equal(after[k], before[k])
+        client.set_state(before)  # the refusal stopped the client: the next check from the pass's start
         assert json.loads(after["segmask"])["tag"] == json.loads(before["segmask"])["tag"]
     reply = client.handle(sweep)
     assert reply.payload["ip"].dtype == np.uint64

@@ -7,11 +7,14 @@ and a client whose position share is malformed. Real UCI credit rows."""
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from hybridfl.algorithms.convex.monitor import build_problem
 from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
+from hybridfl.algorithms.hyfdca.protocol import SETUP, ClientProtocol
 from hybridfl.algorithms.hyfdca.segment import SegmentClientMixin
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.messages import SERVER, Message
@@ -225,6 +228,9 @@ def test_client_refuses_a_lying_avg_segs_before_anything_changes(credit_small, a
     fed, primals = _primal_messages(credit_small)
     m = primals[-1]
     client = fed.clients[m.receiver]
+    # the client answered ``m`` already: put its protocol state back where ``m`` comes (a pass under
+    # way), else the replay is refused as a repeated request before ``avg_segs`` is read (issue 28)
+    client.protocol.phase = "sweep"
     before = client.get_state()
     bad = Message(m.kind, SERVER, m.receiver, m.round, {**m.payload, "avg_segs": avg_segs, "tag": 10**6})
     with pytest.raises(PayloadError, match="avg_segs") as e:
@@ -232,7 +238,10 @@ def test_client_refuses_a_lying_avg_segs_before_anything_changes(credit_small, a
     assert why.split()[0] in str(e.value) or why == "not a list"
     after = client.get_state()
     assert before.keys() == after.keys()
+    assert json.loads(after["protocol"])["stopped"]  # fail closed: the only change is the stop
     for k in before:
+        if k == "protocol":
+            continue
         if isinstance(before[k], np.ndarray):
             np.testing.assert_array_equal(before[k], after[k])
         else:
@@ -330,11 +339,14 @@ def test_client_refuses_step_average_fields_it_was_not_set_up_for(credit_small):
     msgs = [decode(b) for b in raw]
     m = next(x for x in msgs if x.kind == "hyfdca.primal" and x.receiver != SERVER)
     bad = Message(m.kind, SERVER, m.receiver, m.round, {**m.payload, "avg_segs": [0], "tag": 10**6})
+    fed.clients[m.receiver].protocol.phase = "sweep"  # replayed: its protocol where ``m`` comes (issue 28)
     with pytest.raises(PayloadError) as e:
         fed.clients[m.receiver].handle(bad)
     assert e.value.field == "avg_segs"
     init = next(x for x in msgs if x.kind == "hyfdca.init" and x.receiver != SERVER)
     bad = Message(init.kind, SERVER, init.receiver, init.round, {**init.payload, "seg_step_average": "yes"})
+    fed.clients[init.receiver].protocol = ClientProtocol(init.receiver)  # a client where init comes
+    fed.clients[init.receiver].protocol.setup = SETUP.index("hyfdca.init") - 1
     with pytest.raises(PayloadError) as e:
         fed.clients[init.receiver].handle(bad)
     assert e.value.field == "seg_step_average"

@@ -18,7 +18,7 @@ from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import DataError, EncryptionPolicyError, ProtocolError
 from hybridfl.privacy.he import KeyDealer
-from hybridfl.privacy.secagg import SecAggClient, from_fixed, keystream, to_fixed
+from hybridfl.privacy.secagg import SecAggClient, from_fixed, keystream, to_fixed, unmask_quorum
 from hybridfl.runtime.messages import Message, decode
 from hybridfl.runtime.simulation import build_federation
 
@@ -50,7 +50,8 @@ def _global(layout, sizes, blocks_order):
 def test_masks_cancel_and_dropouts_are_unmasked(holders, dropped, seed, width):
     """Any layout of blocks over 2-5 clients, any set of dropped clients, one vector or ``width``
     vectors masked as one (HyFDCA's ``step_average`` sends two): the unmasked sum equals the plain
-    sum of the fixed-point values of the clients that arrived, vector by vector, exactly."""
+    sum of the fixed-point values of the clients that arrived, vector by vector, exactly; with fewer
+    survivors than the unmasking quorum (at least 2 and a majority, issue 28) every survivor refuses."""
     sizes = {"a": 3, "b": 1, "c": 4}
     layout = {f"c{i}": sorted(h) for i, h in enumerate(holders)}
     cl = _clients(layout, sizes)
@@ -68,6 +69,12 @@ def test_masks_cancel_and_dropouts_are_unmasked(holders, dropped, seed, width):
             total[:, pos[c]] += m.reshape(width, -1)
             want[:, pos[c]] += x.reshape(width, -1)
     missing = [c for c in names if c not in got]
+    if missing and got and len(got) < unmask_quorum(2, len(names), len(names)):
+        # too few survivors (issue 28: at least 2 and a majority): each refuses, the exchange is dropped
+        for c in got:
+            with pytest.raises(ProtocolError, match="unmasks only if at least"):
+                cl[c].correction(7, missing)
+        return
     if missing:
         for c in got:
             total[:, pos[c]] -= cl[c].correction(7, missing).reshape(width, -1)
@@ -264,8 +271,9 @@ def _hyfem_fed(split, part, recorder=None, rounds_to_run=3, **kw):
     rounds, and its round rows."""
     from hybridfl.algorithms.hyfem import HyFEMConfig
 
+    fail_at = kw.pop("fail_at", ())
     cfg = HyFEMConfig(rounds=3, local_steps=3, hidden=8, extractor_dim=4, baselines=False, **kw)
-    fed = build_federation("hyfem", split, part, cfg, recorder=recorder)
+    fed = build_federation("hyfem", split, part, cfg, recorder=recorder, fail_at=fail_at)
     fed.setup()
     return fed, [fed.server.run_round(rnd, fed.transport) for rnd in range(1, rounds_to_run + 1)]
 
@@ -274,14 +282,18 @@ def _hyfem_fed(split, part, recorder=None, rounds_to_run=3, **kw):
 def test_hyfem_secure_aggregation_equals_the_plain_average(hyfem_small, failure_rate):
     """Same seed and failures: the server model after 3 rounds equals the plain average's to
     float32 rounding; the server never receives an extractor array, only ``ext_masked`` (uint64);
-    with failures the unmasking exchange ran."""
+    with failures the unmasking exchange ran. The failures are those ``failure_rate: 0.3`` drew
+    before issue 28, but with at least 2 of 4 replies a round (that seed's round 1 had one:
+    a lone survivor is now never unmasked and the round keeps its extractors,
+    ``tests/test_malicious_server.py``): client-1 and client-2 in round 1, client-3 in round 3."""
     import torch
 
     split, part = hyfem_small
     models = {}
+    fail_at = [(1, "client-1"), (1, "client-2"), (3, "client-3")] if failure_rate else []
     for secure in (False, True):
         raw: list[bytes] = []
-        fed, _ = _hyfem_fed(split, part, raw.append, failure_rate=failure_rate, secure_aggregation=secure)
+        fed, _ = _hyfem_fed(split, part, raw.append, fail_at=fail_at, secure_aggregation=secure)
         models[secure] = {k: v.detach().clone() for k, v in fed.server.model.state_dict().items()}
         to_server = [m for m in map(decode, raw) if m.receiver == "server" and m.kind == "hyfem.fit"]
         assert to_server

@@ -18,6 +18,12 @@ Privacy-Preserving Machine Learning" (CCS 2017, Sec. 4), on coordinates held by 
 - **Dropouts**: if a client's masked vector never arrives, the server asks the others for their
   masks with it (:meth:`SecAggClient.correction`) and subtracts them. The dropped client's vector
   was never received, so nothing of it is revealed.
+- **Threshold** (issue 28; the client's own rule, never the server's): an exchange has ``m``
+  clients (the client and the ``peers`` the server names, all from the roster it got at setup).
+  A client masks only in an exchange of at least :func:`mask_quorum` clients (``t``, at least 2),
+  so ``peers=[]`` never returns its vector in the clear; it answers an unmasking request only if
+  the survivors (the exchange's clients not named dropped, itself included) are at least
+  :func:`unmask_quorum` (``t``, at least 2), never for itself, once per exchange.
 
 Adversary: an honest-but-curious server (it follows the protocol and reads everything) learns,
 per coordinate, only the sum over the exchange's clients that hold it, plus the exchange's
@@ -49,6 +55,28 @@ MAGNITUDE_LIMIT = 2.0**23
 clients stays below ``2^62`` and never wraps."""
 
 PUBLIC_KEY_BYTES = 32
+
+DEFAULT_THRESHOLD = 2
+"""Default ``t``: a masked exchange needs at least two clients (the algorithms' ``secagg_threshold``)."""
+
+
+def mask_quorum(threshold: int, roster: int, cap: int | None = None) -> int:
+    """The fewest clients (itself included) of an exchange a client masks in: ``threshold``, but
+    at most the ``roster`` (the run's clients: a run of one client has nobody to mask with, and
+    the server learns its vector from the model anyway) and at most ``cap`` (the honest exchange's
+    size where the protocol fixes it smaller, e.g. HyFDCA's pass over a segment of one holder)."""
+    need = min(max(int(threshold), 1), max(int(roster), 1))
+    return need if cap is None else max(1, min(need, int(cap)))
+
+
+def unmask_quorum(threshold: int, roster: int, members: int) -> int:
+    """The fewest survivors (itself included) of an exchange of ``members`` clients for which a
+    client reveals its masks with the dropped ones: ``t`` (:func:`mask_quorum`) and at least 2, so
+    a server that names all but one client dropped (or all its peers, to the client itself) learns
+    nobody's vector alone; the honest server drops such an exchange instead. Not a majority of
+    ``members``: with failures that would drop honest exchanges whose survivors meet ``t``
+    (``w`` would then differ from the plaintext run's); a run that wants it sets ``t``."""
+    return min(max(2, mask_quorum(threshold, roster)), max(int(members), 2))
 
 
 def to_fixed(x: np.ndarray, what: str) -> np.ndarray:
@@ -115,11 +143,20 @@ class SecAggClient:
         block_sizes: coordinates per block (its vectors have ``sum(block_sizes)`` entries).
         private: its X25519 private key (32 raw bytes; a new one when ``None``).
 
-    State (:meth:`get_state`): the private key, the peers' public keys and blocks, the last tag
-    and the last exchange's peers (for :meth:`correction`).
+        threshold: ``t``, the fewest clients of an exchange it masks in (:func:`mask_quorum`).
+
+    State (:meth:`get_state`): the private key, the peers' public keys and blocks, the last tag,
+    the last exchange's peers (for :meth:`correction`) and the last tag it unmasked.
     """
 
-    def __init__(self, client_id: str, blocks: Sequence[str], block_sizes: Sequence[int], private: bytes | None = None):
+    def __init__(
+        self,
+        client_id: str,
+        blocks: Sequence[str],
+        block_sizes: Sequence[int],
+        private: bytes | None = None,
+        threshold: int = DEFAULT_THRESHOLD,
+    ):
         self.client_id = client_id
         self.blocks = list(blocks)
         self.sizes = [int(n) for n in block_sizes]
@@ -130,6 +167,8 @@ class SecAggClient:
         self.last_tag = -1
         self.last_peers: list[str] = []
         self.last_width = 1
+        self.unmasked_tag = -1
+        self.threshold = int(threshold)
         self._keys: dict[str, bytes] = {}
 
     def public_bytes(self) -> bytes:
@@ -199,15 +238,30 @@ class SecAggClient:
             out[:, pos] += m
         return out.ravel()
 
-    def mask(self, fixed: np.ndarray, tag: int, peers: Sequence[str]) -> np.ndarray:
+    def check_quorum(self, peers: Sequence[str], cap: int | None = None) -> None:
+        """An exchange with ``peers`` (checked by :meth:`check_peers`) has at least
+        :func:`mask_quorum` clients, itself included (``cap``: the protocol's smaller honest size).
+
+        Raises:
+            ProtocolError: fewer.
+        """
+        need = mask_quorum(self.threshold, len(self.peers) + 1, cap)
+        if len(peers) + 1 < need:
+            raise ProtocolError(
+                f"client {self.client_id!r} masks only in an exchange of at least {need} clients of its roster, "
+                f"not {len(peers) + 1} (secure aggregation threshold)."
+            )
+
+    def mask(self, fixed: np.ndarray, tag: int, peers: Sequence[str], cap: int | None = None) -> np.ndarray:
         """``fixed`` (int64 ``(dim,)``, from :func:`to_fixed`, or ``(width * dim,)``: ``width``
         vectors one after another, summed by the server vector by vector) plus its pair masks with
         ``peers`` for exchange ``tag``, as ``uint64`` of the same shape.
 
         Raises:
             ProtocolError: ``tag`` not above every tag it used before (keystream reuse), an
-                unknown peer, itself among the peers, a repeated peer, or a length that is not a
-                positive multiple of ``dim``.
+                unknown peer, itself among the peers, a repeated peer, fewer clients than its
+                threshold (:meth:`check_quorum` with ``cap``), or a length that is not a positive
+                multiple of ``dim``.
         """
         tag = int(tag)
         if tag <= self.last_tag:
@@ -215,6 +269,7 @@ class SecAggClient:
                 f"client {self.client_id!r} was asked to reuse secure-aggregation tag {tag} (last {self.last_tag})."
             )
         peers = self.check_peers(peers)
+        self.check_quorum(peers, cap)
         fixed = np.asarray(fixed, dtype=np.int64).ravel()
         width = fixed.size // self.dim if self.dim else 1
         if fixed.size != width * self.dim or width < 1:
@@ -229,18 +284,35 @@ class SecAggClient:
         ``(width * dim,)`` (the width of that exchange): the server subtracts them from the sum (Bonawitz et al. Sec. 4, unmasking).
 
         Raises:
-            ProtocolError: ``tag`` is not its last exchange, or a dropped client was not a peer of
-                it (the server may only ask about the clients it sent that exchange to).
+            ProtocolError: ``tag`` is not its last exchange or was unmasked already (one answer per
+                exchange), no client or itself named dropped, a dropped client was not a peer of it
+                (the server may only ask about the clients it sent that exchange to), or fewer
+                survivors than :func:`unmask_quorum` (a server naming all its peers dropped would
+                read its vector: reply minus correction).
         """
         if int(tag) != self.last_tag:
             raise ProtocolError(
                 f"client {self.client_id!r} was asked for the masks of exchange {tag}, its last was {self.last_tag}."
             )
+        if int(tag) == self.unmasked_tag:
+            raise ProtocolError(f"client {self.client_id!r} was asked twice for the masks of exchange {tag}.")
+        if self.client_id in [str(d) for d in dropped]:
+            raise ProtocolError(f"client {self.client_id!r} was asked to unmask itself.")
         dropped = self.check_peers(dropped)
+        if not dropped:
+            raise ProtocolError(f"client {self.client_id!r} was asked for masks with no dropped client.")
         if not set(dropped) <= set(self.last_peers):
             raise ProtocolError(
                 f"client {self.client_id!r} was asked for masks with a client outside its last exchange."
             )
+        members = len(self.last_peers) + 1
+        need = unmask_quorum(self.threshold, len(self.peers) + 1, members)
+        if members - len(dropped) < need:
+            raise ProtocolError(
+                f"client {self.client_id!r} unmasks only if at least {need} of the {members} clients of the exchange "
+                f"survive, not {members - len(dropped)}."
+            )
+        self.unmasked_tag = int(tag)
         return self._mask_sum(int(tag), dropped, self.last_width)
 
     def check_peers(self, peers: Sequence[str]) -> list[str]:
@@ -258,14 +330,22 @@ class SecAggClient:
         return peers
 
     def get_state(self) -> dict:
-        """Codec values: ``secagg_sk`` (32 bytes), ``secagg_peers`` (JSON), ``secagg_tag``."""
+        """Codec values: ``secagg_sk`` (32 bytes), ``secagg_peers`` (JSON: peers, the last exchange's
+        peers and width, the last tag unmasked), ``secagg_tag``."""
         sk = self._sk.private_bytes(
             serialization.Encoding.Raw, serialization.PrivateFormat.Raw, serialization.NoEncryption()
         )
         peers = {cid: [pk.hex(), bl] for cid, (pk, bl) in self.peers.items()}
         return {
             "secagg_sk": sk,
-            "secagg_peers": json.dumps({"peers": peers, "last_peers": self.last_peers, "last_width": self.last_width}),
+            "secagg_peers": json.dumps(
+                {
+                    "peers": peers,
+                    "last_peers": self.last_peers,
+                    "last_width": self.last_width,
+                    "unmasked_tag": self.unmasked_tag,
+                }
+            ),
             "secagg_tag": int(self.last_tag),
         }
 
@@ -279,6 +359,7 @@ class SecAggClient:
             self.peers = {cid: (bytes.fromhex(pk), list(bl)) for cid, (pk, bl) in d["peers"].items()}
             self.last_peers = list(d["last_peers"])
             self.last_width = int(d.get("last_width", 1))
+            self.unmasked_tag = int(d.get("unmasked_tag", -1))
             self._keys = {}
         if "secagg_tag" in state:
             self.last_tag = int(state["secagg_tag"])

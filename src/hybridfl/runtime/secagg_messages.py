@@ -58,12 +58,13 @@ def set_peers(client: SecAggClient, msg: Message) -> None:
         raise PayloadError(msg, "secagg_keys", f"refused ({e})") from None
 
 
-def check_exchange(client: SecAggClient, msg: Message) -> tuple[int, list[str]]:
+def check_exchange(client: SecAggClient, msg: Message, cap: int | None = None) -> tuple[int, list[str]]:
     """The ``tag`` and ``peers`` of a masked exchange, checked before anything changes.
 
     Raises:
         PayloadError: ``tag`` not an integer above every tag ``client`` used, ``peers`` not the
-            names of known peers (itself excluded, no repeats).
+            names of known peers of its roster (itself excluded, no repeats), or fewer clients than
+            its threshold (:meth:`~hybridfl.privacy.secagg.SecAggClient.check_quorum`, ``cap``).
     """
     tag = validate.integer(msg, "tag", low=0, high=2**62)
     peers = validate.strings(msg, "peers")
@@ -72,7 +73,7 @@ def check_exchange(client: SecAggClient, msg: Message) -> tuple[int, list[str]]:
             msg, "tag", f"refused (client {client.client_id!r} was asked to reuse secure-aggregation tag {tag})"
         )
     try:
-        client.check_peers(peers)
+        client.check_quorum(client.check_peers(peers), cap)
     except ProtocolError as e:
         raise PayloadError(msg, "peers", f"refused ({e})") from None
     return tag, peers
@@ -83,7 +84,9 @@ def correction(client: SecAggClient, msg: Message) -> np.ndarray:
     its last exchange, ``uint64`` (its dimension,).
 
     Raises:
-        PayloadError: a bad ``tag`` or ``dropped``, another key, or a client outside its last exchange.
+        PayloadError: a bad ``tag`` or ``dropped``, another key, a client outside its last
+            exchange, itself, too few survivors, or a second request for the same exchange
+            (:meth:`~hybridfl.privacy.secagg.SecAggClient.correction`).
     """
     validate.only_keys(msg, ("tag", "dropped"))
     tag = validate.integer(msg, "tag", low=0, high=2**62)

@@ -80,6 +80,7 @@ import scipy.sparse as sp
 from hybridfl.algorithms.convex.losses import RowData
 from hybridfl.algorithms.convex.problem import features, signed_labels
 from hybridfl.algorithms.hyfdca.align import PSI_KINDS, AlignClientMixin
+from hybridfl.algorithms.hyfdca.protocol import SETUP, ClientProtocol
 from hybridfl.algorithms.hyfdca.secure import SecureSharesClientMixin
 from hybridfl.algorithms.hyfdca.segment import SegmentClientMixin
 from hybridfl.data.dataset import HybridDataset
@@ -106,13 +107,17 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         sparse: ``auto`` | ``dense`` | ``sparse`` feature storage.
         require_secagg: refuse a run without secure aggregation of the primal shares (its own
             policy: set when it holds an HE key pair; :mod:`.secure`).
+        secagg_threshold: ``t``, the fewest clients of a masked exchange it answers in
+            (:func:`~hybridfl.privacy.secagg.mask_quorum`; at least 2).
 
     State kept between messages (:meth:`get_state`): ``alpha`` ``(n_k,)`` its copy of the dual
     variables, ``u`` ``(n_k,)`` the last decrypted inner products, ``q`` ``(n_k,)`` full squared
     norms, ``own_sq`` ``(n_k,)`` squared norms of its own blocks, ``w`` ``(d_k,)`` the primal
     weights of its features, ``pending`` (block mode: new duals awaiting the server's commit), the
-    constants of ``hyfdca.init`` (``params``), the segment layout, and the segment-mode state
-    (:class:`~hybridfl.algorithms.hyfdca.segment.SegmentClientMixin`).
+    constants of ``hyfdca.init`` (``params``), the segment layout, the segment-mode state
+    (:class:`~hybridfl.algorithms.hyfdca.segment.SegmentClientMixin`) and its own view of the
+    protocol (``protocol``: :class:`~hybridfl.algorithms.hyfdca.protocol.ClientProtocol`: order,
+    own counters, whether it stopped after a refusal).
     """
 
     def __init__(
@@ -124,8 +129,11 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         seed: int = 0,
         sparse: str = "auto",
         require_secagg: bool = False,
+        secagg_threshold: int = 2,
     ):
         self.client_id = client_id
+        self.protocol = ClientProtocol(client_id)  # its own view of the protocol (fail closed)
+        self.secagg_threshold = max(2, int(secagg_threshold))
         self.ids = np.asarray(data.ids).astype(str)
         self.blocks = list(data.block_names)
         self.block_sizes = [int(np.prod(data.block_shapes[b])) for b in self.blocks]
@@ -248,7 +256,8 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             new[self.seg_rows[s]] = v
         prm = self.params
         loss, nu = str(prm["loss"]), float(prm["nu"])
-        band = self.encoding_error(msg.round)
+        own_round = self.protocol.rounds_now(msg)  # its own count, never the server's round number
+        band = self.encoding_error(own_round)
         tol = 1e-6 + band  # :meth:`tolerance`, with the encoding error computed once
         if loss == "squared":
             if np.any(np.abs(new - self.y) > math.sqrt(float(prm["N"])) + tol):
@@ -257,28 +266,60 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             b = self.y * new
             if nu <= 1.0 and (np.any(b < -tol) or np.any(b > 1.0 + tol)):
                 raise PayloadError(msg, key, f"outside the {loss} loss's dual domain (y_i alpha_i in [0, 1])")
-            rounds = max(1, int(msg.round) - int(self.alpha_round))
+            rounds = self.protocol.rounds_for_alpha()  # its own dual steps since, never msg.round
             if np.any(np.abs(new - self.alpha) > nu * rounds + tol):
                 raise PayloadError(
-                    msg, key, f"changing alpha by more than nu per round since round {int(self.alpha_round)}"
+                    msg,
+                    key,
+                    f"changing alpha by more than nu per round since round {int(self.alpha_round)} "
+                    f"({rounds} of its own dual steps since)",
                 )
             if loss == "hinge" and nu <= 1.0 and band.any():  # onto the box's bounds (docstring)
                 b = np.where(b <= band, 0.0, np.where(b >= 1.0 - band, 1.0, b))
                 new = self.y * b
         self.alpha = new
-        self.alpha_round = max(int(self.alpha_round), int(msg.round))
+        self.alpha_round = own_round
+        self.protocol.alpha_accepted()
 
     def handle(self, msg: Message) -> Message:
         """Answer one server message (``hyfdca.hello``, ``init``, ``norms``, ``ip``, ``dual``,
         ``primal``, ``segstart``, ``sweep``); every reply carries ``client_seconds`` (compute
-        wall time) and ``he_seconds`` (encryption time).
+        wall time) and ``he_seconds`` (encryption time). The message must first be one the
+        protocol puts here (:meth:`ClientProtocol.admit
+        <hybridfl.algorithms.hyfdca.protocol.ClientProtocol.admit>`); any refusal stops the
+        client for the run (fail closed: every later message is refused in one sentence).
 
         Raises:
-            ProtocolError: an unknown message kind, or a round message before ``hyfdca.init``.
+            ProtocolError: an unknown message kind, a round message before ``hyfdca.init``, a
+                message out of place (order, round number, a request answered already), or any
+                message after the client stopped.
             PayloadError: a malformed server message, or (consensus and segment modes) an
                 ``alpha`` the protocol cannot have produced; block mode: any ``alpha`` at all
                 (module docstring, "Threat model"). Nothing is computed or returned then.
         """
+        try:
+            if not self.protocol.stopped:
+                if msg.kind not in _ROUND_KINDS and msg.kind not in SETUP:
+                    raise ProtocolError(f"HyFDCA client {self.client_id!r} got unknown message kind {msg.kind!r}.")
+                if msg.kind in _ROUND_KINDS and not self.params:
+                    raise ProtocolError(
+                        f"HyFDCA client {self.client_id!r} got {msg.kind!r} before its setup (hyfdca.init)."
+                    )
+            self.protocol.admit(msg, self.params.get("dual_mode") if self.params else None)
+            reply = self._answer(msg)
+        except Exception as e:
+            self.protocol.stop(msg, e)
+            raise
+        self.protocol.commit(msg, self.params.get("dual_mode"))
+        return reply
+
+    def failed_state(self) -> dict[str, Any]:
+        """The state entries to keep after a refused message (only the fail-closed stop; Flower's
+        node saves them although the message failed: :func:`hybridfl.runtime.flower.node.client_step`)."""
+        return self.protocol.get_state()
+
+    def _answer(self, msg: Message) -> Message:
+        """:meth:`handle` once the message is admitted."""
         t0, he0 = time.perf_counter(), self.he.seconds
         p = msg.payload
         if msg.kind == "hyfdca.hello":
@@ -378,6 +419,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         st.update(self._secure_state())
         st.update(self.segmask.get_state() if self.params.get("seg_masked") else {})
         st.update(self._align_state())
+        st.update(self.protocol.get_state())
         return st
 
     def set_state(self, state: Mapping[str, Any]) -> None:
@@ -401,6 +443,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         self._set_secure_state(state)
         self.segmask.set_state(state)
         self._set_align_state(state)
+        self.protocol.set_state(state)
 
     def init(self, p: Mapping[str, Any]) -> tuple[list[bytes], dict[str, Any]]:
         """Setup (``hyfdca.init``; SPEC.md "the full squared norm, obtainable once by the same

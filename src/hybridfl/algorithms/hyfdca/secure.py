@@ -18,8 +18,14 @@ Protocol (every ``hyfdca.primal`` exchange, PrimalAggregation, Alg. 1 lines 7 an
    ``masked = (fixed(share) - base) + masks`` (``uint64`` ``(d_k,)``).
 3. The server adds the masked changes per feature (the masks cancel). If a client's reply is
    missing, ``hyfdca.unmask`` asks the others for their masks with it (``correction``); if one of
-   them fails too, the whole exchange is dropped (no change counted; every client resends its
-   change next time, ``acked`` false).
+   them fails too, or fewer than the clients' unmasking quorum replied
+   (:func:`~hybridfl.privacy.secagg.unmask_quorum`: they would refuse), the whole exchange is
+   dropped (no change counted; every client resends its change next time, ``acked`` false).
+
+Each client checks the exchange itself (issue 28; the server is not trusted): ``peers`` from its
+roster, at least ``secagg_threshold`` clients (segment mode: at most the holders of its pass's
+segments, :meth:`SecureSharesClientMixin.exchange_cap`), and an unmasking request only for the
+exchange it just answered, once, never naming itself, with enough survivors.
 
 So ``w = fixed-point sum / (2^32 lambda N)`` equals the plaintext ``w`` of the same shares to
 ``2^-33`` per share. A client holding an HE key pair refuses a run without secure aggregation
@@ -34,7 +40,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from hybridfl.errors import ProtocolError
-from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed
+from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed, unmask_quorum
 from hybridfl.runtime import secagg_messages as sm
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
@@ -48,7 +54,7 @@ class SecureSharesClientMixin:
     counted ``base`` ``(d_k,)`` int64 and the ``pending`` fixed-point share awaiting ``acked``."""
 
     def _secure_init(self) -> None:
-        self.secagg = SecAggClient(self.client_id, self.blocks, self.block_sizes)
+        self.secagg = SecAggClient(self.client_id, self.blocks, self.block_sizes, threshold=self.secagg_threshold)
         self.sa_base = np.zeros(self.X.shape[1], dtype=np.int64)
         self.sa_pending: np.ndarray | None = None
 
@@ -74,16 +80,30 @@ class SecureSharesClientMixin:
         sm.set_peers(self.secagg, msg)
         return True
 
+    def exchange_cap(self) -> int | None:
+        """The honest size of a PrimalAggregation exchange where the protocol fixes it below the
+        threshold: segment mode, the most holders of a segment of its pass under way (every holder
+        of an active segment takes part; a pass over a segment it alone holds is an exchange of
+        one, whose change the server reads from ``w`` anyway); ``None`` in the other modes (the
+        server selects at least ``t`` clients a round:
+        :func:`~hybridfl.algorithms.participation.select_participants`)."""
+        if self.params.get("dual_mode") != "segment" or not self.seg_scale:
+            return None
+        segs = list(self.sweep) or range(len(self.seg_scale))
+        nu = float(self.params["nu"])
+        return max(int(round(nu / self.seg_scale[s])) for s in segs)
+
     def check_secure(self, msg: Message) -> None:
         """Check a ``hyfdca.primal``'s ``acked``, ``tag`` and ``peers`` before anything changes.
 
         Raises:
             PayloadError: ``acked`` not a bool, ``tag`` not an integer above every earlier tag,
-                ``peers`` not the names of known peers (itself excluded, no repeats).
+                ``peers`` not the names of known peers of its roster (itself excluded, no
+                repeats), or fewer clients than its threshold ``t`` (:meth:`exchange_cap`).
         """
         if not isinstance(msg.payload.get("acked"), (bool, np.bool_)):
             raise PayloadError(msg, "acked", "missing or not a bool")
-        sm.check_exchange(self.secagg, msg)
+        sm.check_exchange(self.secagg, msg, self.exchange_cap())
 
     def masked_share(self, msg: Message, share: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
         """Its masked change of share for this exchange (uint64 ``(d_k,)``), after taking the
@@ -104,7 +124,7 @@ class SecureSharesClientMixin:
             self.sa_base = self.sa_pending
         words = fixed - self.sa_base if more is None else np.concatenate([fixed - self.sa_base, more])
         try:
-            masked = self.secagg.mask(words, tag, peers)
+            masked = self.secagg.mask(words, tag, peers, self.exchange_cap())
         except ProtocolError as e:
             raise PayloadError(msg, "tag" if "tag" in str(e) else "peers", f"refused ({e})") from None
         self.sa_pending = fixed
@@ -187,6 +207,16 @@ class SecureSharesServerMixin:
             total[:, self.feat[r.sender]] += r.payload["masked"].reshape(self.sa_width, -1)
             got.add(r.sender)
         dropped = [c for c in names if c not in got]
+        quorum = unmask_quorum(self.config.secagg_threshold, len(self.client_ids), len(names))
+        if dropped and got and len(got) < quorum:  # the clients would refuse to unmask (their own rule)
+            log.warning(
+                "HyFDCA: exchange %d has %d of %d replies, fewer than the %d its clients unmask for; nothing counted.",
+                tag,
+                len(got),
+                len(names),
+                quorum,
+            )
+            return set()
         if dropped and got:
             rnd = msgs[0].round
             asks = [Message("hyfdca.unmask", SERVER, c, rnd, {"tag": tag, "dropped": dropped}) for c in sorted(got)]

@@ -58,6 +58,7 @@ from hybridfl.algorithms.hyfdca.segment import SegmentServerMixin
 from hybridfl.algorithms.participation import select_participants
 from hybridfl.errors import ConfigError, PartitionError, ProtocolError, UnknownBlockError
 from hybridfl.privacy.he import HEBackend
+from hybridfl.privacy.secagg import mask_quorum
 from hybridfl.runtime import validate
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
@@ -335,8 +336,9 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         """Available clients ``K^t`` of round ``rnd`` (HyFDCA Assumption 5 random subsets or
         Assumption 7 cyclic groups), drawn from the server's RNG."""
         cfg = self.config
+        minimum = cfg.secagg_threshold if cfg.secure_aggregation else 1  # its clients' threshold (issue 28)
         return select_participants(
-            rnd, self.client_ids, cfg.participation, cfg.participation_mode, cfg.cyclic_groups, self.rng
+            rnd, self.client_ids, cfg.participation, cfg.participation_mode, cfg.cyclic_groups, self.rng, minimum
         )
 
     def smoothing(self, rnd: int) -> float:
@@ -370,15 +372,23 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         # whose reply is missing sits the round out (its alpha and share may be stale)
         returning = [cid for cid in K if self._returning(cid, rnd)] if consensus else []
         line7_failed = 0
+        line7: list[str] = []  # the clients sent line 7's PrimalAggregation
         if returning:
+            # secure aggregation: an exchange of fewer than t clients is refused by the clients (issue 28),
+            # so present clients of K join it (their share unchanged since counted: a zero change)
+            need = (
+                mask_quorum(self.config.secagg_threshold, len(self.client_ids)) if self.config.secure_aggregation else 0
+            )
+            extra = [cid for cid in K if cid not in returning][: max(0, need - len(returning))]
             msgs = [
                 Message(
                     "hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]}
                 )
-                for cid in returning
+                for cid in [c for c in K if c in returning or c in extra]
             ]
+            line7 = [m.receiver for m in msgs]
             fresh = self._collect_shares(transport, msgs, stats)
-            line7_failed = len(returning) - len(fresh)
+            line7_failed = len([c for c in returning if c not in fresh])
             K = [cid for cid in K if cid in fresh or cid not in returning]
         # 1. SecureInnerProduct (Alg. 2; lines 8 and 18 of Alg. 1 as one exchange at the round start)
         msgs = [Message("hyfdca.ip", SERVER, cid, rnd, {"w": self.w[self.feat[cid]]}) for cid in K]
@@ -409,7 +419,18 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         for g, v in parts.items():
             self.enc_alpha[g] = self.he.add([self.enc_alpha[g], *v])
         # 3. PrimalAggregation (Alg. 1 lines 16-17; ``commit``: whether the client's dual changes
-        # arrived; a client whose reply was lost drops them, so its duals stay those the server aggregated)
+        # arrived; a client whose reply was lost drops them, so its duals stay those the server aggregated).
+        # Secure aggregation: fewer than t clients would refuse the exchange (issue 28), so selected clients
+        # that sat the round out join it (no dual change: commit false; consensus: a fresh alpha, Alg. 1 line 6)
+        if self.config.secure_aggregation:  # not those sent line 7 this round: a request is answered once
+            need = mask_quorum(self.config.secagg_threshold, len(self.client_ids))
+            extra = [c for c in selected if c not in K and c not in line7][: max(0, need - len(K))]
+            K = [c for c in selected if c in K or c in extra]
+            if len(K) < need:
+                log.warning(
+                    "HyFDCA round %d: %d clients for PrimalAggregation, fewer than %d; skipped.", rnd, len(K), need
+                )
+                K = []
         msgs = []
         for cid in K:
             payload = (

@@ -147,7 +147,14 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
     if cfg.ckks_secret_key_encryption and isinstance(he, CKKSBackend):
         he = he.with_secret_key_encryption()
     return HyFDCAClient(
-        cd.client_id, cd.data, pos, he, client_seed(seed, cd.index), cfg.sparse, require_secagg=SECRET in cd.secrets
+        cd.client_id,
+        cd.data,
+        pos,
+        he,
+        client_seed(seed, cd.index),
+        cfg.sparse,
+        require_secagg=SECRET in cd.secrets,
+        secagg_threshold=cfg.secagg_threshold,
     )
 
 

@@ -84,7 +84,9 @@ class HyFEMClient(SecureExtractorsClientMixin):
         ).to(resolve_device(config.device))  # initialised on the CPU: the same weights on any device
         self.trainer = LocalTrainer(self.model, data, config.batch_size, config.lr, config.momentum, seed)
         self._prefit: tuple[bytes, float] | None = None  # set by :func:`.batched.prefit` (simulation only)
-        self._secure_init()  # secure aggregation of its extractors (:mod:`.secure`), if the server asks
+        self.require_secagg = bool(config.secure_aggregation)  # its own policy: no unmasked round (issue 28)
+        self.secagg_threshold = int(config.secagg_threshold)
+        self._secure_init()  # secure aggregation of its extractors (:mod:`.secure`)
 
     def handle(self, msg: Message) -> Message:
         """Answer one message from the server (``hyfem.properties`` or ``hyfem.fit``).
@@ -136,13 +138,23 @@ class HyFEMClient(SecureExtractorsClientMixin):
         """Check a ``hyfem.fit`` message before using it: exactly the keys ``local_steps``, ``lr``,
         ``mu1``, ``mu2`` and :meth:`expected_shapes`; every model array float, of exactly that shape
         and finite; ``local_steps`` an integer >= 1, ``lr`` finite > 0, ``mu1`` and ``mu2`` finite
-        >= 0.
+        >= 0. A client configured with secure aggregation (or given a peer table, ``hyfem.keys``)
+        refuses a ``hyfem.fit`` without its ``tag`` and ``peers`` (its own policy, issue 28), and
+        the exchange must have at least ``secagg_threshold`` clients of its roster
+        (:meth:`~hybridfl.algorithms.hyfem.secure.SecureExtractorsClientMixin.check_secure_fit`).
 
         Raises:
             PayloadError: the first problem found (names the sender, the kind and the field).
         """
         shapes = self.expected_shapes()
         secure = "tag" in msg.payload
+        if not secure and (self.require_secagg or self.secagg.peers):
+            raise PayloadError(
+                msg,
+                "tag",
+                f"missing: client {self.client_id!r} runs with secure aggregation and never sends its extractors "
+                f"in the clear",
+            )
         only_keys(msg, ("local_steps", "lr", "mu1", "mu2", *shapes, *(SECURE_FIT_KEYS if secure else ())))
         if secure:
             self.check_secure_fit(msg)

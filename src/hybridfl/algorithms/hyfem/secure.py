@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from hybridfl.errors import ProtocolError, TrainingDiverged
-from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed
+from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed, unmask_quorum
 from hybridfl.runtime import secagg_messages as sm
 from hybridfl.runtime import validate
 from hybridfl.runtime.messages import SERVER, Message
@@ -52,7 +52,7 @@ class SecureExtractorsClientMixin:
 
     def _secure_init(self) -> None:
         sizes = [_flat(self.model.extractor_arrays(b)).size for b in self.blocks]
-        self.secagg = SecAggClient(self.client_id, self.blocks, sizes)
+        self.secagg = SecAggClient(self.client_id, self.blocks, sizes, threshold=self.secagg_threshold)
 
     def secure_keys(self, msg: Message) -> Message:
         """``hyfem.keys``: keep the other clients' public keys and blocks.
@@ -69,7 +69,8 @@ class SecureExtractorsClientMixin:
         """Check a secure ``hyfem.fit``'s ``tag`` (above every earlier one) and ``peers``.
 
         Raises:
-            PayloadError: a bad or reused tag, unknown or repeated peers.
+            PayloadError: a bad or reused tag, unknown or repeated peers, or fewer clients (itself
+                included) than its threshold (:func:`~hybridfl.privacy.secagg.mask_quorum`).
         """
         sm.check_exchange(self.secagg, msg)
 
@@ -165,6 +166,16 @@ class SecureExtractorsServerMixin:
             for b, v in self._split(r.sender, r.payload["ext_masked"]).items():
                 totals[b] += v
         dropped = [c for c in asked if c not in got]
+        quorum = unmask_quorum(self.config.secagg_threshold, len(self.clients), len(asked))
+        if dropped and got and len(got) < quorum:  # the clients would refuse to unmask (their own rule)
+            log.warning(
+                "HyFEM round %d: %d of %d replies, fewer than the %d to unmask; the extractors stay.",
+                rnd,
+                len(got),
+                len(asked),
+                quorum,
+            )
+            return
         if dropped and got:
             asks = [Message("hyfem.unmask", SERVER, c, rnd, {"tag": rnd, "dropped": dropped}) for c in got]
             fixes: dict[str, Message] = {}

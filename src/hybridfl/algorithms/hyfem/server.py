@@ -247,13 +247,16 @@ class HyFEMServer(SecureExtractorsServerMixin):
 
     def sampled(self, rnd: int) -> list[str]:
         """The clients asked in round ``rnd``: all of them with ``fraction_fit: 1`` (HyFEM Alg. 1),
-        else ``max(1, round(fraction_fit * M))`` drawn without replacement by
+        else ``max(1, round(fraction_fit * M))`` (with secure aggregation at least
+        ``secagg_threshold``: the clients' own threshold) drawn without replacement by
         ``default_rng([seed, 13, rnd])`` (no state: a resumed run draws the same), in client order."""
         ids = list(self.clients)
         frac = float(self.config.fraction_fit)
         if frac >= 1.0:
             return ids
         k = max(1, round(frac * len(ids)))
+        if self.config.secure_aggregation:  # its clients mask only with at least t of them (issue 28)
+            k = max(k, min(self.config.secagg_threshold, len(ids)))
         pick = set(np.random.default_rng([self.seed, 13, rnd]).choice(len(ids), size=k, replace=False).tolist())
         return [c for j, c in enumerate(ids) if j in pick]
 

@@ -196,7 +196,14 @@ def client_step(
                 client.set_state(decode(store["state"]).payload)
         if warm is not None:
             warm.forget()  # until handle and get_state have succeeded: the object may be half-updated
-        reply = client.handle(msg)
+        try:
+            reply = client.handle(msg)
+        except Exception:
+            keep = getattr(client, "failed_state", None)  # fail closed (issue 28): the stop survives the rebuild
+            if callable(keep):
+                old = decode(store["state"]).payload if "state" in store else {}
+                store["state"] = encode(Message("state", cd.client_id, cd.client_id, msg.round, {**old, **keep()}))
+            raise
         state = encode(Message("state", cd.client_id, cd.client_id, msg.round, dict(client.get_state())))
         store["state"] = state
         if warm is not None:
