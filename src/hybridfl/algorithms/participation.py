@@ -30,7 +30,7 @@ def select_participants(
         mode: ``"fraction"``, ``"probability"`` or ``"cyclic"``.
         cyclic_groups: number of groups for ``cyclic``.
         rng: draws the random subsets (not used for ``cyclic`` or full participation).
-        minimum: the fewest clients of a round (secure aggregation's threshold ``t``, issue 28:
+        minimum: the fewest clients of a round (secure aggregation's threshold ``t``:
             its clients refuse a smaller masked exchange); a random round with fewer is topped up
             with clients drawn from the others; at most all of ``ids``.
 

@@ -18,7 +18,7 @@ Privacy-Preserving Machine Learning" (CCS 2017, Sec. 4), on coordinates held by 
 - **Dropouts**: if a client's masked vector never arrives, the server asks the others for their
   masks with it (:meth:`SecAggClient.correction`) and subtracts them. The dropped client's vector
   was never received, so nothing of it is revealed.
-- **Threshold** (issue 28; the client's own rule, never the server's): an exchange has ``m``
+- **Threshold** (the client's own rule, never the server's: against a malicious server): an exchange has ``m``
   clients (the client and the ``peers`` the server names, all from the roster it got at setup).
   A client masks only in an exchange of at least :func:`mask_quorum` clients (``t``, at least 2),
   so ``peers=[]`` never returns its vector in the clear; it answers an unmasking request only if

@@ -1,6 +1,6 @@
 """HyFDCA server: checks of the clients' replies before any value is used.
 
-Untrusted replies (issue 15): every reply is checked before any value is used
+Untrusted replies: every reply is checked before any value is used
 (:mod:`hybridfl.runtime.validate`): ``client_seconds`` and ``he_seconds`` finite and non-negative;
 ``ip``, ``dalpha``, ``norms`` and ``gram`` exactly one ciphertext per segment (batch) of that
 client, each of its segment's length; a primal ``share`` a finite float array of exactly the

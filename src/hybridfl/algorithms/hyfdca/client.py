@@ -1,8 +1,8 @@
 """HyFDCA client steps (:class:`HyFDCAClient`): setup, SecureInnerProduct, LocalDualMethod and
 PrimalAggregation on the client side (HyFDCA Alg. 1-5), and the client's one state contract.
 
-LocalDualMethod variants (the extracted paper text garbles the closed form; SPEC.md asks to pick
-one and prove it by convergence to the centralised optimum):
+LocalDualMethod variants (the extracted paper text garbles the closed form of Alg. 5 line 5; we
+pick one and check it by convergence to the centralised optimum, tests/test_hyfdca.py):
 
 - ``dual_mode: block`` (default). Client ``k`` holding cell (samples ``I_k``, blocks ``M_k``) keeps
   its own dual variables ``alpha^(k)`` for its samples and its PrimalAggregation share is
@@ -29,7 +29,7 @@ one and prove it by convergence to the centralised optimum):
 ``cross = "energy"`` (experimental) scales the own-block correction by
 ``sum_i q_i / sum_i ||x_{k,i}||^2``; ``cross = "none"`` drops it (paper Alg. 5: fixed ``u``).
 
-Threat model (issue 15). The server is *honest but curious*: it follows the protocol and reads
+Threat model. The server is *honest but curious*: it follows the protocol and reads
 everything it is sent. Every ciphertext is under the clients' key, and the only value a client
 sends in the clear is its PrimalAggregation share ``X_k^T a`` (``1/c`` weights aside), which is
 public by design (``w``). A *malicious* server holds the public key, so it can encrypt anything;
@@ -245,7 +245,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         within :meth:`encoding_error` of a bound of ``[0, 1]`` is set to the bound (where the exact
         sum lies: the coordinate steps put duals exactly on the bounds, and an ``alpha_i`` a noise
         away from its bound would make every later step on it a tiny non-zero change, each paying
-        the ``O(b)`` update of segment mode's batch; issue 17). Plaintext ``alpha`` is taken as sent.
+        the ``O(b)`` update of segment mode's batch). Plaintext ``alpha`` is taken as sent.
 
         Raises:
             PayloadError: the ``alpha`` fails a check (the client keeps its last copy and returns no share).
@@ -446,8 +446,8 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         self.protocol.set_state(state)
 
     def init(self, p: Mapping[str, Any]) -> tuple[list[bytes], dict[str, Any]]:
-        """Setup (``hyfdca.init``; SPEC.md "the full squared norm, obtainable once by the same
-        secure sum"): store the problem constants and segment layout; return the encrypted partial
+        """Setup (``hyfdca.init``; the full squared norms ``q_i`` the closed form of
+        HyFDCA Sec. 5 needs, obtained once by the same secure sum as Alg. 2's, ours): store the problem constants and segment layout; return the encrypted partial
         squared norms ``sum_b ||x_{k,i,b}||^2 / c(s, b)`` per segment and (segment mode) the
         reply entries of :meth:`_segment_init` (the partial Gram matrices, encrypted or masked);
         the client keeps neither."""

@@ -1,4 +1,4 @@
-"""The HyFDCA client's own view of the protocol (issue 28): which message may come next, its own
+"""The HyFDCA client's own view of the protocol (against a malicious server): which message may come next, its own
 round and step counters, and the fail-closed stop. The server is the adversary here: nothing it
 says about the protocol's state is taken on trust.
 

@@ -2,7 +2,7 @@
 addition to the paper, which sends each client's share ``X_k^T alpha`` in the clear, HyFDCA
 Alg. 4 lines 2-4).
 
-Why: a share is a combination of the client's raw rows (issue 15: with CKKS and ``local_steps: 1``
+Why: a share is a combination of the client's raw rows (measured: with CKKS and ``local_steps: 1``
 the round-1 share is a scaled raw row, and consecutive shares differ by a raw row times a
 label-signed scalar). With secure aggregation (:mod:`hybridfl.privacy.secagg`) the server learns,
 per feature, only the sum of the changes of the shares of the clients in the exchange that hold
@@ -22,7 +22,7 @@ Protocol (every ``hyfdca.primal`` exchange, PrimalAggregation, Alg. 1 lines 7 an
    (:func:`~hybridfl.privacy.secagg.unmask_quorum`: they would refuse), the whole exchange is
    dropped (no change counted; every client resends its change next time, ``acked`` false).
 
-Each client checks the exchange itself (issue 28; the server is not trusted): ``peers`` from its
+Each client checks the exchange itself (the server is not trusted): ``peers`` from its
 roster, at least ``secagg_threshold`` clients (segment mode: at most the holders of its pass's
 segments, :meth:`SecureSharesClientMixin.exchange_cap`), and an unmasking request only for the
 exchange it just answered, once, never naming itself, with enough survivors.

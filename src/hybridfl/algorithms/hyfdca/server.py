@@ -336,7 +336,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         """Available clients ``K^t`` of round ``rnd`` (HyFDCA Assumption 5 random subsets or
         Assumption 7 cyclic groups), drawn from the server's RNG."""
         cfg = self.config
-        minimum = cfg.secagg_threshold if cfg.secure_aggregation else 1  # its clients' threshold (issue 28)
+        minimum = cfg.secagg_threshold if cfg.secure_aggregation else 1  # its clients' threshold
         return select_participants(
             rnd, self.client_ids, cfg.participation, cfg.participation_mode, cfg.cyclic_groups, self.rng, minimum
         )
@@ -374,7 +374,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         line7_failed = 0
         line7: list[str] = []  # the clients sent line 7's PrimalAggregation
         if returning:
-            # secure aggregation: an exchange of fewer than t clients is refused by the clients (issue 28),
+            # secure aggregation: an exchange of fewer than t clients is refused by the clients,
             # so present clients of K join it (their share unchanged since counted: a zero change)
             need = (
                 mask_quorum(self.config.secagg_threshold, len(self.client_ids)) if self.config.secure_aggregation else 0
@@ -420,7 +420,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             self.enc_alpha[g] = self.he.add([self.enc_alpha[g], *v])
         # 3. PrimalAggregation (Alg. 1 lines 16-17; ``commit``: whether the client's dual changes
         # arrived; a client whose reply was lost drops them, so its duals stay those the server aggregated).
-        # Secure aggregation: fewer than t clients would refuse the exchange (issue 28), so selected clients
+        # Secure aggregation: fewer than t clients would refuse the exchange, so selected clients
         # that sat the round out join it (no dual change: commit false; consensus: a fresh alpha, Alg. 1 line 6)
         if self.config.secure_aggregation:  # not those sent line 7 this round: a request is answered once
             need = mask_quorum(self.config.secagg_threshold, len(self.client_ids))

@@ -84,7 +84,7 @@ class HyFEMClient(SecureExtractorsClientMixin):
         ).to(resolve_device(config.device))  # initialised on the CPU: the same weights on any device
         self.trainer = LocalTrainer(self.model, data, config.batch_size, config.lr, config.momentum, seed)
         self._prefit: tuple[bytes, float] | None = None  # set by :func:`.batched.prefit` (simulation only)
-        self.require_secagg = bool(config.secure_aggregation)  # its own policy: no unmasked round (issue 28)
+        self.require_secagg = bool(config.secure_aggregation)  # its own policy: no unmasked round
         self.secagg_threshold = int(config.secagg_threshold)
         self._secure_init()  # secure aggregation of its extractors (:mod:`.secure`)
 
@@ -139,7 +139,7 @@ class HyFEMClient(SecureExtractorsClientMixin):
         ``mu1``, ``mu2`` and :meth:`expected_shapes`; every model array float, of exactly that shape
         and finite; ``local_steps`` an integer >= 1, ``lr`` finite > 0, ``mu1`` and ``mu2`` finite
         >= 0. A client configured with secure aggregation (or given a peer table, ``hyfem.keys``)
-        refuses a ``hyfem.fit`` without its ``tag`` and ``peers`` (its own policy, issue 28), and
+        refuses a ``hyfem.fit`` without its ``tag`` and ``peers`` (its own policy, never the server's), and
         the exchange must have at least ``secagg_threshold`` clients of its roster
         (:meth:`~hybridfl.algorithms.hyfem.secure.SecureExtractorsClientMixin.check_secure_fit`).
 

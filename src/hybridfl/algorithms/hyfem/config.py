@@ -128,7 +128,7 @@ class HyFEMConfig(BaseModel):
     secagg_threshold: int = Field(
         2,
         ge=2,
-        description="secure aggregation threshold t (issue 28; each client's own rule): a client masks only in an exchange of at least t clients of its roster, itself included (at most the run's clients; HyFDCA segment mode: at most the holders of its pass's segments), and unmasks a dropped peer only if at least t of the exchange's clients survive (never itself, once per exchange); the server selects at least t clients a round and drops an exchange it could not unmask: hybridfl.privacy.secagg",
+        description="secure aggregation threshold t (each client's own rule, against a malicious server): a client masks only in an exchange of at least t clients of its roster, itself included (at most the run's clients; HyFDCA segment mode: at most the holders of its pass's segments), and unmasks a dropped peer only if at least t of the exchange's clients survive (never itself, once per exchange); the server selects at least t clients a round and drops an exchange it could not unmask: hybridfl.privacy.secagg",
     )
     baselines: bool = Field(True, description="also train centralised and stand-alone baselines")
     batched_clients: bool = Field(

@@ -255,7 +255,7 @@ class HyFEMServer(SecureExtractorsServerMixin):
         if frac >= 1.0:
             return ids
         k = max(1, round(frac * len(ids)))
-        if self.config.secure_aggregation:  # its clients mask only with at least t of them (issue 28)
+        if self.config.secure_aggregation:  # its clients mask only with at least t of them
             k = max(k, min(self.config.secagg_threshold, len(ids)))
         pick = set(np.random.default_rng([self.seed, 13, rnd]).choice(len(ids), size=k, replace=False).tolist())
         return [c for j, c in enumerate(ids) if j in pick]

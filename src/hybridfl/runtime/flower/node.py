@@ -199,7 +199,7 @@ def client_step(
         try:
             reply = client.handle(msg)
         except Exception:
-            keep = getattr(client, "failed_state", None)  # fail closed (issue 28): the stop survives the rebuild
+            keep = getattr(client, "failed_state", None)  # fail closed: the stop survives the rebuild
             if callable(keep):
                 old = decode(store["state"]).payload if "state" in store else {}
                 store["state"] = encode(Message("state", cd.client_id, cd.client_id, msg.round, {**old, **keep()}))
