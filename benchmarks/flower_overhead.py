@@ -1,7 +1,11 @@
 """Benchmark: Flower's own cost per exchange on loopback, warm executor vs Flower's default path.
 
-Three ways to run the same SuperNodes, measured in the same invocation (same machine, same load):
+Ways to run the same SuperNodes, measured in the same invocation (same machine, same load):
 
+- ``inline`` (``LocalFederation``'s and ``deploy-local``'s default since 2026-11-27): ``python -m
+  hybridfl.runtime.flower.supernode --inline`` (the SuperNode answers in its own process with the
+  warm executor's code; pulls every 0.05 s after a message, backing off to 0.2 s), the ServerApp
+  pulling every 0.05 s (backing off to 0.2 s in long exchanges);
 - ``warm``: ``python -m hybridfl.runtime.flower.supernode --warm`` (fast-polling SuperNode with
   ``--isolation process`` and hybridfl's warm executor: one long-lived process keeps the client in
   memory; the SuperNode pulls every 0.1 s), the ServerApp pulling every 0.05 s;
@@ -34,7 +38,8 @@ Parts:
   after every run. Reads the data from ``../shared/data`` (the project's copy).
 
 Writes ``benchmarks/results/flower_overhead.json`` and ``.md`` (the parts run are replaced, the
-others kept; the ``real`` part is saved after every run, marked ``partial`` until it ends).
+others kept, and the json's ``notes``, markdown sections written by hand from measurements such as
+``benchmarks/flower_trace.py``'s, are printed after the ping part; the ``real`` part is saved after every run, marked ``partial`` until it ends).
 Usage: ``python benchmarks/flower_overhead.py [--part ping,hyfem,hyfdca,real|all] [--pings 10]
 [--nodes 1,3] [--rounds 3] [--settings warm,tuned,default] [--real-settings warm,default]
 [--real-rounds 5] [--segment-rounds 5] [--default-rounds 5] [--merge] [--md-only]``. The
@@ -80,7 +85,8 @@ SETTINGS = {
         True,
         0.1,
         0.05,
-        "fast SuperNode (pulls every 0.1 s) --isolation process + hybridfl warm executor; ServerApp pulls every 0.05 s",
+        "fast SuperNode (pulls every 0.1 s) --isolation process + hybridfl warm executor process; ServerApp pulls "
+        "every 0.05 s (runs from 2026-11-27 on: with the first object retries and the ServerApp's back-off of `inline`)",
     ),
     "tuned": (
         True,
@@ -848,6 +854,8 @@ def write_md(r: dict, quiet: bool = False) -> None:
             + "\n\nEvery exchange:\n\n"
             + allx
         )
+    for note in r.get("notes", []):  # measured analyses kept with the numbers (e.g. flower_trace.py's breakdown)
+        out.append(note.strip())
     if "hyfem" in r:
         h = r["hyfem"]
         ip = h["in_process"]
