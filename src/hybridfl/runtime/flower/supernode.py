@@ -1,14 +1,23 @@
-"""``python -m hybridfl.runtime.flower.supernode [--poll-interval S] [--warm] <flower-supernode args>``.
+"""``python -m hybridfl.runtime.flower.supernode [--poll-interval S] [--idle-poll-interval I]
+[--object-retry R] [--inline | --warm] <flower-supernode args>``.
 
 Flower 1.41's SuperNode sleeps a fixed 3 s whenever a pull from the SuperLink finds no message
 (``flwr/supernode/start_client_internal.py``), waits 0.5 s between checks for the ClientApp's
 reply, and waits 1 s before it first retries pulling a message's objects that the ServerApp has
 not uploaded yet (``PULL_INITIAL_BACKOFF``); there is no option for any of them. This launcher runs
-the stock ``flower-supernode`` with the idle sleep capped at ``--poll-interval`` seconds (default
-0.1), the reply wait at 0.01 s (a check of its own memory, no request) and the first object
-retry at ``--poll-interval`` (then backing off up to 1 s) and sets ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
-(Flower's own setting, default 1 s) for the SuperExec that starts the ClientApp processes. It
-polls the SuperLink more often, which costs one small request per interval per node.
+the stock ``flower-supernode`` with the idle sleep replaced: ``--poll-interval`` seconds (default
+0.05) right after a message, then a tenth (:data:`BACKOFF`) of the time since the last message,
+up to ``--idle-poll-interval`` (default 0.2: an idle node costs the SuperLink 5 requests a
+second); the reply wait at 0.01 s (a check of its own memory, no request); the first object retry
+at ``--object-retry`` (default 0.02 s, then doubling up to 1 s); and it sets
+``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (Flower's own setting, default 1 s) for the SuperExec that
+starts the ClientApp processes.
+
+``--inline`` (what ``LocalFederation`` and ``deploy-local`` run): run the SuperNode with
+``--isolation process`` and answer each message in this process right after the SuperNode stored
+it (:func:`_answer_inline`): the warm executor's code on Flower's Runtime API handlers and the
+SuperNode's ``NodeState``, no executor process, no HTTP request, no poll between them; the client
+object stays in memory.
 
 ``--warm``: run the SuperNode with ``--isolation process`` and start, as its child (same process
 group, it exits with the SuperNode), the warm executor
