@@ -1,7 +1,11 @@
 """Benchmark: Flower's own cost per exchange on loopback, warm executor vs Flower's default path.
 
-Three ways to run the same SuperNodes, measured in the same invocation (same machine, same load):
+Ways to run the same SuperNodes, measured in the same invocation (same machine, same load):
 
+- ``inline`` (``LocalFederation``'s and ``deploy-local``'s default since 2026-11-27): ``python -m
+  hybridfl.runtime.flower.supernode --inline`` (the SuperNode answers in its own process with the
+  warm executor's code; pulls every 0.05 s after a message, backing off to 0.2 s), the ServerApp
+  pulling every 0.05 s (backing off to 0.2 s in long exchanges);
 - ``warm``: ``python -m hybridfl.runtime.flower.supernode --warm`` (fast-polling SuperNode with
   ``--isolation process`` and hybridfl's warm executor: one long-lived process keeps the client in
   memory; the SuperNode pulls every 0.1 s), the ServerApp pulling every 0.05 s;
@@ -34,7 +38,8 @@ Parts:
   after every run. Reads the data from ``../shared/data`` (the project's copy).
 
 Writes ``benchmarks/results/flower_overhead.json`` and ``.md`` (the parts run are replaced, the
-others kept; the ``real`` part is saved after every run, marked ``partial`` until it ends).
+others kept, and the json's ``notes``, markdown sections written by hand from measurements such as
+``benchmarks/flower_trace.py``'s, are printed after the ping part; the ``real`` part is saved after every run, marked ``partial`` until it ends).
 Usage: ``python benchmarks/flower_overhead.py [--part ping,hyfem,hyfdca,real|all] [--pings 10]
 [--nodes 1,3] [--rounds 3] [--settings warm,tuned,default] [--real-settings warm,default]
 [--real-rounds 5] [--segment-rounds 5] [--default-rounds 5] [--merge] [--md-only]``. The
@@ -66,12 +71,22 @@ from hybridfl.runtime.simulation import single_threaded
 OUT = Path(__file__).resolve().parent / "results"
 SETTINGS = {
     # name: (fast launcher, warm executor, SuperNode poll interval, ServerApp poll interval, description)
+    "inline": (
+        True,
+        True,
+        0.05,
+        0.05,
+        "LocalFederation's default since 2026-11-27: fast SuperNode answering in its own process (`supernode "
+        "--inline`), pulling every 0.05 s right after a message, backing off to 0.2 s; ServerApp pulls every 0.05 s, "
+        "backing off to 0.2 s in long exchanges; first object retries after 0.02 s (node) / 0.01 s (ServerApp)",
+    ),
     "warm": (
         True,
         True,
         0.1,
         0.05,
-        "fast SuperNode (pulls every 0.1 s) --isolation process + hybridfl warm executor; ServerApp pulls every 0.05 s",
+        "fast SuperNode (pulls every 0.1 s) --isolation process + hybridfl warm executor process; ServerApp pulls "
+        "every 0.05 s (runs from 2026-11-27 on: with the first object retries and the ServerApp's back-off of `inline`)",
     ),
     "tuned": (
         True,
@@ -127,7 +142,14 @@ def flower_run(dirs, server_dir: Path, work: Path, setting: str, extra: dict) ->
 
     fast, warm, node_poll, poll, _ = SETTINGS[setting]
     fed = LocalFederation(
-        dirs, fast=fast, warm=warm, poll_interval=min(node_poll, 3.0), work_dir=work, start_timeout=180
+        dirs,
+        fast=fast,
+        warm=warm,
+        inline=setting == "inline",
+        poll_interval=min(node_poll, 3.0),
+        idle_poll_interval=None if setting == "inline" else min(node_poll, 3.0),
+        work_dir=work,
+        start_timeout=180,
     )
     ru = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu0 = ru.ru_utime + ru.ru_stime
@@ -832,6 +854,8 @@ def write_md(r: dict, quiet: bool = False) -> None:
             + "\n\nEvery exchange:\n\n"
             + allx
         )
+    for note in r.get("notes", []):  # measured analyses kept with the numbers (e.g. flower_trace.py's breakdown)
+        out.append(note.strip())
     if "hyfem" in r:
         h = r["hyfem"]
         ip = h["in_process"]

@@ -5,8 +5,11 @@
 - The warm client step (the client object kept in memory, the state still written to its file)
   equals the simulation, builds each client once per run, and a node killed with its executor
   continues from the state file (the fake SuperLink of ``tests/test_flower_rejoin.py``).
-- A real SuperLink + SuperNodes with the warm executor on 127.0.0.1: HyFDCA's ``w`` equals the
-  simulation, and each SuperNode is two processes (itself and the executor), no ClientApp process.
+- A real SuperLink + SuperNodes on 127.0.0.1, the executor in the SuperNode's own process
+  (``supernode --inline``, the default) and as a process of its own (``--warm``): HyFDCA's ``w``
+  equals the simulation, and each SuperNode is one process (inline) or two (itself and the
+  executor), no ClientApp process.
+- The fast SuperNode's and the ServerApp's poll intervals back off while no message comes.
 """
 
 from __future__ import annotations
@@ -89,6 +92,28 @@ def test_flower_internals_we_use_exist():
 
     assert sci.pull_objects is pull_objects and http_grid.pull_objects is pull_objects
     assert sci.time.sleep is not None
+    # the in-process executor (`supernode --inline`): Flower's Runtime API handlers called with the
+    # SuperNode's NodeState (and the task of a token), the keyword the SuperNode passes it by
+    from flwr.supercore.servicer.runtime import runtime_handlers as core_handlers
+    from flwr.supernode.nodestate import NodeState
+    from flwr.supernode.servicer.runtime import runtime_handlers as handlers
+
+    assert _params(handlers.acquire_task) == ["request", "state"]
+    for name in (
+        "pull_task_input",
+        "pull_messages",
+        "pull_object",
+        "confirm_message_received",
+        "push_messages",
+        "push_object",
+        "push_task_output",
+    ):
+        assert _params(getattr(handlers, name)) == ["request", "state", "task"], f"runtime_handlers.{name} changed"
+    assert _params(core_handlers.send_task_heartbeat) == ["request", "state", "task"]
+    assert callable(getattr(NodeState, "get_task_by_token", None)), "NodeState.get_task_by_token is gone"
+    assert "state" in _params(sci._pull_and_store_message) and callable(sci._push_messages)
+    src = inspect.getsource(sci.start_client_internal)
+    assert "_pull_and_store_message(" in src and "state=state" in src and "time.sleep(3)" in src
     # what our app directory tells the executor
     assert (
         CLIENTAPP_REF in (importlib.resources.files("hybridfl.runtime.flower") / "app" / "pyproject.toml").read_text()
@@ -238,28 +263,54 @@ def test_executor_runs_only_the_hybridfl_clientapp():
         Executor("127.0.0.1:1", poll_interval=0)
 
 
+def test_poll_intervals_back_off_while_no_message_comes(monkeypatch):
+    """The fast SuperNode pulls every ``--poll-interval`` s right after a message and every tenth of
+    the time since, up to ``--idle-poll-interval``; the ServerApp's transport likewise within an
+    exchange (0 = never waits, for the fake grids of the tests)."""
+    from hybridfl.runtime.flower import supernode
+    from hybridfl.runtime.flower.bridge import FlowerTransport
+
+    now = [100.0]
+    monkeypatch.setattr(supernode._time, "monotonic", lambda: now[0])
+    clock = supernode._FastTime(0.05, 0.01, 0.2)
+    assert clock.interval() == 0.2  # no message yet: idle
+    clock.touch()
+    assert clock.interval() == 0.05
+    now[0] += 1.0
+    assert clock.interval() == pytest.approx(0.1)
+    now[0] += 60.0
+    assert clock.interval() == 0.2
+    t = FlowerTransport(None, poll_interval=0.05)
+    assert [t.wait_interval(e) for e in (0.0, 0.3, 1.0, 30.0)] == [0.05, 0.05, pytest.approx(0.1), 0.2]
+    assert FlowerTransport(None, poll_interval=0).wait_interval(30.0) == 0.0
+
+
 # ------------------------------------------------------------------------------ real processes
-def test_loopback_warm_executor_equals_simulation(tmp_path):
-    """A real SuperLink + 2 SuperNodes (``--isolation process``) with the warm executor on
-    127.0.0.1: HyFDCA for 3 rounds, ``w`` within 1e-9 of the simulation; during the run every
-    SuperNode's process group is the SuperNode and its one executor (no ClientApp process per
-    message); everything is gone afterwards."""
+@pytest.mark.parametrize("inline", [True, False], ids=["inline", "executor-process"])
+def test_loopback_warm_executor_equals_simulation(tmp_path, inline):
+    """A real SuperLink + 2 SuperNodes (``--isolation process``) on 127.0.0.1 with the executor in
+    the SuperNode's process (``--inline``, LocalFederation's default) or as a process of its own
+    (``--warm``): HyFDCA for 3 rounds, ``w`` within 1e-9 of the simulation; during the run every
+    SuperNode's process group is the SuperNode alone (inline) or the SuperNode and its one executor
+    (no ClientApp process per message); everything is gone afterwards."""
     from hybridfl.runtime.flower.local import LocalFederation, group_members
     from tests.test_flower import _running
 
     algo = {**HYFDCA, "rounds": 3}
     prep, dirs, server_dir = _setup(tmp_path, algo, num_clients=2)
     w_ref, log_ref = _hyfdca_reference(prep, algo)
-    fed = LocalFederation(dirs, work_dir=tmp_path / "fed", start_timeout=120)
-    assert fed.warm
+    fed = LocalFederation(dirs, work_dir=tmp_path / "fed", start_timeout=120, inline=inline)
+    assert fed.warm and LocalFederation.__dataclass_fields__["inline"].default is True
     with _running(fed):
         fed.run({"server-dir": str(server_dir), "out-dir": str(tmp_path / "res"), "pings": 2}, timeout=600)
         for i in range(2):
             members = group_members(fed.node_proc(i).pid)
-            assert len(members) == 2, f"SuperNode {i} has {len(members)} processes, expected itself and its executor"
+            want = 1 if inline else 2
+            assert len(members) == want, f"SuperNode {i} has {len(members)} processes, expected {want}"
     for i in range(2):
         text = (fed.work_dir / f"supernode-{i}.log").read_text(errors="replace")
-        assert text.count("hybridfl executor: taking ClientApp tasks") == 1
+        assert text.count("hybridfl executor: taking ClientApp tasks") == (0 if inline else 1)
+        assert "Sent successfully" in text
     s = json.loads((tmp_path / "res" / "summary.json").read_text())
     assert s["messages_total"] == log_ref.messages_total and len(s["ping_seconds"]) == 2
     np.testing.assert_allclose(np.load(tmp_path / "res" / "final.npz")["w"], w_ref, rtol=1e-9, atol=1e-12)

@@ -236,7 +236,7 @@ def test_bad_federation_input_is_one_sentence_and_writes_nothing(tmp_path, monke
         ("no_clients", "needs the client directories"),
         ("seed", "--seed is the federation schema's"),
         ("missing_dir", "does not exist"),
-        ("bad_executor", "--executor must be warm or flower"),
+        ("bad_executor", "--executor must be inline, warm or flower"),
     ],
 )
 def test_deploy_local_bad_input_is_one_sentence_before_anything_starts(tmp_path, monkeypatch, capsys, case, needle):

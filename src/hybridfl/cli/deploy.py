@@ -138,8 +138,9 @@ def deploy_local_cmd(
         help="Stock flower-supernode (3 s polling, a ClientApp process per message) instead of the fast-polling launcher.",
     ),
     executor: str = typer.Option(
-        "warm",
-        help="warm: one long-lived hybridfl executor per SuperNode keeps the client in memory; "
+        "inline",
+        help="inline: each SuperNode answers in its own process and keeps the client in memory (fastest); "
+        "warm: one long-lived hybridfl executor process next to each SuperNode; "
         "flower: Flower's default path, a new ClientApp process per message.",
     ),
     insecure: bool = typer.Option(
@@ -147,7 +148,11 @@ def deploy_local_cmd(
         "--insecure",
         help="Local experiments only: no TLS and no SuperNode authentication (anyone reaching the port can join).",
     ),
-    poll_interval: float = typer.Option(0.1, help="SuperNode poll interval in seconds (fast launcher)."),
+    poll_interval: float = typer.Option(
+        0.05,
+        help="SuperNode poll interval in seconds right after a message (fast launcher); it backs off to 0.2 s "
+        "while no message comes.",
+    ),
     timeout: float = typer.Option(3600.0, help="Seconds the run may take."),
 ) -> None:
     """Start a SuperLink (TLS, SuperNode authentication) and one SuperNode per client on 127.0.0.1, run over Flower, stop.
@@ -159,13 +164,13 @@ def deploy_local_cmd(
     from hybridfl.errors import ConfigError
     from hybridfl.runtime.flower.local import LocalFederation
 
-    if executor not in ("warm", "flower"):
-        raise ConfigError(f"--executor must be warm or flower, got {executor!r}.")
+    if executor not in ("inline", "warm", "flower"):
+        raise ConfigError(f"--executor must be inline, warm or flower, got {executor!r}.")
     if (config is None) == (federation is None):
         raise ConfigError("give either --config FILE or --federation FILE --clients DIR,... (not both, not neither).")
     if clients and federation is None:
         raise ConfigError("--clients needs the federation schema too: --federation FILE.")
-    if stock and executor == "warm":
+    if stock and executor != "flower":
         executor = "flower"  # the stock SuperNode has no warm executor
 
     if config is not None:
@@ -202,7 +207,8 @@ def deploy_local_cmd(
         fast=not stock,
         poll_interval=poll_interval,
         work_dir=out / "flower",
-        warm=executor == "warm",
+        warm=executor != "flower",
+        inline=executor == "inline",
         tls=not insecure,
         auth=not insecure,
     )

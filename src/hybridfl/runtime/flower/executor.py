@@ -67,6 +67,15 @@ FLOWER_NAMES = (
     ("flwr.supercore.runtime", "RuntimeHttpClient"),
     ("flwr.supernode.runtime.run_clientapp", "push_message"),
     ("flwr.supernode.runtime.run_clientapp", "push_task_output"),
+    ("flwr.supernode.servicer.runtime.runtime_handlers", "acquire_task"),
+    ("flwr.supernode.servicer.runtime.runtime_handlers", "pull_task_input"),
+    ("flwr.supernode.servicer.runtime.runtime_handlers", "pull_messages"),
+    ("flwr.supernode.servicer.runtime.runtime_handlers", "pull_object"),
+    ("flwr.supernode.servicer.runtime.runtime_handlers", "confirm_message_received"),
+    ("flwr.supernode.servicer.runtime.runtime_handlers", "push_messages"),
+    ("flwr.supernode.servicer.runtime.runtime_handlers", "push_object"),
+    ("flwr.supernode.servicer.runtime.runtime_handlers", "push_task_output"),
+    ("flwr.supercore.servicer.runtime.runtime_handlers", "send_task_heartbeat"),
 )
 """(module, name) of every Flower 1.41 internal this module uses."""
 
@@ -84,15 +93,81 @@ class _TaskToken:
 
     def __init__(self) -> None:
         self.inner = None
+        self.value: str | None = None
 
     def set(self, token: str | None) -> None:
-        from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor
+        self.value = token or None
+        if token and self.http:
+            from flwr.supercore.interceptors import RuntimeTokenHttpInterceptor
 
-        self.inner = RuntimeTokenHttpInterceptor(token) if token else None
+            self.inner = RuntimeTokenHttpInterceptor(token)
+        else:
+            self.inner = None
+
+    http = True
 
     def intercept(self, context, call_next):
         inner = self.inner
         return inner.intercept(context, call_next) if inner is not None else call_next(context)
+
+
+class InProcessRuntime:
+    """The SuperNode's Runtime API without HTTP: each call runs Flower's own handler of that call
+    (``flwr/supernode/servicer/runtime/runtime_handlers.py``, what the SuperNode's Runtime API server
+    runs for a request) on the SuperNode's ``NodeState``, with the task of the current token, so an
+    :class:`Executor` can run in the SuperNode's own process (``supernode --inline``): no process
+    hand-off, no HTTP request, no poll. A handler's ``FlowerError`` propagates as the HTTP error
+    would (the executor turns it into the task's error reply)."""
+
+    def __init__(self, state, token: _TaskToken):
+        self.state, self.token = state, token
+
+    def _task(self):
+        from flwr.supercore.error import ApiErrorCode, FlowerError
+
+        task = self.state.get_task_by_token(self.token.value) if self.token.value else None
+        if task is None:
+            raise FlowerError(ApiErrorCode.RUNTIME_AUTHENTICATION_FAILED, "Runtime task-token authentication failed.")
+        return task
+
+    def _call(self, name: str, request):
+        from flwr.supernode.servicer.runtime import runtime_handlers as h
+
+        return getattr(h, name)(request, self.state, self._task())
+
+    def AcquireTask(self, request):
+        from flwr.supernode.servicer.runtime.runtime_handlers import acquire_task
+
+        return acquire_task(request, self.state)
+
+    def PullTaskInput(self, request):
+        return self._call("pull_task_input", request)
+
+    def PullMessages(self, request):
+        return self._call("pull_messages", request)
+
+    def PullObject(self, request):
+        return self._call("pull_object", request)
+
+    def ConfirmMessageReceived(self, request):
+        return self._call("confirm_message_received", request)
+
+    def PushMessages(self, request):
+        return self._call("push_messages", request)
+
+    def PushObject(self, request):
+        return self._call("push_object", request)
+
+    def PushTaskOutput(self, request):
+        return self._call("push_task_output", request)
+
+    def SendTaskHeartbeat(self, request):
+        from flwr.supercore.servicer.runtime.runtime_handlers import send_task_heartbeat
+
+        return send_task_heartbeat(request, self.state, self._task())
+
+    def close(self) -> None:
+        pass
 
 
 class _Heartbeat:
@@ -148,6 +223,10 @@ class Executor:
         heartbeat_interval: seconds between two heartbeats of a running task.
         wake_fd: a pipe on which the SuperNode announces each new task (``supernode --warm``): the
             executor then waits on it and polls only every :data:`WAKE_POLL` seconds, as a fallback.
+        state: the SuperNode's ``NodeState``: run in the SuperNode's own process (``supernode
+            --inline``) on :class:`InProcessRuntime` instead of the Runtime API over HTTP
+            (``runtime_api_address`` and the TLS arguments are then unused); the SuperNode calls
+            :meth:`run_pending` after each message it stored.
     """
 
     def __init__(
@@ -158,10 +237,8 @@ class Executor:
         poll_interval: float = 0.02,
         heartbeat_interval: float = 15.0,
         wake_fd: int | None = None,
+        state=None,
     ):
-        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
-        from flwr.supercore.runtime import RuntimeHttpClient
-
         from hybridfl.errors import ConfigError
 
         if not 0.001 <= float(poll_interval) <= 5.0:
@@ -172,6 +249,18 @@ class Executor:
         self.poll_interval = float(poll_interval)
         self.heartbeat_interval = float(heartbeat_interval)
         self.token = _TaskToken()
+        self.runs: dict[tuple[int, str], _Run] = {}
+        self.fabs: dict[str, str] = {}  # FAB hash -> "" (hybridfl's ClientApp) or why it is refused
+        self.tasks = 0
+        self.stop_event = threading.Event()
+        self.wake_fd = wake_fd
+        if state is not None:  # in the SuperNode's process: Flower's handlers on its NodeState
+            self.token.http = False
+            self.client = InProcessRuntime(state, self.token)
+            return
+        from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
+        from flwr.supercore.runtime import RuntimeHttpClient
+
         self.client = RuntimeHttpClient.from_server_address(
             server_address=runtime_api_address,
             insecure=insecure,
@@ -183,11 +272,6 @@ class Executor:
             # task token), which would end a long-lived executor; the loop waits out failures itself
             retry_invoker=None,
         )
-        self.runs: dict[tuple[int, str], _Run] = {}
-        self.fabs: dict[str, str] = {}  # FAB hash -> "" (hybridfl's ClientApp) or why it is refused
-        self.tasks = 0
-        self.stop_event = threading.Event()
-        self.wake_fd = wake_fd
 
     # ------------------------------------------------------------------ the loop
     def poll_once(self) -> bool:
@@ -200,6 +284,18 @@ class Executor:
             return False
         self.run_task(res.token)
         return True
+
+    def run_pending(self) -> int:
+        """Run every pending ``CLIENT_APP`` task now (the in-process executor, called by the SuperNode
+        right after it stored a message); returns how many ran. A failure is logged, not raised:
+        the SuperNode's loop goes on."""
+        n = 0
+        try:
+            while self.poll_once():
+                n += 1
+        except Exception as e:  # the SuperNode outlives one bad task
+            log.error("hybridfl executor: %s", e)
+        return n
 
     def serve_forever(self) -> None:
         """Poll and run tasks until :meth:`stop` (or SIGTERM/SIGINT in :func:`serve`). A SuperNode

@@ -59,8 +59,8 @@ def main(grid: Grid, context: Context) -> None:
             "the run config has no server-dir: pass --run-config \"server-dir='/path/to/export/server'\"."
         )
     out = str(rc.get("out-dir", "") or "") or None
-    if float(rc.get("poll-interval", 0.05)) < 1.0:
-        fast_object_retries(max(float(rc.get("poll-interval", 0.05)), 0.005))
+    if float(rc.get("poll-interval", 0.05)) < 1.0:  # a reply's objects: first retry after at most 0.01 s
+        fast_object_retries(min(max(float(rc.get("poll-interval", 0.05)), 0.005), 0.01))
     summary = run_server(
         grid,
         server_dir,

@@ -1,14 +1,23 @@
-"""``python -m hybridfl.runtime.flower.supernode [--poll-interval S] [--warm] <flower-supernode args>``.
+"""``python -m hybridfl.runtime.flower.supernode [--poll-interval S] [--idle-poll-interval I]
+[--object-retry R] [--inline | --warm] <flower-supernode args>``.
 
 Flower 1.41's SuperNode sleeps a fixed 3 s whenever a pull from the SuperLink finds no message
 (``flwr/supernode/start_client_internal.py``), waits 0.5 s between checks for the ClientApp's
 reply, and waits 1 s before it first retries pulling a message's objects that the ServerApp has
 not uploaded yet (``PULL_INITIAL_BACKOFF``); there is no option for any of them. This launcher runs
-the stock ``flower-supernode`` with the idle sleep capped at ``--poll-interval`` seconds (default
-0.1), the reply wait at 0.01 s (a check of its own memory, no request) and the first object
-retry at ``--poll-interval`` (then backing off up to 1 s) and sets ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL``
-(Flower's own setting, default 1 s) for the SuperExec that starts the ClientApp processes. It
-polls the SuperLink more often, which costs one small request per interval per node.
+the stock ``flower-supernode`` with the idle sleep replaced: ``--poll-interval`` seconds (default
+0.05) right after a message, then a tenth (:data:`BACKOFF`) of the time since the last message,
+up to ``--idle-poll-interval`` (default 0.2: an idle node costs the SuperLink 5 requests a
+second); the reply wait at 0.01 s (a check of its own memory, no request); the first object retry
+at ``--object-retry`` (default 0.02 s, then doubling up to 1 s); and it sets
+``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (Flower's own setting, default 1 s) for the SuperExec that
+starts the ClientApp processes.
+
+``--inline`` (what ``LocalFederation`` and ``deploy-local`` run): run the SuperNode with
+``--isolation process`` and answer each message in this process right after the SuperNode stored
+it (:func:`_answer_inline`): the warm executor's code on Flower's Runtime API handlers and the
+SuperNode's ``NodeState``, no executor process, no HTTP request, no poll between them; the client
+object stays in memory.
 
 ``--warm``: run the SuperNode with ``--isolation process`` and start, as its child (same process
 group, it exits with the SuperNode), the warm executor
@@ -27,19 +36,34 @@ import subprocess
 import sys
 import time as _time
 
+BACKOFF = 0.1
+"""The SuperNode waits at most this fraction of the time since its last message between two pulls
+(between ``--poll-interval`` and ``--idle-poll-interval``)."""
+
 
 class _FastTime:
     """The ``time`` module with ``sleep`` capped: the SuperNode's 3 s idle sleep (its next pull
-    from the SuperLink, over the network) at ``cap`` seconds, its shorter in-process waits (for the
-    ClientApp's reply in its own state) at ``wait_cap`` seconds."""
+    from the SuperLink, over the network) at ``cap`` seconds right after a message (:meth:`touch`),
+    growing with the time since then (:data:`BACKOFF` of it) up to ``idle_cap`` seconds; its shorter
+    in-process waits (for the ClientApp's reply in its own state) at ``wait_cap`` seconds."""
 
-    def __init__(self, cap: float, wait_cap: float | None = None):
+    def __init__(self, cap: float, wait_cap: float | None = None, idle_cap: float | None = None):
         self.cap = cap
         self.wait_cap = cap if wait_cap is None else wait_cap
+        self.idle_cap = max(cap, cap if idle_cap is None else idle_cap)
+        self.last = float("-inf")
+
+    def touch(self) -> None:
+        """A message arrived or was answered: poll every ``cap`` seconds again."""
+        self.last = _time.monotonic()
+
+    def interval(self) -> float:
+        """Seconds until the next pull from the SuperLink."""
+        return min(self.idle_cap, max(self.cap, BACKOFF * (_time.monotonic() - self.last)))
 
     def sleep(self, s: float) -> None:
         s = float(s)
-        _time.sleep(min(s, self.cap if s >= 3.0 else self.wait_cap))
+        _time.sleep(min(s, self.interval() if s >= 3.0 else self.wait_cap))
 
     def __getattr__(self, name: str):
         return getattr(_time, name)
@@ -81,58 +105,106 @@ def executor_command(args: list[str], poll_interval: float = 0.02, wake_fd: int 
     return [*cmd, "--poll-interval", str(poll_interval), "--parent-pid", str(os.getpid())]
 
 
-def _announce_tasks(sci, fd: int) -> None:
+def _announce_tasks(sci, fd: int | None, on_message=None) -> None:
     """Write a byte to ``fd`` whenever the SuperNode has stored a message pulled from the SuperLink
-    (with its objects: its task can run now), so the executor need not poll for it."""
+    (with its objects: its task can run now), so the executor need not poll for it; call
+    ``on_message()`` then too."""
     pull_and_store = sci._pull_and_store_message
 
     @functools.wraps(pull_and_store)
     def announcing(*a, **kw):
         run_id = pull_and_store(*a, **kw)
         if run_id is not None:
-            try:
-                os.write(fd, b"!")
-            except (BlockingIOError, BrokenPipeError):
-                pass  # the pipe is full (the executor is behind, it will poll) or the executor is gone
+            if on_message is not None:
+                on_message()
+            if fd is not None:
+                try:
+                    os.write(fd, b"!")
+                except (BlockingIOError, BrokenPipeError):
+                    pass  # the pipe is full (the executor is behind, it will poll) or the executor is gone
         return run_id
 
     sci._pull_and_store_message = announcing
 
 
+def _answer_inline(sci, on_message=None) -> None:
+    """Answer each message in this (the SuperNode's) process, right after the SuperNode stored it:
+    an :class:`~hybridfl.runtime.flower.executor.Executor` on Flower's Runtime API handlers and the
+    SuperNode's own ``NodeState`` (no executor process, no HTTP request, no poll), so the SuperNode's
+    loop finds the reply at once and pushes it. ``on_message()`` is called after each message."""
+    pull_and_store = sci._pull_and_store_message
+    holder: dict = {}
+
+    @functools.wraps(pull_and_store)
+    def answering(*a, **kw):
+        run_id = pull_and_store(*a, **kw)
+        if run_id is not None:
+            if on_message is not None:
+                on_message()
+            ex = holder.get("ex")
+            if ex is None:
+                from hybridfl.runtime.flower.executor import Executor
+
+                ex = holder["ex"] = Executor("in-process", state=kw["state"])
+            ex.run_pending()
+            if on_message is not None:
+                on_message()
+        return run_id
+
+    sci._pull_and_store_message = answering
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run ``flower-supernode`` with ``argv`` (default ``sys.argv[1:]``) minus ``--poll-interval S``
-    and ``--warm``, its idle sleeps capped at ``S`` seconds (default 0.1); with ``--warm`` also the
-    warm executor, and the SuperNode with ``--isolation process``.
+    """Run ``flower-supernode`` with ``argv`` (default ``sys.argv[1:]``) minus this launcher's own
+    options: ``--poll-interval S`` (pulls every ``S`` seconds right after a message, default 0.05,
+    then every :data:`BACKOFF` x the time since the last message, up to ``--idle-poll-interval I``
+    seconds, default ``max(S, 0.2)``), ``--object-retry R`` (first retry of a message's objects that are not
+    uploaded yet, default ``min(S, 0.02)``), and ``--warm`` (the warm executor process, see the
+    module docstring) or ``--inline`` (answer in this process, :func:`_answer_inline`); both run
+    the SuperNode with ``--isolation process``.
 
     Raises:
-        SystemExit: ``--poll-interval`` is outside ``[0.001, 3]`` seconds.
+        SystemExit: an interval is outside ``[0.001, 3]`` seconds, or both ``--warm`` and ``--inline``.
     """
     args = list(sys.argv[1:] if argv is None else argv)
-    cap = float(_take(args, "--poll-interval", "0.1") or 0.1)
+    cap = float(_take(args, "--poll-interval", "0.05") or 0.05)
+    idle = float(_take(args, "--idle-poll-interval", str(max(cap, 0.2))) or max(cap, 0.2))
+    retry = float(_take(args, "--object-retry", str(min(cap, 0.02))) or min(cap, 0.02))
     warm = _take(args, "--warm", None, has_value=False) is not None
-    if not 0.001 <= cap <= 3.0:
-        raise SystemExit(f"--poll-interval must be between 0.001 and 3 seconds, got {cap}.")
+    inline = _take(args, "--inline", None, has_value=False) is not None
+    for name, v in (("--poll-interval", cap), ("--idle-poll-interval", idle), ("--object-retry", retry)):
+        if not 0.001 <= v <= 3.0:
+            raise SystemExit(f"{name} must be between 0.001 and 3 seconds, got {v}.")
+    if warm and inline:
+        raise SystemExit("give --warm (an executor process) or --inline (answer in the SuperNode), not both.")
     os.environ.setdefault("FLWR_SUPEREXEC_TASK_POLL_INTERVAL", str(max(cap, 0.01)))
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
     import flwr.supernode.start_client_internal as sci
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
-    sci.time = _FastTime(cap, min(cap, 0.01))  # type: ignore[assignment]
-    # first retry of a message's objects after `cap` seconds instead of 1 s, then up to 1 s apart;
-    # no limit on the number of tries (Flower's PULL_MAX_TIME still applies)
+    clock = _FastTime(cap, min(cap, 0.01), idle)
+    sci.time = clock  # type: ignore[assignment]
+    # first retry of a message's objects after `retry` seconds instead of 1 s (the SuperLink lists a
+    # message before the ServerApp has uploaded its objects), doubling up to 1 s; no limit on the
+    # number of tries (Flower's PULL_MAX_TIME still applies)
     sci.pull_objects = functools.partial(  # type: ignore[assignment]
-        sci.pull_objects, initial_backoff=cap, backoff_cap=1.0, max_tries_per_object=None
+        sci.pull_objects, initial_backoff=retry, backoff_cap=1.0, max_tries_per_object=None
     )
-    if warm:
+    if warm or inline:
         if "--isolation" in args:
             _take(args, "--isolation")
         args += ["--isolation", "process"]
+    if inline:
+        _answer_inline(sci, clock.touch)
+    elif warm:
         r, w = os.pipe()
         os.set_blocking(w, False)
-        _announce_tasks(sci, w)
+        _announce_tasks(sci, w, clock.touch)
         # the executor's poll interval: at most the SuperNode's, never below 0.01 s
         subprocess.Popen(executor_command(args, max(min(cap, 0.02), 0.01), r), pass_fds=(r,))
         os.close(r)
+    else:
+        _announce_tasks(sci, None, clock.touch)
     sys.argv = ["flower-supernode", *args]
     flower_supernode()
 
