@@ -281,11 +281,12 @@ MESSAGE_CASES = {
         "reuse secure-aggregation tag 1",
     ),
     "unmasking a client outside the exchange": (
-        _server_msg("hyfdca.unmask", lambda f, c: {"tag": f.server.sa_tag, "dropped": ["mallory"]}),
+        # round 1: an unmask is asked after the round's primal exchange (the protocol's place)
+        _server_msg("hyfdca.unmask", lambda f, c: {"tag": f.server.sa_tag, "dropped": ["mallory"]}, rnd=1),
         "unknown secure-aggregation peer 'mallory'",
     ),
     "unmasking an old exchange": (
-        _server_msg("hyfdca.unmask", lambda f, c: {"tag": 0, "dropped": _peers(f, c)[:1]}),
+        _server_msg("hyfdca.unmask", lambda f, c: {"tag": 0, "dropped": _peers(f, c)[:1]}, rnd=1),
         "its last was 1",
     ),
     "acked not a bool": (
@@ -328,9 +329,12 @@ def test_hostile_message(name):
             client.handle(msg)
         after = client.get_state()
         assert before.keys() == after.keys()
-        for k in before:  # nothing lost or changed
+        for k in before:  # nothing lost or changed but the protocol state, which records the stop
+            if k == "protocol":
+                continue
             a, b = before[k], after[k]
             assert np.array_equal(a, b) if isinstance(a, np.ndarray) else a == b, k
+        assert client.protocol.stopped  # fails closed: every later message is refused
     text = str(e.value)
     assert "\n" not in text and text.endswith(".") and needle in text, text
     assert "Traceback" not in text

@@ -136,38 +136,47 @@ class InProcessRuntime:
         return getattr(h, name)(request, self.state, self._task())
 
     def AcquireTask(self, request):
+        """Flower's ``acquire_task`` handler: the executor takes the next task (no token needed yet)."""
         from flwr.supernode.servicer.runtime.runtime_handlers import acquire_task
 
         return acquire_task(request, self.state)
 
     def PullTaskInput(self, request):
+        """Flower's ``pull_task_input`` handler for the current task."""
         return self._call("pull_task_input", request)
 
     def PullMessages(self, request):
+        """Flower's ``pull_messages`` handler: the task's message from the SuperNode."""
         return self._call("pull_messages", request)
 
     def PullObject(self, request):
+        """Flower's ``pull_object`` handler: one object of the task's message."""
         return self._call("pull_object", request)
 
     def ConfirmMessageReceived(self, request):
+        """Flower's ``confirm_message_received`` handler."""
         return self._call("confirm_message_received", request)
 
     def PushMessages(self, request):
+        """Flower's ``push_messages`` handler: the task's reply to the SuperNode."""
         return self._call("push_messages", request)
 
     def PushObject(self, request):
+        """Flower's ``push_object`` handler: one object of the reply."""
         return self._call("push_object", request)
 
     def PushTaskOutput(self, request):
+        """Flower's ``push_task_output`` handler: the task's end."""
         return self._call("push_task_output", request)
 
     def SendTaskHeartbeat(self, request):
+        """Flower's ``send_task_heartbeat`` handler: the task is alive."""
         from flwr.supercore.servicer.runtime.runtime_handlers import send_task_heartbeat
 
         return send_task_heartbeat(request, self.state, self._task())
 
     def close(self) -> None:
-        pass
+        """Nothing to close: no connection (the gRPC stub's ``close`` in Flower's API)."""
 
 
 class _Heartbeat:
