@@ -145,7 +145,9 @@ def _cfg(**kw) -> HyFDCAConfig:
     [
         {},
         {"failure_rate": 0.3},
-        {"dual_mode": "consensus", "local_fraction": 0.2, "sigma": 30, "participation": 0.5},
+        # 4 of 6 clients a round: returning clients (line 7) in rounds 2-4, and no round whose closing
+        # exchange would hold a lone client (test_lone_client_exchange_is_skipped_not_unmasked)
+        {"dual_mode": "consensus", "local_fraction": 0.2, "sigma": 30, "participation": 0.67},
         {"dual_mode": "segment", "batch_size": 16, "failure_rate": 0.2},
     ],
 )
@@ -168,6 +170,34 @@ def test_hyfdca_w_equals_the_plaintext_shares_w(grid_2x3, extra):
     assert np.abs(runs[False][0][-1]).max() > 1e-3
     kinds = {e.kind for e in runs[True][1].transport.log.entries}
     assert ("hyfdca.unmask" in kinds) == bool(runs[True][1].transport.failures)
+
+
+def test_lone_client_exchange_is_skipped_not_unmasked(grid_2x3, caplog):
+    """Consensus mode, half the clients a round: in round 2 the closing PrimalAggregation would hold
+    one client (the others answered line 7 already, and a request is answered once). A masked
+    exchange of one client is its share in the clear, so under secure aggregation (threshold 2)
+    the server skips it with a warning and sends no ``hyfdca.primal`` to that client, while the
+    plaintext run aggregates it; w then differs from the plaintext run's until that share is
+    counted again."""
+    import logging
+
+    split, part = grid_2x3
+    extra = {"dual_mode": "consensus", "local_fraction": 0.2, "sigma": 30, "participation": 0.5}
+    ws, sent = {}, {}
+    for secure in (False, True):
+        fed = build_federation("hyfdca", split, part, _cfg(secure_aggregation=secure, **extra))
+        fed.setup()
+        fed.server.run_round(1, fed.transport)
+        n0 = len(fed.transport.log.entries)
+        with caplog.at_level(logging.WARNING):
+            fed.server.run_round(2, fed.transport)
+        sent[secure] = [
+            e.receiver for e in fed.transport.log.entries[n0:] if e.kind == "hyfdca.primal" and e.sender == "server"
+        ]
+        ws[secure] = fed.server.w.copy()
+    assert "1 clients for PrimalAggregation, fewer than 2; skipped" in caplog.text
+    assert len(sent[False]) == len(sent[True]) + 1  # the lone closing exchange: plaintext only
+    assert np.abs(ws[False] - ws[True]).max() > 1e-6
 
 
 def test_server_view_is_masked_and_a_plaintext_share_is_a_raw_row(grid_2x3):
