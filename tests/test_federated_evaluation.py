@@ -13,12 +13,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
 from tests.test_prepare import run_cli
-from tests.test_run_federation import BLOCKS, REGIONS, _config, _csv, _rows
+from tests.test_run_federation import BLOCKS, _config, _csv, _rows
 
 TEST_ORGS = {
     "bank": (range(0, 30), ["bank", "demo"]),
@@ -28,22 +27,8 @@ TEST_ORGS = {
 
 
 def _test_rows() -> dict[str, dict[str, object]]:
-    rng = np.random.default_rng(11)
-    out = {}
-    for i in range(40):
-        balance, loans = float(np.round(rng.normal(100, 30), 3)), int(rng.integers(0, 4))
-        age, spend = int(rng.integers(20, 70)), float(np.round(rng.gamma(2.0, 10.0), 3))
-        score = 0.03 * (balance - 100) - 0.5 * loans + 0.04 * (age - 45) + 0.05 * (spend - 20) + rng.normal(0, 0.5)
-        out[f"t{i:03d}"] = {
-            "age": age,
-            "region": REGIONS[i % 3],
-            "balance": balance,
-            "loans": loans,
-            "spend": spend,
-            "visits": int(rng.integers(0, 9)),
-            "default": "yes" if score > 0 else "no",
-        }
-    return out
+    """The organisations' own test customers ``t000-t039`` (other samples than training's)."""
+    return _rows(40, 11, "t")
 
 
 def _prepare(tmp_path: Path, monkeypatch, capsys, algorithm: str, labels: set[str] | None = None):

@@ -33,14 +33,15 @@ ORGS = {
 }
 
 
-def _rows() -> dict[str, dict[str, object]]:
-    rng = np.random.default_rng(3)
+def _rows(n: int = N, seed: int = 3, prefix: str = "c") -> dict[str, dict[str, object]]:
+    """``n`` customers ``<prefix>000..``: their columns and a label that depends on them."""
+    rng = np.random.default_rng(seed)
     out = {}
-    for i in range(N):
+    for i in range(n):
         balance, loans = float(np.round(rng.normal(100, 30), 3)), int(rng.integers(0, 4))
         age, spend = int(rng.integers(20, 70)), float(np.round(rng.gamma(2.0, 10.0), 3))
         score = 0.03 * (balance - 100) - 0.5 * loans + 0.04 * (age - 45) + 0.05 * (spend - 20) + rng.normal(0, 0.5)
-        out[f"c{i:03d}"] = {
+        out[f"{prefix}{i:03d}"] = {
             "age": age,
             "region": REGIONS[i % 3],
             "balance": balance,
