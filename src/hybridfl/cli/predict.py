@@ -61,15 +61,14 @@ def predict_frame(model, frame, where: str, client: str | None = None):
     """
     import pandas as pd
 
-    from hybridfl.data.encoding import frame_labels
-    from hybridfl.inference.predictors import ids_of
+    from hybridfl.data.encoding import frame_ids, frame_labels
 
     kw = {"client": client} if client is not None else {}
     if client is not None and model.kind != "hyfem":
         from hybridfl.errors import HybridFLError
 
         raise HybridFLError(f"--client picks one of HyFEM's client models; this is a {model.kind} model.")
-    id_name, ids = ids_of(frame, model, where)
+    id_name, ids = frame_ids(frame, model.encoding, where)
     y = frame_labels(frame, model.encoding, where)
     raw = model.raw(frame, where, **kw)  # one pass of the model; the rest is derived from it
     pred, scores = model.outputs(raw)

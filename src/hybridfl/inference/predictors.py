@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridfl.data.encoding import encode_frame, frame_ids, frame_labels, held_blocks, scaled
+from hybridfl.data.encoding import encode_frame, frame_labels, held_blocks, scaled
 from hybridfl.inference.modeldir import Manifest, ModelError
 
 
@@ -38,6 +38,67 @@ def _expect(tensors: Mapping[str, np.ndarray], name: str, shape: tuple[int, ...]
     if shape is not None and tuple(a.shape) != tuple(shape):
         raise ModelError(f"{where}: tensor {name!r} has shape {tuple(a.shape)}, expected {tuple(shape)}.")
     return a
+
+
+def load_module(module: Any, tensors: Mapping[str, np.ndarray], prefix: str, where: str) -> Any:
+    """Load the tensors under ``prefix`` (the prefix removed) into ``module``, strictly, and put it
+    in eval mode.
+
+    Raises:
+        ModelError: a missing, extra or mis-shaped parameter (one sentence naming ``prefix``).
+    """
+    import torch
+
+    sd = {
+        k[len(prefix) :]: torch.from_numpy(np.array(v, dtype=np.float32))
+        for k, v in tensors.items()
+        if k.startswith(prefix)
+    }
+    try:
+        module.load_state_dict(sd, strict=True)
+    except RuntimeError:
+        raise ModelError(
+            f"{where}: the weights under {prefix!r} do not fit the model the manifest describes."
+        ) from None
+    return module.eval()
+
+
+def hyfem_extractors(meta: Mapping[str, Any], where: str) -> tuple[Any, int]:
+    """``(extractor factory, extractor_dim)`` of HyFEM settings (``extractor``, ``extractor_dim``).
+
+    Raises:
+        ModelError: missing settings or an unknown extractor kind.
+    """
+    from hybridfl.models.hybrid import default_extractor
+
+    try:
+        kind, dim = str(meta["extractor"]), int(meta["extractor_dim"])
+    except (KeyError, TypeError, ValueError):
+        raise ModelError(f"{where}: the HyFEM settings (extractor, extractor_dim) are incomplete.") from None
+    if kind not in ("auto", "mlp", "cnn"):
+        raise ModelError(f"{where}: extractor {kind!r} is not auto, mlp or cnn.")
+    return default_extractor(kind), dim
+
+
+def fedbcd_bottoms(meta: Mapping[str, Any], where: str) -> tuple[Any, int]:
+    """``(bottom factory, out_dim)`` of FedBCD settings (``model``, ``top``, ``representation_dim``,
+    ``hidden``, ``channels``; :func:`hybridfl.models.towers.bottom_factory`).
+
+    Raises:
+        ModelError: missing settings or an unknown model or top.
+    """
+    from hybridfl.models.towers import bottom_factory
+
+    try:
+        kind, top = str(meta["model"]), str(meta["top"])
+        rep, hidden, channels = int(meta["representation_dim"]), int(meta["hidden"]), int(meta["channels"])
+    except (KeyError, TypeError, ValueError):
+        raise ModelError(
+            f"{where}: the FedBCD settings (model, top, representation_dim, ...) are incomplete."
+        ) from None
+    if kind not in ("linear", "mlp", "cnn") or top not in ("party_slice", "concat"):
+        raise ModelError(f"{where}: model {kind!r} or top {top!r} is not known.")
+    return bottom_factory(kind, rep, hidden, channels, top), (1 if kind == "linear" else rep)
 
 
 class HybridFLModel:
@@ -320,31 +381,17 @@ class HyFEMModel(HybridFLModel):
     def _build(self, blocks: Sequence[str], hidden: int, prefix: str) -> Any:
         import torch
 
-        from hybridfl.models.hybrid import HybridModel, default_extractor
+        from hybridfl.models.hybrid import HybridModel
 
-        if self.extractor not in ("auto", "mlp", "cnn"):
-            raise ModelError(f"{self._where}: extractor {self.extractor!r} is not auto, mlp or cnn.")
-        sd = {k[len(prefix) :]: v for k, v in self._tensors.items() if k.startswith(prefix)}
+        factory, _ = hyfem_extractors(self.manifest.model, self._where)
         with torch.random.fork_rng(devices=[]):
             try:
                 m = HybridModel(
-                    blocks,
-                    self.encoding.block_shapes,
-                    len(self.classes_),
-                    self.extractor_dim,
-                    hidden,
-                    default_extractor(self.extractor),
+                    blocks, self.encoding.block_shapes, len(self.classes_), self.extractor_dim, hidden, factory
                 )
             except ValueError as e:
                 raise ModelError(f"{self._where}: {e}.") from None
-        try:
-            m.load_state_dict({k: torch.from_numpy(np.array(v, dtype=np.float32)) for k, v in sd.items()}, strict=True)
-        except RuntimeError:
-            raise ModelError(
-                f"{self._where}: the weights under {prefix!r} do not fit the model the manifest describes."
-            ) from None
-        m.eval()
-        return m
+        return load_module(m, self._tensors, prefix, self._where)
 
     def model_for(self, blocks: Sequence[str] | None = None, client: str | None = None) -> Any:
         """The torch model that scores ``blocks`` (global inference when every block is given,
@@ -436,27 +483,22 @@ class FedBCDModel(HybridFLModel):
         import torch
 
         from hybridfl.algorithms.fedbcd.inputs import party_shape
-        from hybridfl.models.towers import bottom_factory, make_top
+        from hybridfl.models.towers import make_top
 
         super().__init__(manifest, tensors, path)
         if len(self.classes_) != 2:
             raise ModelError(f"{self._where}: a FedBCD model has two classes, the manifest lists {len(self.classes_)}.")
         meta = manifest.model
+        factory, out_dim = fedbcd_bottoms(meta, self._where)
         try:
-            kind, top = str(meta["model"]), str(meta["top"])
-            rep, hidden, channels = int(meta["representation_dim"]), int(meta["hidden"]), int(meta["channels"])
             self.parties = [(str(p["id"]), [str(b) for b in p["blocks"]]) for p in meta["parties"]]
         except (KeyError, TypeError, ValueError):
-            raise ModelError(f"{self._where}: the FedBCD settings (model, top, parties, ...) are incomplete.") from None
+            raise ModelError(f"{self._where}: the FedBCD settings (parties) are incomplete.") from None
         covered = [b for _, bs in self.parties for b in bs]
         if not set(covered) <= set(self.blocks) or any(len(set(bs)) != len(bs) or not bs for _, bs in self.parties):
             raise ModelError(f"{self._where}: a party's blocks are not distinct blocks of the model.")
         # a schema block no party holds is not part of the joint model: not needed to score
         self.needed = [b for b in self.blocks if b in set(covered)]
-        if kind not in ("linear", "mlp", "cnn") or top not in ("party_slice", "concat"):
-            raise ModelError(f"{self._where}: model {kind!r} or top {top!r} is not known.")
-        factory = bottom_factory(kind, rep, hidden, channels, top)
-        out_dim = 1 if kind == "linear" else rep
         self.bottoms, dims = {}, []
         with torch.random.fork_rng(devices=[]):
             for i, (pid, blocks) in enumerate(self.parties):
@@ -464,34 +506,18 @@ class FedBCDModel(HybridFLModel):
                     m = factory(i, party_shape(self.encoding.block_shapes, blocks), out_dim)
                 except ValueError as e:
                     raise ModelError(f"{self._where}: {e}.") from None
-                self._load(m, f"party.{i}.", tensors)
+                load_module(m, tensors, f"party.{i}.", self._where)
                 with torch.no_grad():
                     shape = party_shape(self.encoding.block_shapes, blocks)
                     dims.append(int(m(torch.zeros((1, *shape))).shape[1]))
                 self.bottoms[pid] = m
-            self.top = make_top(kind, dims, top, bool(meta.get("fit_intercept", True)))
-        self._load(self.top, "top.", tensors)
+            self.top = make_top(str(meta["model"]), dims, str(meta["top"]), bool(meta.get("fit_intercept", True)))
+        load_module(self.top, tensors, "top.", self._where)
         used = {k for k in tensors if k.startswith(("party.", "top.", "scale."))}
         if used != set(tensors):
             raise ModelError(
                 f"{self._where}: the weight file holds a tensor the model does not use ({sorted(set(tensors) - used)[0]!r})."
             )
-
-    def _load(self, module: Any, prefix: str, tensors: Mapping[str, np.ndarray]) -> None:
-        import torch
-
-        sd = {
-            k[len(prefix) :]: torch.from_numpy(np.array(v, dtype=np.float32))
-            for k, v in tensors.items()
-            if k.startswith(prefix)
-        }
-        try:
-            module.load_state_dict(sd, strict=True)
-        except RuntimeError:
-            raise ModelError(
-                f"{self._where}: the weights under {prefix!r} do not fit the model the manifest describes."
-            ) from None
-        module.eval()
 
     def decision_function(self, X: Any, where: str = "input") -> np.ndarray:
         """``(n,)`` logits of the joint model (every block is needed)."""
@@ -539,8 +565,3 @@ class FedBCDModel(HybridFLModel):
 
 PREDICTORS: dict[str, type[HybridFLModel]] = {"linear": LinearModel, "hyfem": HyFEMModel, "fedbcd": FedBCDModel}
 """Model kind -> its predictor class."""
-
-
-def ids_of(frame: Any, model: HybridFLModel, where: str) -> tuple[str, np.ndarray]:
-    """``(column name, IDs)`` of a table to score (:func:`hybridfl.data.encoding.frame_ids`)."""
-    return frame_ids(frame, model.encoding, where)
