@@ -487,8 +487,25 @@ def test_federated_prediction_refusals(runs, capsys, tmp_path):
     assert "\n" not in str(e.value)
     from hybridfl.runtime.messages import SERVER, Message
 
-    with pytest.raises(HybridFLError, match="twice"):
+    # b refused the changed plan: it fails closed, so the next message is refused too
+    with pytest.raises(HybridFLError, match="has stopped taking part in this request after refusing 'predict.score'"):
         orgs["b"].handle(Message("predict.hello", SERVER, "b", 0, {"to": "a"}))
+    # a fresh request: each step only in its place and once, sizes bounded, names checked
+    orgs, _ = build_orgs(model, tables, "a")
+    with pytest.raises(HybridFLError, match="its next step is 'predict.hello'"):
+        orgs["c"].handle(Message("predict.score", SERVER, "c", 0, {"plan": b"x" * 40}))
+    assert orgs["c"].stopped
+    hello = orgs["b"].handle(Message("predict.hello", SERVER, "b", 0, {"to": "a"}))
+    with pytest.raises(HybridFLError, match="its next step is 'predict.keys'"):
+        orgs["b"].handle(Message("predict.hello", SERVER, "b", 0, {"to": "a"}))
+    orgs, _ = build_orgs(model, tables, "a")
+    orgs["b"].handle(Message("predict.hello", SERVER, "b", 0, {"to": "a"}))
+    keys = {"peers": ["a", "c"], "pk.a": hello.payload["pk"], "pk.c": hello.payload["pk"], "width": 1}
+    with pytest.raises(HybridFLError, match="without a row count"):
+        orgs["b"].handle(Message("predict.keys", SERVER, "b", 0, {**keys, "n": 10**12}))
+    orgs, _ = build_orgs(model, tables, "a")
+    with pytest.raises(HybridFLError, match="not from the server to it"):
+        orgs["b"].handle(Message("predict.hello", "c", "b", 0, {"to": "a"}))
 
 
 def test_federated_predict_cli_from_client_directories(tmp_path, monkeypatch, capsys):

@@ -40,6 +40,10 @@ class EncryptionPolicyError(HybridFLError):
     another encryption scheme than its key pair's (a downgrade), or a key below the minimum size."""
 
 
+class PredictionError(HybridFLError):
+    """A federated prediction that cannot go on (a missing or malformed reply, bad input)."""
+
+
 class TrainingDiverged(HybridFLError):
     """Training produced non-finite model values (NaN or infinity); the server refused them before use."""
 

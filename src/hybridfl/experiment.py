@@ -345,39 +345,63 @@ def execute_federation(
             if created and not any(Path(out_dir).iterdir()):
                 Path(out_dir).rmdir()
         raise
-    _federated_evaluation(prep, result)
+    trained = _trained_model(prep, result)  # written and loaded once: evaluation and model directories
+    _federated_evaluation(prep, result, trained)
     result.summary["seconds_total"] = time.perf_counter() - t0
     if out_dir is not None:
-        _write_federation_model(prep, result, Path(out_dir))
+        _write_federation_model(prep, result, trained, Path(out_dir))
         write_results(out_dir, result, prep.config_dict(), {"federation": {"schema": str(prep.schema)}})
     return result
 
 
-def _federated_evaluation(prep: PreparedFederation, result: RunResult) -> None:
-    """Evaluate the trained model on the organisations' own test rows (``client prepare
-    --test-table``) by federated prediction (:func:`hybridfl.inference.federated.federated_evaluate`):
-    the label holders compute the metrics; they go into the summary and the last round's row
-    (``accuracy``, HyFEM's ``server_accuracy``, ``auc``). Nothing happens without test rows."""
+@dataclass
+class _TrainedModel:
+    """A federation run's model, loaded once for its evaluation and its model directories: the
+    loaded predictor and the schema's encoding and federated standardisation (float64)."""
+
+    model: Any
+    encoding: Any
+    scale: dict
+    dataset: str
+
+
+def _trained_model(prep: PreparedFederation, result: RunResult) -> _TrainedModel | None:
+    """The run's model (``result.model``) with the schema's encoding, written to a temporary model
+    directory and loaded back (the same checks as any model); ``None`` without one."""
     import tempfile
 
     from hybridfl.data.encoding import schema_encoding
     from hybridfl.data.federation import load_schema
     from hybridfl.inference import load_model
-    from hybridfl.inference.federated import evaluation_rows, federated_evaluate
     from hybridfl.inference.modeldir import write_model_dir
+
+    if result.model is None:
+        return None
+    schema = load_schema(prep.schema)
+    enc, scale = schema_encoding(schema)
+    with tempfile.TemporaryDirectory() as tmp:
+        write_model_dir(
+            Path(tmp) / MODEL_DIR, result.model, enc, scale, prep.algorithm.name, schema.name, {}, "float64"
+        )  # type: ignore[attr-defined]
+        return _TrainedModel(load_model(Path(tmp) / MODEL_DIR), enc, scale, schema.name)
+
+
+def _federated_evaluation(prep: PreparedFederation, result: RunResult, trained: _TrainedModel | None) -> None:
+    """Evaluate the trained model on the organisations' own test rows (``client prepare
+    --test-table``) by federated prediction (:func:`hybridfl.inference.evaluation.federated_evaluate`):
+    the label holders compute the metrics; they go into the summary and the last round's row
+    (``accuracy``, HyFEM's ``server_accuracy``, ``auc``). Nothing happens without test rows."""
+    from hybridfl.inference.evaluation import evaluation_rows, federated_evaluate
 
     rows = {}
     for cd in prep.client_data:
         got = evaluation_rows(cd.path) if cd.path is not None else None
         if got is not None:
             rows[cd.client_id] = got
-    if not rows or result.model is None:
+    if not rows or trained is None:
         return
-    enc, scale = schema_encoding(load_schema(prep.schema))
-    with tempfile.TemporaryDirectory() as tmp:
-        write_model_dir(Path(tmp) / MODEL_DIR, result.model, enc, scale, prep.algorithm.name, "", {}, "float64")  # type: ignore[attr-defined]
-        metrics = federated_evaluate(load_model(Path(tmp) / MODEL_DIR), rows)
-    if "accuracy" in metrics and result.model.kind == "hyfem":
+    metrics = federated_evaluate(trained.model, rows)
+    if "accuracy" in metrics and trained.model.kind == "hyfem":
         metrics["server_accuracy"] = metrics.pop("accuracy")
     metrics["evaluation"] = "federated"
     result.summary.update(metrics)
@@ -391,45 +415,38 @@ FedAvg's ``w``, HyFEM's server model and the models it sends each client); a Fed
 bottom model never leaves its party, so a federation writes no server-side FedBCD model."""
 
 
-def _write_federation_model(prep: PreparedFederation, result: RunResult, out: Path) -> None:
-    """``<out>/model/`` of a federation run: the server's model with the schema's encoding and
-    federated standardisation (float64, as ``client prepare`` applied it)."""
-    from hybridfl.data.encoding import schema_encoding
-    from hybridfl.data.federation import load_schema
+def _write_federation_model(
+    prep: PreparedFederation, result: RunResult, trained: _TrainedModel | None, out: Path
+) -> None:
+    """``<out>/model/`` of a federation run (the server's model, :data:`SERVER_MODEL_KINDS`) with
+    the schema's encoding and federated standardisation (float64, as ``client prepare`` applied
+    it), and every organisation's part into its own client directory (:func:`_write_org_parts`)."""
     from hybridfl.inference.modeldir import write_model_dir
 
     shutil.rmtree(out / MODEL_DIR, ignore_errors=True)
-    if result.model is None:
+    if trained is None or result.model is None:
         return
-    schema = load_schema(prep.schema)
-    enc, scale = schema_encoding(schema)
-    name = prep.algorithm.name  # type: ignore[attr-defined]
-    metrics = model_metrics(result.summary)
     if result.model.kind in SERVER_MODEL_KINDS:
-        write_model_dir(out / MODEL_DIR, result.model, enc, scale, name, schema.name, metrics, "float64")
+        name = prep.algorithm.name  # type: ignore[attr-defined]
+        metrics = model_metrics(result.summary)
+        write_model_dir(
+            out / MODEL_DIR, result.model, trained.encoding, trained.scale, name, trained.dataset, metrics, "float64"
+        )
         result.summary["model_dir"] = MODEL_DIR  # relative to the run directory
-    _write_org_parts(prep, result.model, enc, scale, name, schema.name)
+    _write_org_parts(prep, trained.model)
 
 
-def _write_org_parts(prep: PreparedFederation, parts: Any, enc: Any, scale: dict, name: str, dataset: str) -> None:
-    """Every organisation's part of the model into its own client directory (``<client>/model/``,
-    :mod:`hybridfl.inference.parts`): the weights of its blocks (FedBCD: its party's bottom model),
-    and the model's head for a label holder. A model with a FedBCD ``concat`` top has no parts
-    (federated prediction needs a summed top): nothing is written then."""
-    import tempfile
+def _write_org_parts(prep: PreparedFederation, model: Any) -> None:
+    """Every organisation's part of the loaded ``model`` into its own client directory
+    (``<client>/model/``, :mod:`hybridfl.inference.parts`): the weights of its blocks (FedBCD: its
+    party's bottom model), and the model's head for a label holder. A model with a FedBCD
+    ``concat`` top has no parts (federated prediction needs a summed top): nothing is written then."""
+    from hybridfl.inference.parts import PredictionError, model_units, write_org_part
 
-    from hybridfl.inference import load_model
-    from hybridfl.inference.federated import PredictionError, model_units
-    from hybridfl.inference.modeldir import write_model_dir
-    from hybridfl.inference.parts import write_org_part
-
-    with tempfile.TemporaryDirectory() as tmp:
-        write_model_dir(Path(tmp) / MODEL_DIR, parts, enc, scale, name, dataset, {}, "float64")
-        model = load_model(Path(tmp) / MODEL_DIR)
-        try:
-            model_units(model)
-        except PredictionError:
-            return
-        for cd in prep.client_data:
-            if cd.path is not None:
-                write_org_part(Path(cd.path) / MODEL_DIR, model, cd.client_id, list(cd.data.block_names), cd.has_labels)
+    try:
+        model_units(model)
+    except PredictionError:
+        return
+    for cd in prep.client_data:
+        if cd.path is not None:
+            write_org_part(Path(cd.path) / MODEL_DIR, model, cd.client_id, list(cd.data.block_names), cd.has_labels)

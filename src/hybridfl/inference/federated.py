@@ -2,7 +2,7 @@
 the server, their rows, their partial scores or the IDs they do not share.
 
 Every organisation holds some new rows (its own table, its own IDs) with some blocks, and only its
-own part of the trained model (:func:`org_part`): the weights of the blocks it holds (a linear
+own part of the trained model (:func:`~hybridfl.inference.parts.org_part`): the weights of the blocks it holds (a linear
 model's ``w_b``; HyFEM's extractors ``h_b`` and the server classifier's columns ``W1[:, cols_b]``
 of them; FedBCD's bottom model of the party whose blocks it holds). One organisation, the
 *receiver* (``to``; by default the label holder), asks for predictions of its rows and alone
@@ -60,7 +60,9 @@ from typing import Any
 
 import numpy as np
 
-from hybridfl.errors import HybridFLError, ProtocolError
+from hybridfl.errors import PredictionError, ProtocolError
+from hybridfl.inference.parts import OrgPart, model_units, org_part
+from hybridfl.privacy.psi import MAX_IDS
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 
 PLAN_CONTEXT = "predict plan v1"
@@ -69,129 +71,26 @@ TAG_CONTEXT = "predict tags v1"
 """The HKDF purpose of the key of the order tags in a plan."""
 MASK_TAG = 1
 """The secure-aggregation exchange tag (keys are fresh for every request, so one tag suffices)."""
-
-
-class PredictionError(HybridFLError):
-    """A federated prediction that cannot go on (a missing or malformed reply, bad input): one sentence."""
-
-
-# ------------------------------------------------------------------------------------ model parts
-
-
-@dataclass
-class OrgPart:
-    """What one organisation holds of a model for federated prediction.
-
-    Attributes:
-        kind: the model kind (``linear``, ``hyfem``, ``fedbcd``).
-        units: the units it can contribute, in global order (block names; FedBCD: party IDs).
-        unit_blocks: unit -> its blocks.
-        width: the width of a part (1; HyFEM: the server classifier's hidden width ``H``).
-        weights: unit -> what computing its part needs (``w_b``; ``(extractor, W1[:, cols_b])``;
-            a FedBCD bottom model).
-        head: the receiver's shared parameters (``None`` for the others).
-    """
-
-    kind: str
-    units: list[str]
-    unit_blocks: dict[str, list[str]]
-    width: int
-    weights: dict[str, Any]
-    head: dict[str, Any] | None = None
-
-    def contributions(self, xs: Mapping[str, np.ndarray], unit: str, rows: np.ndarray) -> np.ndarray:
-        """``(len(rows), width)`` float64: the part of ``unit`` on the rows ``rows`` of the
-        organisation's encoded blocks ``xs``."""
-        import torch
-
-        if self.kind == "linear":
-            b = self.unit_blocks[unit][0]
-            x = xs[b][rows].reshape(len(rows), -1).astype(np.float64)
-            return (x @ self.weights[unit])[:, None]
-        if self.kind == "hyfem":
-            b = self.unit_blocks[unit][0]
-            extractor, w1 = self.weights[unit]
-            with torch.inference_mode():
-                h = extractor(torch.from_numpy(np.ascontiguousarray(xs[b][rows]))).numpy().astype(np.float64)
-            return h @ w1.T
-        from hybridfl.algorithms.fedbcd.inputs import party_input
-        from hybridfl.data.dataset import HybridDataset
-
-        blocks = self.unit_blocks[unit]
-        sub = {b: xs[b][rows] for b in blocks}
-        ds = HybridDataset._trusted("x", np.arange(len(rows)).astype(str), np.zeros(len(rows), np.int64), sub, [])
-        with torch.inference_mode():
-            return self.weights[unit](torch.from_numpy(party_input(ds, blocks))).numpy().astype(np.float64)
-
-    def apply_head(self, s: np.ndarray) -> np.ndarray:
-        """The model's raw output from the sums ``S`` ``(n, width)``: margins ``(n,)`` (linear),
-        logits ``(n, C)`` (HyFEM) or ``(n,)`` (FedBCD)."""
-        h = self.head or {}
-        if self.kind == "linear":
-            return s[:, 0] + h["intercept"]
-        if self.kind == "fedbcd":
-            return s[:, 0] + h["bias"]
-        a = np.maximum(s + h["b1"], 0.0)
-        return a @ h["W2"].T + h["b2"]
-
-
-def model_units(model: Any) -> dict[str, list[str]]:
-    """The units of a loaded model, in global order: unit -> its blocks (a block each for linear
-    and HyFEM models; a FedBCD party's blocks).
-
-    Raises:
-        PredictionError: a FedBCD model whose top is not a sum (``top: concat``).
-    """
-    if model.kind == "fedbcd":
-        from hybridfl.models.towers import SumTop
-
-        if not isinstance(model.top, SumTop):
-            raise PredictionError(
-                "federated prediction needs FedBCD's top to be a sum of the parties' outputs (top: party_slice or "
-                "model: linear); this model's top layer takes every party's representation (top: concat)."
-            )
-        return {pid: list(blocks) for pid, blocks in model.parties}
-    return {b: [b] for b in model.blocks}
-
-
-def org_part(model: Any, blocks: Sequence[str], receiver: bool) -> OrgPart:
-    """The part of ``model`` an organisation holding ``blocks`` keeps (see :class:`OrgPart`): the
-    units all of whose blocks it holds, and the head if it is the receiver."""
-    units = model_units(model)
-    held = set(blocks)
-    mine = [u for u, bl in units.items() if set(bl) <= held]
-    weights: dict[str, Any] = {}
-    head: dict[str, Any] | None = None
-    if model.kind == "linear":
-        weights = {u: model.w[u].astype(np.float64) for u in mine}
-        width = 1
-        head = {"intercept": float(model.intercept)} if receiver else None
-    elif model.kind == "hyfem":
-        from hybridfl.models.hybrid import block_columns
-
-        g = model.global_model
-        w1 = g.classifier.fc1.weight.detach().numpy().astype(np.float64)
-        width = int(w1.shape[0])
-        for u in mine:
-            cols = block_columns([u], model.blocks, model.extractor_dim)
-            weights[u] = (g.extractors[u], w1[:, cols].copy())
-        if receiver:
-            c = g.classifier
-            head = {
-                "b1": c.fc1.bias.detach().numpy().astype(np.float64),
-                "W2": c.fc2.weight.detach().numpy().astype(np.float64),
-                "b2": c.fc2.bias.detach().numpy().astype(np.float64),
-            }
-    else:
-        weights = {u: model.bottoms[u] for u in mine}
-        width = 1
-        if receiver:
-            bias = model.top.bias
-            head = {"bias": float(bias.detach().numpy()[0]) if bias is not None else 0.0}
-    return OrgPart(model.kind, mine, {u: units[u] for u in mine}, width, weights, head)
+STEPS = {
+    True: ("predict.hello", "predict.keys", "predict.psi_request", "predict.plan", "predict.combine"),
+    False: ("predict.hello", "predict.keys", "predict.psi_serve", "predict.score"),
+}
+"""The messages an organisation answers, in order, as the receiver (``True``) or not."""
 
 
 # ------------------------------------------------------------------------------------ organisation
+
+
+def _names(msg: Message, key: str, org: str) -> list[str]:
+    """``msg.payload[key]`` as a list of names (missing: none).
+
+    Raises:
+        ProtocolError: not a list of strings.
+    """
+    v = msg.payload.get(key, [])
+    if not isinstance(v, list) or not all(isinstance(u, str) for u in v):
+        raise ProtocolError(f"organisation {org!r} got {key!r} that is not a list of names.")
+    return list(v)
 
 
 def _seal(key: bytes, data: bytes) -> bytes:
@@ -221,7 +120,7 @@ class PredictOrg:
         org_id: its name.
         ids: ``(n_k,)`` the IDs of its new rows.
         xs: its encoded blocks of those rows (block -> ``(n_k, *shape)`` float32).
-        part: its part of the model (:func:`org_part`).
+        part: its part of the model (:func:`~hybridfl.inference.parts.org_part`).
         receiver: the receiver's name.
 
     After ``predict.combine`` the receiver holds :attr:`raw` (``(n, ...)`` the model's raw output
@@ -238,73 +137,90 @@ class PredictOrg:
     width: int = 1
     peers: list[str] = field(default_factory=list)
     _psi: Any = None
+    _sk: bytes = b""
     _own_masked: np.ndarray | None = None
     raw: np.ndarray | None = None
     scored: np.ndarray | None = None
-    done: set = field(default_factory=set)
+    done: list = field(default_factory=list)
+    stopped: str = ""
 
     @property
     def is_receiver(self) -> bool:
         """Whether this organisation asked for the predictions."""
         return self.org_id == self.receiver
 
-    def _once(self, msg: Message) -> None:
-        if msg.kind in self.done:
-            raise ProtocolError(f"organisation {self.org_id!r} was sent {msg.kind!r} twice in one request.")
-        self.done.add(msg.kind)
-
     def handle(self, msg: Message) -> Message:
-        """Answer one server message of the protocol (module docs).
+        """Answer one server message of the protocol (module docs): each kind only in its role's
+        place (:data:`STEPS`), once. A refusal stops the organisation for this request (it fails
+        closed: every later message is refused), so a refusal tells the server one bit.
 
         Raises:
-            ProtocolError: a message out of order, twice, or malformed (one sentence).
+            ProtocolError: a message from another party, out of order, twice, or malformed, or
+                any message after a refusal (one sentence).
         """
+        if self.stopped:
+            raise ProtocolError(
+                f"organisation {self.org_id!r} has stopped taking part in this request after refusing {self.stopped}."
+            )
+        try:
+            steps = STEPS[self.is_receiver]
+            if msg.sender != SERVER or msg.receiver != self.org_id:
+                raise ProtocolError(f"organisation {self.org_id!r} got a message not from the server to it.")
+            if len(self.done) >= len(steps) or msg.kind != steps[len(self.done)]:
+                raise ProtocolError(
+                    f"organisation {self.org_id!r} does not answer {msg.kind!r} here: its next step is "
+                    f"{steps[len(self.done)] if len(self.done) < len(steps) else 'none'!r} (each is answered once)."
+                )
+            self.done.append(msg.kind)
+            return self._step(msg)
+        except ProtocolError:
+            self.stopped = repr(msg.kind)
+            raise
+
+    def _step(self, msg: Message) -> Message:
         from hybridfl.privacy.secagg import SecAggClient
 
-        if msg.sender != SERVER or msg.receiver != self.org_id:
-            raise ProtocolError(f"organisation {self.org_id!r} got a message not from the server to it.")
-        self._once(msg)
         if msg.kind == "predict.hello":
-            self.secagg = SecAggClient(self.org_id, ["scores"], [1])
+            from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+            self._sk = X25519PrivateKey.generate().private_bytes_raw()  # fresh for this request
+            self.secagg = SecAggClient(self.org_id, ["scores"], [1], private=self._sk)
             out: dict[str, Any] = {"pk": self.secagg.public_bytes(), "units": list(self.part.units)}
             if self.is_receiver:
                 out.update(n=len(self.ids), width=self.part.width)
             return msg.reply(**out)
         if msg.kind == "predict.keys":
             return self._keys(msg)
-        if msg.kind == "predict.psi_request" and self.is_receiver:
+        if msg.kind == "predict.psi_request":
             from hybridfl.privacy.psi import PSIClient
 
             self._psi = PSIClient(list(self.ids), workers=1)
             return msg.reply(request=self._psi.request())
-        if msg.kind == "predict.psi_serve" and not self.is_receiver:
+        if msg.kind == "predict.psi_serve":
             from hybridfl.privacy.psi import PSIServer
 
             req = msg.payload.get("request")
             server = PSIServer(list(self.ids), workers=1)
             return msg.reply(setup=server.setup(), response=server.respond(req, max_ids=max(self.n, 1)))
-        if msg.kind == "predict.plan" and self.is_receiver:
+        if msg.kind == "predict.plan":
             return self._plan(msg)
-        if msg.kind == "predict.score" and not self.is_receiver:
+        if msg.kind == "predict.score":
             return self._score(msg)
-        if msg.kind == "predict.combine" and self.is_receiver:
-            return self._combine(msg)
-        raise ProtocolError(f"organisation {self.org_id!r} does not answer {msg.kind!r} in its role.")
+        return self._combine(msg)
 
     def _keys(self, msg: Message) -> Message:
         from hybridfl.privacy.secagg import SecAggClient
 
         peers = [str(p) for p in msg.payload.get("peers", [])]
         n, width = msg.payload.get("n"), msg.payload.get("width")
-        if not isinstance(n, int) or not isinstance(width, int) or n < 1 or width < 1:
-            raise ProtocolError(f"organisation {self.org_id!r} got predict.keys without a valid size.")
-        if self.is_receiver and (n != len(self.ids) or width != self.part.width):
-            raise ProtocolError(f"organisation {self.org_id!r} got another size than it sent.")
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_IDS:
+            raise ProtocolError(f"organisation {self.org_id!r} got predict.keys without a row count in [1, {MAX_IDS}].")
+        if width != self.part.width or (self.is_receiver and n != len(self.ids)):
+            raise ProtocolError(f"organisation {self.org_id!r} got another size than the request's.")
         if self.org_id in peers or len(set(peers)) != len(peers) or self.receiver not in peers + [self.org_id]:
             raise ProtocolError(f"organisation {self.org_id!r} got a peer list that is not the request's.")
         self.n, self.width, self.peers = n, width, peers
-        sk = self.secagg._sk.private_bytes_raw()
-        self.secagg = SecAggClient(self.org_id, ["scores"], [n * width], private=sk)
+        self.secagg = SecAggClient(self.org_id, ["scores"], [n * width], private=self._sk)
         self.secagg.set_peers({p: (msg.payload.get(f"pk.{p}"), ["scores"]) for p in peers})
         return msg.reply()
 
@@ -318,8 +234,12 @@ class PredictOrg:
             h = np.zeros(self.n, dtype=bool)
             h[rows] = True
             holds[k] = h
-        units = msg.payload.get("all_units", [])
-        org_units = {k: set(msg.payload.get(f"units.{k}", [])) for k in others}
+        units = _names(msg, "all_units", self.org_id)
+        org_units = {k: set(_names(msg, f"units.{k}", self.org_id)) for k in others}
+        if len(set(units)) != len(units):
+            raise ProtocolError(f"organisation {self.org_id!r} got a plan request repeating a unit.")
+        if any(not u <= set(units) for u in org_units.values()) or not set(self.part.units) <= set(units):
+            raise ProtocolError(f"organisation {self.org_id!r} got a plan request naming units outside the model's.")
         org_units[self.org_id] = set(self.part.units)
         order = [self.org_id, *others]
         chosen = {k: np.zeros((self.n, len(units)), dtype=bool) for k in order}
@@ -481,7 +401,7 @@ def federated_predict(
 
     Args:
         model: a loaded model (:func:`~hybridfl.inference.load_model`); each organisation keeps
-            only its part (:func:`org_part`).
+            only its part (:func:`~hybridfl.inference.parts.org_part`).
         tables: organisation -> its new rows (a pandas DataFrame with the model's ID column and
             the columns of the blocks it holds), in organisation order.
         receiver: the organisation that asks and receives.
@@ -572,83 +492,3 @@ def build_orgs(
     if not any(orgs[o].part.units for o in orgs):
         raise PredictionError("no organisation holds a whole unit of the model's blocks.")
     return orgs, id_names
-
-
-# ------------------------------------------------------------------------------------ evaluation
-
-
-def evaluation_rows(client_dir: str | Any) -> tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None] | None:
-    """An organisation's own test rows (``client prepare --test-table``, ``evaluation/``):
-    ``(ids, blocks (encoded and standardised as its training rows), labels or None)``, or
-    ``None`` when it kept none. A label holder's rows without a label are left out."""
-    import json
-    from pathlib import Path
-
-    from hybridfl.data.export import _read_dataset_dir
-    from hybridfl.data.prepare import EVAL_DIR
-
-    d = Path(client_dir) / EVAL_DIR
-    if not (d / "blocks.json").is_file():
-        return None
-    meta = json.loads((Path(client_dir) / "client.json").read_text())
-    has = bool(meta.get("has_labels"))
-    ds, _ = _read_dataset_dir(d, str(meta.get("dataset", "")), [str(c) for c in meta["classes"]], has)
-    return ds.ids, {b: np.asarray(ds.blocks[b]) for b in ds.block_names}, (ds.y if has else None)
-
-
-def federated_evaluate(
-    model: Any, rows: Mapping[str, tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]]
-) -> dict[str, Any]:
-    """Federated evaluation: every organisation holding labelled test rows is in turn the receiver
-    of a federated prediction of its rows (the others contribute their blocks of those samples,
-    found by PSI) and computes the metrics itself; labels and scores never leave it. Returns the
-    pooled ``accuracy`` (weighted by rows), the weighted mean ``auc`` (where defined),
-    ``test_samples`` (rows scored), ``test_unscored`` (rows no organisation could complete),
-    ``evaluation_messages`` and ``evaluation_bytes``.
-
-    Args:
-        model: the loaded model.
-        rows: organisation -> its :func:`evaluation_rows` (already encoded and standardised).
-
-    Raises:
-        PredictionError: no organisation holds labelled test rows, or an exchange failed.
-    """
-    from hybridfl.runtime.transport import InProcessTransport
-
-    receivers = [n for n, (_, _, y) in rows.items() if y is not None and len(y)]
-    if not receivers:
-        raise PredictionError("no organisation holds labelled test rows (client prepare --test-table).")
-    all_units = list(model_units(model))
-    acc_n = auc_n = scored_total = unscored_total = messages = nbytes = 0
-    acc_sum = auc_sum = 0.0
-    for r in receivers:
-        orgs = {
-            n: PredictOrg(n, ids, xs, org_part(model, list(xs), n == r), r)
-            for n, (ids, xs, _) in rows.items()
-            if len(ids)
-        }
-        transport = InProcessTransport(orgs)  # type: ignore[arg-type]
-        counts = run_prediction(transport, list(orgs), r, all_units)
-        messages += transport.log.messages_total
-        nbytes += transport.log.bytes_total
-        org = orgs[r]
-        scored_total += counts["scored"]
-        unscored_total += counts["unscored"]
-        if not org.scored.any():
-            continue
-        m = model.metrics(org.raw[org.scored], np.asarray(rows[r][2])[org.scored])
-        k = int(m["n_labelled"])
-        acc_sum, acc_n = acc_sum + m["accuracy"] * k, acc_n + k
-        if "auc" in m:
-            auc_sum, auc_n = auc_sum + m["auc"] * k, auc_n + k
-    out: dict[str, Any] = {
-        "test_samples": scored_total,
-        "test_unscored": unscored_total,
-        "evaluation_messages": messages,
-        "evaluation_bytes": nbytes,
-    }
-    if acc_n:
-        out["accuracy"] = acc_sum / acc_n
-    if auc_n:
-        out["auc"] = auc_sum / auc_n
-    return out

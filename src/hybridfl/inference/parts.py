@@ -24,8 +24,121 @@ from typing import Any
 
 import numpy as np
 
-from hybridfl.inference.federated import OrgPart, org_part
+from hybridfl.errors import PredictionError
 from hybridfl.inference.modeldir import ModelError, ModelParts, read_model_dir, write_model_dir
+
+
+@dataclass
+class OrgPart:
+    """What one organisation holds of a model for federated prediction.
+
+    Attributes:
+        kind: the model kind (``linear``, ``hyfem``, ``fedbcd``).
+        units: the units it can contribute, in global order (block names; FedBCD: party IDs).
+        unit_blocks: unit -> its blocks.
+        width: the width of a part (1; HyFEM: the server classifier's hidden width ``H``).
+        weights: unit -> what computing its part needs (``w_b``; ``(extractor, W1[:, cols_b])``;
+            a FedBCD bottom model).
+        head: the receiver's shared parameters (``None`` for the others).
+    """
+
+    kind: str
+    units: list[str]
+    unit_blocks: dict[str, list[str]]
+    width: int
+    weights: dict[str, Any]
+    head: dict[str, Any] | None = None
+
+    def contributions(self, xs: Mapping[str, np.ndarray], unit: str, rows: np.ndarray) -> np.ndarray:
+        """``(len(rows), width)`` float64: the part of ``unit`` on the rows ``rows`` of the
+        organisation's encoded blocks ``xs``."""
+        import torch
+
+        if self.kind == "linear":
+            b = self.unit_blocks[unit][0]
+            x = xs[b][rows].reshape(len(rows), -1).astype(np.float64)
+            return (x @ self.weights[unit])[:, None]
+        if self.kind == "hyfem":
+            b = self.unit_blocks[unit][0]
+            extractor, w1 = self.weights[unit]
+            with torch.inference_mode():
+                h = extractor(torch.from_numpy(np.ascontiguousarray(xs[b][rows]))).numpy().astype(np.float64)
+            return h @ w1.T
+        from hybridfl.algorithms.fedbcd.inputs import party_input
+        from hybridfl.data.dataset import HybridDataset
+
+        blocks = self.unit_blocks[unit]
+        sub = {b: xs[b][rows] for b in blocks}
+        ds = HybridDataset._trusted("x", np.arange(len(rows)).astype(str), np.zeros(len(rows), np.int64), sub, [])
+        with torch.inference_mode():
+            return self.weights[unit](torch.from_numpy(party_input(ds, blocks))).numpy().astype(np.float64)
+
+    def apply_head(self, s: np.ndarray) -> np.ndarray:
+        """The model's raw output from the sums ``S`` ``(n, width)``: margins ``(n,)`` (linear),
+        logits ``(n, C)`` (HyFEM) or ``(n,)`` (FedBCD)."""
+        h = self.head or {}
+        if self.kind == "linear":
+            return s[:, 0] + h["intercept"]
+        if self.kind == "fedbcd":
+            return s[:, 0] + h["bias"]
+        a = np.maximum(s + h["b1"], 0.0)
+        return a @ h["W2"].T + h["b2"]
+
+
+def model_units(model: Any) -> dict[str, list[str]]:
+    """The units of a loaded model, in global order: unit -> its blocks (a block each for linear
+    and HyFEM models; a FedBCD party's blocks).
+
+    Raises:
+        PredictionError: a FedBCD model whose top is not a sum (``top: concat``).
+    """
+    if model.kind == "fedbcd":
+        from hybridfl.models.towers import SumTop
+
+        if not isinstance(model.top, SumTop):
+            raise PredictionError(
+                "federated prediction needs FedBCD's top to be a sum of the parties' outputs (top: party_slice or "
+                "model: linear); this model's top layer takes every party's representation (top: concat)."
+            )
+        return {pid: list(blocks) for pid, blocks in model.parties}
+    return {b: [b] for b in model.blocks}
+
+
+def org_part(model: Any, blocks: Sequence[str], receiver: bool) -> OrgPart:
+    """The part of ``model`` an organisation holding ``blocks`` keeps (see :class:`OrgPart`): the
+    units all of whose blocks it holds, and the head if it is the receiver."""
+    units = model_units(model)
+    held = set(blocks)
+    mine = [u for u, bl in units.items() if set(bl) <= held]
+    weights: dict[str, Any] = {}
+    head: dict[str, Any] | None = None
+    if model.kind == "linear":
+        weights = {u: model.w[u].astype(np.float64) for u in mine}
+        width = 1
+        head = {"intercept": float(model.intercept)} if receiver else None
+    elif model.kind == "hyfem":
+        from hybridfl.models.hybrid import block_columns
+
+        g = model.global_model
+        w1 = g.classifier.fc1.weight.detach().numpy().astype(np.float64)
+        width = int(w1.shape[0])
+        for u in mine:
+            cols = block_columns([u], model.blocks, model.extractor_dim)
+            weights[u] = (g.extractors[u], w1[:, cols].copy())
+        if receiver:
+            c = g.classifier
+            head = {
+                "b1": c.fc1.bias.detach().numpy().astype(np.float64),
+                "W2": c.fc2.weight.detach().numpy().astype(np.float64),
+                "b2": c.fc2.bias.detach().numpy().astype(np.float64),
+            }
+    else:
+        weights = {u: model.bottoms[u] for u in mine}
+        width = 1
+        if receiver:
+            bias = model.top.bias
+            head = {"bias": float(bias.detach().numpy()[0]) if bias is not None else 0.0}
+    return OrgPart(model.kind, mine, {u: units[u] for u in mine}, width, weights, head)
 
 
 def _state(module: Any, prefix: str) -> dict[str, np.ndarray]:
@@ -100,7 +213,7 @@ def load_org_part(path: str | Path) -> LoadedPart:
     """
     import torch
 
-    from hybridfl.inference.predictors import PREDICTORS
+    from hybridfl.inference.predictors import PREDICTORS, fedbcd_bottoms, hyfem_extractors, load_module
 
     manifest, tensors = read_model_dir(path)
     where = f"model part {str(path)!r}"
@@ -127,42 +240,16 @@ def load_org_part(path: str | Path) -> LoadedPart:
             if kind == "linear":
                 weights[u] = _tensor(tensors, f"unit.{i}.w", (int(np.prod(shapes[u])),), where).astype(np.float64)
                 continue
-            prefix = f"unit.{i}.extractor." if kind == "hyfem" else f"unit.{i}.bottom."
             if kind == "hyfem":
-                from hybridfl.models.hybrid import default_extractor
-
-                e = int(meta["extractor_dim"])
-                module = default_extractor(str(meta["extractor"]))(u, tuple(shapes[u]), e)
+                factory, e = hyfem_extractors(meta, where)
+                extractor = load_module(factory(u, tuple(shapes[u]), e), tensors, f"unit.{i}.extractor.", where)
+                weights[u] = (extractor, _tensor(tensors, f"unit.{i}.w1", (width, e), where).astype(np.float64))
             else:
                 from hybridfl.algorithms.fedbcd.inputs import party_shape
-                from hybridfl.models.towers import bottom_factory
 
-                factory = bottom_factory(
-                    str(meta["model"]),
-                    int(meta["representation_dim"]),
-                    int(meta["hidden"]),
-                    int(meta["channels"]),
-                    str(meta["top"]),
-                )
-                out_dim = 1 if meta["model"] == "linear" else int(meta["representation_dim"])
-                module = factory(all_units.index(u), party_shape(shapes, parties[u]), out_dim)
-            sd = {
-                k[len(prefix) :]: torch.from_numpy(np.array(v, dtype=np.float32))
-                for k, v in tensors.items()
-                if k.startswith(prefix)
-            }
-            try:
-                module.load_state_dict(sd, strict=True)
-            except RuntimeError:
-                raise ModelError(
-                    f"{where}: the weights of unit {u!r} do not fit the model the manifest describes."
-                ) from None
-            module.eval()
-            if kind == "hyfem":
-                e = int(meta["extractor_dim"])
-                weights[u] = (module, _tensor(tensors, f"unit.{i}.w1", (width, e), where).astype(np.float64))
-            else:
-                weights[u] = module
+                factory, out_dim = fedbcd_bottoms(meta, where)
+                bottom = factory(all_units.index(u), party_shape(shapes, parties[u]), out_dim)
+                weights[u] = load_module(bottom, tensors, f"unit.{i}.bottom.", where)
     head = None
     if info.get("head"):
         if kind == "linear":
