@@ -3,7 +3,7 @@ completes; time per round reported").
 
 MNIST binary (digits 0-4 -> -1, 5-9 -> +1; all 60,000 training rows x 784 pixels in [0, 1], 49
 tiles of 4 x 4), hinge loss, lambda = 1e-3 (the settings of ``examples/configs/hyfdca_mnist.yaml``
-and ``benchmarks/hyfdca_bench.py``), partitioned by :class:`~hybridfl.data.partitioners.GridPartitioner`
+and ``python -m benchmarks.hyfdca bench``), partitioned by :class:`~hybridfl.data.partitioners.GridPartitioner`
 into ``S`` sample groups x ``F`` block groups, one client per cell (HyFDCA Fig. 2; default 10 x 10
 = 100 clients, each 6,000 samples x 4-5 tiles), against the same mode on a 3 x 3 grid (9 clients).
 
@@ -44,25 +44,25 @@ Settings (``--only`` picks some; results are merged into the existing JSON):
   the same subsample with ``alignment: plaintext``.
 
 All runs but ``psi_*``: ``alignment: plaintext`` (the paper's setting; the default ``psi`` gives the
-same segments and rounds and costs setup time only, ``benchmarks/hyfdca_psi.py``, and at 100 clients
+same segments and rounds and costs setup time only, ``python -m benchmarks.privacy_cost hyfdca-psi``, and at 100 clients
 that setup would dominate), secure aggregation on (the default, as in the example), full
 participation, ``average_last: 0`` (the last iterate), seed 0.
 
 Run (single-threaded, one setting at a time; the default set about 25 minutes at load 5, the
 others about 20 minutes together)::
 
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py --rounds 50
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid --rounds 50
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid \\
         --only ckks_segment_10x10,ckks_segment_3x3,ckks_segment_masked_10x10,ckks_segment_masked_3x3 --ckks-rounds 2
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid \\
         --only profile_block_10x10,profile_block_3x3,cli_10x10
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid \\
         --only block_long_10x10 --long-rounds 200 --timeout 3000
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid \\
         --only psi_10x10_n1000,psi_plain_10x10_n1000 --psi-samples 1000
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid \\
         --only psi_10x10_n3000 --psi-samples 3000 --timeout 2400
-    .venv/bin/python benchmarks/hyfdca_grid.py --report-only     # rewrite the .md from the .json
+    .venv/bin/python -m benchmarks.hyfdca_grid --report-only     # rewrite the .md from the .json
 
 Writes ``benchmarks/results/hyfdca_grid.json`` and ``hyfdca_grid.md``.
 """
@@ -368,7 +368,8 @@ def run_setting(name: str, spec: dict, a: argparse.Namespace) -> dict:
         res = Path(tmp) / "result.json"
         cmd = [
             sys.executable,
-            __file__,
+            "-m",
+            "benchmarks.hyfdca_grid",
             "--child",
             json.dumps(spec),
             "--child-out",
@@ -380,7 +381,7 @@ def run_setting(name: str, spec: dict, a: argparse.Namespace) -> dict:
         ]
         t = time.perf_counter()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
         except subprocess.TimeoutExpired:
             return {"status": "timed out", "timeout_seconds": a.timeout, "load_average": load()}
         wall = time.perf_counter() - t
@@ -429,7 +430,7 @@ def main() -> None:
             print(time.strftime("%H:%M:%S"), name, "...", flush=True)
             r = run_setting(name, spec, a)
             r["command"] = (
-                "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py "
+                "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid "
                 f"--sample-groups {a.sample_groups} --block-groups {a.block_groups} --rounds {a.rounds} "
                 f"--ckks-rounds {a.ckks_rounds} --long-rounds {a.long_rounds} --eval-every {a.eval_every} "
                 f"--psi-samples {a.psi_samples} "
@@ -475,7 +476,7 @@ def report(res: dict) -> str:
     lines = [
         "# HyFDCA on a 10 x 10 grid (100 clients), MNIST binary (issue 17)",
         "",
-        "Written by `benchmarks/hyfdca_grid.py` (commands per row in `hyfdca_grid.json`). MNIST 0-4 vs 5-9, "
+        "Written by `python -m benchmarks.hyfdca_grid` (commands per row in `hyfdca_grid.json`). MNIST 0-4 vs 5-9, "
         "60,000 x 784, 49 tiles, hinge, lambda = 1e-3; `alignment: plaintext` (the paper's setting: "
         "PSI alignment at 100 clients would dominate the setup, see below), secure aggregation on (default), "
         "full participation, last iterate. Each setting in its own single-threaded process, the clients "

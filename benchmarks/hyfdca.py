@@ -1,28 +1,57 @@
-"""HyFDCA benchmarks: convergence to the centralised optimum on MNIST binary, credit default and
+"""HyFDCA benchmarks: convergence to the centralised optimum, hybrid FedAvg learning rates, failures, CKKS and Paillier cost.
+
+Run from the repository root, one part at a time: ``python -m benchmarks.hyfdca PART [options]``.
+
+Part ``bench``
+--------------
+
+HyFDCA benchmarks: convergence to the centralised optimum on MNIST binary, credit default and
 Adult (3 x 3 grids), hybrid FedAvg with a tuned learning rate, CKKS vs plaintext, Paillier
 extrapolation.
 
 Run one part at a time (2-core machine; every part is single-threaded and bounded)::
 
-    .venv/bin/python benchmarks/hyfdca_bench.py --part credit
-    .venv/bin/python benchmarks/hyfdca_bench.py --part adult
-    .venv/bin/python benchmarks/hyfdca_bench.py --part mnist --rounds 150
-    .venv/bin/python benchmarks/hyfdca_bench.py --part encryption
-    .venv/bin/python benchmarks/hyfdca_bench.py --part encryption_plot --rounds 30
-    .venv/bin/python benchmarks/hyfdca_bench.py --part paillier
-    .venv/bin/python benchmarks/hyfdca_bench.py --part encryption --rounds 3 --dual-mode segment --batch-size 128
+    .venv/bin/python -m benchmarks.hyfdca bench --part credit
+    .venv/bin/python -m benchmarks.hyfdca bench --part adult
+    .venv/bin/python -m benchmarks.hyfdca bench --part mnist --rounds 150
+    .venv/bin/python -m benchmarks.hyfdca bench --part encryption
+    .venv/bin/python -m benchmarks.hyfdca bench --part encryption_plot --rounds 30
+    .venv/bin/python -m benchmarks.hyfdca bench --part paillier
+    .venv/bin/python -m benchmarks.hyfdca bench --part encryption --rounds 3 --dual-mode segment --batch-size 128
 
 HyFDCA's time to 1e-3 against liblinear and the CKKS/plaintext round ratio, side by side in one
-run: ``benchmarks/hyfdca_speed.py``.
+run: ``python -m benchmarks.hyfdca_speed``.
 
 Each part writes ``benchmarks/results/hyfdca_<part>.json`` (numbers, settings, per-round
 histories of the key metrics) and, for the convergence parts, ``hyfdca_<part>.png``.
+
+Part ``failures``
+-----------------
+
+HyFDCA with clients failing mid-round (issue "Reliability": relative suboptimality at 30 %
+failures on MNIST binary). Same problems as ``benchmarks.hyfdca bench`` (3 x 3 grid, hinge, lambda 1e-3);
+each selected client fails with probability ``--rate`` per round (it does its work, its replies
+never arrive). Writes ``benchmarks/results/hyfdca_failures_<dataset>.json`` and prints a table row.
+
+    .venv/bin/python -m benchmarks.hyfdca failures --dataset mnist --rounds 100 --rate 0.3
+
+Part ``fedavg-lr``
+------------------
+
+Hybrid FedAvg learning-rate sweep beyond the grid of ``benchmarks.hyfdca bench`` (whose best lr, 0.3,
+was at the grid's upper edge), compared with the HyFDCA history already in
+``benchmarks/results/hyfdca_<dataset>.json``.
+
+    .venv/bin/python -m benchmarks.hyfdca fedavg-lr --dataset mnist --lrs 1,3,10 --rounds 100 --eval-every 5
+
+Writes ``benchmarks/results/hyfdca_fedavg_lr_<dataset>.json``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -34,6 +63,8 @@ from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
 from hybridfl.data import load_adult, load_credit_default, load_mnist, standardize
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.simulation import single_threaded
+
+# ======================================== part bench
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -375,7 +406,7 @@ def paillier(n_values: int = 200) -> dict:
     }
 
 
-def main() -> None:
+def main_bench() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument(
         "--part",
@@ -455,7 +486,7 @@ def main() -> None:
             res = paillier()
     res["benchmark_seconds"] = time.perf_counter() - t
     res["command"] = (
-        f".venv/bin/python benchmarks/hyfdca_bench.py --part {a.part} --rounds {a.rounds} --eval-every {a.eval_every} --lrs {a.lrs}"
+        f".venv/bin/python -m benchmarks.hyfdca bench --part {a.part} --rounds {a.rounds} --eval-every {a.eval_every} --lrs {a.lrs}"
         + (f" --sigma {a.sigma:g}" if a.sigma else "")
         + (f" --dual-mode {a.dual_mode}" if a.dual_mode != "block" else "")
         + (f" --segment-schedule {a.segment_schedule} --batch-size {a.batch_size}" if a.dual_mode == "segment" else "")
@@ -469,6 +500,140 @@ def main() -> None:
         tag = "" if a.dual_mode == "block" else f"_{a.dual_mode}_b{a.batch_size}"
     (OUT / f"hyfdca_{a.part}{tag}.json").write_text(json.dumps(res, indent=1, default=float))
     print(json.dumps({k: v for k, v in res.items() if k not in ("runs",)}, indent=1, default=float)[:3000])
+
+
+# ======================================== part failures
+
+
+def main_failures() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--dataset", default="mnist", choices=["mnist", "credit", "adult"])
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--rates", default="0,0.3", help="comma-separated failure rates")
+    ap.add_argument("--eval-every", type=int, default=5)
+    ap.add_argument("--loss", default="hinge", choices=["hinge", "logistic", "squared"])
+    ap.add_argument("--sigma", type=float, default=None, help="sigma' (default: the number of clients, or of segments)")
+    ap.add_argument("--dual-mode", default="block", choices=["block", "consensus", "segment"])
+    ap.add_argument("--participation", type=float, default=1.0, help="share of clients selected per round")
+    args = ap.parse_args()
+    split, pos, lam = dataset(args.dataset)
+    part = GridPartitioner(3, 3, 1, 0).partition(split.train)
+    out: dict = {
+        "dataset": args.dataset,
+        "loss": args.loss,
+        "sigma": args.sigma,
+        "dual_mode": args.dual_mode,
+        "participation": args.participation,
+        "lambda": lam,
+        "grid": "3 x 3 = 9 clients",
+        "rounds": args.rounds,
+        "runs": {},
+        "command": " ".join([".venv/bin/python", *sys.argv]),
+    }
+    for rate in (float(r) for r in args.rates.split(",")):
+        cfg = HyFDCAConfig(
+            fit_intercept=False,
+            lam=lam,
+            loss=args.loss,
+            sigma=args.sigma,
+            rounds=args.rounds,
+            positive_classes=pos,
+            eval_every=args.eval_every,
+            failure_rate=rate,
+            dual_mode=args.dual_mode,
+            participation=args.participation,
+        )
+        t = time.perf_counter()
+        with single_threaded():
+            res = run_hyfdca(split, part, cfg, seed=0)
+        s = res.summary
+        h = first_round_below(res.history, 1e-3)
+        out["runs"][f"failure_rate_{rate:g}"] = {
+            "failure_rate": rate,
+            "client_failures": s["client_failures"],
+            "relative_suboptimality": s["relative_suboptimality"],
+            "duality_gap": s["duality_gap"],
+            "accuracy": s["accuracy"],
+            "reach_1e-3_round": None if h is None else h["round"],
+            "wall_seconds": time.perf_counter() - t,
+            "history": slim(res.history),
+        }
+        print(
+            f"{args.dataset} {args.loss} failure_rate={rate:g}: failures {s['client_failures']}, rel. subopt @{args.rounds} "
+            f"{s['relative_suboptimality']:.3e}, gap {s['duality_gap']:.3e}, test acc {s['accuracy']:.4f}",
+            flush=True,
+        )
+    OUT.mkdir(parents=True, exist_ok=True)
+    tag = (
+        ("" if args.loss == "hinge" else f"_{args.loss}")
+        + ("" if args.dual_mode == "block" else f"_{args.dual_mode}")
+        + ("" if args.participation == 1.0 else f"_p{args.participation:g}")
+    )
+    (OUT / f"hyfdca_failures_{args.dataset}{tag}.json").write_text(json.dumps(out, indent=1))
+
+
+# ======================================== part fedavg-lr
+
+
+def main_fedavg_lr() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--dataset", required=True, choices=["mnist", "credit", "adult"])
+    ap.add_argument("--lrs", default="1,3,10")
+    ap.add_argument("--rounds", type=int, default=100)
+    ap.add_argument("--eval-every", type=int, default=5)
+    a = ap.parse_args()
+    split, pos, lam = dataset(a.dataset)
+    part = GridPartitioner(3, 3, 1, 0).partition(split.train)
+    prev = json.loads((OUT / f"hyfdca_{a.dataset}.json").read_text())
+    hy = {
+        h["round"]: h["relative_suboptimality"]
+        for h in prev["runs"]["hyfdca_full"]["history"]
+        if "relative_suboptimality" in h
+    }
+    out: dict = {"dataset": a.dataset, "rounds": a.rounds, "runs": {}}
+    with single_threaded():
+        for lr in [float(x) for x in a.lrs.split(",")]:
+            res = run_hybrid_fedavg(
+                split,
+                part,
+                HybridFedAvgConfig(
+                    fit_intercept=False, lam=lam, rounds=a.rounds, positive_classes=pos, eval_every=a.eval_every, lr=lr
+                ),
+                seed=0,
+            )
+            fa = {h["round"]: h["relative_suboptimality"] for h in res.history if "relative_suboptimality" in h}
+            common = [r for r in sorted(fa) if r >= 10 and r in hy]
+            out["runs"][f"lr{lr:g}"] = {
+                "final": res.summary["relative_suboptimality"],
+                "accuracy": res.summary["accuracy"],
+                "hyfdca_full_below_at_every_common_round_from_10": all(hy[r] < fa[r] for r in common),
+                "rounds_compared": len(common),
+                "history": slim(res.history),
+            }
+            print(
+                lr,
+                out["runs"][f"lr{lr:g}"]["final"],
+                out["runs"][f"lr{lr:g}"]["hyfdca_full_below_at_every_common_round_from_10"],
+                flush=True,
+            )
+    out["command"] = (
+        f".venv/bin/python -m benchmarks.hyfdca fedavg-lr --dataset {a.dataset} --lrs {a.lrs} --rounds {a.rounds} --eval-every {a.eval_every}"
+    )
+    (OUT / f"hyfdca_fedavg_lr_{a.dataset}.json").write_text(json.dumps(out, indent=1, default=float))
+
+
+PARTS = {"bench": main_bench, "failures": main_failures, "fedavg-lr": main_fedavg_lr}
+
+
+def main() -> None:
+    """``python -m benchmarks.hyfdca PART [options]``: run one part with its own options
+    (``python -m benchmarks.hyfdca PART --help`` lists them)."""
+    if len(sys.argv) < 2 or sys.argv[1] not in PARTS:
+        print("usage: python -m benchmarks.hyfdca {bench,failures,fedavg-lr} [options]", file=sys.stderr)
+        raise SystemExit(2)
+    part = sys.argv.pop(1)
+    sys.argv[0] = f"benchmarks.hyfdca {part}"
+    PARTS[part]()
 
 
 if __name__ == "__main__":

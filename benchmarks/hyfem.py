@@ -1,4 +1,62 @@
-"""HyFEM: the paper's settings beside ours (issue 16, HyFEM part).
+"""HyFEM benchmarks: accuracy of the example configs over seeds, matching of unaligned neurons, the papers settings beside ours.
+
+Run from the repository root: ``python -m benchmarks.hyfem PART [options]``.
+
+Part ``accuracy``
+-----------------
+
+HyFEM must-show accuracy benchmark (issue "Foundation and the main job").
+
+Runs the example configs ``examples/configs/hyfem_mfeat.yaml`` and ``examples/configs/hyfem_mnist.yaml`` for
+several seeds (the seed changes the partition draw, the train/test split of mfeat, the model
+initialisation and the mini-batches) and checks, per run:
+
+- server accuracy >= centralised accuracy - 2 points, and >= "centralised on the cells the clients
+  hold" - 2 points (the fair bound, issue 16);
+- mean client accuracy >= mean stand-alone accuracy + 15 points, for both client models: the one
+  after the ``Q`` local steps (HyFEM Alg. 1 output, Sec. 4: the paper's) and the one a client
+  receives from the server (the server cut to its blocks).
+
+Every row names the matching options that produced it (``matching.cost``, ``matching.uncovered``).
+Writes ``benchmarks/results/<name>.json`` and ``.md`` and, with ``--keep-runs``, for the first seed
+of each dataset, the run's results files under ``benchmarks/results/hyfem-<dataset>/``.
+
+    .venv/bin/python -m benchmarks.hyfem accuracy --unconstrained --keep-runs   # mfeat 0-4 (+ unconstrained), mnist 0 1
+    .venv/bin/python -m benchmarks.hyfem accuracy --datasets mfeat --seeds 0
+    .venv/bin/python -m benchmarks.hyfem accuracy --datasets mnist --seeds 0 1 2 --lr-decay 0.2 10         --name hyfem_accuracy_mnist_decay      # HyFEM-Avg with the workshop paper's step schedule
+    .venv/bin/python -m benchmarks.hyfem accuracy --datasets mfeat --only-unconstrained --uncovered previous         --name hyfem_uncovered_previous
+
+Part ``matching``
+-----------------
+
+HyFEM matching that matters (issue 16): a case where the clients' hidden neurons do not align.
+
+In a HyFEM run every client starts each round from the server's neurons (``Pi_m^t w_0^t``, Alg. 2
+line 2), so after ``Q`` local steps its neurons are still where the server put them and the
+matching keeps the identity: the server width stays at the client width. This script measures the
+case the matching is for (PFNM's one-shot setting, Yurochkin et al. 2019, and HyFEM Appendix A):
+
+- the example mfeat partition (``examples/configs/hyfem_mfeat.yaml``: 6 clients, 3 of the 6 views
+  and 5-7 of the 10 classes each), fixed features (the standardised views themselves, no
+  extractors, so only the classifier is merged);
+- every client trains its one-hidden-layer classifier (``hidden`` neurons) on its own views and
+  classes from its *own* random initialisation ("trained apart") for ``--steps`` SGD steps;
+- the server merges the client classifiers once with :func:`hybridfl.matching.match_classifiers`
+  (HyFEM Alg. 3, closed form Alg. 3 line 9, uncovered entries zero-padded as Appendix A):
+  ``cost="pfnm"`` (the paper's PFNM cost), ``cost="euclidean"``, and ``cost="index"`` (no matching:
+  plain index-wise averaging, neuron ``j`` of every client averaged into server neuron ``j``);
+- score: the server classifier on all test samples with all views (HyFEM's global accuracy), and
+  its width.
+
+    .venv/bin/python -m benchmarks.hyfem matching                 # seeds 0-4
+    .venv/bin/python -m benchmarks.hyfem matching --seeds 0 --steps 500
+
+Writes ``benchmarks/results/hyfem_matching.json`` and ``.md``.
+
+Part ``paper-settings``
+-----------------------
+
+HyFEM: the paper's settings beside ours (issue 16, HyFEM part).
 
 Parts (``--parts``, each writes ``benchmarks/results/hyfem_paper_settings_<part>.json``; the
 markdown ``hyfem_paper_settings.md`` is rebuilt from every part file present):
@@ -34,14 +92,14 @@ markdown ``hyfem_paper_settings.md`` is rebuilt from every part file present):
 Every row names its algorithm, variant, ``mu1``, ``mu2``, schedule, matching cost and seed.
 CPU seconds are ``time.process_time`` of this process.
 
-    nice -n 5 .venv/bin/python benchmarks/hyfem_paper_settings.py --parts a --seeds 0 1 2
-    nice -n 5 .venv/bin/python benchmarks/hyfem_paper_settings.py --parts b --seeds 0
-    nice -n 5 .venv/bin/python benchmarks/hyfem_paper_settings.py --parts c --seeds 0   # 63 centralised runs
-    nice -n 5 .venv/bin/python benchmarks/hyfem_paper_settings.py --parts c --seeds 0 --centralised-sizes 1 6
-    nice -n 5 .venv/bin/python benchmarks/hyfem_paper_settings.py --parts d --seeds 0 1 2
-    nice -n 5 .venv/bin/python benchmarks/hyfem_paper_settings.py --parts e --seeds 0 1 2
-    nice -n 5 .venv/bin/python benchmarks/hyfem_paper_settings.py --parts m --seeds 0 1 2
-    .venv/bin/python benchmarks/hyfem_paper_settings.py --report   # rebuild the .md only
+    nice -n 5 .venv/bin/python -m benchmarks.hyfem paper-settings --parts a --seeds 0 1 2
+    nice -n 5 .venv/bin/python -m benchmarks.hyfem paper-settings --parts b --seeds 0
+    nice -n 5 .venv/bin/python -m benchmarks.hyfem paper-settings --parts c --seeds 0   # 63 centralised runs
+    nice -n 5 .venv/bin/python -m benchmarks.hyfem paper-settings --parts c --seeds 0 --centralised-sizes 1 6
+    nice -n 5 .venv/bin/python -m benchmarks.hyfem paper-settings --parts d --seeds 0 1 2
+    nice -n 5 .venv/bin/python -m benchmarks.hyfem paper-settings --parts e --seeds 0 1 2
+    nice -n 5 .venv/bin/python -m benchmarks.hyfem paper-settings --parts m --seeds 0 1 2
+    .venv/bin/python -m benchmarks.hyfem paper-settings --report   # rebuild the .md only
 """
 
 from __future__ import annotations
@@ -50,25 +108,303 @@ import argparse
 import dataclasses
 import itertools
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
+
+from hybridfl.algorithms.hyfem import SPEC, HyFEMConfig
+from hybridfl.algorithms.hyfem.baselines import accuracy, make_model_factory, train_centralized
+from hybridfl.config import PartitionConfig, load_config, parse_config
+from hybridfl.data.dataset import DatasetSplit
+from hybridfl.data.from_config import build_partition
+from hybridfl.experiment import execute, prepare
+from hybridfl.matching import ClientClassifier, MatchingConfig, ServerClassifier, match_classifiers
+from hybridfl.models.hybrid import default_extractor
+from hybridfl.runtime.simulation import simulate
+
+# ======================================== part accuracy
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
-
-from hybridfl.algorithms.hyfem import SPEC, HyFEMConfig  # noqa: E402
-from hybridfl.algorithms.hyfem.baselines import accuracy, make_model_factory, train_centralized  # noqa: E402
-from hybridfl.config import PartitionConfig, load_config, parse_config  # noqa: E402
-from hybridfl.data.dataset import DatasetSplit  # noqa: E402
-from hybridfl.data.from_config import build_partition  # noqa: E402
-from hybridfl.experiment import prepare  # noqa: E402
-from hybridfl.models.hybrid import default_extractor  # noqa: E402
-from hybridfl.runtime.simulation import simulate  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+
+
+def run_one(
+    dataset: str,
+    seed: int,
+    out: Path | None,
+    min_cell_coverage: int | None = None,
+    matching: dict | None = None,
+    algorithm: dict | None = None,
+) -> dict:
+    """One run of the example config of ``dataset`` with ``seed`` (and overrides of
+    ``partition.min_cell_coverage``, ``algorithm.matching`` and ``algorithm``): its row."""
+    cfg = load_config(ROOT / "examples" / "configs" / f"hyfem_{dataset}.yaml").model_dump(mode="json")
+    cfg["seed"] = seed
+    if min_cell_coverage is not None:
+        cfg["partition"]["min_cell_coverage"] = min_cell_coverage
+    cfg["algorithm"]["matching"].update(matching or {})
+    cfg["algorithm"].update(algorithm or {})
+    prep = prepare(parse_config(cfg))
+    t0 = time.perf_counter()
+    s = execute(prep, out).summary
+    row = {
+        "dataset": dataset,
+        "seed": seed,
+        "variant": s["variant"],
+        "mu1": prep.config.algorithm_config().mu1,
+        "mu2": prep.config.algorithm_config().mu2,
+        "lr": prep.config.algorithm_config().lr,
+        "lr_decay": prep.config.algorithm_config().lr_decay,
+        "lr_decay_every": prep.config.algorithm_config().lr_decay_every,
+        "matching_cost": s["matching_cost"],
+        "matching_sigma": prep.config.algorithm_config().matching.sigma,
+        "matching_uncovered": s["matching_uncovered"],
+        "min_cell_coverage": cfg["partition"]["min_cell_coverage"],
+        "clients": [
+            f"{c['blocks']} / {n} classes"
+            for c, n in zip(prep.partition.summary(), [len(x["classes"]) for x in prep.partition.meta["clients"]])
+        ],
+        "unused_cells": prep.partition.coverage(prep.split.train).unused_share,
+        "server_width": s["server_width"],
+        "matching_uncovered_share": s.get("matching_uncovered_share"),
+        "server_accuracy": s["server_accuracy"],
+        "centralized_accuracy": s["centralized_accuracy"],
+        "centralized_held_accuracy": s["centralized_held_accuracy"],
+        "client_accuracy_local_mean": s["client_accuracy_local_mean"],
+        "client_accuracy_mean": s["client_accuracy_mean"],
+        "standalone_accuracy_mean": s["standalone_accuracy_mean"],
+        "server_minus_centralized": s["server_accuracy"] - s["centralized_accuracy"],
+        "server_minus_held": s["server_accuracy"] - s["centralized_held_accuracy"],
+        "held_minus_centralized": s["centralized_held_accuracy"] - s["centralized_accuracy"],
+        "client_local_minus_standalone": s["client_accuracy_local_mean"] - s["standalone_accuracy_mean"],
+        "client_minus_standalone": s["client_accuracy_mean"] - s["standalone_accuracy_mean"],
+        "bytes_total": s["bytes_total"],
+        "seconds": time.perf_counter() - t0,
+    }
+    row["pass_server"] = row["server_minus_centralized"] >= -0.02
+    row["pass_server_held"] = row["server_minus_held"] >= -0.02
+    row["pass_client_local"] = row["client_local_minus_standalone"] >= 0.15
+    row["pass_client"] = row["client_minus_standalone"] >= 0.15
+    return row
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The markdown table of ``rows`` (accuracies in %)."""
+    pct = lambda v: f"{100 * v:.2f}"  # noqa: E731
+    d = lambda v: f"{100 * v:+.2f}"  # noqa: E731
+    yn = lambda b: "yes" if b else "NO"  # noqa: E731
+    variant = lambda r: "avg" if r.get("variant", "avg") == "avg" else f"prox ({r['mu1']:g}, {r['mu2']:g})"  # noqa: E731
+
+    def lr(r: dict) -> str:
+        if r.get("lr") is None:
+            return "example config's"
+        decay = r.get("lr_decay", 1.0)
+        return f"{r['lr']:g}" + (f" x{decay:g} every {r['lr_decay_every']}" if decay < 1 else " const")
+
+    lines = [
+        "| dataset | seed | variant | lr (per round) | matching (cost, sigma, uncovered) | every (class, block) held | unused cells | server | centralised "
+        "| centralised, held cells | server - centralised | server - held cells | clients after Q local steps (mean) "
+        "| clients, received model (mean) | stand-alone (mean) | after Q steps - stand-alone | received - stand-alone "
+        "| server width | MB sent | s | server >= centralised - 2 | server >= held - 2 | clients (both) >= stand-alone + 15 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['dataset']} | {r['seed']} | {variant(r)} | {lr(r)} | {r['matching_cost']}, {r['matching_sigma']:g}, {r['matching_uncovered']} "
+            f"| {'yes' if r['min_cell_coverage'] else 'not required'} | {100 * r['unused_cells']:.1f} % "
+            f"| {pct(r['server_accuracy'])} | {pct(r['centralized_accuracy'])} | {pct(r['centralized_held_accuracy'])} "
+            f"| {d(r['server_minus_centralized'])} | {d(r['server_minus_held'])} "
+            f"| {pct(r['client_accuracy_local_mean'])} | {pct(r['client_accuracy_mean'])} "
+            f"| {pct(r['standalone_accuracy_mean'])} | {d(r['client_local_minus_standalone'])} "
+            f"| {d(r['client_minus_standalone'])} | {r['server_width']} | {r['bytes_total'] / 1e6:.1f} | {r['seconds']:.0f} "
+            f"| {yn(r['pass_server'])} | {yn(r['pass_server_held'])} | {yn(r['pass_client_local'] and r['pass_client'])} |"
+        )
+    return lines
+
+
+def main_accuracy() -> None:
+    """Run the configured jobs and write ``<name>.json`` and ``<name>.md``."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--datasets", nargs="+", default=["mfeat", "mnist"])
+    ap.add_argument("--seeds", nargs="+", type=int, default=None, help="default: mfeat 0-4, mnist 0 1")
+    ap.add_argument(
+        "--unconstrained",
+        action="store_true",
+        help="also run mfeat with min_cell_coverage 0 (cells may be held by nobody)",
+    )
+    ap.add_argument("--only-unconstrained", action="store_true", help="run mfeat with min_cell_coverage 0 only")
+    ap.add_argument("--uncovered", choices=["zero", "previous"], default=None, help="override matching.uncovered")
+    ap.add_argument("--cost", choices=["pfnm", "euclidean", "index"], default=None, help="override matching.cost")
+    ap.add_argument("--sigma", type=float, default=None, help="override matching.sigma (PFNM client noise)")
+    ap.add_argument("--prox", nargs=2, type=float, metavar=("MU1", "MU2"), help="run HyFEM-Prox with these weights")
+    ap.add_argument(
+        "--lr-decay",
+        nargs=2,
+        type=float,
+        metavar=("FACTOR", "EVERY"),
+        help="algorithm.lr_decay and lr_decay_every (the workshop paper's step schedule)",
+    )
+    ap.add_argument("--keep-runs", action="store_true", help="write the first seed's run files to results/hyfem-<ds>/")
+    ap.add_argument("--name", default="hyfem_accuracy", help="result file stem")
+    args = ap.parse_args()
+    over = (("uncovered", args.uncovered), ("cost", args.cost), ("sigma", args.sigma))
+    matching = {k: v for k, v in over if v is not None}
+    rows = []
+    jobs = []
+    for ds in args.datasets:
+        seeds = args.seeds if args.seeds is not None else ([0, 1, 2, 3, 4] if ds == "mfeat" else [0, 1])
+        if not args.only_unconstrained:
+            jobs += [(ds, seed, None, i == 0 and args.keep_runs) for i, seed in enumerate(seeds)]
+        if (args.unconstrained or args.only_unconstrained) and ds == "mfeat":
+            jobs += [(ds, seed, 0, False) for seed in seeds]
+    for ds, seed, mcc, keep in jobs:
+        out = RESULTS / f"hyfem-{ds}" if keep else None
+        if out is not None and out.exists():
+            shutil.rmtree(out)
+        algo = {"variant": "prox", "mu1": args.prox[0], "mu2": args.prox[1]} if args.prox else {}
+        if args.lr_decay:
+            algo.update(lr_decay=args.lr_decay[0], lr_decay_every=int(args.lr_decay[1]))
+        row = run_one(ds, seed, out, mcc, matching, algo)
+        print(json.dumps({k: v for k, v in row.items() if k != "clients"}), flush=True)
+        rows.append(row)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps(rows, indent=2))
+    lines = table(rows)
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+# ======================================== part matching
+
+
+def flat(ds, blocks) -> np.ndarray:
+    """The samples of ``ds`` with ``blocks`` concatenated, float32 ``(n, sum of widths)``."""
+    return np.concatenate([ds.blocks[b].reshape(ds.n_samples, -1) for b in blocks], axis=1).astype(np.float32)
+
+
+def train_apart(x: np.ndarray, y: np.ndarray, hidden: int, n_classes: int, steps: int, seed: int) -> dict:
+    """A one-hidden-layer classifier trained alone from its own initialisation (seed ``seed``):
+    SGD, batch 32, lr 0.05, momentum 0.9. Returns ``W1``, ``b1``, ``W2``, ``b2`` as float64."""
+    torch.manual_seed(seed)
+    net = torch.nn.Sequential(torch.nn.Linear(x.shape[1], hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, n_classes))
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator().manual_seed(seed)
+    X, Y = torch.from_numpy(x), torch.from_numpy(y)
+    for _ in range(steps):
+        idx = torch.randint(len(Y), (32,), generator=gen)
+        loss = torch.nn.functional.cross_entropy(net(X[idx]), Y[idx])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    sd = {k: v.detach().numpy().astype(np.float64) for k, v in net.state_dict().items()}
+    return {"W1": sd["0.weight"], "b1": sd["0.bias"], "W2": sd["2.weight"], "b2": sd["2.bias"]}
+
+
+def server_accuracy(s: ServerClassifier, x: np.ndarray, y: np.ndarray) -> float:
+    """Accuracy of the server classifier on ``x`` (all columns)."""
+    h = np.maximum(x @ s.W1.T.astype(np.float64) + s.b1, 0.0)
+    return float(np.mean((h @ s.W2.T + s.b2).argmax(1) == y))
+
+
+def run_seed(seed: int, steps: int, hidden: int, costs: list[str], sigmas: list[float]) -> list[dict]:
+    """The clients of the example partition of ``seed`` trained apart, merged by every cost."""
+    cfg = load_config(ROOT / "examples" / "configs" / "hyfem_mfeat.yaml").model_dump(mode="json")
+    cfg["seed"] = seed
+    prep = prepare(parse_config(cfg))
+    split, part = prep.split, prep.partition
+    names = split.train.block_names
+    widths = {b: int(np.prod(split.train.block_shapes[b])) for b in names}
+    start = dict(zip(names, np.cumsum([0] + [widths[b] for b in names])[:-1].tolist()))
+    C = split.train.n_classes
+    clients, alone = [], []
+    for i, c in enumerate(part.clients):
+        data = split.train.subset(c.sample_ids, c.blocks)
+        w = train_apart(flat(data, c.blocks), data.y, hidden, C, steps, 1000 * seed + i)
+        cols = np.concatenate([np.arange(start[b], start[b] + widths[b]) for b in c.blocks])
+        clients.append(
+            ClientClassifier(
+                w["W1"],
+                w["b1"],
+                w["W2"],
+                w["b2"],
+                columns=cols,
+                weight=float(data.n_samples),
+                class_counts=np.bincount(data.y, minlength=C),
+            )
+        )
+        alone.append(
+            server_accuracy(
+                ServerClassifier(w["W1"], w["b1"], w["W2"], w["b2"]), flat(split.test, c.blocks), split.test.y
+            )
+        )
+    xt, yt = flat(split.test, names), split.test.y
+    D0 = xt.shape[1]
+    rng0 = np.random.default_rng(seed)
+    # the round-0 server of HyFEM: He-initialised, `hidden` neurons (index-wise averaging starts there)
+    prev = ServerClassifier(
+        rng0.normal(0, np.sqrt(2 / D0), (hidden, D0)),
+        np.zeros(hidden),
+        rng0.normal(0, np.sqrt(2 / hidden), (C, hidden)),
+        np.zeros(C),
+    )
+    rows = []
+    for cost in costs:
+        for sigma in sigmas if cost == "pfnm" else [None]:
+            mc = MatchingConfig(cost=cost, sweeps=3, **({"sigma": sigma} if sigma is not None else {}))
+            t0 = time.perf_counter()
+            res = match_classifiers(clients, prev, mc, np.random.default_rng(seed))
+            rows.append(
+                {
+                    "seed": seed,
+                    "cost": cost,
+                    "sigma": sigma,
+                    "uncovered": mc.uncovered,
+                    "sweeps": res.stats["sweeps"],
+                    "client_width": hidden,
+                    "server_width": res.server.width,
+                    "server_accuracy": server_accuracy(res.server, xt, yt),
+                    "standalone_accuracy_mean": float(np.mean(alone)),
+                    "match_seconds": time.perf_counter() - t0,
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    return rows
+
+
+def main_matching() -> None:
+    """Run the seeds, write ``hyfem_matching.json`` and ``.md``."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4])
+    ap.add_argument("--steps", type=int, default=1000, help="SGD steps each client trains apart")
+    ap.add_argument("--hidden", type=int, default=64)
+    ap.add_argument("--sigmas", nargs="+", type=float, default=[1.0])
+    ap.add_argument("--name", default="hyfem_matching")
+    args = ap.parse_args()
+    rows = []
+    for seed in args.seeds:
+        rows += run_seed(seed, args.steps, args.hidden, ["pfnm", "euclidean", "index"], args.sigmas)
+    (RESULTS / f"{args.name}.json").write_text(json.dumps({"steps": args.steps, "rows": rows}, indent=2))
+    lines = [
+        "| seed | merge (cost, sigma) | server width (clients: "
+        f"{args.hidden}) | server accuracy | stand-alone clients (mean, own views) |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        how = r["cost"] + (f", sigma {r['sigma']:g}" if r["sigma"] is not None else "")
+        lines.append(
+            f"| {r['seed']} | {how} | {r['server_width']} | {100 * r['server_accuracy']:.2f} "
+            f"| {100 * r['standalone_accuracy_mean']:.2f} |"
+        )
+    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+# ======================================== part paper-settings
+
 STEM = "hyfem_paper_settings"
 
 
@@ -464,7 +800,7 @@ def report() -> None:
     lines = [
         "# HyFEM: the paper's settings beside ours",
         "",
-        "Written by `benchmarks/hyfem_paper_settings.py` (see its docstring for every part's exact "
+        "Written by `python -m benchmarks.hyfem paper-settings` (see its docstring for every part's exact "
         "setting). Accuracies in %, on all test samples; server: all blocks; clients: own blocks, "
         "mean over clients; 'after Q local steps' is the paper's client model (TMLR Sec. 4), "
         "'received' the server cut to the client's blocks. Stand-alone and centralised use the "
@@ -567,7 +903,7 @@ def plot_b(rows: list[dict]) -> None:
     plt.close(fig)
 
 
-def main() -> None:
+def main_paper_settings() -> None:
     """Run the selected parts, write their JSON files and rebuild the markdown."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", nargs="+", choices=list("mabcde"), default=[])
@@ -610,6 +946,20 @@ def main() -> None:
         if part == "b":
             plot_b(rows)
     report()
+
+
+PARTS = {"accuracy": main_accuracy, "matching": main_matching, "paper-settings": main_paper_settings}
+
+
+def main() -> None:
+    """``python -m benchmarks.hyfem PART [options]``: run one part with its own options
+    (``python -m benchmarks.hyfem PART --help`` lists them)."""
+    if len(sys.argv) < 2 or sys.argv[1] not in PARTS:
+        print("usage: python -m benchmarks.hyfem {accuracy,matching,paper-settings} [options]", file=sys.stderr)
+        raise SystemExit(2)
+    part = sys.argv.pop(1)
+    sys.argv[0] = f"benchmarks.hyfem {part}"
+    PARTS[part]()
 
 
 if __name__ == "__main__":

@@ -1,0 +1,191 @@
+"""The benchmark harness: configs x seeds -> rows, and one report writer.
+
+Every benchmark script runs a function over named settings and seeds with :func:`run_grid` and
+writes what it measured with :func:`write_report`. A row records the setting that produced its
+numbers (``config``, ``seed``, ``setting``), the wall and CPU seconds of the call and the
+machine's load average before and after it; the report records the machine (CPU count, platform,
+Python) and the git commit the numbers came from. A report is two files,
+``benchmarks/results/<name>.json`` (the rows; the only place a number lives) and
+``benchmarks/results/<name>.md`` (the same rows as one markdown table).
+
+Run the scripts from the repository root as modules: ``python -m benchmarks.<script> --smoke``.
+``python -m benchmarks.harness`` lists the reports under ``benchmarks/results`` with their commit
+and row count.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+FORMAT = 1  # the report format's version, written into every report
+
+
+def commit() -> str:
+    """The repository's HEAD commit (40 hex digits), with ``+dirty`` when tracked files differ
+    from it; ``unknown`` outside a git checkout."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=ROOT, capture_output=True, text=True)
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def machine() -> dict:
+    """The machine a report was measured on: CPU count, platform, processor, Python version."""
+    return {
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "processor": platform.processor() or platform.machine(),
+        "python": platform.python_version(),
+    }
+
+
+def load() -> float:
+    """The one-minute load average (the cores are shared: every row records it)."""
+    return round(os.getloadavg()[0], 2)
+
+
+def run_grid(
+    fn: Callable[[dict, int], Mapping],
+    configs: Mapping[str, dict],
+    seeds: Iterable[int] = (0,),
+    *,
+    echo: bool = True,
+) -> list[dict]:
+    """Call ``fn(setting, seed)`` for every named setting of ``configs`` and every seed.
+
+    Returns one row per call: ``config`` (the setting's name), ``seed``, ``setting`` (the dict
+    itself), what ``fn`` returned (a mapping of measured values, merged in), ``wall_s`` and
+    ``cpu_s`` (this process's CPU seconds) of the call, and ``load_before`` / ``load_after``.
+    With ``echo`` each row is printed as it finishes (one line).
+    """
+    rows = []
+    for name, setting in configs.items():
+        for seed in seeds:
+            before, t0, c0 = load(), time.perf_counter(), time.process_time()
+            measured = dict(fn(dict(setting), seed))
+            row = {"config": name, "seed": seed, "setting": dict(setting), **measured}
+            row.update(
+                wall_s=round(time.perf_counter() - t0, 4),
+                cpu_s=round(time.process_time() - c0, 4),
+                load_before=before,
+                load_after=load(),
+            )
+            rows.append(row)
+            if echo:
+                print(" ".join(f"{k}={_cell(v)}" for k, v in row.items() if k != "setting"), flush=True)
+    return rows
+
+
+def _cell(value) -> str:
+    """One table cell: floats to 4 significant digits, ``-`` for missing values."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    if isinstance(value, dict | list | tuple):
+        return json.dumps(value, default=str).replace("|", "/")
+    return str(value).replace("|", "/")
+
+
+def markdown_table(rows: Sequence[Mapping], columns: Sequence[str] | None = None) -> str:
+    """``rows`` as a markdown table over ``columns`` (default: every key of the first row but
+    ``setting``); a missing value is ``-``."""
+    if not rows:
+        return "(no rows)\n"
+    cols = list(columns) if columns else [k for k in rows[0] if k != "setting"]
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def write_report(
+    name: str,
+    rows: Sequence[Mapping],
+    *,
+    title: str,
+    command: str,
+    columns: Sequence[str] | None = None,
+    notes: Sequence[str] = (),
+    out: Path = RESULTS,
+    extra: Mapping | None = None,
+) -> tuple[Path, Path]:
+    """Write ``<out>/<name>.json`` (format, title, command, commit, machine, rows, notes and the
+    ``extra`` mapping) and ``<out>/<name>.md`` (the title, the command, one table of ``rows``
+    over ``columns``, the notes as sentences). Returns the two paths.
+
+    Raises ``ValueError`` for a name that is not a plain file stem (letters, digits, ``_ - .``).
+    """
+    if not name or not all(c.isalnum() or c in "_-." for c in name) or name.startswith("."):
+        raise ValueError(f"report name {name!r} is not a plain file stem.")
+    out.mkdir(parents=True, exist_ok=True)
+    report = {
+        "format": FORMAT,
+        "name": name,
+        "title": title,
+        "command": command,
+        "commit": commit(),
+        "machine": machine(),
+        "rows": list(rows),
+        "notes": list(notes),
+        **(extra or {}),
+    }
+    json_path, md_path = out / f"{name}.json", out / f"{name}.md"
+    json_path.write_text(json.dumps(report, indent=1, default=float) + "\n")
+    md_path.write_text(render(report, columns))
+    return json_path, md_path
+
+
+def render(report: Mapping, columns: Sequence[str] | None = None) -> str:
+    """The markdown of a report (as :func:`write_report` writes it)."""
+    m = report.get("machine", {})
+    head = [
+        f"# {report['title']}",
+        "",
+        f"`{report['command']}` at commit `{str(report.get('commit', 'unknown'))[:12]}`, "
+        f"{m.get('cpus', '?')} CPUs ({m.get('processor', '?')}), Python {m.get('python', '?')}.",
+        "",
+    ]
+    body = markdown_table(report["rows"], columns)
+    notes = ["", *report.get("notes", [])] if report.get("notes") else []
+    return "\n".join(head) + body + "\n".join(notes) + ("\n" if notes else "")
+
+
+def read_report(name: str, out: Path = RESULTS) -> dict:
+    """The report ``<out>/<name>.json`` as written by :func:`write_report`."""
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser with the options every script shares: ``--seeds``, ``--smoke`` (the
+    smallest setting that exercises the whole script, written under ``--out``) and ``--out``."""
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0], help="seeds to run every setting with")
+    p.add_argument("--smoke", action="store_true", help="tiny setting: checks the script runs, numbers mean nothing")
+    p.add_argument("--out", type=Path, default=RESULTS, help="where the report goes (default benchmarks/results)")
+    return p
+
+
+def main() -> None:
+    """List the reports under ``benchmarks/results``: name, commit, rows, title."""
+    for path in sorted(RESULTS.glob("*.json")):
+        rep = json.loads(path.read_text())
+        if isinstance(rep, dict) and rep.get("format") == FORMAT:
+            print(f"{path.stem:48s} {str(rep.get('commit'))[:10]:10s} {len(rep['rows']):4d}  {rep['title']}")
+
+
+if __name__ == "__main__":
+    main()
