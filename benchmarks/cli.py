@@ -52,6 +52,8 @@ from pathlib import Path
 
 import yaml
 
+from benchmarks.harness import dispatch
+
 # ======================================== part examples
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -281,18 +283,15 @@ def main_predict() -> None:
     print("\n".join(md))
 
 
-PARTS = {"examples": main_examples, "predict": main_predict}
+PARTS = {
+    "examples": (main_examples, "--max-rounds 1 --only hyfem_mfeat fedbcd_credit_2party".split()),
+    "predict": (main_predict, "--rows 2000 --repeats 1 --fed-rows 200".split()),
+}
 
 
 def main() -> None:
-    """``python -m benchmarks.cli PART [options]``: run one part with its own options
-    (``python -m benchmarks.cli PART --help`` lists them)."""
-    if len(sys.argv) < 2 or sys.argv[1] not in PARTS:
-        print("usage: python -m benchmarks.cli {examples,predict} [options]", file=sys.stderr)
-        raise SystemExit(2)
-    part = sys.argv.pop(1)
-    sys.argv[0] = f"benchmarks.cli {part}"
-    PARTS[part]()
+    """``python -m benchmarks.cli PART [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("cli", PARTS, globals())
 
 
 if __name__ == "__main__":

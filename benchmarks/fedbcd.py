@@ -113,6 +113,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import dispatch
 from hybridfl.algorithms.fedbcd import FedBCDConfig, run_fedbcd
 from hybridfl.config import load_config, parse_config
 from hybridfl.data import VerticalPartitioner, load_credit_default, load_mnist, standardize
@@ -503,8 +504,19 @@ def _ratio(mine: int | None, mine_run: dict, ref: dict | None, key: str) -> str:
     return "?"
 
 
+def reported_runs(summary: Path, runs_dir: Path, key: tuple[str, ...]) -> list[dict]:
+    """The runs of the committed ``summary`` JSON (its ``runs`` list: the per-run files are not
+    kept in the tree) updated by the run files of ``runs_dir`` written since, matched on ``key``."""
+    old = json.loads(summary.read_text())["runs"] if summary.is_file() else []
+    new = [json.loads(p.read_text()) for p in sorted(runs_dir.glob("*.json"))] if runs_dir.is_dir() else []
+    merged = {tuple(str(r.get(k)) for k in key): r for r in old + new}
+    return list(merged.values())
+
+
 def report(args) -> None:
-    runs = [json.loads(p.read_text()) for p in sorted(RUNS.glob("*.json"))]
+    runs = reported_runs(
+        OUT / "fedbcd_table1.json", RUNS, ("variant", "Q", "top", "local_gradient", "optimizer", "lr", "seed")
+    )
     if not runs:
         raise SystemExit("no runs yet")
     groups: dict = {}
@@ -733,7 +745,7 @@ def mnist_crossing(curve, target):
 
 
 def mnist_report(args) -> None:
-    runs = [json.loads(p.read_text()) for p in sorted(MNIST_RUNS.glob("*.json"))]
+    runs = reported_runs(OUT / "fedbcd_mnist.json", MNIST_RUNS, ("variant", "Q", "lr", "seed"))
     if not runs:
         raise SystemExit("no runs yet")
     # per (method, Q): the eta_0 that reached the target in the fewest rounds
@@ -1036,18 +1048,16 @@ def main_credit():
     print((OUT / "fedbcd_credit.md").read_text())
 
 
-PARTS = {"table1": main_table1, "mnist": main_mnist, "credit": main_credit}
+PARTS = {
+    "table1": (main_table1, "run sgd:1 --seeds 0 --rounds 2 --eval-every 1".split()),
+    "mnist": (main_mnist, "run p:5 --rounds 2 --eval-every 1 --eval-subset 200".split()),
+    "credit": (main_credit, "--quick".split()),
+}
 
 
 def main() -> None:
-    """``python -m benchmarks.fedbcd PART [options]``: run one part with its own options
-    (``python -m benchmarks.fedbcd PART --help`` lists them)."""
-    if len(sys.argv) < 2 or sys.argv[1] not in PARTS:
-        print("usage: python -m benchmarks.fedbcd {table1,mnist,credit} [options]", file=sys.stderr)
-        raise SystemExit(2)
-    part = sys.argv.pop(1)
-    sys.argv[0] = f"benchmarks.fedbcd {part}"
-    PARTS[part]()
+    """``python -m benchmarks.fedbcd PART [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("fedbcd", PARTS, globals())
 
 
 if __name__ == "__main__":

@@ -84,12 +84,12 @@ import json
 import os
 import platform
 import statistics
-import sys
 import tempfile
 import time
 from importlib.metadata import version
 from pathlib import Path
 
+from benchmarks.harness import dispatch
 from hybridfl.algorithms.hyfem import HyFEMConfig, run_hyfem
 from hybridfl.config import parse_config
 from hybridfl.data.export import export_clients
@@ -1243,18 +1243,15 @@ def main_trace() -> None:
         )
 
 
-PARTS = {"overhead": main_overhead, "trace": main_trace}
+PARTS = {
+    "overhead": (main_overhead, "--part ping --nodes 1 --pings 2".split()),
+    "trace": (main_trace, "--nodes 1 --pings 2 --idle 1".split()),
+}
 
 
 def main() -> None:
-    """``python -m benchmarks.flower PART [options]``: run one part with its own options
-    (``python -m benchmarks.flower PART --help`` lists them)."""
-    if len(sys.argv) < 2 or sys.argv[1] not in PARTS:
-        print("usage: python -m benchmarks.flower {overhead,trace} [options]", file=sys.stderr)
-        raise SystemExit(2)
-    part = sys.argv.pop(1)
-    sys.argv[0] = f"benchmarks.flower {part}"
-    PARTS[part]()
+    """``python -m benchmarks.flower PART [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("flower", PARTS, globals())
 
 
 if __name__ == "__main__":

@@ -20,7 +20,10 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -96,19 +99,24 @@ def _cell(value) -> str:
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, str) and re.fullmatch(r"[0-9a-f]{40}(\+dirty)?", value):
+        return value[:10] + ("+dirty" if value.endswith("+dirty") else "")  # a commit
     if isinstance(value, dict | list | tuple):
         return json.dumps(value, default=str).replace("|", "/")
     return str(value).replace("|", "/")
 
 
-def markdown_table(rows: Sequence[Mapping], columns: Sequence[str] | None = None) -> str:
-    """``rows`` as a markdown table over ``columns`` (default: every key of the first row but
-    ``setting``); a missing value is ``-``."""
+Columns = Sequence[str | tuple[str, str]]
+
+
+def markdown_table(rows: Sequence[Mapping], columns: Columns | None = None) -> str:
+    """``rows`` as a markdown table over ``columns``: keys, or ``(key, header)`` pairs (default:
+    every key of the first row but ``setting``); a missing value is ``-``."""
     if not rows:
         return "(no rows)\n"
-    cols = list(columns) if columns else [k for k in rows[0] if k != "setting"]
-    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    lines += ["| " + " | ".join(_cell(r.get(c)) for c in cols) + " |" for r in rows]
+    cols = [c if isinstance(c, tuple) else (c, c) for c in (columns or [k for k in rows[0] if k != "setting"])]
+    lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_cell(r.get(k)) for k, _ in cols) + " |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
@@ -118,14 +126,14 @@ def write_report(
     *,
     title: str,
     command: str,
-    columns: Sequence[str] | None = None,
+    columns: Columns | None = None,
     notes: Sequence[str] = (),
     out: Path = RESULTS,
     extra: Mapping | None = None,
 ) -> tuple[Path, Path]:
     """Write ``<out>/<name>.json`` (format, title, command, commit, machine, rows, notes and the
     ``extra`` mapping) and ``<out>/<name>.md`` (the title, the command, one table of ``rows``
-    over ``columns``, the notes as sentences). Returns the two paths.
+    over ``columns`` as :func:`markdown_table` takes them, the notes as sentences). Returns the two paths.
 
     Raises ``ValueError`` for a name that is not a plain file stem (letters, digits, ``_ - .``).
     """
@@ -140,28 +148,42 @@ def write_report(
         "commit": commit(),
         "machine": machine(),
         "rows": list(rows),
+        "columns": [list(c) if isinstance(c, tuple) else c for c in columns] if columns else None,
         "notes": list(notes),
         **(extra or {}),
     }
     json_path, md_path = out / f"{name}.json", out / f"{name}.md"
     json_path.write_text(json.dumps(report, indent=1, default=float) + "\n")
-    md_path.write_text(render(report, columns))
+    md_path.write_text(render(report))
     return json_path, md_path
 
 
-def render(report: Mapping, columns: Sequence[str] | None = None) -> str:
+def _columns(report: Mapping) -> Columns | None:
+    """The report's columns as :func:`markdown_table` takes them (JSON stores pairs as lists)."""
+    cols = report.get("columns")
+    return [tuple(c) if isinstance(c, list) else c for c in cols] if cols else None
+
+
+def render(report: Mapping) -> str:
     """The markdown of a report (as :func:`write_report` writes it)."""
     m = report.get("machine", {})
+    where = f"{m.get('cpus', '?')} CPUs ({m.get('processor', '?')})" + (
+        f", Python {m['python']}" if "python" in m else ""
+    )
     head = [
         f"# {report['title']}",
         "",
-        f"`{report['command']}` at commit `{str(report.get('commit', 'unknown'))[:12]}`, "
-        f"{m.get('cpus', '?')} CPUs ({m.get('processor', '?')}), Python {m.get('python', '?')}.",
+        f"`{report['command']}` at commit `{str(report.get('commit'))[:12]}`, {where}.",
         "",
     ]
-    body = markdown_table(report["rows"], columns)
-    notes = ["", *report.get("notes", [])] if report.get("notes") else []
-    return "\n".join(head) + body + "\n".join(notes) + ("\n" if notes else "")
+    notes = [line for note in report.get("notes", []) for line in ("", note)]
+    return (
+        "\n".join(head)
+        + "\n"
+        + markdown_table(report["rows"], _columns(report))
+        + "\n".join(notes)
+        + ("\n" if notes else "")
+    )
 
 
 def read_report(name: str, out: Path = RESULTS) -> dict:
@@ -179,8 +201,66 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def redirect_results(namespace: dict) -> Path:
+    """Point every ``Path`` global of ``namespace`` that lies under ``benchmarks/results`` at the
+    same place under a fresh temporary folder (a smoke run must not touch the committed results);
+    returns that folder."""
+    tmp = Path(tempfile.mkdtemp(prefix="hybridfl-smoke-"))
+    for key, value in list(namespace.items()):
+        if isinstance(value, Path) and value.resolve().is_relative_to(RESULTS):
+            namespace[key] = tmp / value.resolve().relative_to(RESULTS)
+    return tmp
+
+
+def dispatch(module: str, parts: Mapping[str, tuple[Callable[[], None], Sequence[str]]], namespace: dict) -> None:
+    """The command line of a benchmark script: ``python -m benchmarks.<module> [PART] [options]``.
+
+    ``parts`` maps a part's name (``""`` for a script without parts) to its ``main`` (which reads
+    ``sys.argv``) and its smoke arguments. ``--smoke`` runs the part with those arguments instead
+    of the given ones, with the script's results redirected to a temporary folder
+    (:func:`redirect_results` on ``namespace``, the script's globals): it checks that the part
+    runs end to end; its numbers mean nothing. An unknown part is one sentence and exit code 2.
+    """
+    args = sys.argv[1:]
+    if "" in parts:
+        name = ""
+    elif args and args[0] in parts:
+        name = args.pop(0)
+    else:
+        sys.exit(f"usage: python -m benchmarks.{module} {{{','.join(parts)}}} [options] [--smoke]")
+    fn, smoke = parts[name]
+    if "--smoke" in args:
+        args = list(smoke)
+        print(f"smoke run of {module} {name}: results under {redirect_results(namespace)}", flush=True)
+    sys.argv = [f"benchmarks.{module}" + (f" {name}" if name else ""), *args]
+    fn()
+
+
+BLOCK = re.compile(r"(<!-- report: ([\w.-]+) -->\n).*?(<!-- /report -->)", re.S)
+
+
+def fill_docs(text: str, out: Path = RESULTS) -> str:
+    """``text`` with every block ``<!-- report: NAME -->`` ... ``<!-- /report -->`` replaced by
+    the table of the report ``NAME`` (its rows, from ``<out>/NAME.json``) and a link to the file:
+    the numbers of docs/results.md are generated from the committed results, not typed."""
+
+    def table(m: re.Match) -> str:
+        rep = read_report(m.group(2), out)
+        link = f"From [`benchmarks/results/{m.group(2)}.json`](../benchmarks/results/{m.group(2)}.json) "
+        link += f"(`{rep['command']}`, commit `{str(rep.get('commit'))[:10]}`).\n\n"
+        return m.group(1) + link + markdown_table(rep["rows"], _columns(rep)) + m.group(3)
+
+    return BLOCK.sub(table, text)
+
+
 def main() -> None:
-    """List the reports under ``benchmarks/results``: name, commit, rows, title."""
+    """``python -m benchmarks.harness``: list the reports under ``benchmarks/results`` (name,
+    commit, rows, title); ``--docs`` regenerates the report tables of docs/results.md."""
+    if sys.argv[1:] == ["--docs"]:
+        doc = ROOT / "docs" / "results.md"
+        doc.write_text(fill_docs(doc.read_text()))
+        print(f"regenerated the report tables of {doc}")
+        return
     for path in sorted(RESULTS.glob("*.json")):
         rep = json.loads(path.read_text())
         if isinstance(rep, dict) and rep.get("format") == FORMAT:

@@ -57,6 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import dispatch
 from hybridfl.algorithms.convex.monitor import plot_suboptimality
 from hybridfl.algorithms.hybrid_fedavg import HybridFedAvgConfig, run_hybrid_fedavg
 from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
@@ -622,18 +623,16 @@ def main_fedavg_lr() -> None:
     (OUT / f"hyfdca_fedavg_lr_{a.dataset}.json").write_text(json.dumps(out, indent=1, default=float))
 
 
-PARTS = {"bench": main_bench, "failures": main_failures, "fedavg-lr": main_fedavg_lr}
+PARTS = {
+    "bench": (main_bench, "--part credit --rounds 2 --eval-every 1 --lrs 0.3".split()),
+    "failures": (main_failures, "--dataset credit --rounds 2 --rates 0.3 --eval-every 1".split()),
+    "fedavg-lr": (main_fedavg_lr, "--dataset credit --lrs 1 --rounds 2 --eval-every 1".split()),
+}
 
 
 def main() -> None:
-    """``python -m benchmarks.hyfdca PART [options]``: run one part with its own options
-    (``python -m benchmarks.hyfdca PART --help`` lists them)."""
-    if len(sys.argv) < 2 or sys.argv[1] not in PARTS:
-        print("usage: python -m benchmarks.hyfdca {bench,failures,fedavg-lr} [options]", file=sys.stderr)
-        raise SystemExit(2)
-    part = sys.argv.pop(1)
-    sys.argv[0] = f"benchmarks.hyfdca {part}"
-    PARTS[part]()
+    """``python -m benchmarks.hyfdca PART [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("hyfdca", PARTS, globals())
 
 
 if __name__ == "__main__":

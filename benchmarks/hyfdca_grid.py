@@ -80,6 +80,8 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from benchmarks.harness import dispatch
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 OUT = ROOT / "benchmarks" / "results"
@@ -399,7 +401,7 @@ def run_setting(name: str, spec: dict, a: argparse.Namespace) -> dict:
     return out
 
 
-def main() -> None:
+def run_main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sample-groups", type=int, default=10, help="S of the large grid")
     ap.add_argument("--block-groups", type=int, default=10, help="F of the large grid (at most 49 tiles)")
@@ -802,6 +804,19 @@ def reading(st: dict) -> list[str]:
         "above, and the PSI cost measured on subsamples and extrapolated linearly in the rows (the PSI table). "
         "Both alignments give the same segments and rounds (`hyfdca_psi.md`).",
     ]
+
+
+PARTS = {
+    "": (
+        run_main,
+        "--sample-groups 2 --block-groups 2 --rounds 1 --ckks-rounds 1 --long-rounds 1 --psi-samples 200".split(),
+    ),
+}
+
+
+def main() -> None:
+    """``python -m benchmarks.hyfdca_grid [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("hyfdca_grid", PARTS, globals())
 
 
 if __name__ == "__main__":

@@ -49,6 +49,7 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
+from benchmarks.harness import dispatch
 from benchmarks.hyfdca import DATA, OUT, dataset
 from hybridfl.algorithms.convex.losses import primal
 from hybridfl.algorithms.convex.monitor import build_problem
@@ -371,7 +372,7 @@ def save(res: dict, cmd: str) -> None:
     plot(res)
 
 
-def main() -> None:
+def run_main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, choices=["mnist", "adult"])
     ap.add_argument("--lam", type=float, required=True, help="lambda (paper: 1e-5 News20, 5e-5 Covtype)")
@@ -437,6 +438,16 @@ def main() -> None:
             )
             save(res, cmd)
             print(json.dumps(entry["modes"][label]["final"]), flush=True)
+
+
+PARTS = {
+    "": (run_main, "--data adult --lam 5e-5 --rounds 2 --mode block --eval-every 1 --cert-epochs 2".split()),
+}
+
+
+def main() -> None:
+    """``python -m benchmarks.hyfdca_lambda [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("hyfdca_lambda", PARTS, globals())
 
 
 if __name__ == "__main__":

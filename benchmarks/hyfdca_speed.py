@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.harness import dispatch
 from hybridfl.algorithms.convex.losses import primal
 from hybridfl.algorithms.convex.monitor import build_problem
 from hybridfl.algorithms.convex.reference import liblinear_solve
@@ -294,7 +295,7 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def main() -> None:
+def run_main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=60, help="plaintext rounds (evaluated every round)")
     ap.add_argument("--target", type=float, default=1e-3)
@@ -717,6 +718,16 @@ def report(o: dict) -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+PARTS = {
+    "": (run_main, "--rounds 2 --ckks-rounds 1 --liblinear-repeats 1".split()),
+}
+
+
+def main() -> None:
+    """``python -m benchmarks.hyfdca_speed [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("hyfdca_speed", PARTS, globals())
 
 
 if __name__ == "__main__":

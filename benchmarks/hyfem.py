@@ -116,6 +116,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks.harness import dispatch
 from hybridfl.algorithms.hyfem import SPEC, HyFEMConfig
 from hybridfl.algorithms.hyfem.baselines import accuracy, make_model_factory, train_centralized
 from hybridfl.config import PartitionConfig, load_config, parse_config
@@ -251,6 +252,7 @@ def main_accuracy() -> None:
     )
     ap.add_argument("--keep-runs", action="store_true", help="write the first seed's run files to results/hyfem-<ds>/")
     ap.add_argument("--name", default="hyfem_accuracy", help="result file stem")
+    ap.add_argument("--rounds", type=int, default=None, help="override algorithm.rounds (default: the config's)")
     args = ap.parse_args()
     over = (("uncovered", args.uncovered), ("cost", args.cost), ("sigma", args.sigma))
     matching = {k: v for k, v in over if v is not None}
@@ -269,6 +271,8 @@ def main_accuracy() -> None:
         algo = {"variant": "prox", "mu1": args.prox[0], "mu2": args.prox[1]} if args.prox else {}
         if args.lr_decay:
             algo.update(lr_decay=args.lr_decay[0], lr_decay_every=int(args.lr_decay[1]))
+        if args.rounds is not None:
+            algo["rounds"] = args.rounds
         row = run_one(ds, seed, out, mcc, matching, algo)
         print(json.dumps({k: v for k, v in row.items() if k != "clients"}), flush=True)
         rows.append(row)
@@ -948,18 +952,16 @@ def main_paper_settings() -> None:
     report()
 
 
-PARTS = {"accuracy": main_accuracy, "matching": main_matching, "paper-settings": main_paper_settings}
+PARTS = {
+    "accuracy": (main_accuracy, "--datasets mfeat --seeds 0 --rounds 1".split()),
+    "matching": (main_matching, "--seeds 0 --steps 20".split()),
+    "paper-settings": (main_paper_settings, "--parts d --seeds 0 --c1-mus 0".split()),
+}
 
 
 def main() -> None:
-    """``python -m benchmarks.hyfem PART [options]``: run one part with its own options
-    (``python -m benchmarks.hyfem PART --help`` lists them)."""
-    if len(sys.argv) < 2 or sys.argv[1] not in PARTS:
-        print("usage: python -m benchmarks.hyfem {accuracy,matching,paper-settings} [options]", file=sys.stderr)
-        raise SystemExit(2)
-    part = sys.argv.pop(1)
-    sys.argv[0] = f"benchmarks.hyfem {part}"
-    PARTS[part]()
+    """``python -m benchmarks.hyfem PART [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("hyfem", PARTS, globals())
 
 
 if __name__ == "__main__":

@@ -54,7 +54,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -62,6 +61,8 @@ import time
 
 import numpy as np
 
+from benchmarks import harness
+from benchmarks.harness import dispatch
 from benchmarks.hyfdca import OUT, dataset
 from hybridfl.algorithms.hyfdca import HyFDCAConfig
 from hybridfl.data.partitioners import GridPartitioner
@@ -117,40 +118,31 @@ def run(n: int, workers: int) -> dict:
     }
 
 
+PSI_COLUMNS = ["n", "workers", "request_s", "setup_s", "response_s", "intersect_s", "total_s"]
+PSI_COLUMNS += ["bytes_client_to_server", "bytes_server_to_client", "correct", "load_before", "load_after"]
+
+
 def write(rows: list[dict]) -> None:
-    """Merge ``rows`` into ``psi.json`` (keyed by (n, workers)) and rewrite ``psi.md``."""
-    OUT.mkdir(parents=True, exist_ok=True)
+    """Merge ``rows`` into the report ``psi`` (keyed by (n, workers); earlier rows keep their own
+    commit and machine) and rewrite ``psi.json`` and ``psi.md``."""
     path = OUT / "psi.json"
-    old = json.loads(path.read_text())["runs"] if path.is_file() else []
+    old = json.loads(path.read_text())["rows"] if path.is_file() else []
+    mine = {"commit": harness.commit(), "machine": harness.machine()}
     keep = {(r["n"], r["workers"]): r for r in old}
-    keep.update({(r["n"], r["workers"]): r for r in rows})
-    runs = [keep[k] for k in sorted(keep)]
-    meta = {
-        "library": f"openmined-psi {psi.library_version()}",
-        "protocol": "ECDH P-256, RAW data structure, client = request + intersection, server = setup + response",
-        "cpus": psi.default_workers(),
-        "python": platform.python_version(),
-        "command": "nice -n 5 .venv/bin/python -m benchmarks.privacy_cost psi",
-    }
-    path.write_text(json.dumps({"meta": meta, "runs": runs}, indent=2) + "\n")
-    lines = [
-        "# PSI: time and bytes per side size",
-        "",
-        f"{meta['library']}, {meta['protocol']}; n IDs per side, half common; both sides timed one after",
-        f"the other in one process ({meta['cpus']} CPUs, shared with other jobs: see the load average).",
-        f"Command: `{meta['command']}`.",
-        "",
-        "| n per side | workers | request s | setup s | response s | intersect s | total s | MB client->server | MB server->client | correct | load avg |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:--:|---:|",
-    ]
-    for r in runs:
-        lines.append(
-            f"| {r['n']:,} | {r['workers']} | {r['request_s']:.1f} | {r['setup_s']:.1f} | {r['response_s']:.1f} "
-            f"| {r['intersect_s']:.1f} | {r['total_s']:.1f} | {r['bytes_client_to_server'] / 1e6:.2f} "
-            f"| {r['bytes_server_to_client'] / 1e6:.2f} | {'yes' if r['correct'] else 'NO'} "
-            f"| {r['load_before']:.1f}-{r['load_after']:.1f} |"
-        )
-    (OUT / "psi.md").write_text("\n".join(lines) + "\n")
+    keep.update({(r["n"], r["workers"]): {**r, **mine} for r in rows})
+    harness.write_report(
+        "psi",
+        [keep[k] for k in sorted(keep)],
+        title="PSI: time and bytes per side size",
+        command="nice -n 5 .venv/bin/python -m benchmarks.privacy_cost psi [--sizes N ...] [--workers W ...]",
+        columns=PSI_COLUMNS + ["commit"],
+        notes=[
+            f"openmined-psi {psi.library_version()}, ECDH P-256, RAW data structure; client = request + "
+            "intersection, server = setup + response; n IDs per side, half common; both sides timed one after "
+            "the other in one process (seconds), bytes each way; the load average before and after each run."
+        ],
+        out=OUT,
+    )
 
 
 def main_psi() -> None:
@@ -164,12 +156,9 @@ def main_psi() -> None:
         plan = [(10**4, 1), (10**4, 2), (10**5, 1), (10**5, 2), (10**6, psi.default_workers())]
     else:
         plan = [(n, w) for n in (a.sizes or [10**4]) for w in (a.workers or [psi.default_workers()])]
-    rows = []
-    for n, w in plan:
-        r = run(n, w)
-        print(json.dumps(r), flush=True)
-        rows.append(r)
-        write(rows)
+    configs = {f"n{n}_w{w}": {"n": n, "workers": w} for n, w in plan}
+    rows = harness.run_grid(lambda cfg, seed: run(cfg["n"], cfg["workers"]), configs)
+    write(rows)
 
 
 # ======================================== part hyfdca-psi
@@ -270,8 +259,10 @@ def main_hyfdca_psi() -> None:
 # ======================================== part secagg
 
 
-def measure(split, part, cfg: HyFDCAConfig) -> dict:
-    fed = build_federation("hyfdca", split, part, cfg)
+def measure(split, part, cfg: HyFDCAConfig, seed: int = 0) -> dict:
+    """CPU seconds per round (median), bytes per round and of the primal shares, unmask messages
+    and the final ``w`` of one HyFDCA run of ``cfg`` on ``part`` with ``seed``."""
+    fed = build_federation("hyfdca", split, part, cfg, seed=seed)
     fed.setup()
     secs = []
     for rnd in range(1, cfg.rounds + 1):  # single-threaded, so CPU time is the round's compute time
@@ -319,88 +310,92 @@ def main_secagg() -> None:
     args = ap.parse_args()
     split, pos, lam = dataset(args.dataset)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
-    t_start = time.perf_counter()
-    load0 = os.getloadavg()[0]
-    out: dict = {
-        "dataset": args.dataset,
-        "grid": "3 x 3 = 9 clients",
-        "dual_mode": args.dual_mode,
-        "rounds": args.rounds,
-        "encryption": "none (secure aggregation concerns the plaintext shares; its cost does not depend on the scheme)",
-        "runs": {},
-        "command": " ".join([".venv/bin/python", *sys.argv]),
-    }
-    rows = []
+
+    def compare(setting: dict, seed: int) -> dict:
+        """The same run with secure aggregation off and on at one failure rate."""
+        res = {}
+        for secure in (False, True):
+            cfg = HyFDCAConfig(
+                fit_intercept=False,
+                lam=lam,
+                rounds=args.rounds,
+                positive_classes=pos,
+                eval_every=0,
+                reference=False,
+                failure_rate=setting["failure_rate"],
+                dual_mode=args.dual_mode,
+                secure_aggregation=secure,
+                batch_size=128,
+            )
+            res[secure] = measure(split, part, cfg, seed)
+        diff = float(np.abs(res[True].pop("w") - res[False].pop("w")).max())
+        p, s = res[False], res[True]
+        return {
+            "cpu_s_round_plain": p["round_cpu_seconds_median"],
+            "cpu_s_round_secure": s["round_cpu_seconds_median"],
+            "ratio": s["round_cpu_seconds_median"] / p["round_cpu_seconds_median"],
+            "kB_round_plain": p["bytes_per_round"] / 1e3,
+            "kB_round_secure": s["bytes_per_round"] / 1e3,
+            "primal_kB_round_plain": p["primal_bytes_per_round"] / 1e3,
+            "primal_kB_round_secure": s["primal_bytes_per_round"] / 1e3,
+            "unmask_messages": s["unmask_messages"],
+            "w_max_abs_diff": diff,
+            "plain_shares": p,
+            "secure_aggregation": s,
+        }
+
     with single_threaded():
         warm = HyFDCAConfig(fit_intercept=False, lam=lam, rounds=2, positive_classes=pos, eval_every=0, reference=False)
         measure(split, part, warm)  # first-use costs (imports, caches) outside the comparison
-        for rate in (float(r) for r in args.rates.split(",")):
-            res = {}
-            for secure in (False, True):
-                cfg = HyFDCAConfig(
-                    fit_intercept=False,
-                    lam=lam,
-                    rounds=args.rounds,
-                    positive_classes=pos,
-                    eval_every=0,
-                    reference=False,
-                    failure_rate=rate,
-                    dual_mode=args.dual_mode,
-                    secure_aggregation=secure,
-                    batch_size=128,
-                )
-                res[secure] = measure(split, part, cfg)
-            diff = float(np.abs(res[True].pop("w") - res[False].pop("w")).max())
-            out["runs"][str(rate)] = {
-                "plain_shares": res[False],
-                "secure_aggregation": res[True],
-                "w_max_abs_diff": diff,
-            }
-            p, s = res[False], res[True]
-            rows.append(
-                f"| {rate:g} | {p['round_cpu_seconds_median']:.3f} | {s['round_cpu_seconds_median']:.3f} | "
-                f"{s['round_cpu_seconds_median'] / p['round_cpu_seconds_median']:.2f} | {p['bytes_per_round'] / 1e3:.1f} | "
-                f"{s['bytes_per_round'] / 1e3:.1f} | {p['primal_bytes_per_round'] / 1e3:.1f} | "
-                f"{s['primal_bytes_per_round'] / 1e3:.1f} | {s['unmask_messages']} | {diff:.1e} |"
-            )
+        base = {"dataset": args.dataset, "grid": "3x3", "dual_mode": args.dual_mode, "rounds": args.rounds}
+        rates = [float(r) for r in args.rates.split(",")]
+        rows = harness.run_grid(compare, {f"failure_rate {r:g}": {**base, "failure_rate": r} for r in rates})
     micro = {f"d={d}, {k} peers": mask_seconds(d, k) for d, k in ((784, 8), (784, 99), (100_000, 8))}
-    out["mask_seconds_median"] = micro
-    out["benchmark_seconds"] = time.perf_counter() - t_start
-    out["load_average"] = [load0, os.getloadavg()[0]]
-    (OUT / "secagg_cost.json").write_text(json.dumps(out, indent=2))
-    md = [
-        f"HyFDCA, {args.dataset}, {out['grid']}, dual_mode {args.dual_mode}, {args.rounds} rounds, encryption none; "
-        "secure aggregation of the primal shares off vs on, same seed and failures, one process; "
-        f"load average (1 min) {out['load_average'][0]:.1f} at start, {out['load_average'][1]:.1f} at end, 2 cores.",
-        "",
-        "| failure rate | CPU s/round plain | CPU s/round secure | ratio | kB/round plain | kB/round secure | "
-        "primal kB/round plain | primal kB/round secure | unmask messages | max abs diff of w |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-        *rows,
-        "",
-        "Client-side masking per exchange (fixed point + ChaCha20 pair masks), median of 200: "
-        + ", ".join(f"{k}: {v * 1e3:.3f} ms" for k, v in micro.items())
-        + ". Round times above are CPU seconds of the whole simulated round (server and all 9 clients in "
-        "sequence, one thread), so the machine's load does not enter them.",
-        "",
-        f"Command: `{out['command']}`",
-    ]
-    (OUT / "secagg_cost.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    harness.write_report(
+        "secagg_cost",
+        [{**r, "failure_rate": r["setting"]["failure_rate"]} for r in rows],
+        title=f"HyFDCA secure aggregation of the primal shares, off vs on ({args.dataset}, 3 x 3 grid)",
+        command=" ".join([".venv/bin/python -m benchmarks.privacy_cost secagg", *sys.argv[1:]]),
+        columns=SECAGG_COLUMNS,
+        notes=[
+            f"dual_mode {args.dual_mode}, {args.rounds} rounds, encryption none (secure aggregation concerns the "
+            "plaintext shares; its cost does not depend on the scheme); the same seed and failures in both runs, "
+            "one process. Round times are CPU seconds of the whole simulated round (server and all 9 clients in "
+            "sequence, one thread), so the machine's load does not enter them.",
+            "Client-side masking per exchange (fixed point + ChaCha20 pair masks), median of 200: "
+            + ", ".join(f"{k}: {v * 1e3:.3f} ms" for k, v in micro.items())
+            + ".",
+        ],
+        out=OUT,
+        extra={"mask_seconds_median": micro},
+    )
 
 
-PARTS = {"psi": main_psi, "hyfdca-psi": main_hyfdca_psi, "secagg": main_secagg}
+SECAGG_COLUMNS = [
+    ("failure_rate", "failure rate"),
+    ("cpu_s_round_plain", "CPU s/round plain"),
+    ("cpu_s_round_secure", "CPU s/round secure"),
+    ("ratio", "ratio"),
+    ("kB_round_plain", "kB/round plain"),
+    ("kB_round_secure", "kB/round secure"),
+    ("primal_kB_round_plain", "primal kB/round plain"),
+    ("primal_kB_round_secure", "primal kB/round secure"),
+    ("unmask_messages", "unmask messages"),
+    ("w_max_abs_diff", "max abs diff of w"),
+    ("load_before", "load before"),
+]
+
+
+PARTS = {
+    "psi": (main_psi, "--sizes 200 --workers 1".split()),
+    "hyfdca-psi": (main_hyfdca_psi, "--data credit".split()),
+    "secagg": (main_secagg, "--dataset credit --rounds 2 --rates 0".split()),
+}
 
 
 def main() -> None:
-    """``python -m benchmarks.privacy_cost PART [options]``: run one part with its own options
-    (``python -m benchmarks.privacy_cost PART --help`` lists them)."""
-    if len(sys.argv) < 2 or sys.argv[1] not in PARTS:
-        print("usage: python -m benchmarks.privacy_cost {psi,hyfdca-psi,secagg} [options]", file=sys.stderr)
-        raise SystemExit(2)
-    part = sys.argv.pop(1)
-    sys.argv[0] = f"benchmarks.privacy_cost {part}"
-    PARTS[part]()
+    """``python -m benchmarks.privacy_cost PART [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("privacy_cost", PARTS, globals())
 
 
 if __name__ == "__main__":

@@ -77,6 +77,8 @@ from pathlib import Path
 
 import torch
 
+from benchmarks import harness
+from benchmarks.harness import dispatch
 from hybridfl.algorithms.hyfem import SPEC
 from hybridfl.algorithms.hyfem.baselines import make_model_factory
 from hybridfl.algorithms.training import LocalTrainer
@@ -173,27 +175,42 @@ def main_cost() -> None:
     ap.add_argument("--repeats", type=int, default=4, help="best of N")
     ap.add_argument("--out", default=str(RESULTS / "sim_cost"), help="results path without .json/.md")
     args = ap.parse_args()
-    rows = []
-    for ds in args.datasets:
-        row = measure(ds, 10 if ds == "mnist" else None, args.repeats if ds != "mnist" else 2)
-        print(json.dumps(row), flush=True)
-        rows.append(row)
+    configs = {
+        ds: {"dataset": ds, "clients": 10 if ds == "mnist" else None, "repeats": args.repeats if ds != "mnist" else 2}
+        for ds in args.datasets
+    }
+    rows = harness.run_grid(lambda c, seed: measure(c["dataset"], c["clients"], c["repeats"]), configs)
     out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps(rows, indent=2))
-    lines = [
-        "| dataset | clients x rounds x Q x batch | HyFEM simulation (CPU s) | same models, no federation (CPU s) | ratio (CPU) | ratio (wall, best) "
-        "| HyFEM, batched clients (CPU s) | ratio, batched (CPU) | server model, central, same steps (CPU s) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['dataset']} | {r['clients']} x {r['rounds']} x {r['local_steps']} x {r['batch_size']} | {r['hyfem_seconds']:.2f} | "
-            f"{r['same_models_seconds']:.2f} | **{r['ratio']:.3f}** | {r['wall_ratio_best']:.3f} "
-            f"| {r['hyfem_batched_seconds']:.2f} | **{r['ratio_batched']:.3f}** "
-            f"| {r['server_model_central_seconds']:.2f} |"
-        )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    harness.write_report(
+        out.name,
+        rows,
+        title="Simulation cost: HyFEM against the same models trained without federation",
+        command=" ".join([".venv/bin/python -m benchmarks.simulation cost", *sys.argv[1:]]),
+        columns=SIM_COLUMNS,
+        notes=[
+            "HyFEM with M clients, T rounds, Q local steps and batch B evaluates M*T*Q*B sample gradients; the "
+            "reference trains exactly those models for T*Q steps each, one after another, with no messages, "
+            "encoding, aggregation or matching. ratio = HyFEM CPU seconds / reference CPU seconds (best of the repeats)."
+        ],
+        out=out.parent,
+    )
+
+
+SIM_COLUMNS = [
+    "dataset",
+    "clients",
+    "rounds",
+    ("local_steps", "Q"),
+    ("batch_size", "batch"),
+    ("hyfem_seconds", "HyFEM simulation (CPU s)"),
+    ("same_models_seconds", "same models, no federation (CPU s)"),
+    ("ratio", "ratio (CPU)"),
+    ("wall_ratio_best", "ratio (wall, best)"),
+    ("hyfem_batched_seconds", "HyFEM, batched clients (CPU s)"),
+    ("ratio_batched", "ratio, batched (CPU)"),
+    ("server_model_central_seconds", "server model, central, same steps (CPU s)"),
+    ("load_before", "load before"),
+]
 
 
 # ======================================== part scale
@@ -438,18 +455,15 @@ def main_scale() -> None:
     print(markdown(runs))
 
 
-PARTS = {"cost": main_cost, "scale": main_scale}
+PARTS = {
+    "cost": (main_cost, "--datasets mfeat --repeats 1".split()),
+    "scale": (main_scale, "--clients 4 --rounds 1 --local-steps 1".split()),
+}
 
 
 def main() -> None:
-    """``python -m benchmarks.simulation PART [options]``: run one part with its own options
-    (``python -m benchmarks.simulation PART --help`` lists them)."""
-    if len(sys.argv) < 2 or sys.argv[1] not in PARTS:
-        print("usage: python -m benchmarks.simulation {cost,scale} [options]", file=sys.stderr)
-        raise SystemExit(2)
-    part = sys.argv.pop(1)
-    sys.argv[0] = f"benchmarks.simulation {part}"
-    PARTS[part]()
+    """``python -m benchmarks.simulation PART [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("simulation", PARTS, globals())
 
 
 if __name__ == "__main__":
