@@ -529,7 +529,7 @@ def main_failures() -> None:
         "grid": "3 x 3 = 9 clients",
         "rounds": args.rounds,
         "runs": {},
-        "command": " ".join([".venv/bin/python", *sys.argv]),
+        "command": " ".join([".venv/bin/python -m benchmarks.hyfdca failures", *sys.argv[1:]]),
     }
     for rate in (float(r) for r in args.rates.split(",")):
         cfg = HyFDCAConfig(

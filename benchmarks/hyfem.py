@@ -116,6 +116,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks import harness
 from benchmarks.harness import dispatch
 from hybridfl.algorithms.hyfem import SPEC, HyFEMConfig
 from hybridfl.algorithms.hyfem.baselines import accuracy, make_model_factory, train_centralized
@@ -388,23 +389,37 @@ def main_matching() -> None:
     ap.add_argument("--sigmas", nargs="+", type=float, default=[1.0])
     ap.add_argument("--name", default="hyfem_matching")
     args = ap.parse_args()
-    rows = []
-    for seed in args.seeds:
-        rows += run_seed(seed, args.steps, args.hidden, ["pfnm", "euclidean", "index"], args.sigmas)
-    (RESULTS / f"{args.name}.json").write_text(json.dumps({"steps": args.steps, "rows": rows}, indent=2))
-    lines = [
-        "| seed | merge (cost, sigma) | server width (clients: "
-        f"{args.hidden}) | server accuracy | stand-alone clients (mean, own views) |",
-        "|---|---|---|---|---|",
-    ]
-    for r in rows:
-        how = r["cost"] + (f", sigma {r['sigma']:g}" if r["sigma"] is not None else "")
-        lines.append(
-            f"| {r['seed']} | {how} | {r['server_width']} | {100 * r['server_accuracy']:.2f} "
-            f"| {100 * r['standalone_accuracy_mean']:.2f} |"
-        )
-    (RESULTS / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    setting = {"steps": args.steps, "hidden": args.hidden, "sigmas": args.sigmas}
+
+    def merges(c: dict, seed: int) -> dict:
+        return {"merges": run_seed(seed, c["steps"], c["hidden"], ["pfnm", "euclidean", "index"], c["sigmas"])}
+
+    grid = harness.run_grid(merges, {"independent clients": setting}, args.seeds)
+    rows = [{**{k: v for k, v in g.items() if k != "merges"}, **m} for g in grid for m in g["merges"]]
+    harness.write_report(
+        args.name,
+        rows,
+        title="HyFEM matching when the clients' neurons do not align (clients trained apart, then merged once)",
+        command=" ".join([".venv/bin/python -m benchmarks.hyfem matching", *sys.argv[1:]]),
+        columns=MATCHING_COLUMNS,
+        notes=[
+            f"Each client trains its own classifier ({args.steps} SGD steps, {args.hidden} hidden units) on its "
+            "views of the example mfeat partition; the server merges them once (PFNM, Euclidean or index-wise). "
+            "Accuracies are fractions of the test set; wall_s and cpu_s are the seed's whole run."
+        ],
+        out=RESULTS,
+    )
+
+
+MATCHING_COLUMNS = [
+    "seed",
+    ("cost", "merge cost"),
+    "sigma",
+    ("client_width", "client width"),
+    ("server_width", "server width"),
+    ("server_accuracy", "server accuracy"),
+    ("standalone_accuracy_mean", "stand-alone clients (mean, own views)"),
+]
 
 
 # ======================================== part paper-settings
