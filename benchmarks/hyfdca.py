@@ -57,6 +57,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness
 from benchmarks.harness import dispatch
 from hybridfl.algorithms.convex.monitor import plot_suboptimality
 from hybridfl.algorithms.hybrid_fedavg import HybridFedAvgConfig, run_hybrid_fedavg
@@ -519,19 +520,10 @@ def main_failures() -> None:
     args = ap.parse_args()
     split, pos, lam = dataset(args.dataset)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
-    out: dict = {
-        "dataset": args.dataset,
-        "loss": args.loss,
-        "sigma": args.sigma,
-        "dual_mode": args.dual_mode,
-        "participation": args.participation,
-        "lambda": lam,
-        "grid": "3 x 3 = 9 clients",
-        "rounds": args.rounds,
-        "runs": {},
-        "command": " ".join([".venv/bin/python -m benchmarks.hyfdca failures", *sys.argv[1:]]),
-    }
-    for rate in (float(r) for r in args.rates.split(",")):
+    base = {"dataset": args.dataset, "grid": "3x3", "lambda": lam, "loss": args.loss, "sigma": args.sigma}
+    base.update(dual_mode=args.dual_mode, participation=args.participation, rounds=args.rounds)
+
+    def one(setting: dict, seed: int) -> dict:
         cfg = HyFDCAConfig(
             fit_intercept=False,
             lam=lam,
@@ -540,37 +532,48 @@ def main_failures() -> None:
             rounds=args.rounds,
             positive_classes=pos,
             eval_every=args.eval_every,
-            failure_rate=rate,
+            failure_rate=setting["failure_rate"],
             dual_mode=args.dual_mode,
             participation=args.participation,
         )
-        t = time.perf_counter()
         with single_threaded():
-            res = run_hyfdca(split, part, cfg, seed=0)
-        s = res.summary
-        h = first_round_below(res.history, 1e-3)
-        out["runs"][f"failure_rate_{rate:g}"] = {
-            "failure_rate": rate,
-            "client_failures": s["client_failures"],
-            "relative_suboptimality": s["relative_suboptimality"],
-            "duality_gap": s["duality_gap"],
-            "accuracy": s["accuracy"],
-            "reach_1e-3_round": None if h is None else h["round"],
-            "wall_seconds": time.perf_counter() - t,
-            "history": slim(res.history),
-        }
-        print(
-            f"{args.dataset} {args.loss} failure_rate={rate:g}: failures {s['client_failures']}, rel. subopt @{args.rounds} "
-            f"{s['relative_suboptimality']:.3e}, gap {s['duality_gap']:.3e}, test acc {s['accuracy']:.4f}",
-            flush=True,
-        )
-    OUT.mkdir(parents=True, exist_ok=True)
+            res = run_hyfdca(split, part, cfg, seed=seed)
+        s, h = res.summary, first_round_below(res.history, 1e-3)
+        keys = ("client_failures", "relative_suboptimality", "duality_gap", "accuracy")
+        out = {"failure_rate": setting["failure_rate"], **{k: s[k] for k in keys}}
+        return {**out, "reach_1e-3_round": None if h is None else h["round"], "history": slim(res.history)}
+
+    rates = [float(r) for r in args.rates.split(",")]
+    rows = harness.run_grid(one, {f"failure_rate {r:g}": {**base, "failure_rate": r} for r in rates})
     tag = (
         ("" if args.loss == "hinge" else f"_{args.loss}")
         + ("" if args.dual_mode == "block" else f"_{args.dual_mode}")
         + ("" if args.participation == 1.0 else f"_p{args.participation:g}")
     )
-    (OUT / f"hyfdca_failures_{args.dataset}{tag}.json").write_text(json.dumps(out, indent=1))
+    harness.write_report(
+        f"hyfdca_failures_{args.dataset}{tag}",
+        rows,
+        title=f"HyFDCA with clients failing mid-round ({args.dataset}, 3 x 3 grid, {args.dual_mode} mode)",
+        command=" ".join([".venv/bin/python -m benchmarks.hyfdca failures", *sys.argv[1:]]),
+        columns=FAILURE_COLUMNS,
+        notes=[
+            f"{args.loss} loss, lambda {lam:g}, {args.rounds} rounds, participation {args.participation:g}; each "
+            "selected client fails with the given probability per round (it does its work, its replies never "
+            "arrive). Relative suboptimality and duality gap after the last round; `history` in the JSON."
+        ],
+        out=OUT,
+    )
+
+
+FAILURE_COLUMNS = [
+    ("failure_rate", "failure rate"),
+    ("client_failures", "client failures"),
+    ("relative_suboptimality", "relative suboptimality"),
+    ("duality_gap", "duality gap"),
+    ("accuracy", "test accuracy"),
+    ("reach_1e-3_round", "first round <= 1e-3"),
+    ("wall_s", "wall s"),
+]
 
 
 # ======================================== part fedavg-lr
