@@ -31,6 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 FORMAT = 1  # the report format's version, written into every report
+SMOKE_ENV = "HYBRIDFL_BENCH_SMOKE"  # set by --smoke; inherited by the subprocesses a script starts
 
 
 def commit() -> str:
@@ -201,6 +202,27 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def smoke() -> bool:
+    """Whether this process runs a ``--smoke`` setting (see :func:`dispatch`)."""
+    return os.environ.get(SMOKE_ENV) == "1"
+
+
+def shrink(split, train: int = 600, test: int = 300):
+    """In a smoke run, ``split`` (a :class:`hybridfl.data.DatasetSplit`) cut to ``train`` and
+    ``test`` random rows (seed 0, order kept); otherwise ``split`` itself."""
+    if not smoke():
+        return split
+    import dataclasses
+
+    import numpy as np
+
+    def cut(part, n):
+        rows = np.sort(np.random.default_rng(0).permutation(len(part.y))[:n])
+        return part.take(rows)
+
+    return dataclasses.replace(split, train=cut(split.train, train), test=cut(split.test, test))
+
+
 def redirect_results(namespace: dict) -> Path:
     """Point every ``Path`` global of ``namespace`` that lies under ``benchmarks/results`` at the
     same place under a fresh temporary folder (a smoke run must not touch the committed results);
@@ -218,7 +240,8 @@ def dispatch(module: str, parts: Mapping[str, tuple[Callable[[], None], Sequence
     ``parts`` maps a part's name (``""`` for a script without parts) to its ``main`` (which reads
     ``sys.argv``) and its smoke arguments. ``--smoke`` runs the part with those arguments instead
     of the given ones, with the script's results redirected to a temporary folder
-    (:func:`redirect_results` on ``namespace``, the script's globals): it checks that the part
+    (:func:`redirect_results` on ``namespace``, the script's globals) and the data sets cut to a
+    few hundred rows where the script loads them through :func:`shrink`: it checks that the part
     runs end to end; its numbers mean nothing. An unknown part is one sentence and exit code 2.
     """
     args = sys.argv[1:]
@@ -231,6 +254,7 @@ def dispatch(module: str, parts: Mapping[str, tuple[Callable[[], None], Sequence
     fn, smoke = parts[name]
     if "--smoke" in args:
         args = list(smoke)
+        os.environ[SMOKE_ENV] = "1"
         print(f"smoke run of {module} {name}: results under {redirect_results(namespace)}", flush=True)
     sys.argv = [f"benchmarks.{module}" + (f" {name}" if name else ""), *args]
     fn()

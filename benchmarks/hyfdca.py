@@ -92,11 +92,11 @@ def dataset(name: str):
     """(split, positive_classes, lambda) of a benchmark problem."""
     if name == "mnist":
         # MNIST binary: digits 0-4 (-1) vs 5-9 (+1), all 60,000 rows, pixels in [0, 1], 49 4x4 tiles
-        return load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True), [5, 6, 7, 8, 9], 1e-3
+        return harness.shrink(load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True)), [5, 6, 7, 8, 9], 1e-3
     if name == "credit":
-        return standardize(load_credit_default(DATA / "default_credit_card")), None, 1e-3
+        return harness.shrink(standardize(load_credit_default(DATA / "default_credit_card"))), None, 1e-3
     if name == "adult":
-        return standardize(load_adult(DATA / "adult")), None, 1e-3
+        return harness.shrink(standardize(load_adult(DATA / "adult"))), None, 1e-3
     raise SystemExit(f"unknown dataset {name}")
 
 
@@ -588,42 +588,60 @@ def main_fedavg_lr() -> None:
     a = ap.parse_args()
     split, pos, lam = dataset(a.dataset)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
-    prev = json.loads((OUT / f"hyfdca_{a.dataset}.json").read_text())
+    prev = json.loads((harness.RESULTS / f"hyfdca_{a.dataset}.json").read_text())  # the committed HyFDCA run
     hy = {
         h["round"]: h["relative_suboptimality"]
         for h in prev["runs"]["hyfdca_full"]["history"]
         if "relative_suboptimality" in h
     }
-    out: dict = {"dataset": a.dataset, "rounds": a.rounds, "runs": {}}
-    with single_threaded():
-        for lr in [float(x) for x in a.lrs.split(",")]:
-            res = run_hybrid_fedavg(
-                split,
-                part,
-                HybridFedAvgConfig(
-                    fit_intercept=False, lam=lam, rounds=a.rounds, positive_classes=pos, eval_every=a.eval_every, lr=lr
-                ),
-                seed=0,
-            )
-            fa = {h["round"]: h["relative_suboptimality"] for h in res.history if "relative_suboptimality" in h}
-            common = [r for r in sorted(fa) if r >= 10 and r in hy]
-            out["runs"][f"lr{lr:g}"] = {
-                "final": res.summary["relative_suboptimality"],
-                "accuracy": res.summary["accuracy"],
-                "hyfdca_full_below_at_every_common_round_from_10": all(hy[r] < fa[r] for r in common),
-                "rounds_compared": len(common),
-                "history": slim(res.history),
-            }
-            print(
-                lr,
-                out["runs"][f"lr{lr:g}"]["final"],
-                out["runs"][f"lr{lr:g}"]["hyfdca_full_below_at_every_common_round_from_10"],
-                flush=True,
-            )
-    out["command"] = (
-        f".venv/bin/python -m benchmarks.hyfdca fedavg-lr --dataset {a.dataset} --lrs {a.lrs} --rounds {a.rounds} --eval-every {a.eval_every}"
+
+    def one(setting: dict, seed: int) -> dict:
+        cfg = HybridFedAvgConfig(
+            fit_intercept=False,
+            lam=lam,
+            rounds=a.rounds,
+            positive_classes=pos,
+            eval_every=a.eval_every,
+            lr=setting["lr"],
+        )
+        with single_threaded():
+            res = run_hybrid_fedavg(split, part, cfg, seed=seed)
+        fa = {h["round"]: h["relative_suboptimality"] for h in res.history if "relative_suboptimality" in h}
+        common = [r for r in sorted(fa) if r >= 10 and r in hy]
+        return {
+            "lr": setting["lr"],
+            "final": res.summary["relative_suboptimality"],
+            "accuracy": res.summary["accuracy"],
+            "hyfdca_full_below_at_every_common_round_from_10": all(hy[r] < fa[r] for r in common),
+            "rounds_compared": len(common),
+            "history": slim(res.history),
+        }
+
+    base = {"dataset": a.dataset, "grid": "3x3", "lambda": lam, "rounds": a.rounds}
+    rows = harness.run_grid(one, {f"lr {lr:g}": {**base, "lr": float(lr)} for lr in a.lrs.split(",")})
+    harness.write_report(
+        f"hyfdca_fedavg_lr_{a.dataset}",
+        rows,
+        title=f"Hybrid FedAvg learning rates against HyFDCA ({a.dataset}, 3 x 3 grid)",
+        command=" ".join([".venv/bin/python -m benchmarks.hyfdca fedavg-lr", *sys.argv[1:]]),
+        columns=FEDAVG_COLUMNS,
+        notes=[
+            "final: hybrid FedAvg's relative suboptimality after the last round; the comparison column says whether "
+            f"HyFDCA (block mode, full participation, `hyfdca_{a.dataset}.json`) is below it at every evaluated round "
+            "from round 10."
+        ],
+        out=OUT,
     )
-    (OUT / f"hyfdca_fedavg_lr_{a.dataset}.json").write_text(json.dumps(out, indent=1, default=float))
+
+
+FEDAVG_COLUMNS = [
+    "lr",
+    ("final", "relative suboptimality"),
+    ("accuracy", "test accuracy"),
+    ("hyfdca_full_below_at_every_common_round_from_10", "HyFDCA below at every round from 10"),
+    ("rounds_compared", "rounds compared"),
+    ("wall_s", "wall s"),
+]
 
 
 PARTS = {

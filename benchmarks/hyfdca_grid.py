@@ -80,6 +80,7 @@ import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
+from benchmarks import harness
 from benchmarks.harness import dispatch
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -296,7 +297,7 @@ def child(spec: dict, eval_every: int, psi_samples: int) -> dict:
 
     out: dict = {"load_average_start": load(), "source": source_state()}
     with single_threaded():
-        split = load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True)
+        split = harness.shrink(load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True))
         if spec.get("psi"):
             rows = np.sort(np.random.default_rng(0).choice(split.train.n_samples, psi_samples, replace=False))
             split = DatasetSplit(split.train.take(rows), split.test)

@@ -49,6 +49,7 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 
+from benchmarks import harness
 from benchmarks.harness import dispatch
 from benchmarks.hyfdca import DATA, OUT, dataset
 from hybridfl.algorithms.convex.losses import primal
@@ -70,7 +71,7 @@ def adult_sparse() -> DatasetSplit:
     so that zeros stay zeros."""
     from sklearn.preprocessing import MaxAbsScaler
 
-    s = load_adult(DATA / "adult")
+    s = harness.shrink(load_adult(DATA / "adult"))
     tr, te = {}, {}
     for b, x in s.train.blocks.items():
         m = MaxAbsScaler().fit(x.astype(np.float64))

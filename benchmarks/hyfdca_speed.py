@@ -53,6 +53,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness
 from benchmarks.harness import dispatch
 from hybridfl.algorithms.convex.losses import primal
 from hybridfl.algorithms.convex.monitor import build_problem
@@ -336,7 +337,7 @@ def run_main() -> None:
         return
     if a.profile:
         with single_threaded():
-            split = load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True)
+            split = harness.shrink(load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True))
             part = GridPartitioner(3, 3, 1, 0).partition(split.train)
             prof = profile(split, part, a.profile, a.batch_size, a.profile_scheme)
         prof["command"] = (
@@ -366,7 +367,7 @@ def run_main() -> None:
         "load_average_start": load(),
     }
     with single_threaded():
-        split = load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True)
+        split = harness.shrink(load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True))
         part = GridPartitioner(3, 3, 1, 0).partition(split.train)
         prob = build_problem(split, part, "hinge", LAM, POSITIVE)
 
