@@ -72,7 +72,7 @@ def run_grid(
     Returns one row per call: ``config`` (the setting's name), ``seed``, ``setting`` (the dict
     itself), what ``fn`` returned (a mapping of measured values, merged in), ``wall_s`` and
     ``cpu_s`` (this process's CPU seconds) of the call, and ``load_before`` / ``load_after``.
-    With ``echo`` each row is printed as it finishes (one line).
+    With ``echo`` each row's plain values are printed as it finishes (one line).
     """
     rows = []
     for name, setting in configs.items():
@@ -88,7 +88,8 @@ def run_grid(
             )
             rows.append(row)
             if echo:
-                print(" ".join(f"{k}={_cell(v)}" for k, v in row.items() if k != "setting"), flush=True)
+                shown = {k: v for k, v in row.items() if not isinstance(v, dict | list)}
+                print(" ".join(f"{k}={_cell(v)}" for k, v in shown.items()), flush=True)
     return rows
 
 
