@@ -618,7 +618,8 @@ def main_fedavg_lr() -> None:
         }
 
     base = {"dataset": a.dataset, "grid": "3x3", "lambda": lam, "rounds": a.rounds}
-    rows = harness.run_grid(one, {f"lr {lr:g}": {**base, "lr": float(lr)} for lr in a.lrs.split(",")})
+    lrs = [float(x) for x in a.lrs.split(",")]
+    rows = harness.run_grid(one, {f"lr {lr:g}": {**base, "lr": lr} for lr in lrs})
     harness.write_report(
         f"hyfdca_fedavg_lr_{a.dataset}",
         rows,
