@@ -113,6 +113,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness
 from benchmarks.harness import dispatch
 from hybridfl.algorithms.fedbcd import FedBCDConfig, run_fedbcd
 from hybridfl.config import load_config, parse_config
@@ -1011,8 +1012,10 @@ def main_credit():
     seeds = [0] if args.quick else [0, 1, 2]
     lrs = [0.1, 0.5] if args.quick else [0.1, 0.2, 0.5, 1.0]
     rounds = 200 if args.quick else 600
+    if harness.smoke():  # --smoke: one step size, a few rounds, a few thousand rows
+        lrs, rounds = [0.5], 4
     targets = [0.70, 0.71]
-    split = standardize(load_credit_default(CREDIT_DATA))
+    split = harness.shrink(standardize(load_credit_default(CREDIT_DATA)), train=3000, test=1000)
     from sklearn.linear_model import LogisticRegression
     from sklearn.metrics import roc_auc_score
 
@@ -1026,7 +1029,7 @@ def main_credit():
     t0 = time.time()
     with single_threaded():
         a = part_a(split, seeds, lrs, rounds, targets)
-        rounds_b = 60 if args.quick else 100
+        rounds_b = 2 if harness.smoke() else 60 if args.quick else 100
         b = part_b(split, seeds, {"mlp": 0.5, "linear": 1.0}, rounds_b, [25, 50, 100], 0.1)
     meta = {
         "seeds": seeds,

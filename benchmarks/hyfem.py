@@ -465,6 +465,8 @@ def example(dataset: str, seed: int, algo: dict | None = None, partition: dict |
     cfg["algorithm"].update(algo or {})
     cfg["partition"].update(partition or {})
     cfg["algorithm"]["eval_every"] = 0  # evaluate at the end only (the numbers reported)
+    if harness.smoke():  # --smoke: two rounds of two local steps
+        cfg["algorithm"].update(rounds=2, local_steps=2)
     return cfg
 
 
