@@ -288,12 +288,12 @@ def child(spec: dict, eval_every: int, psi_samples: int) -> dict:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     import numpy as np
 
+    from benchmarks.hyfdca_speed import timed_server  # the same timer; this grid counts child processes' CPU too
     from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
     from hybridfl.data import load_mnist
     from hybridfl.data.dataset import DatasetSplit
     from hybridfl.data.partitioners import GridPartitioner
     from hybridfl.runtime.simulation import single_threaded
-    from hyfdca_speed import timed_server  # the same timer; this grid counts child processes' CPU too
 
     out: dict = {"load_average_start": load(), "source": source_state()}
     with single_threaded():
