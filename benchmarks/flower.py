@@ -1244,7 +1244,7 @@ def main_trace() -> None:
 
 
 PARTS = {
-    "overhead": (main_overhead, "--part ping --nodes 1 --pings 2".split()),
+    "overhead": (main_overhead, "--part ping --nodes 1 --pings 2 --settings warm".split()),
     "trace": (main_trace, "--nodes 1 --pings 2 --idle 1".split()),
 }
 
