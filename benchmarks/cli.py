@@ -257,7 +257,7 @@ def main_predict() -> None:
         "rows": rows,
         "federated": fed,
     }
-    out = ROOT / "benchmarks" / "results"
+    out = OUT
     (out / "predict_speed.json").write_text(json.dumps(res, indent=1))
     md = [
         "# `hybridfl predict`: one table, whole CLI process",
