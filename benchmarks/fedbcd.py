@@ -118,6 +118,7 @@ from benchmarks.harness import dispatch
 from hybridfl.algorithms.fedbcd import FedBCDConfig, run_fedbcd
 from hybridfl.config import load_config, parse_config
 from hybridfl.data import VerticalPartitioner, load_credit_default, load_mnist, standardize
+from hybridfl.errors import ProtocolError, TrainingDiverged
 from hybridfl.experiment import execute, prepare
 from hybridfl.runtime.simulation import single_threaded
 
@@ -929,7 +930,17 @@ def part_b(split, seeds, lr_by_model, rounds, Qs, mu):
                         hidden=32,
                         eval_every=5,
                     )
-                    res = run_fedbcd(split, part, cfg, seed=seed)
+                    try:
+                        res = run_fedbcd(split, part, cfg, seed=seed)
+                    except (TrainingDiverged, ProtocolError) as e:
+                        if isinstance(e, ProtocolError) and "NaN or infinite" not in str(e):
+                            raise
+                        # a party refusing another's non-finite values stops the run: it diverged
+                        print(f"{model} Q={Q} {NAMES[variant]} seed {seed}: diverged ({e})", flush=True)
+                        finals.append(float("nan"))
+                        bests.append(float("nan"))
+                        curves.append([])
+                        continue
                     finals.append(res.summary["auc"])
                     bests.append(res.summary["best_auc"])
                     curves.append([(int(r["round"]), r["auc"]) for r in res.history if "auc" in r])
