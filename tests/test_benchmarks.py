@@ -95,3 +95,17 @@ def test_fill_docs_puts_the_rows_of_a_report_between_the_markers(tmp_path):
     harness.write_report("r", [{"config": "c", "seed": 1, "x": 2.5}], title="T", command="cmd", out=tmp_path)
     filled = harness.fill_docs("a\n<!-- report: r -->\nstale\n<!-- /report -->\nb\n", out=tmp_path)
     assert "stale" not in filled and "| c | 1 | 2.5 |" in filled and filled.endswith("<!-- /report -->\nb\n")
+
+
+def test_every_script_imports_from_the_root_and_names_a_smoke_setting_for_each_part():
+    """The scripts are modules of the ``benchmarks`` package (no ``sys.path`` edits), each part
+    with its smoke arguments; at most 12 scripts."""
+    import importlib
+
+    scripts = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem not in ("__init__", "harness"))
+    assert 0 < len(scripts) <= 12
+    for name in scripts:
+        text = (ROOT / "benchmarks" / f"{name}.py").read_text()
+        assert "sys.path" not in text, name
+        mod = importlib.import_module(f"benchmarks.{name}")
+        assert mod.PARTS and all(callable(fn) and smoke for fn, smoke in mod.PARTS.values()), name
