@@ -1,5 +1,5 @@
 """End-to-end HyFEM runs on the real data in ../shared/data (small budgets; the full must-show
-runs are benchmarks/hyfem_accuracy.py and the tests marked slow)."""
+runs are python -m benchmarks.hyfem accuracy and the tests marked slow)."""
 
 from __future__ import annotations
 
