@@ -14,7 +14,7 @@ Alg. 1-2 sum over the holders ``B_i`` of each sample). Two ways to find the hold
 The ``psi`` protocol, for clients ordered by name (a pair ``a < b``: ``a`` is the PSI client,
 ``b`` the PSI server), in four exchanges before ``hyfdca.init``:
 
-1. ``hyfdca.hello`` (payload ``alignment: psi``, ``clients``: every client's name): each client
+1. ``hyfdca.hello`` (payload ``alignment: psi``, ``clients``: every client's name, ``run``): each client
    makes a fresh PSI client key, PSI server key and X25519 key (:class:`~hybridfl.privacy.psi.KeyAgreement`;
    a key of its own, not the secure-aggregation key: it exists without secure aggregation and
    serves one purpose) and replies ``psi_dh`` (its X25519 public key), ``psi_request`` (its IDs
@@ -45,9 +45,18 @@ What each party learns (docs/privacy.md, "HyFDCA alignment"): the server, the nu
 of each client, the size of every pairwise intersection and of every segment (holder set); a
 client, which of its samples each other client holds (and, from the request/setup sizes relayed to
 it, nothing more: the PSI hides the IDs outside the intersection). The relay sees the X25519
-public keys, blinded points and HMAC tags it cannot invert (a server that replaced the public
-keys, an *active* attack, could learn the tags' key: the clients would need authenticated keys
-for that).
+public keys, blinded points and HMAC tags it cannot invert.
+
+Against an *active* server (one that appends its own blinded guesses to a relayed request, sends
+a request or setup of its own, or replaces a public key) the clients need a roster
+(:mod:`hybridfl.privacy.roster`, ``roster.json`` in each client directory): the hello carries a
+fresh ``run`` label; each client signs its X25519 key, set size and request (``psi_request_sig``)
+or setup (``psi_setup_sig``), and each response (``response_sig.<a>``, binding the requester's
+name and the request's SHA-256) with its Ed25519 credential; the server relays the signatures
+with the blobs and every set size (``n.<peer>``), and a peer refuses a blob whose signature does
+not verify. Roster or not, a responder answers each request once (the alignment's order) and only
+if it holds exactly the sender's set size of distinct points (:func:`~hybridfl.privacy.psi.check_request_size`),
+before any exponentiation.
 
 Both alignments give the same segments in the same order (:func:`segment_order` of the holder
 sets, not of arrival order), so a run's results do not depend on the alignment (tested to 1e-12).
