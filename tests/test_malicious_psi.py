@@ -37,7 +37,7 @@ def _ids(prefix: str, idx) -> list[str]:
     return [f"{prefix}-{i:05d}@bank.example" for i in idx]
 
 
-def _hyfdca_pair(signed: bool):
+def _hyfdca_pair(signed: bool | tuple[str, ...]):
     """Clients ``a`` (PSI requester) and ``b`` (responder) of a real HyFDCA federation, 120
     samples each, 100 in common; with ``signed``, each holds a roster (an in-memory one, as
     ``roster.json`` in its directory would give). Returns the clients, their hello replies and
@@ -54,8 +54,8 @@ def _hyfdca_pair(signed: bool):
     cfg = HyFDCAConfig(alignment="psi", positive_classes=[1], secure_aggregation=False, rounds=1, reference=False)
     fed = build_federation("hyfdca", split, part, cfg, seed=0)
     clients = fed.clients
-    if signed:
-        for c, auth in in_memory_auths(["a", "b"]).items():
+    for c, auth in in_memory_auths(["a", "b"]).items():
+        if signed is True or c in (signed or ()):
             clients[c].peer_auth = auth
     run = os.urandom(32)
     hello = {
@@ -160,6 +160,23 @@ def test_with_a_roster_a_forged_response_or_setup_is_refused():
         assert one_sentence(e.value) and key.replace(".", "_sig.") in str(e.value)
     reply = clients["a"].handle(Message("hyfdca.psi_result", SERVER, "a", 0, honest))
     assert len(reply.payload["tags.b"]) == 100 * psi.TAG_BYTES  # the honest relay still aligns
+
+
+def test_a_client_with_a_roster_refuses_a_peer_without_one():
+    """Only ``a`` holds a roster: ``b`` lets a's signature through unchecked and answers; ``a``
+    refuses b's unsigned setup in one sentence (fails closed) instead of aligning unauthenticated."""
+    clients, h, _ = _hyfdca_pair(signed=("a",))
+    assert "psi_setup_sig" not in h["b"] and "psi_request_sig" in h["a"]
+    served = clients["b"].handle(Message("hyfdca.psi_serve", SERVER, "b", 0, _serve(h, h["a"]["psi_request"], 120)))
+    relay = {
+        "setup.b": h["b"]["psi_setup"],
+        "response.b": served.payload["response.a"],
+        "dh.b": h["b"]["psi_dh"],
+        "n.b": 120,
+    }
+    with pytest.raises(PeerAuthError, match="unsigned psi-setup of 'b'") as e:
+        clients["a"].handle(Message("hyfdca.psi_result", SERVER, "a", 0, relay))
+    assert one_sentence(e.value) and clients["a"].protocol.stopped
 
 
 def test_a_request_repeating_one_point_is_refused_before_any_work(monkeypatch):

@@ -380,8 +380,7 @@ class FedBCDParty:
                 f"FedBCD label party {self.party_id!r} got fedbcd.psi_result before fedbcd.psi_request."
             )
         others = self._others()
-        signed = ("sig",) if self.peer_auth is not None else ()
-        only_keys(msg, [f"{f}.{k}" for k in others for f in ("setup", "response", "dh", *signed)])
+        only_keys(msg, [f"{f}.{k}" for k in others for f in ("setup", "response", "dh", "sig")])
         client = psi.PSIClient(self.ids, key=self._align["psi"])
         dh = psi.KeyAgreement(self._align["dh"])
         common = np.arange(len(self.ids), dtype=np.int64)

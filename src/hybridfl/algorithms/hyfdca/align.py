@@ -251,9 +251,8 @@ class AlignClientMixin:
         """
         self._align_expect(msg, 1)
         lower = self._align_peers(lower=True)
-        auth = self._auth()
-        fields = ("request", "dh", "n", "request_sig") if auth is not None else ("request", "dh", "n")
-        validate.only_keys(msg, [f"{f}.{a}" for a in lower for f in fields])
+        auth = self._auth()  # without a roster a signature is let through unchecked (a peer with one sent it)
+        validate.only_keys(msg, [f"{f}.{a}" for a in lower for f in ("request", "dh", "n", "request_sig")])
         server = psi.PSIServer(self.ids, key=self.align_secret["psi_s"])
         dh = psi.KeyAgreement(self.align_secret["dh"])
         out, keys = {}, {}
@@ -289,8 +288,8 @@ class AlignClientMixin:
         """
         self._align_expect(msg, 2 if self._align_peers(lower=True) else 1)
         higher = self._align_peers(lower=False)
-        signed = ("setup_sig", "response_sig") if self._auth() is not None else ()
-        validate.only_keys(msg, [f"{f}.{b}" for b in higher for f in ("setup", "response", "dh", "n", *signed)])
+        fields = ("setup", "response", "dh", "n", "setup_sig", "response_sig")
+        validate.only_keys(msg, [f"{f}.{b}" for b in higher for f in fields])
         client = psi.PSIClient(self.ids, key=self.align_secret["psi_c"])
         dh = psi.KeyAgreement(self.align_secret["dh"])
         held = self.align_held.copy()
