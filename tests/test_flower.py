@@ -453,8 +453,14 @@ def _fedbcd_setup(tmp_path, algo):
     return split, part, dirs, cfg
 
 
-def _fedbcd_reference(split, part, cfg, fail_at=()):
+def _fedbcd_reference(split, part, cfg, fail_at=(), dirs=()):
+    """The simulation's run; with the export's ``dirs``, its parties hold the roster the exported
+    directories hold (signed PSI, as the deployment), so the bytes match too."""
+    from hybridfl.privacy.roster import peer_auth_of
+
     fed = build_federation("fedbcd", split, part, cfg, seed=2, fail_at=fail_at)
+    for d in dirs:
+        fed.clients[d.name].peer_auth = peer_auth_of(d.name, d)
     fed.setup()
     with single_threaded():
         hist = fed.loop().run()
@@ -468,7 +474,7 @@ def test_fedbcd_rebuilt_parties_equal_simulation(tmp_path, variant, model):
     per-round test AUC included (evaluated through the protocol on both sides)."""
     algo = {**FEDBCD, "variant": variant, "model": model}
     split, part, dirs, cfg = _fedbcd_setup(tmp_path, algo)
-    ref, fed = _fedbcd_reference(split, part, cfg)
+    ref, fed = _fedbcd_reference(split, part, cfg, dirs=dirs)
     t = StepTransport(dirs)
     _, hist, _ = run_steps(t, tmp_path / "export" / "server")
     assert all("auc" in r for r in hist) and _strip(hist) == _strip(ref)

@@ -294,7 +294,7 @@ def test_fedbcd_over_the_flower_transport_reports_auc_and_stops_at_target(tmp_pa
     assert 1 < first < 30
     algo = {**FEDBCD, "rounds": 30, "target_auc": target, "stop_at_target": True}
     split, part, dirs, cfg = _fedbcd_setup(tmp_path, algo)
-    ref, _ = _fedbcd_reference(split, part, cfg)
+    ref, _ = _fedbcd_reference(split, part, cfg, dirs=dirs)  # the export's roster: the same signed setup bytes
     summary = run_server(
         FakeGrid(dirs),
         tmp_path / "export" / "server",
@@ -316,7 +316,7 @@ def test_fedbcd_skip_and_undo_over_the_flower_transport_equal_simulation(tmp_pat
     coordinator skips the round and every party undoes it, exactly as in the simulation with the
     same failure."""
     split, part, dirs, cfg = _fedbcd_setup(tmp_path, FEDBCD)
-    ref, fed = _fedbcd_reference(split, part, cfg, fail_at=[(2, part.clients[2].client_id)])
+    ref, fed = _fedbcd_reference(split, part, cfg, fail_at=[(2, part.clients[2].client_id)], dirs=dirs)
     assert fed.server.skipped == [(2, [part.clients[2].client_id])]
     summary = run_server(
         FakeGrid(dirs, lose={(2, 2)}),

@@ -17,6 +17,7 @@ produces, and the evaluation reports them (``diverged``).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -25,6 +26,8 @@ from hybridfl.algorithms.fedbcd.config import FedBCDConfig, PartyMissingError
 from hybridfl.algorithms.fedbcd.party import EVALUATE
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy import psi
+from hybridfl.privacy.credentials import SIGNATURE_BYTES
+from hybridfl.privacy.roster import RUN_BYTES
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
 from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys, strings
@@ -239,19 +242,22 @@ class FedBCDCoordinator:
                 wrong length, an ``n_aligned`` other than the label party's).
         """
         L = self.label_party
-        req = self._setup_exchange(transport, [Message("fedbcd.psi_request", SERVER, L, 0)])[L]
-        only_keys(req, ("request", "dh"))
-        request = self.check_blob(req, "request")
-        dh = self.check_blob(req, "dh", size=psi.DH_BYTES)
-        served = self._setup_exchange(
-            transport, [Message("fedbcd.psi_serve", SERVER, k, 0, {"request": request, "dh": dh}) for k in self.passive]
-        )
+        run = os.urandom(RUN_BYTES)  # the run label the parties' signatures name
+        req = self._setup_exchange(transport, [Message("fedbcd.psi_request", SERVER, L, 0, {"run": run})])[L]
+        only_keys(req, ("request", "dh", "n", "sig"))
+        ask = {"request": self.check_blob(req, "request"), "dh": self.check_blob(req, "dh", size=psi.DH_BYTES)}
+        ask.update(run=run, n=integer(req, "n", low=1, high=psi.MAX_IDS))
+        if "sig" in req.payload:  # the label party's signature (the passive parties check it)
+            ask["sig"] = self.check_blob(req, "sig", size=SIGNATURE_BYTES)
+        served = self._setup_exchange(transport, [Message("fedbcd.psi_serve", SERVER, k, 0, ask) for k in self.passive])
         relay: dict = {}
         for k, r in served.items():
-            only_keys(r, ("setup", "response", "dh"))
+            only_keys(r, ("setup", "response", "dh", "sig"))
             relay[f"setup.{k}"] = self.check_blob(r, "setup")
             relay[f"response.{k}"] = self.check_blob(r, "response")
             relay[f"dh.{k}"] = self.check_blob(r, "dh", size=psi.DH_BYTES)
+            if "sig" in r.payload:
+                relay[f"sig.{k}"] = self.check_blob(r, "sig", size=SIGNATURE_BYTES)
         res = self._setup_exchange(transport, [Message("fedbcd.psi_result", SERVER, L, 0, relay)])[L]
         n = integer(res, "n_aligned", low=0, high=psi.MAX_IDS)
         if n == 0:

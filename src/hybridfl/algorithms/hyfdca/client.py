@@ -86,6 +86,7 @@ from hybridfl.algorithms.hyfdca.segment import SegmentClientMixin
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import HEBackend
+from hybridfl.privacy.roster import PeerAuth
 from hybridfl.privacy.segmask import SegmentMasks
 from hybridfl.runtime import validate
 from hybridfl.runtime.messages import Message
@@ -109,6 +110,9 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             policy: set when it holds an HE key pair; :mod:`.secure`).
         secagg_threshold: ``t``, the fewest clients of a masked exchange it answers in
             (:func:`~hybridfl.privacy.secagg.mask_quorum`; at least 2).
+        peer_auth: its credential and the federation's roster
+            (:class:`~hybridfl.privacy.roster.PeerAuth`): it signs its PSI blobs and keys and
+            refuses a peer's that do not verify (:mod:`.align`); ``None``: nothing signed.
 
     State kept between messages (:meth:`get_state`): ``alpha`` ``(n_k,)`` its copy of the dual
     variables, ``u`` ``(n_k,)`` the last decrypted inner products, ``q`` ``(n_k,)`` full squared
@@ -130,8 +134,10 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         sparse: str = "auto",
         require_secagg: bool = False,
         secagg_threshold: int = 2,
+        peer_auth: PeerAuth | None = None,
     ):
         self.client_id = client_id
+        self.peer_auth = peer_auth
         self.protocol = ClientProtocol(client_id)  # its own view of the protocol (fail closed)
         self.secagg_threshold = max(2, int(secagg_threshold))
         self.ids = np.asarray(data.ids).astype(str)
