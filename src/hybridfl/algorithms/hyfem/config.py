@@ -65,9 +65,10 @@ class HyFEMConfig(BaseModel):
     ``variant: avg`` (HyFEM-Avg) forces ``mu1 = mu2 = 0``; ``variant: prox`` (HyFEM-Prox) uses the
     given proximal weights ``mu1`` (extractors) and ``mu2`` (classifier) in the local steps.
 
-    ``device`` (``cpu`` default, ``cuda``, ``auto``): where the server's, the clients' and the
-    baselines' models and every tensor made from client data live
-    (:func:`hybridfl.models.device.resolve_device`); messages stay NumPy arrays.
+    ``device`` (``auto`` default: ``cuda`` when torch sees a GPU, else ``cpu``; ``cpu``; ``cuda``):
+    where the server's, the clients' and the baselines' models and every tensor made from client
+    data live (:func:`hybridfl.models.device.resolve_device`; the run's summary records the device
+    under ``device``); messages stay NumPy arrays.
 
     Raises:
         pydantic.ValidationError: ``variant: avg`` with a proximal weight, ``matching.max_width``
@@ -136,8 +137,8 @@ class HyFEMConfig(BaseModel):
         description="simulation only: the clients of a round train as one batched model (each block's extractors and each classifier shape vmap-ed; hybridfl.algorithms.hyfem.batched); equal to the sequential run up to float rounding",
     )
     device: Literal["cpu", "cuda", "auto"] = Field(
-        "cpu",
-        description="where the torch models and the tensors made from client data live: cpu, cuda or auto (hybridfl.models.device)",
+        "auto",
+        description="where the torch models and the tensors made from client data live: auto (cuda when torch sees a GPU, else cpu), cpu or cuda (hybridfl.models.device)",
     )
 
     @model_validator(mode="after")
