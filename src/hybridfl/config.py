@@ -276,6 +276,20 @@ class RunConfig(BaseModel):
             raise ConfigError(_first_error(e, "algorithm")) from None
 
 
+def simulation_fields(model: type[BaseModel]) -> frozenset[str]:
+    """The settings of an algorithm config model that only the simulation and the server use
+    (failure injection, modelled latency, the evaluation schedule, baselines, the device): its
+    ``simulation_only`` class attribute (empty without one)."""
+    return frozenset(getattr(model, "simulation_only", frozenset())) & frozenset(model.model_fields)
+
+
+def client_settings_json(cfg: BaseModel) -> str:
+    """The algorithm settings a deployed client receives in the hello, as JSON: the method, its
+    hyperparameters and the protocol and privacy settings, without :func:`simulation_fields`
+    (the client validates the JSON with the same model, which fills their defaults)."""
+    return cfg.model_dump_json(exclude=set(simulation_fields(type(cfg))))
+
+
 def _first_error(e: ValidationError, prefix: str = "", where: str = "") -> str:
     err = e.errors()[0]
     loc = ((prefix,) if prefix else ()) + tuple(err["loc"])

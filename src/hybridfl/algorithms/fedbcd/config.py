@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -68,6 +68,11 @@ class FedBCDConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
+    simulation_only: ClassVar[frozenset[str]] = frozenset(
+        {"failure_rate", "device", "target_auc", "stop_at_target", "eval_every", "eval_subset", "eval_dense_from"}
+    )
+    """Settings of the simulation and the server's schedule, never sent to a client
+    (:func:`hybridfl.config.client_settings_json`)."""
     name: Literal["fedbcd"] = Field("fedbcd", description="the algorithm (FedBCD, vertical FL)")
     variant: Literal["sgd", "p", "s", "prox"] = Field(
         "p",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -76,6 +76,11 @@ class HyFEMConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
+    simulation_only: ClassVar[frozenset[str]] = frozenset(
+        {"eval_every", "test_subsample", "failure_rate", "baselines", "batched_clients", "device"}
+    )
+    """Settings of the simulation and the server's schedule, never sent to a client
+    (:func:`hybridfl.config.client_settings_json`)."""
     name: Literal["hyfem"] = Field("hyfem", description="the algorithm (HyFEM, hybrid federated matching)")
     variant: Literal["avg", "prox"] = Field(
         "avg",

@@ -364,6 +364,7 @@ def run_server(
     Returns:
         The summary (also written to ``out_dir/summary.json``).
     """
+    from hybridfl.config import client_settings_json
     from hybridfl.runtime.flower.bridge import FlowerTransport
     from hybridfl.runtime.loop import RoundLoop
     from hybridfl.runtime.simulation import RunResult, single_threaded
@@ -378,7 +379,7 @@ def run_server(
     # tells a restarted node of this run (its state kept on disk) from a node of another run
     hello = {
         "algorithm": cfg.name,
-        "config": cfg.model_dump_json(),
+        "config": client_settings_json(cfg),  # the simulation-only settings stay here
         "seed": seed,
         "layout": json.dumps(sd.layout),
         "session": os.urandom(12).hex(),
