@@ -136,7 +136,10 @@ class HyFEMConfig(BaseModel):
         ge=2,
         description="secure aggregation threshold t (each client's own rule, against a malicious server): a client masks only in an exchange of at least t clients of its roster, itself included (at most the run's clients; HyFDCA segment mode: at most the holders of its pass's segments), and unmasks a dropped peer only if at least t of the exchange's clients survive (never itself, once per exchange); the server selects at least t clients a round and drops an exchange it could not unmask: hybridfl.privacy.secagg",
     )
-    baselines: bool = Field(True, description="also train centralised and stand-alone baselines")
+    baselines: bool = Field(
+        False,
+        description="also train the centralised and stand-alone baselines with the same T*Q budget (each client alone: about the federation's training time again)",
+    )
     batched_clients: bool = Field(
         False,
         description="simulation only: the clients of a round train as one batched model (each block's extractors and each classifier shape vmap-ed; hybridfl.algorithms.hyfem.batched); equal to the sequential run up to float rounding",
