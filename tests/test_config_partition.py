@@ -40,6 +40,7 @@ REFUSED = {
         "num_clients",
         "explicit parties (partition kind 'vertical')",
     ),
+    "an empty client list": ({"kind": "class_block", "clients": []}, "clients", "at least 1 item"),
     "an unknown setting": ({"kind": "dirichlet", "clients_n": 2}, "clients_n", "not a known setting"),
     "an unknown kind": ({"kind": "magic"}, "kind", "must be one of class_block, grid"),
     "file without a path": ({"kind": "file"}, "path", "Field required"),

@@ -106,7 +106,9 @@ class ClassBlockPartitionConfig(_PartitionBase):
 
     kind: Literal["class_block"] = "class_block"
     num_clients: int = Field(6, ge=1, description="clients drawn (unused with explicit clients)")
-    clients: list[ClientSpecConfig] | None = Field(None, description="explicit classes x blocks per client")
+    clients: list[ClientSpecConfig] | None = Field(
+        None, min_length=1, description="explicit classes x blocks per client"
+    )
     classes_per_client: int | tuple[int, int] = Field(
         (5, 7), description="classes of a drawn client: a number or an inclusive [low, high] range"
     )
