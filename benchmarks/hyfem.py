@@ -469,7 +469,10 @@ def example(dataset: str, seed: int, algo: dict | None = None, partition: dict |
     cfg = load_config(ROOT / "examples" / "configs" / f"hyfem_{dataset}.yaml").model_dump(mode="json")
     cfg["seed"] = seed
     cfg["algorithm"].update(algo or {})
-    cfg["partition"].update(partition or {})
+    if partition and "clients" in partition:  # explicit clients: the example's drawing settings do not apply
+        cfg["partition"] = dict(partition)
+    else:
+        cfg["partition"].update(partition or {})
     cfg["algorithm"]["eval_every"] = 0  # evaluate at the end only (the numbers reported)
     if harness.smoke():  # --smoke: two rounds of two local steps
         cfg["algorithm"].update(rounds=2, local_steps=2)
@@ -631,7 +634,7 @@ def c1_partition(views: list[str], common_only: bool) -> dict:
     sets = [[b[0], b[1], b[2]]] * 2 + [[b[0], b[2], b[3]]] * 2 + [[b[0], b[2]]] * 2
     classes = [list(range(5)), list(range(5, 10))] * 3
     clients = [{"classes": c, "blocks": [b[0], b[2]] if common_only else s} for c, s in zip(classes, sets)]
-    return {"kind": "class_block", "num_clients": 6, "clients": clients, "min_cell_coverage": 0}
+    return {"kind": "class_block", "clients": clients, "min_cell_coverage": 0}
 
 
 def part_d(seeds: list[int], views: list[str], mus: list[float], schedule: str) -> list[dict]:

@@ -150,6 +150,16 @@ def case_files(d: Path) -> dict[str, tuple[str, str, list[str]]]:
             ["'algorithm.paillier_bits'"],
         ),
         "unknown partition kind": ("c.yaml", "partition: {kind: magic}\n", ["'partition.kind'"]),
+        "a setting of another partition kind": (
+            "c.yaml",
+            "partition: {kind: grid, sample_groups: 2, block_groups: 2, alpha: 0.3}\n",
+            ["'partition.alpha'", "does not apply to partition kind 'grid'"],
+        ),
+        "a drawing setting with explicit clients": (
+            "c.yaml",
+            "partition: {kind: class_block, num_clients: 2, clients: [{classes: [0, 1], blocks: [top_left]}]}\n",
+            ["'partition.num_clients'", "explicit clients", "'class_block'"],
+        ),
         "zero sample groups": (
             "c.yaml",
             "partition: {kind: grid, sample_groups: 0, block_groups: 2}\n",

@@ -19,7 +19,7 @@ import pytest
 
 from hybridfl.algorithms.hyfem import HyFEMConfig, run_hyfem
 from hybridfl.algorithms.spec import deployable
-from hybridfl.config import parse_config
+from hybridfl.config import client_settings_json, parse_config, simulation_fields
 from hybridfl.data.export import export_clients
 from hybridfl.errors import ConfigError, HybridFLError
 from hybridfl.experiment import prepare
@@ -99,7 +99,7 @@ def hello_all(t, server_dir):
     keys = client_credentials(sd, server_dir)
     hello = {
         "algorithm": cfg.name,
-        "config": cfg.model_dump_json(),
+        "config": client_settings_json(cfg),
         "seed": seed,
         "layout": json.dumps(sd.layout),
         "session": "s1",
@@ -194,6 +194,51 @@ def test_client_step_errors_are_one_sentence(tmp_path):
         client_step(
             encode(Message(HELLO, SERVER, "n", 0, {"algorithm": "nope", "config": "{}", "seed": 0})), str(dirs[0]), {}
         )
+
+
+def test_the_hello_carries_no_simulation_setting(tmp_path, monkeypatch):
+    """The hello that :func:`run_server` sends to every node holds the method, its hyperparameters
+    and the protocol settings, none of the settings only the simulation and the server use; the
+    client fills their defaults and builds the same client."""
+    from hybridfl.runtime.flower import bridge
+    from hybridfl.runtime.flower.node import run_server
+
+    algo = {**HYFEM, "eval_every": 2, "test_subsample": 50, "failure_rate": 0.1, "device": "cpu"}
+    prep, dirs, server_dir = _setup(tmp_path, algo)
+    sent = []
+
+    class Captured(Exception):
+        pass
+
+    class HelloOnly:  # stands in for the Flower transport: keeps the hello, sends nothing
+        def __init__(self, *a, **k):
+            pass
+
+        def hello_all(self, hello, *a, **k):
+            sent.append(hello)
+            raise Captured
+
+    monkeypatch.setattr(bridge, "FlowerTransport", HelloOnly)
+    with pytest.raises(Captured):
+        run_server(None, server_dir)
+    got = json.loads(sent[0]["config"])
+    hidden = simulation_fields(HyFEMConfig)
+    assert hidden >= {"eval_every", "test_subsample", "failure_rate", "baselines", "device"}
+    assert not hidden & set(got), hidden & set(got)
+    assert got["local_steps"] == 5 and got["lr"] == 0.05 and got["secure_aggregation"] is False  # the method's
+    # the client's view: the same method, the simulation settings at their defaults
+    client_cfg = HyFEMConfig.model_validate_json(sent[0]["config"])
+    assert client_cfg.model_dump(exclude=hidden) == prep.algorithm.model_dump(exclude=hidden)
+    assert client_cfg.eval_every == 1 and prep.algorithm.eval_every == 2
+
+
+def test_every_simulation_only_setting_is_a_setting():
+    from hybridfl.algorithms.spec import get_algorithm
+
+    for name in ("hyfem", "fedbcd", "hyfdca", "hybrid_fedavg"):
+        model = get_algorithm(name).config_model
+        assert model.simulation_only and model.simulation_only <= set(model.model_fields), name
+        assert "failure_rate" in simulation_fields(model) and "eval_every" in simulation_fields(model), name
 
 
 def test_assign_clients_checks_nodes():

@@ -389,6 +389,7 @@ def run_server(
     Raises:
         ConfigError: an unknown task.
     """
+    from hybridfl.config import client_settings_json
     from hybridfl.runtime.flower.bridge import FlowerTransport
 
     if task not in ("train", "predict"):
@@ -402,7 +403,7 @@ def run_server(
     # tells a restarted node of this run (its state kept on disk) from a node of another run
     hello = {
         "algorithm": cfg.name,
-        "config": cfg.model_dump_json(),
+        "config": client_settings_json(cfg),  # the simulation-only settings stay here
         "seed": seed,
         "layout": json.dumps(sd.layout),
         "session": os.urandom(12).hex(),
