@@ -37,7 +37,7 @@ from hybridfl.errors import HybridFLError
 from hybridfl.privacy.credentials import NONCE_BYTES
 from hybridfl.runtime.messages import SERVER, decode, encode
 from hybridfl.runtime.messages import Message as HMessage
-from hybridfl.runtime.transport import CommLog
+from hybridfl.runtime.transport import CommLog, Strikes
 
 MESSAGE_TYPE = "query.hybridfl"
 RECORD = "hybridfl"
@@ -178,9 +178,14 @@ class FlowerTransport:
     algorithm's missing-reply policy runs exactly as for a failure in the simulation. The next
     message to that client carries ``acked`` so its ClientApp accepts the gap in the numbers.
 
+    A reply that arrives but is no answer (a Flower error reply, e.g. a ClientApp that failed or
+    refused the message; bytes that do not decode; a message under another client's name) counts as
+    missing too, logged with the client and the reason (:attr:`strikes`); a client with
+    :data:`~hybridfl.runtime.transport.MAX_STRIKES` of them is dropped for the run: no message is
+    sent to it any more and its replies count as missing.
+
     Raises (from :meth:`send_and_receive`):
         KeyError: a message for a client that is not connected.
-        RuntimeError: a ClientApp failed (carries Flower's error reason).
         HybridFLError: a client came back without the state of the messages it had answered.
     """
 
@@ -223,6 +228,7 @@ class FlowerTransport:
         # exchange that ends sooner costs no request for it
         self._next_check = time.monotonic() + self.node_check
         self.abandoned: list[dict] = []
+        self.strikes = Strikes()
         self.eval_log = CommLog()
         self.attach(nodes or {})
 
@@ -500,6 +506,8 @@ class FlowerTransport:
             )
         outs = []
         for m in msgs:
+            if m.receiver in self.strikes.dropped:
+                continue  # dropped for the run after repeated bad replies: its reply is missing
             raw = encode(m)
             seq = None
             if self.sequenced:
@@ -529,12 +537,10 @@ class FlowerTransport:
             r, m = o.reply, o.msg
             if r is None:  # given up: the algorithm's missing-reply policy decides
                 continue
-            if r.has_error():
-                raise RuntimeError(f"the ClientApp of client {m.receiver!r} failed on {m.kind!r}: {r.error.reason}")
-            raw = unpack(r.content)
-            h = decode(raw)
-            if check_sender and h.sender != m.receiver:
-                raise RuntimeError(f"node {o.node} answered as {h.sender!r}, expected {m.receiver!r}.")
+            h, raw, why = _answer(o, r, check_sender)
+            if h is None:  # a bad reply: missing, under the same policy
+                self.strikes.add(m.receiver, m.round, m.kind, why)
+                continue
             self.log.add(h, len(raw))
             self.wire.entries.append(WireEntry(h.round, h.kind, h.sender, h.receiver, len(raw), flower_nbytes(r)))
             result.append(h)
@@ -547,3 +553,24 @@ class FlowerTransport:
             }
         )
         return result
+
+
+def _answer(o: _Out, r: Message, check_sender: bool) -> tuple[HMessage | None, bytes, str]:
+    """``(our reply, its bytes, "")`` if the Flower reply ``r`` to ``o`` is an answer from its
+    client, else ``(None, b"", why)``: an error reply, bytes that do not decode, or a message
+    under another client's name or to someone other than the server."""
+    m = o.msg
+    if r.has_error():
+        return (
+            None,
+            b"",
+            f"its ClientApp failed on {m.kind!r} (Flower error {r.error.code}: {str(r.error.reason)[:300]})",
+        )
+    try:
+        raw = unpack(r.content)
+        h = decode(raw)
+    except (ValueError, HybridFLError) as e:
+        return None, b"", f"its reply does not decode ({str(e)[:200]})"
+    if check_sender and (h.sender != m.receiver or h.receiver != m.sender):
+        return None, b"", f"node {o.node} answered as {h.sender[:64]!r} to {h.receiver[:64]!r}"
+    return h, raw, ""

@@ -432,6 +432,8 @@ def run_server(
             "rejoins": transport.rejoins,
             "refused_nodes": {str(n): why for n, why in transport.refused.items()},
             "abandoned_messages": transport.abandoned,
+            "bad_replies": transport.strikes.events,
+            "dropped_clients": transport.strikes.dropped,
             "retried_messages": sum(1 for e in transport.wire.entries if e.retry),
             "final": dict(history[-1]),
         }
