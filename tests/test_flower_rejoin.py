@@ -432,6 +432,61 @@ def test_clientapp_state_file_survives_the_supernode(tmp_path, run_id, hyfdca_se
     assert not stale.exists()
 
 
+def test_the_state_file_is_encrypted_at_rest(tmp_path, run_id, hyfdca_setup):
+    """Adversary: someone who reads (or copies, or edits) the node's state directory but not its
+    client directory. The file holds none of the state in the clear (before: the setup, the
+    session and the client's state, secrets included, were readable in it); it decrypts only with
+    the key in ``<data-dir>/node_state.key`` (mode 0600), only under its own name, and not after a
+    byte changed."""
+    from hybridfl.runtime.flower.clientapp import STATE_KEY_FILE, read_state, state_key
+    from hybridfl.runtime.flower.node import algorithm_from
+
+    dirs, server_dir, _, _ = hyfdca_setup
+    _clean_state(dirs)
+    (dirs[0] / STATE_KEY_FILE).unlink(missing_ok=True)
+    grid = FakeGrid(dirs[:1])
+    _, cfg, seed = algorithm_from(server_dir)
+    session = "session-" + "7" * 24
+    hello = {
+        "algorithm": "hyfdca",
+        "config": cfg.model_dump_json(),
+        "seed": seed,
+        "session": session,
+        "nonce": b"n" * 32,
+    }
+    from hybridfl.runtime.flower.bridge import pack
+
+    for raw, seq in (
+        (encode(HMessage(HELLO, SERVER, "n", 0, hello)), None),
+        (encode(HMessage("hyfdca.hello", SERVER, "client-0", 0, {})), 1),
+    ):
+        (mid,) = grid.push_messages(
+            [Message(pack(raw, seq), dst_node_id=grid.started[0], message_type="query.hybridfl", group_id="0")]
+        )
+        grid.pull_messages([mid])
+    f = dirs[0] / STATE_DIR / "run-7.state"
+    raw = f.read_bytes()
+    key_file = dirs[0] / STATE_KEY_FILE
+    assert key_file.is_file() and (key_file.stat().st_mode & 0o777) == 0o600
+    key = state_key({"data-dir": str(dirs[0])})
+    state = read_state(f, key)
+    assert session.encode() in state["setup"] and "state" in state  # what the file holds, decrypted
+    for secret in (session.encode(), cfg.model_dump_json().encode()[:40], state["state"][-64:], b"hyfdca"):
+        assert secret not in raw
+    moved = f.with_name("run-8.state")
+    moved.write_bytes(raw)
+    with pytest.raises(ValueError, match="does not decrypt"):
+        read_state(moved, key)
+    flipped = bytearray(raw)
+    flipped[-20] ^= 1
+    f.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match="does not decrypt"):
+        read_state(f, key)
+    with pytest.raises(ValueError, match="does not decrypt"):
+        read_state(moved, bytes(32))
+    _clean_state(dirs)
+
+
 # -------------------------------------------------------------------------------------------
 def test_loopback_supernode_killed_and_restarted(tmp_path):
     """The issue's test: a real SuperLink + 2 SuperNodes on 127.0.0.1 (TLS), HyFEM for 2 rounds;
