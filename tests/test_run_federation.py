@@ -80,12 +80,13 @@ algorithm: {algorithm}
 
 
 def _federation(
-    tmp_path: Path, monkeypatch, capsys, algorithm: str, orgs: dict | None = None
+    tmp_path: Path, monkeypatch, capsys, algorithm: str, orgs: dict | None = None, tests: dict | None = None
 ) -> tuple[Path, list[Path], dict]:
     """Schema and the prepared client directories of ``orgs`` (default :data:`ORGS`, every
     organisation holding the labels of its customers; a value ``(customers, blocks, labels)`` says
-    whether its table has the label column)."""
-    rows = _rows()
+    whether its table has the label column); ``tests``: organisation -> its own test customers
+    ``t000..`` (``client prepare --test-table``, the columns of its training table)."""
+    rows, trows = _rows(), _rows(80, 11, "t")
     tmp_path.mkdir(parents=True, exist_ok=True)
     cfg = tmp_path / "run.yaml"
     cfg.write_text(_config(algorithm))
@@ -99,6 +100,9 @@ def _federation(
         table.write_text(_csv([f"c{i:03d}" for i in ids], cols, rows))
         d = tmp_path / "clients" / org
         args = ["client", "prepare", "--table", str(table), "--schema", str(schema), "--out", str(d)]
+        if tests and org in tests:
+            (tmp_path / f"{org}_test.csv").write_text(_csv([f"t{i:03d}" for i in tests[org]], cols, trows))
+            args += ["--test-table", str(tmp_path / f"{org}_test.csv")]
         code, _, err = run_cli(monkeypatch, capsys, *args, "--index", str(index))
         assert code == 0, err
         dirs.append(d)
@@ -238,6 +242,10 @@ def test_bad_federation_input_is_one_sentence_and_writes_nothing(tmp_path, monke
         ("seed", "--seed is the federation schema's"),
         ("missing_dir", "does not exist"),
         ("bad_executor", "--executor must be inline, warm or flower"),
+        ("to_only", "--to names the receiver of a prediction"),
+        ("predict_flower", "--predict-tables and --to need --federation and a SuperNode"),
+        ("predict_missing", "which is not a file"),
+        ("predict_count", "names 1 tables for 3 --clients"),
     ],
 )
 def test_deploy_local_bad_input_is_one_sentence_before_anything_starts(tmp_path, monkeypatch, capsys, case, needle):
@@ -255,6 +263,10 @@ def test_deploy_local_bad_input_is_one_sentence_before_anything_starts(tmp_path,
         "seed": [*fed, "--clients", cl, "--seed", "3"],
         "missing_dir": [*fed, "--clients", cl + "," + str(tmp_path / "nowhere")],
         "bad_executor": [*fed, "--clients", cl, "--executor", "fast"],
+        "to_only": [*fed, "--clients", cl, "--to", "bank"],
+        "predict_flower": [*fed, "--clients", cl, "--predict-tables", str(schema), "--executor", "flower"],
+        "predict_missing": [*fed, "--clients", cl, "--predict-tables", str(tmp_path / "nowhere.csv")],
+        "predict_count": [*fed, "--clients", cl, "--predict-tables", str(schema)],
     }[case]
     code, _, err = run_cli(monkeypatch, capsys, "deploy-local", *args, "--out", str(out))
     lines = [ln for ln in err.splitlines() if ln.strip()]

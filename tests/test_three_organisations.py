@@ -9,6 +9,13 @@ needs root and iproute2 and fails, not skips, without them). The results equal `
 --federation`` in process on the same directories (which ``test_run_federation`` ties to the
 simulation of the same data as one table).
 
+Every organisation also prepared its own test rows (``--test-table``): after training, each gets
+its part of the model on its own node (FedBCD's parties write theirs from their own state) equal to
+the in-process run's parts, and the label holders evaluate it by federated prediction, so the
+deployed results carry the in-process accuracy and AUC. A second HyFDCA run with ``task: predict``
+scores the organisations' new tables (each node's ``predict-table``); only the receiver's node
+writes predictions, equal to ``hybridfl predict --federation`` in process to 1e-9.
+
 Two hostile nodes join the HyFDCA federation from a fourth host: one with a SuperNode key the
 SuperLink never registered (Flower refuses it; its process exits), and one with a registered key
 that claims the client "census" holding a copy of census's data but not its ``client_key.pem``
@@ -22,13 +29,15 @@ import shutil
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from hybridfl.data.federation import assemble_server
+from hybridfl.inference.parts import load_org_part
 from hybridfl.privacy.credentials import CLIENT_KEY_FILE, new_client_key
 from hybridfl.runtime.flower.local import LocalFederation
 from hybridfl.runtime.flower.netns import Hosts
 from tests.test_prepare import run_cli
-from tests.test_run_federation import _federation
+from tests.test_run_federation import BLOCKS, _csv, _federation, _rows
 
 HYBRID = {  # organisation -> (its customers, its blocks, holds the labels)
     "bank": (range(0, 48), ["bank", "demo"], True),
@@ -40,12 +49,50 @@ VERTICAL = {  # the same customers mostly, one block each, labels at the bank
     "census": (range(6, 72), ["demo"], False),
     "shop": (range(0, 72), ["shop"], False),
 }
+TESTS = {  # each organisation's own test customers t000.. (its training table's columns)
+    "hybrid": {"bank": range(0, 30), "census": range(15, 45), "shop": range(0, 45, 2)},
+    "vertical": {"bank": range(0, 40), "census": range(0, 40), "shop": range(5, 40)},
+}
+NEW = {"bank": range(0, 20), "census": range(10, 30), "shop": range(0, 30, 2)}  # new customers n000..
 
 
-def _organisations(tmp_path: Path, monkeypatch, capsys, algorithm: str, orgs: dict) -> tuple[Path, list[Path]]:
-    """``federation init`` and each organisation's ``client prepare`` of its own CSV."""
-    schema, dirs, _ = _federation(tmp_path, monkeypatch, capsys, algorithm, orgs)
+def _organisations(
+    tmp_path: Path, monkeypatch, capsys, algorithm: str, orgs: dict, tests: dict
+) -> tuple[Path, list[Path]]:
+    """``federation init`` and each organisation's ``client prepare`` of its own CSV and test CSV."""
+    schema, dirs, _ = _federation(tmp_path, monkeypatch, capsys, algorithm, orgs, tests)
     return schema, dirs
+
+
+def _new_tables(tmp_path: Path) -> list[Path]:
+    """Each organisation's new customers (the blocks of its training table, no label)."""
+    rows, out = _rows(30, 17, "n"), []
+    for org, ids in NEW.items():
+        p = tmp_path / f"{org}_new.csv"
+        p.write_text(_csv([f"n{i:03d}" for i in ids], [c for b in HYBRID[org][1] for c in BLOCKS[b]], rows))
+        out.append(p)
+    return out
+
+
+def _parts(dirs: list[Path]) -> dict:
+    return {d.name: load_org_part(d / "model") for d in dirs}
+
+
+def _same_parts(got: dict, want: dict) -> None:
+    """Every organisation's part equals the reference part: units, weights and head."""
+    for org, a in want.items():
+        b = got[org]
+        assert b.organisation == org and b.part.units == a.part.units
+        assert (a.part.head is None) == (b.part.head is None)
+        for k, v in (a.part.head or {}).items():
+            np.testing.assert_allclose(b.part.head[k], v, rtol=1e-6, atol=1e-9)
+        for u in a.part.units:
+            wa, wb = a.part.weights[u], b.part.weights[u]
+            if hasattr(wa, "state_dict"):  # a FedBCD bottom model
+                for k, v in wa.state_dict().items():
+                    np.testing.assert_allclose(wb.state_dict()[k].numpy(), v.numpy(), rtol=1e-6, atol=1e-7)
+            else:
+                np.testing.assert_allclose(wb, wa, rtol=1e-9, atol=1e-12)
 
 
 def _in_process(tmp_path: Path, monkeypatch, capsys, schema: Path, dirs: list[Path]) -> Path:
@@ -80,11 +127,15 @@ def _rows_without_time(path: Path) -> list[dict]:
 
 def test_three_organisations_across_hosts_with_tls_and_node_authentication(tmp_path, monkeypatch, capsys):
     hyfdca = "{name: hyfdca, rounds: 3, encryption: none, local_steps: 10}"
-    schema_d, dirs_d = _organisations(tmp_path / "hyfdca", monkeypatch, capsys, hyfdca, HYBRID)
+    schema_d, dirs_d = _organisations(tmp_path / "hyfdca", monkeypatch, capsys, hyfdca, HYBRID, TESTS["hybrid"])
     fedbcd = "{name: fedbcd, rounds: 4, variant: p, local_steps: 3, model: linear, lr: 0.01, batch_size: 16}"
-    schema_b, dirs_b = _organisations(tmp_path / "fedbcd", monkeypatch, capsys, fedbcd, VERTICAL)
+    schema_b, dirs_b = _organisations(tmp_path / "fedbcd", monkeypatch, capsys, fedbcd, VERTICAL, TESTS["vertical"])
     ref_d = _in_process(tmp_path / "hyfdca", monkeypatch, capsys, schema_d, dirs_d)
     ref_b = _in_process(tmp_path / "fedbcd", monkeypatch, capsys, schema_b, dirs_b)
+    parts_d, parts_b = _parts(dirs_d), _parts(dirs_b)  # the in-process run's parts, before Flower rewrites them
+    for d in dirs_d + dirs_b:
+        shutil.rmtree(d / "model")
+    tables = _new_tables(tmp_path)
     server_d = _server(schema_d, dirs_d, tmp_path / "hyfdca" / "server")
     server_b = _server(schema_b, dirs_b, tmp_path / "fedbcd" / "server")
     assert not list(server_d.rglob("*.npy")) and not list(server_d.rglob(CLIENT_KEY_FILE))  # no data, no secret
@@ -95,13 +146,17 @@ def test_three_organisations_across_hosts_with_tls_and_node_authentication(tmp_p
     new_client_key(impostor)
 
     with Hosts(4) as hosts:  # fails loudly without root or iproute2
-        fed = LocalFederation(dirs_d, work_dir=tmp_path / "flower-d", start_timeout=120, hosts=hosts)
+        configs = [{"predict-table": str(t.resolve())} for t in tables]
+        fed = LocalFederation(
+            dirs_d, work_dir=tmp_path / "flower-d", start_timeout=120, hosts=hosts, node_configs=configs
+        )
         try:
             fed.start()
             assert fed.tls and fed.auth and len(fed.node_ids) == 3
             unknown = fed.add_node(dirs_d[0], host=3, registered=False)
             fed.add_node(impostor, host=3)
             fed.run({"server-dir": str(server_d), "out-dir": str(tmp_path / "res-d")}, timeout=600)
+            fed.run({"server-dir": str(server_d), "out-dir": str(tmp_path / "pred-d"), "task": "predict"}, timeout=600)
             assert unknown.wait(timeout=120) != 0  # Flower refused the unregistered key: the node gave up
             link_log = (fed.work_dir / "superlink.log").read_text(errors="replace")
             ids_d = list(fed.node_ids)
@@ -134,4 +189,30 @@ def test_three_organisations_across_hosts_with_tls_and_node_authentication(tmp_p
     assert sorted(s["nodes"].values()) == sorted(ids_d[:3])  # the organisations' registered nodes
     assert s["rejoins"] == [] and s["rounds"] == 3
     # FedBCD: the same per-round training loss as the in-process run
-    assert _rows_without_time(tmp_path / "res-b" / "metrics.csv") == _rows_without_time(ref_b / "metrics.csv")
+    rows_b = _rows_without_time(tmp_path / "res-b" / "metrics.csv")
+    assert rows_b == _rows_without_time(ref_b / "metrics.csv")
+
+    # after training: every organisation's part on its own node equals the in-process part, and the
+    # federated evaluation gives the in-process metrics (FedBCD: labels at the bank only)
+    _same_parts(_parts(dirs_d), parts_d)
+    _same_parts(_parts(dirs_b), parts_b)
+    for res, ref in ((tmp_path / "res-d", ref_d), (tmp_path / "res-b", ref_b)):
+        got, want = (json.loads((p / "results.json").read_text()) for p in (res, ref))
+        assert got["evaluation"] == want["evaluation"] == "federated"
+        assert got["test_samples"] == want["test_samples"] > 0
+        assert abs(got["accuracy"] - want["accuracy"]) < 1e-9 and abs(got["auc"] - want["auc"]) < 1e-6
+
+    # prediction of new rows over Flower: only the receiver (bank) writes; equal to in process
+    written = [sorted((d / "predictions").glob("*.csv")) if (d / "predictions").exists() else [] for d in dirs_d]
+    assert [len(w) for w in written] == [1, 0, 0]
+    ref_pred = tmp_path / "in-process-predictions.csv"
+    args = ["predict", "--federation", str(schema_d), "--clients", ",".join(map(str, dirs_d))]
+    code, _, err = run_cli(monkeypatch, capsys, *args, "--tables", ",".join(map(str, tables)), "--out", str(ref_pred))
+    assert code == 0, err
+    got, want = pd.read_csv(written[0][0]), pd.read_csv(ref_pred)
+    assert list(got["ID"]) == list(want["ID"]) and len(got) == len(NEW["bank"])
+    assert list(got["prediction"].fillna("")) == list(want["prediction"].fillna(""))
+    for c in [c for c in want.columns if c not in ("ID", "prediction")]:
+        np.testing.assert_allclose(got[c].to_numpy(float), want[c].to_numpy(float), rtol=1e-9, atol=1e-12)
+    summary = json.loads((tmp_path / "pred-d" / "summary.json").read_text())
+    assert summary["to"] == "bank" and summary["scored"] == int(got["prediction"].notna().sum()) > 0

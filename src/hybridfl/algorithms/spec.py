@@ -239,6 +239,10 @@ class AlgorithmSpec:
         export_model: ``(server, clients, config) -> ModelParts | None``: the model a run leaves
             in its ``model/`` directory (:mod:`hybridfl.inference`); ``clients`` is client ID ->
             client object where the caller holds them (the simulation), else ``None``.
+        export_part: ``(client, config, layout) -> (ModelParts, info) | None``: an organisation's
+            own part of the model (:mod:`hybridfl.inference.parts`) from its client object, for an
+            algorithm whose server never holds the whole model (FedBCD's bottom models, over
+            Flower); ``info`` names its units, head and width.
         plots: ``(history, config, title) -> [fn(out_dir)]``: extra plot writers.
         baselines: ``(split, partition, config, seed) -> dict``: simulation only, comparison runs
             after the federation (HyFEM's centralised and stand-alone models).
@@ -267,6 +271,7 @@ class AlgorithmSpec:
     monitor: Callable[..., Any] | None = None
     final_arrays: Callable[[Any], dict[str, np.ndarray]] | None = None
     export_model: Callable[[Any, Mapping[str, Any] | None, Any], Any] | None = None
+    export_part: Callable[[Any, Any, Any], Any] | None = None
     plots: Callable[[list[dict], Any, str], list[Callable[[Path], None]]] | None = None
     baselines: Callable[..., dict] | None = None
     run: Callable[..., Any] | None = None

@@ -154,12 +154,21 @@ def deploy_local_cmd(
         "while no message comes.",
     ),
     timeout: float = typer.Option(3600.0, help="Seconds the run may take."),
+    predict_tables: Optional[list[str]] = typer.Option(
+        None,
+        "--predict-tables",
+        help="With --federation, after a run: no training; score each organisation's new table (one per --clients "
+        "directory, in order: its SuperNode's predict-table) with the parts of the model the organisations keep; "
+        "only the receiver's node writes predictions (<client>/predictions/).",
+    ),
+    to: Optional[str] = typer.Option(None, "--to", help="With --predict-tables: the organisation that receives."),
 ) -> None:
     """Start a SuperLink (TLS, SuperNode authentication) and one SuperNode per client on 127.0.0.1, run over Flower, stop.
 
     The clients come from ``--config`` (exported into OUT/export) or from ``--federation F
     --clients A,B,...`` (the organisations' own prepared directories; the server directory is
-    assembled from their public client.json into OUT/server).
+    assembled from their public client.json into OUT/server). With ``--predict-tables`` the run
+    is a federated prediction instead of training (``task: predict``).
     """
     from hybridfl.errors import ConfigError
     from hybridfl.runtime.flower.local import LocalFederation
@@ -172,6 +181,17 @@ def deploy_local_cmd(
         raise ConfigError("--clients needs the federation schema too: --federation FILE.")
     if stock and executor != "flower":
         executor = "flower"  # the stock SuperNode has no warm executor
+    tables = [Path(t).expanduser().resolve() for item in (predict_tables or []) for t in str(item).split(",") if t]
+    if (tables or to) and (federation is None or executor == "flower"):
+        raise ConfigError(
+            "--predict-tables and --to need --federation and a SuperNode that keeps the organisation in memory "
+            "(--executor inline or warm)."
+        )
+    if to and not tables:
+        raise ConfigError("--to names the receiver of a prediction: give --predict-tables too.")
+    missing = [str(t) for t in tables if not t.is_file()]
+    if missing:
+        raise ConfigError(f"--predict-tables names {missing[0]!r}, which is not a file.")
 
     if config is not None:
         export_clients_cmd(config, out / "export", rounds, seed, False)
@@ -198,6 +218,8 @@ def deploy_local_cmd(
         for w in prep.warnings:
             console.print(f"[yellow]warning:[/] {w}")
         dirs = [Path(c.path) for c in prep.client_data]
+        if tables and len(tables) != len(dirs):
+            raise ConfigError(f"--predict-tables names {len(tables)} tables for {len(dirs)} --clients: one each.")
         server_dir = write_server_dir(prep.server_data.meta, out / "server")
     if insecure:
         console.print("[yellow]--insecure: no TLS and no SuperNode authentication; for local experiments only[/]")
@@ -211,11 +233,16 @@ def deploy_local_cmd(
         inline=executor == "inline",
         tls=not insecure,
         auth=not insecure,
+        node_configs=[{"predict-table": str(t)} for t in tables] if tables else None,
     )
     run_config: dict[str, object] = {
         "server-dir": str(Path(server_dir).resolve()),
         "out-dir": str((out / "results").resolve()),
     }
+    if tables:
+        run_config["task"] = "predict"
+        if to:
+            run_config["to"] = to
     if rounds is not None and config is None:
         run_config["rounds"] = int(rounds)
     try:

@@ -243,6 +243,10 @@ def export_clients(
         local = train.subset(c.sample_ids, c.blocks)
         info = _write_dataset_dir(d, local, with_labels=c.has_labels)
         meta = {**common, "client_id": c.client_id, "index": i, "has_labels": bool(c.has_labels), **info}
+        if split.encoding is not None:  # its own copy of the public encoding, for its part of a model
+            from hybridfl.data.encoding import encoding_meta
+
+            meta["encoding"] = encoding_meta(split.encoding, split.scale, "float32")
         keys[c.client_id] = meta[PUBLIC_KEY_FIELD] = new_client_key(d)  # its proof of identity at the hello
         if client_test:
             _write_dataset_dir(d / "test", split.test.subset(None, c.blocks), with_labels=c.has_labels)

@@ -43,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from hybridfl.data.dataset import HybridDataset
+from hybridfl.data.encoding import encoding_meta, schema_encoding
 from hybridfl.data.export import _CLIENT_NAME, DIR_MODE, FILE_MODE, FORMAT_VERSION, _write_dataset_dir
 from hybridfl.data.federation import FederationSchema, load_schema, schema_digest
 from hybridfl.errors import DataError
@@ -479,6 +480,8 @@ def prepare_client(
             "imputed": imputed,
             "unfilled": unfilled,
             PUBLIC_KEY_FIELD: public_key,
+            # the schema's public encoding: the organisation's own copy, for its part of a model
+            "encoding": encoding_meta(*schema_encoding(schema), "float64"),
         }
         if stats is not None:
             atomic_write(stage / STATS_FILE, json.dumps({"blocks": stats}, indent=1), mode=FILE_MODE)

@@ -33,6 +33,30 @@ def evaluation_rows(client_dir: str | Any) -> tuple[np.ndarray, dict[str, np.nda
     return ds.ids, {b: np.asarray(ds.blocks[b]) for b in ds.block_names}, (ds.y if has else None)
 
 
+def pool_metrics(
+    m: Mapping[str, float] | None, acc: tuple[float, int], auc: tuple[float, int]
+) -> tuple[tuple[float, int], tuple[float, int]]:
+    """Add one receiver's metrics ``m`` (``accuracy``, ``auc``, ``n_labelled``) to the running
+    ``(sum, count)`` of accuracy and AUC, weighted by its labelled rows."""
+    if not m:
+        return acc, auc
+    k = int(m["n_labelled"])
+    acc = (acc[0] + m["accuracy"] * k, acc[1] + k)
+    if "auc" in m:
+        auc = (auc[0] + m["auc"] * k, auc[1] + k)
+    return acc, auc
+
+
+def pooled(acc: tuple[float, int], auc: tuple[float, int]) -> dict[str, float]:
+    """``accuracy`` and ``auc`` from the running sums of :func:`pool_metrics` (where defined)."""
+    out = {}
+    if acc[1]:
+        out["accuracy"] = acc[0] / acc[1]
+    if auc[1]:
+        out["auc"] = auc[0] / auc[1]
+    return out
+
+
 def federated_evaluate(
     model: Any, rows: Mapping[str, tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]]
 ) -> dict[str, Any]:
@@ -56,36 +80,35 @@ def federated_evaluate(
     if not receivers:
         raise PredictionError("no organisation holds labelled test rows (client prepare --test-table).")
     all_units = list(model_units(model))
-    acc_n = auc_n = scored_total = unscored_total = messages = nbytes = 0
-    acc_sum = auc_sum = 0.0
+    scored_total = unscored_total = messages = nbytes = 0
+    acc: tuple[float, int] = (0.0, 0)
+    auc: tuple[float, int] = (0.0, 0)
     for r in receivers:
         orgs = {
-            n: PredictOrg(n, ids, xs, org_part(model, list(xs), n == r), r)
-            for n, (ids, xs, _) in rows.items()
+            n: PredictOrg(
+                n,
+                ids,
+                xs,
+                org_part(model, list(xs), n == r),
+                r,
+                labels=y if n == r else None,
+                metrics_of=model.metrics if n == r else None,
+            )
+            for n, (ids, xs, y) in rows.items()
             if len(ids)
         }
         transport = InProcessTransport(orgs)  # type: ignore[arg-type]
-        counts = run_prediction(transport, list(orgs), r, all_units)
+        got = run_prediction(transport, list(orgs), r, all_units, task="evaluate")
         messages += transport.log.messages_total
         nbytes += transport.log.bytes_total
-        org = orgs[r]
-        scored_total += counts["scored"]
-        unscored_total += counts["unscored"]
-        if not org.scored.any():
-            continue
-        m = model.metrics(org.raw[org.scored], np.asarray(rows[r][2])[org.scored])
-        k = int(m["n_labelled"])
-        acc_sum, acc_n = acc_sum + m["accuracy"] * k, acc_n + k
-        if "auc" in m:
-            auc_sum, auc_n = auc_sum + m["auc"] * k, auc_n + k
+        scored_total += got["scored"]
+        unscored_total += got["unscored"]
+        acc, auc = pool_metrics(got.get("metrics"), acc, auc)
     out: dict[str, Any] = {
         "test_samples": scored_total,
         "test_unscored": unscored_total,
         "evaluation_messages": messages,
         "evaluation_bytes": nbytes,
     }
-    if acc_n:
-        out["accuracy"] = acc_sum / acc_n
-    if auc_n:
-        out["auc"] = auc_sum / auc_n
+    out.update(pooled(acc, auc))
     return out

@@ -123,6 +123,10 @@ class PredictOrg:
         part: its part of the model (:func:`~hybridfl.inference.parts.org_part`).
         receiver: the receiver's name.
 
+        labels: the receiver's class indices of its rows (``(n,)``, ``-1`` unlabelled) for an
+            evaluation: then ``metrics_of(raw, labels)`` (the model's ``metrics``) is computed by
+            the receiver and only the metrics go into its ``predict.combine`` reply.
+
     After ``predict.combine`` the receiver holds :attr:`raw` (``(n, ...)`` the model's raw output
     of its rows) and :attr:`scored` (``(n,)`` bool: rows with every needed unit).
     """
@@ -132,6 +136,8 @@ class PredictOrg:
     xs: dict[str, np.ndarray]
     part: OrgPart
     receiver: str
+    labels: np.ndarray | None = None
+    metrics_of: Any = None
     secagg: Any = None
     n: int = 0
     width: int = 1
@@ -184,7 +190,7 @@ class PredictOrg:
             from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
             self._sk = X25519PrivateKey.generate().private_bytes_raw()  # fresh for this request
-            self.secagg = SecAggClient(self.org_id, ["scores"], [1], private=self._sk)
+            self.secagg = SecAggClient(self.org_id, ["scores"], [1], private=self._sk, double_masking=False)
             out: dict[str, Any] = {"pk": self.secagg.public_bytes(), "units": list(self.part.units)}
             if self.is_receiver:
                 out.update(n=len(self.ids), width=self.part.width)
@@ -220,7 +226,7 @@ class PredictOrg:
         if self.org_id in peers or len(set(peers)) != len(peers) or self.receiver not in peers + [self.org_id]:
             raise ProtocolError(f"organisation {self.org_id!r} got a peer list that is not the request's.")
         self.n, self.width, self.peers = n, width, peers
-        self.secagg = SecAggClient(self.org_id, ["scores"], [n * width], private=self._sk)
+        self.secagg = SecAggClient(self.org_id, ["scores"], [n * width], private=self._sk, double_masking=False)
         self.secagg.set_peers({p: (msg.payload.get(f"pk.{p}"), ["scores"]) for p in peers})
         return msg.reply()
 
@@ -326,23 +332,36 @@ class PredictOrg:
             total = total + v
         s = from_fixed(total).reshape(self.n, self.width)
         self.raw = self.part.apply_head(s)
-        return msg.reply(scored=int(self.scored.sum()), unscored=int((~self.scored).sum()))
+        out: dict[str, Any] = {"scored": int(self.scored.sum()), "unscored": int((~self.scored).sum())}
+        if self.labels is not None and self.metrics_of is not None and self.scored.any():
+            m = self.metrics_of(self.raw[self.scored], np.asarray(self.labels)[self.scored])
+            out.update({f"metric.{k}": float(v) for k, v in m.items()})  # the receiver's own evaluation
+        return msg.reply(**out)
 
 
 # ------------------------------------------------------------------------------------ server
 
 
-def run_prediction(transport: Any, orgs: Sequence[str], receiver: str, all_units: Sequence[str]) -> dict[str, int]:
+def run_prediction(
+    transport: Any, orgs: Sequence[str], receiver: str, all_units: Sequence[str], task: str = "predict"
+) -> dict[str, Any]:
     """The server's side of a federated prediction over ``transport``: relay the messages of the
     protocol (module docs) between the organisations ``orgs`` for the ``receiver``.
 
+    Args:
+        task: ``predict`` (new rows) or ``evaluate`` (the organisations' own test rows; the
+            receiver replies its metrics), sent in ``predict.hello``. An organisation that has no
+            rows or no part for the task answers the hello with ``absent`` and takes no further
+            part (over Flower; in process every organisation has rows).
+
     Returns:
-        ``{"scored": ..., "unscored": ...}``: the receiver's counts of rows.
+        ``{"scored", "unscored"}``: the receiver's counts of rows, ``metrics`` (the receiver's
+        :meth:`~hybridfl.inference.predictors.HybridFLModel.metrics`, for ``evaluate``) and
+        ``organisations`` (those that took part).
 
     Raises:
-        PredictionError: an organisation's reply is missing or malformed.
+        PredictionError: an organisation's reply is missing or malformed, or the receiver is absent.
     """
-    others = [o for o in orgs if o != receiver]
 
     def ask(messages: list[Message], step: str) -> dict[str, Message]:
         replies = {r.sender: r for r in transport.send_and_receive(messages)}
@@ -351,7 +370,13 @@ def run_prediction(transport: Any, orgs: Sequence[str], receiver: str, all_units
                 raise PredictionError(f"organisation {m.receiver!r} did not answer {step}: the prediction stops.")
         return replies
 
-    hello = ask([Message("predict.hello", SERVER, o, 0, {"to": receiver}) for o in orgs], "predict.hello")
+    hello = ask([Message("predict.hello", SERVER, o, 0, {"to": receiver, "task": task}) for o in orgs], "predict.hello")
+    orgs = [o for o in orgs if not hello[o].payload.get("absent")]
+    if receiver not in orgs:
+        raise PredictionError(f"the receiver {receiver!r} has no rows or no part of the model for this {task}.")
+    others = [o for o in orgs if o != receiver]
+    if not others:
+        raise PredictionError(f"no organisation but the receiver {receiver!r} takes part in this {task}.")
     n, width = hello[receiver].payload.get("n"), hello[receiver].payload.get("width")
     keys = {f"pk.{o}": hello[o].payload.get("pk") for o in orgs}
     ask(
@@ -386,7 +411,39 @@ def run_prediction(transport: Any, orgs: Sequence[str], receiver: str, all_units
         ],
         "predict.combine",
     )[receiver]
-    return {"scored": int(done.payload.get("scored", 0)), "unscored": int(done.payload.get("unscored", 0))}
+    out: dict[str, Any] = {
+        "scored": _count(done, "scored"),
+        "unscored": _count(done, "unscored"),
+        "organisations": list(orgs),
+    }
+    metrics = {k[len("metric.") :]: v for k, v in done.payload.items() if k.startswith("metric.")}
+    if task == "evaluate" and metrics:
+        out["metrics"] = _checked_metrics(metrics, receiver)
+    return out
+
+
+def _count(msg: Message, key: str) -> int:
+    v = msg.payload.get(key, 0)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+        raise PredictionError(f"organisation {msg.sender!r} replied a {key} count that is not a count.")
+    return v
+
+
+def _checked_metrics(metrics: dict[str, Any], receiver: str) -> dict[str, float]:
+    """The receiver's metrics as the server accepts them: ``accuracy`` and ``auc`` in [0, 1],
+    ``n_labelled`` a count (anything else is refused, naming the receiver)."""
+    out: dict[str, float] = {}
+    for k, v in metrics.items():
+        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
+        if k in ("accuracy", "auc") and ok and 0.0 <= v <= 1.0:
+            out[k] = float(v)
+        elif k == "n_labelled" and ok and v >= 0 and float(v).is_integer():
+            out[k] = int(v)
+        else:
+            raise PredictionError(f"organisation {receiver!r} replied a metric {k!r} that is not one.")
+    if "n_labelled" not in out or "accuracy" not in out:
+        raise PredictionError(f"organisation {receiver!r} replied metrics without accuracy and n_labelled.")
+    return out
 
 
 def federated_predict(
@@ -419,8 +476,6 @@ def federated_predict(
     """
     import time
 
-    import pandas as pd
-
     from hybridfl.runtime.transport import InProcessTransport
 
     t0 = time.perf_counter()
@@ -428,15 +483,7 @@ def federated_predict(
     all_units = list(parts[receiver].all_units) if parts is not None else list(model_units(model))
     transport = InProcessTransport(orgs, recorder)  # type: ignore[arg-type]
     counts = run_prediction(transport, list(orgs), receiver, all_units)
-    r = orgs[receiver]
-    pred, scores = (parts[receiver] if parts is not None else model).outputs(r.raw[r.scored])
-    out = pd.DataFrame({id_names[receiver]: r.ids})
-    out["prediction"] = ""
-    out.loc[r.scored, "prediction"] = pred
-    for k, v in scores.items():
-        col = np.full(r.n, np.nan)
-        col[r.scored] = v
-        out[k] = col
+    out = prediction_frame(orgs[receiver], id_names[receiver], parts[receiver] if parts is not None else model)
     stats = {
         **counts,
         "messages": transport.log.messages_total,
@@ -444,6 +491,39 @@ def federated_predict(
         "seconds": time.perf_counter() - t0,
     }
     return out, stats
+
+
+def prediction_frame(org: PredictOrg, id_name: str, head: Any) -> Any:
+    """The receiver's predictions after ``predict.combine``: a DataFrame of its rows (``id_name``,
+    ``prediction`` (empty for an unscored row), the score columns of ``head.outputs``)."""
+    import pandas as pd
+
+    pred, scores = head.outputs(org.raw[org.scored])
+    out = pd.DataFrame({id_name: org.ids})
+    out["prediction"] = ""
+    out.loc[org.scored, "prediction"] = pred
+    for k, v in scores.items():
+        col = np.full(org.n, np.nan)
+        col[org.scored] = v
+        out[k] = col
+    return out
+
+
+def held_part(loaded: Any, blocks: Sequence[str], receiver: bool) -> OrgPart:
+    """An organisation's own part (:func:`~hybridfl.inference.parts.load_org_part`) cut to the
+    units all of whose blocks its new rows hold.
+
+    Raises:
+        PredictionError: the receiver keeps no head of the model.
+    """
+    own = loaded.part
+    units = [u for u in own.units if set(own.unit_blocks[u]) <= set(blocks)]
+    if receiver and own.head is None:
+        raise PredictionError(
+            f"organisation {loaded.organisation!r} keeps no head of the model (it holds no labels): it cannot "
+            "receive predictions; name a label holder with --to."
+        )
+    return OrgPart(own.kind, units, {u: own.unit_blocks[u] for u in units}, own.width, own.weights, own.head)
 
 
 def build_orgs(
@@ -476,17 +556,7 @@ def build_orgs(
         if id_name == "row":
             raise PredictionError(f"{where} has no ID column {view.encoding.id_column!r}: rows are matched by ID.")
         xs = encode_frame(frame, view.encoding, view.scale, blocks, where)
-        if parts is None:
-            part = org_part(model, blocks, name == receiver)
-        else:
-            own = view.part
-            units = [u for u in own.units if set(own.unit_blocks[u]) <= set(blocks)]
-            part = OrgPart(own.kind, units, {u: own.unit_blocks[u] for u in units}, own.width, own.weights, own.head)
-            if name == receiver and part.head is None:
-                raise PredictionError(
-                    f"organisation {name!r} keeps no head of the model (it holds no labels): it cannot receive "
-                    "predictions; name a label holder with --to."
-                )
+        part = org_part(model, blocks, name == receiver) if parts is None else held_part(view, blocks, name == receiver)
         orgs[name] = PredictOrg(name, ids, xs, part, receiver)
         id_names[name] = id_name
     if not any(orgs[o].part.units for o in orgs):

@@ -161,13 +161,29 @@ def write_org_part(out: str | Path, model: Any, org: str, blocks: Sequence[str],
             tensors.update(_state(w, f"unit.{i}.bottom."))
     for k, v in (part.head or {}).items():
         tensors[f"head.{k}"] = np.atleast_1d(np.asarray(v, dtype=np.float64))
-    meta = dict(model.manifest.model)
-    info = {"organisation": org, "units": list(part.units), "head": bool(head), "width": int(part.width)}
     scale_dtype = next((b.scale for b in model.encoding.blocks if b.scale != "none"), "float64")
-    parts = ModelParts(model.kind, tensors, meta)
-    return write_model_dir(
-        out, parts, model.encoding, model.scale, model.algorithm, model.manifest.dataset, {}, scale_dtype, part=info
+    return write_part(
+        out,
+        ModelParts(model.kind, tensors, dict(model.manifest.model)),
+        (model.encoding, model.scale, scale_dtype),
+        model.algorithm,
+        model.manifest.dataset,
+        {"organisation": org, "units": list(part.units), "head": bool(head), "width": int(part.width)},
     )
+
+
+def write_part(
+    out: str | Path, parts: ModelParts, encoding: tuple[Any, Any, str], algorithm: str, dataset: str, info: dict
+) -> Path:
+    """Write an organisation's part directory from its tensors (``unit.<i>.*``, ``head.*``, module
+    docs) and model settings ``parts``, the public ``encoding`` ``(Encoding, block -> (mean, std),
+    scale dtype)`` and ``info`` (``organisation``, ``units``, ``head``, ``width``).
+
+    Raises:
+        ModelError: a tensor that is not finite.
+    """
+    enc, scale, dtype = encoding
+    return write_model_dir(out, parts, enc, scale, algorithm, dataset, {}, dtype, part=info)
 
 
 @dataclass

@@ -289,7 +289,11 @@ def export_model(server: FedBCDCoordinator, clients: Any, cfg: FedBCDConfig) -> 
         )
         parties.append({"id": pid, "blocks": list(party.blocks)})
     tensors.update({f"top.{k}": v.detach().cpu().numpy().astype(np.float32) for k, v in label.top.state_dict().items()})
-    meta = {
+    return ModelParts("fedbcd", tensors, _model_meta(cfg, parties, label.party_id))
+
+
+def _model_meta(cfg: FedBCDConfig, parties: list[dict], label_party: str) -> dict:
+    return {
         "model": cfg.model,
         "top": cfg.top,
         "representation_dim": int(cfg.representation_dim),
@@ -297,9 +301,30 @@ def export_model(server: FedBCDCoordinator, clients: Any, cfg: FedBCDConfig) -> 
         "channels": int(cfg.channels),
         "fit_intercept": bool(cfg.fit_intercept),
         "parties": parties,
-        "label_party": label.party_id,
+        "label_party": label_party,
     }
-    return ModelParts("fedbcd", tensors, meta)
+
+
+def export_part(
+    party: FedBCDParty, cfg: FedBCDConfig, layout: Sequence[Sequence[Any]]
+) -> tuple[ModelParts, dict] | None:
+    """One party's part of the model from its own state (over Flower the server never holds a
+    bottom model): its bottom model ``unit.0.bottom.*`` and, for the label party, the top's bias
+    ``head.bias`` (FedBCD eq. (2): ``logit = sum_k H_k + b``), with the model settings of
+    :func:`export_model` (the parties from the public ``layout``). ``None`` when the top is not a
+    sum (``top: concat`` with a non-linear model): federated prediction needs a summed top."""
+    if not (cfg.model == "linear" or cfg.top == "party_slice"):
+        return None
+    tensors = {
+        f"unit.0.bottom.{k}": v.detach().cpu().numpy().astype(np.float32) for k, v in party.bottom.state_dict().items()
+    }
+    if party.is_label:
+        bias = getattr(party.top, "bias", None)
+        tensors["head.bias"] = np.atleast_1d(np.asarray(float(bias.detach().cpu()[0]) if bias is not None else 0.0))
+    parties = [{"id": str(c), "blocks": [str(b) for b in blocks]} for c, blocks, _ in layout]
+    label_party = next((str(c) for c, _, lab in layout if lab), "")
+    info = {"organisation": party.party_id, "units": [party.party_id], "head": bool(party.is_label), "width": 1}
+    return ModelParts("fedbcd", tensors, _model_meta(cfg, parties, label_party)), info
 
 
 SPEC = register(
@@ -318,6 +343,7 @@ SPEC = register(
         plots=plots,
         clients_hold_test=True,
         export_model=export_model,
+        export_part=export_part,
     )
 )
 """FedBCD's recipe, registered as ``fedbcd``."""
@@ -331,7 +357,7 @@ def fedbcd_spec(tower_factory: TowerFactory | None = None, top_factory: TopFacto
         return SPEC
     build = functools.partial(build_client, tower_factory=tower_factory, top_factory=top_factory)
     # plug-in models cannot be rebuilt from a model directory: no export
-    return dataclasses.replace(SPEC, build_client=build, export_model=None)
+    return dataclasses.replace(SPEC, build_client=build, export_model=None, export_part=None)
 
 
 def run_fedbcd(

@@ -387,12 +387,14 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
                 raise ProtocolError(
                     f"HyFDCA client {self.client_id!r} got 'hyfdca.unmask' in a run without secure aggregation."
                 )
-            return self._reply(msg, t0, he0, correction=self.unmask(msg))
+            return self._reply(msg, t0, he0, **self.unmask(msg))
         # step_average: the position share is checked (and computed) before anything changes
         extra = self.position_share(msg) if "avg_segs" in p and self.params.get("seg_step_average") else None
         share = self.primal_share(msg)
         if self.params.get("secure_aggregation"):
-            return self._reply(msg, t0, he0, masked=self.masked_share(msg, share, extra))
+            masked = self.masked_share(msg, share, extra)
+            shares = {"self_shares": self.secagg.last_shares} if self.secagg.last_shares else {}  # double masking
+            return self._reply(msg, t0, he0, masked=masked, **shares)
         if extra is not None:
             return self._reply(msg, t0, he0, share=share, position_share=extra)
         return self._reply(msg, t0, he0, share=share)

@@ -224,6 +224,8 @@ def answer(msg: Message, context: Context, store, warm=None) -> Message:
     from hybridfl.runtime.messages import decode
 
     data_dir = context.node_config.get("data-dir")
+    if warm is not None:  # predict-table / predict-out for a federated prediction (tasks.py)
+        warm.tasks.node_config = dict(context.node_config)
     raw, seq, acked = unpack_meta(msg.content)
     path = state_path(context.node_config, context.run_id)
     reply = serve(raw, seq, str(data_dir) if data_dir else None, store, acked, warm)

@@ -224,6 +224,8 @@ class LocalFederation:
             ``poll_interval`` and this; None: ``max(poll_interval, 0.2)``).
         database: keep the SuperLink's state in ``work_dir/superlink.db`` (Flower's ``--database``)
             instead of in memory (slower: about 0.35 s per exchange more, measured here).
+        node_configs: per client directory, more node config entries of its SuperNode (e.g. an
+            organisation's ``predict-table``, :mod:`hybridfl.runtime.flower.tasks`).
     """
 
     client_dirs: list[Path]
@@ -238,6 +240,7 @@ class LocalFederation:
     database: bool = False
     auth: bool = True
     hosts: Hosts | None = None
+    node_configs: list[dict[str, str]] | None = None
     procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
     stopped: list[subprocess.Popen] = field(default_factory=list)
     node_cmds: list[list[str]] = field(default_factory=list)
@@ -337,13 +340,15 @@ class LocalFederation:
             _wait_port(self.port, self.start_timeout, link, "flower-superlink")
             self._node_sec = node_sec
             for i, d in enumerate(self.client_dirs):
-                self.add_node(d, i)
+                self.add_node(d, i, extra=self.node_configs[i] if self.node_configs else None)
         except BaseException:
             self.stop()
             raise
         return self
 
-    def add_node(self, data_dir: str | Path, host: int = 0, registered: bool | None = None) -> subprocess.Popen:
+    def add_node(
+        self, data_dir: str | Path, host: int = 0, registered: bool | None = None, extra: dict[str, str] | None = None
+    ) -> subprocess.Popen:
         """Start one more SuperNode (``supernode-<n>``, the next number) for ``data_dir``, in
         network namespace ``host`` when the federation has ``hosts``. ``start`` starts one per
         client directory with this.
@@ -352,6 +357,7 @@ class LocalFederation:
             registered: with ``auth``, register the node's new key with the SuperLink first (the
                 default); False: start it with a key the SuperLink does not know (a node that must
                 not get in, for tests). Ignored without ``auth``.
+            extra: more node config entries (string values; a path is made absolute).
 
         Returns:
             The SuperNode's process (also in :attr:`procs`).
@@ -366,7 +372,7 @@ class LocalFederation:
             "--port",
             str(free_port()),
             "--node-config",
-            f'data-dir="{Path(data_dir).resolve()}"',
+            " ".join([f'data-dir="{Path(data_dir).resolve()}"', *(f'{k}="{v}"' for k, v in (extra or {}).items())]),
         ]
         if self.auth:
             key, pub = make_node_key(self.work_dir / "node-keys", f"supernode-{i}")

@@ -28,6 +28,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
@@ -38,6 +39,7 @@ from hybridfl.data.export import ClientData, load_client_dir, load_server_dir
 from hybridfl.errors import ConfigError, HybridFLError
 from hybridfl.files import atomic_write
 from hybridfl.runtime.flower.bridge import HELLO, SETUP
+from hybridfl.runtime.flower.tasks import MODEL_PART, part_step
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 
 PING = "deploy.ping"
@@ -84,9 +86,12 @@ class WarmClient:
     """
 
     def __init__(self) -> None:
+        from hybridfl.runtime.flower.tasks import NodeTasks
+
         self.client: Any = None
         self.key: tuple[bytes, bytes] | None = None
         self._data: tuple[tuple[str, int], ClientData] | None = None
+        self.tasks = NodeTasks()  # after training: the run's prediction requests (tasks.py)
 
     def load(self, data_dir: str | None) -> ClientData:
         """The client directory ``data_dir``, loaded once while its ``client.json`` is unchanged.
@@ -159,6 +164,11 @@ def client_step(
     if msg.receiver != cd.client_id:
         raise HybridFLError(f"a message for client {msg.receiver!r} reached the node holding client {cd.client_id!r}.")
     setup_raw = bytes(store["setup"])
+    if msg.kind.startswith("predict."):  # after training: a federated prediction request (tasks.py)
+        from hybridfl.runtime.flower.tasks import predict_step
+
+        with _one_thread():
+            return encode(predict_step(msg, cd, decode(setup_raw).payload, warm))
     with _one_thread():  # as `hybridfl run` does in process: one compute thread
         client = warm.get(setup_raw, store.get("state")) if warm is not None else None
         if client is None:
@@ -175,7 +185,10 @@ def client_step(
         if warm is not None:
             warm.forget()  # until handle and get_state have succeeded: the object may be half-updated
         try:
-            reply = client.handle(msg)
+            if msg.kind == MODEL_PART:  # after training: this organisation's part of the model
+                reply = part_step(msg, cd, client, decode(setup_raw).payload)
+            else:
+                reply = client.handle(msg)
         except Exception:
             keep = getattr(client, "failed_state", None)  # fail closed: the stop survives the rebuild
             if callable(keep):
@@ -233,6 +246,7 @@ def _answer_setup(msg: Message, cd: ClientData, store: MutableMapping[str, bytes
         store["seq"] = b"0"
         if warm is not None:
             warm.forget()
+            warm.tasks.reset()  # a new run: no request of an earlier one counts
     return encode(
         msg.reply(
             client_id=cd.client_id,
@@ -375,6 +389,8 @@ def run_server(
     node_wait: float = 300.0,
     pings: int = 0,
     node_check: float = 1.0,
+    task: str = "train",
+    to: str | None = None,
 ) -> dict:
     """The ServerApp's work: one run of the exported set-up's algorithm over Flower.
 
@@ -382,8 +398,9 @@ def run_server(
         grid: the ServerApp's Flower ``Grid``.
         server_dir: the export's ``server/`` directory (schema, client names, run config, test set).
         out_dir: where to write ``results.json``, ``metrics.csv`` and the algorithm's plots (the
-            simulation's files), ``history.json``, ``summary.json``, ``wire.json`` and (for
-            algorithms with a final model, e.g. HyFDCA's ``w``) ``final.npz``; ``None``: nowhere.
+            simulation's files), ``history.json``, ``summary.json``, ``wire.json``, ``model/``
+            (the server's model, :func:`_write_server_model`) and (for algorithms with a final
+            model, e.g. HyFDCA's ``w``) ``final.npz``; ``None``: nowhere.
         rounds: override the config's number of rounds.
         poll_interval: seconds between pulls for replies.
         reply_timeout: seconds a client may take to answer one message (also: to come back after
@@ -394,20 +411,27 @@ def run_server(
             algorithm work: measures Flower's own seconds per exchange; not in the byte counts).
         node_check: seconds between two looks at the SuperLink's node list while waiting for
             replies (how fast a restarted SuperNode is noticed).
+        task: ``train`` (then every organisation gets its part of the model and the label
+            holders evaluate it on their own test rows: :mod:`hybridfl.runtime.flower.tasks`) or
+            ``predict`` (no training: a federated prediction of the organisations' new rows, named
+            by each node's ``predict-table``, for ``to``).
+        to: the receiver of a ``predict`` task (default: the first label holder).
 
     Returns:
         The summary (also written to ``out_dir/summary.json``).
+
+    Raises:
+        ConfigError: an unknown task.
     """
     from hybridfl.runtime.flower.bridge import FlowerTransport
-    from hybridfl.runtime.loop import RoundLoop
-    from hybridfl.runtime.simulation import RunResult, single_threaded
 
+    if task not in ("train", "predict"):
+        raise ConfigError(f"the run config's task must be train or predict, got {task!r}.")
     t_start = time.perf_counter()
     sd, cfg, seed = algorithm_from(server_dir, rounds)
     spec = deployable(cfg.name)
-    if spec.labels is not None:  # who must hold labels, from the public layout, before any node is asked
+    if spec.labels is not None and task == "train":  # who must hold labels, from the public layout
         spec.labels.check(sd.layout)
-    n = len(sd.client_ids)
     # hello: every node proves which client it holds; only then does it learn the algorithm
     # settings (the setup); "session" tells a restarted node of this run (its state kept on disk)
     # from a node of another run
@@ -424,7 +448,9 @@ def run_server(
     hello_seconds = time.perf_counter() - t0
     nodes = assign_clients(found, sd.client_ids)
     transport.attach(nodes)
-    log.info("hybridfl: %d SuperNodes hold the %d clients; %s for %d rounds", len(found), n, cfg.name, cfg.rounds)
+    log.info("hybridfl: %d SuperNodes hold the %d clients; %s (%s)", len(found), len(nodes), cfg.name, task)
+    if task == "predict":
+        return _predict_run(transport, cfg, sd, out_dir, to, t_start)
     ping_seconds = []
     for _ in range(int(pings)):
         pt = FlowerTransport(grid, nodes, poll_interval, reply_timeout, sequenced=False)
@@ -433,25 +459,9 @@ def run_server(
         ping_seconds.append(time.perf_counter() - t0)
     server = spec.build_server(sd, cfg, seed, {c: found[n].payload for c, n in nodes.items()})
     out = Path(out_dir) if out_dir is not None else None
-
-    def progress(done: int, total: int, row: dict) -> None:
-        log.info(
-            "hybridfl: round %d/%d %s",
-            done,
-            total,
-            {k: round(v, 6) for k, v in row.items() if "[" not in k and isinstance(v, float)},
-        )
-        if out is not None:  # for whoever watches the run (tests, operators): rounds done so far
-            atomic_write(
-                out / "progress.json", json.dumps({"round": done, "rounds": total, "rejoins": transport.rejoins})
-            )
-
-    with single_threaded():
-        server.setup(transport, transport.client_ids)
-        loop = RoundLoop(spec, cfg, server, transport, sd, transport.evaluation_exchange, None, progress)
-        history = loop.run()
+    history, summary = _train(transport, spec, cfg, sd, server, out)
+    after = _after_training(transport, spec, server, cfg, sd, summary, history)
     ex = transport.wire.exchanges
-    summary = loop.summary(history, n, str(sd.meta.get("dataset", "")))
     summary.update(
         {
             "nodes": {c: int(v) for c, v in transport.nodes.items()},  # at the end (after any rejoin)
@@ -474,42 +484,141 @@ def run_server(
         }
     )
     if out is not None:
-        from hybridfl.reporting.results import write_results
-
-        plots = spec.plots(history, cfg, f"{cfg.name} over Flower") if spec.plots is not None else []
-        write_results(
-            out,
-            RunResult(summary, history, transport.log, plots),
-            {"algorithm": cfg.model_dump(mode="json"), "seed": seed},
-        )
-        atomic_write(out / "history.json", json.dumps(history, indent=1))
-        atomic_write(out / "summary.json", json.dumps(summary, indent=1, default=str))
-        atomic_write(out / "wire.json", json.dumps([e.__dict__ for e in transport.wire.entries]))
-        if spec.final_arrays is not None:
-            import io
-
-            import numpy as np
-
-            buf = io.BytesIO()
-            np.savez(buf, **spec.final_arrays(server))
-            atomic_write(out / "final.npz", buf.getvalue())
-        _write_server_model(spec, server, cfg, sd, out, summary)
+        _write_outputs(out, spec, cfg, seed, server, sd, transport, history, summary, after)
     return summary
 
 
-def _write_server_model(spec: Any, server: Any, cfg: Any, sd: Any, out: Path, summary: dict) -> None:
-    """``<out>/model/``: the model the server holds (HyFDCA's and hybrid FedAvg's ``w``, HyFEM's
-    server and client models) with the encoding recorded in ``server.json`` (an export or a
-    federation assembled by this version); FedBCD's parties keep theirs, so nothing is written for it."""
+def _train(transport: Any, spec: Any, cfg: Any, sd: Any, server: Any, out: Path | None) -> tuple[list[dict], dict]:
+    """The algorithm's setup and rounds (the simulation's :class:`~hybridfl.runtime.loop.RoundLoop`)
+    over ``transport``: ``(history, summary)``; ``out/progress.json`` after every round."""
+    from hybridfl.runtime.loop import RoundLoop
+    from hybridfl.runtime.simulation import single_threaded
+
+    def progress(done: int, total: int, row: dict) -> None:
+        log.info(
+            "hybridfl: round %d/%d %s",
+            done,
+            total,
+            {k: round(v, 6) for k, v in row.items() if "[" not in k and isinstance(v, float)},
+        )
+        if out is not None:  # for whoever watches the run (tests, operators): rounds done so far
+            atomic_write(
+                out / "progress.json", json.dumps({"round": done, "rounds": total, "rejoins": transport.rejoins})
+            )
+
+    with single_threaded():
+        server.setup(transport, transport.client_ids)
+        loop = RoundLoop(spec, cfg, server, transport, sd, transport.evaluation_exchange, None, progress)
+        history = loop.run()
+    return history, loop.summary(history, len(sd.client_ids), str(sd.meta.get("dataset", "")))
+
+
+def _server_model(spec: Any, server: Any, cfg: Any, sd: Any) -> tuple[Any, Any]:
+    """``(parts, loaded model)`` of the model the server holds (:data:`~hybridfl.experiment.SERVER_MODEL_KINDS`)
+    with the encoding recorded in ``server.json``; ``(None, None)`` otherwise (FedBCD's parties
+    keep theirs; an export written before encodings were recorded)."""
     from hybridfl.data.encoding import encoding_from_meta
-    from hybridfl.experiment import MODEL_DIR, SERVER_MODEL_KINDS, model_metrics
+    from hybridfl.experiment import MODEL_DIR, SERVER_MODEL_KINDS
+    from hybridfl.inference import load_model
     from hybridfl.inference.modeldir import write_model_dir
 
     parts = spec.export_model(server, None, cfg) if spec.export_model is not None else None
     got = encoding_from_meta(sd.meta or {})
     if parts is None or parts.kind not in SERVER_MODEL_KINDS or got is None:
-        return
+        return None, None
     enc, scale, dtype = got
+    with tempfile.TemporaryDirectory() as tmp:
+        d = write_model_dir(
+            Path(tmp) / MODEL_DIR, parts, enc, scale, cfg.name, str(sd.meta.get("dataset", "")), {}, dtype
+        )
+        return parts, load_model(d)
+
+
+def _after_training(transport: Any, spec: Any, server: Any, cfg: Any, sd: Any, summary: dict, history: list) -> dict:
+    """Every organisation's part of the model to its node, then the federated evaluation on the
+    organisations' own test rows (:mod:`hybridfl.runtime.flower.tasks`); its metrics go into the
+    summary and the last round's row (HyFEM's ``accuracy`` as ``server_accuracy``, as in process).
+    Returns ``{"parts": server-held ModelParts or None}``."""
+    from hybridfl.inference.parts import PredictionError, model_units
+    from hybridfl.runtime.flower.tasks import all_units, deliver_parts, evaluate
+
+    parts, model = _server_model(spec, server, cfg, sd)
+    layout = [(str(c), [str(b) for b in bl], bool(lab)) for c, bl, lab in sd.layout]
+    exports = model is None and spec.export_part is not None
+    if model is None and not exports:
+        return {"parts": parts}
+    try:
+        units = list(model_units(model)) if model is not None else all_units("fedbcd", layout, [])
+    except PredictionError:  # a model with no parts (e.g. FedBCD top: concat)
+        return {"parts": parts}
+    status = deliver_parts(transport, layout, model, exports)
+    summary["model_parts"] = status
+    if any(v == "written" for v in status.values()):
+        metrics = evaluate(transport, layout, units)
+        if "accuracy" in metrics and (model is not None and model.kind == "hyfem"):
+            metrics["server_accuracy"] = metrics.pop("accuracy")
+        summary.update(metrics)
+        if history and metrics:
+            history[-1].update({k: v for k, v in metrics.items() if k in ("accuracy", "server_accuracy", "auc")})
+    return {"parts": parts}
+
+
+def _write_outputs(
+    out: Path, spec, cfg, seed: int, server, sd, transport, history: list, summary: dict, after: dict
+) -> None:
+    """The run's files in ``out`` (:func:`run_server`'s ``out_dir``)."""
+    from hybridfl.reporting.results import write_results
+    from hybridfl.runtime.simulation import RunResult
+
+    plots = spec.plots(history, cfg, f"{cfg.name} over Flower") if spec.plots is not None else []
+    write_results(
+        out, RunResult(summary, history, transport.log, plots), {"algorithm": cfg.model_dump(mode="json"), "seed": seed}
+    )
+    atomic_write(out / "history.json", json.dumps(history, indent=1))
+    atomic_write(out / "summary.json", json.dumps(summary, indent=1, default=str))
+    atomic_write(out / "wire.json", json.dumps([e.__dict__ for e in transport.wire.entries]))
+    if spec.final_arrays is not None:
+        import io
+
+        import numpy as np
+
+        buf = io.BytesIO()
+        np.savez(buf, **spec.final_arrays(server))
+        atomic_write(out / "final.npz", buf.getvalue())
+    if after.get("parts") is not None:
+        _write_server_model(after["parts"], cfg, sd, out, summary)
+
+
+def _write_server_model(parts: Any, cfg: Any, sd: Any, out: Path, summary: dict) -> None:
+    """``<out>/model/``: the model the server holds (HyFDCA's and hybrid FedAvg's ``w``, HyFEM's
+    server and client models) with the encoding recorded in ``server.json`` and the run's metrics."""
+    from hybridfl.data.encoding import encoding_from_meta
+    from hybridfl.experiment import MODEL_DIR, model_metrics
+    from hybridfl.inference.modeldir import write_model_dir
+
+    enc, scale, dtype = encoding_from_meta(sd.meta or {})  # type: ignore[misc]
     write_model_dir(
         out / MODEL_DIR, parts, enc, scale, cfg.name, str(sd.meta.get("dataset", "")), model_metrics(summary), dtype
     )
+
+
+def _predict_run(transport: Any, cfg: Any, sd: Any, out_dir: str | Path | None, to: str | None, t_start: float) -> dict:
+    """A run with ``task: predict``: one federated prediction (:func:`hybridfl.runtime.flower.tasks.predict`);
+    the summary (counts, messages, bytes, seconds) to ``out_dir/summary.json``."""
+    from hybridfl.runtime.flower.tasks import all_units, predict
+
+    layout = [(str(c), [str(b) for b in bl], bool(lab)) for c, bl, lab in sd.layout]
+    units = all_units("fedbcd" if cfg.name == "fedbcd" else "", layout, list(sd.block_shapes))
+    summary = predict(transport, layout, units, to)
+    summary.update(
+        {
+            "task": "predict",
+            "messages": transport.log.messages_total,
+            "bytes": transport.log.bytes_total,
+            "wall_seconds": time.perf_counter() - t_start,
+        }
+    )
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        atomic_write(Path(out_dir) / "summary.json", json.dumps(summary, indent=1, default=str))
+    return summary

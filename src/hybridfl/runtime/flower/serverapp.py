@@ -10,7 +10,12 @@ Run config (``flwr run APP FEDERATION --run-config "server-dir='...' rounds=2"``
   SuperNode failed (default 600);
 - ``node-wait``: seconds to wait until a node holding every client answered the hello (default 300);
 - ``node-check``: seconds between looks for restarted SuperNodes while waiting for replies (1);
-- ``pings``: empty exchanges with every client before the run, to measure Flower's overhead (0).
+- ``pings``: empty exchanges with every client before the run, to measure Flower's overhead (0);
+- ``task``: ``train`` (default: training, then each organisation's part of the model and the
+  federated evaluation) or ``predict`` (a federated prediction of the organisations' new rows,
+  each node's ``predict-table``; :mod:`hybridfl.runtime.flower.tasks`);
+- ``to``: the organisation that receives the predictions of a ``predict`` task (default: the first
+  label holder).
 """
 
 from __future__ import annotations
@@ -71,6 +76,8 @@ def main(grid: Grid, context: Context) -> None:
         node_wait=float(rc.get("node-wait", 300.0)),
         pings=int(rc.get("pings", 0) or 0),
         node_check=float(rc.get("node-check", 1.0)),
+        task=str(rc.get("task", "train") or "train"),
+        to=str(rc.get("to", "") or "") or None,
     )
     logging.getLogger("hybridfl.flower").info(
         "hybridfl: done %s", {k: v for k, v in summary.items() if k not in ("exchange_seconds", "final")}
