@@ -39,11 +39,11 @@ from hybridfl.data.export import ClientData, load_client_dir, load_server_dir
 from hybridfl.errors import ConfigError, HybridFLError
 from hybridfl.files import atomic_write
 from hybridfl.runtime.flower.bridge import HELLO, SETUP
+from hybridfl.runtime.flower.hello import answer_hello, answer_setup
 from hybridfl.runtime.flower.tasks import MODEL_PART, part_step
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 
 PING = "deploy.ping"
-SETUP_KEYS = ("algorithm", "config", "seed", "layout", "session")
 log = logging.getLogger("hybridfl.flower")
 
 
@@ -156,9 +156,9 @@ def client_step(
     if msg.kind == PING:  # no algorithm: measures Flower's own cost of one exchange
         return encode(msg.reply(client_id=cd.client_id, echo=msg.payload.get("echo", b"")))
     if msg.kind == HELLO:
-        return _answer_hello(msg, cd, store)
+        return answer_hello(msg, cd, store)
     if msg.kind == SETUP:
-        return _answer_setup(msg, cd, store, warm)
+        return answer_setup(msg, cd, store, warm)
     if "setup" not in store:
         raise RuntimeError(f"client {cd.client_id!r} got {msg.kind!r} before the {SETUP!r} exchange of its run.")
     if msg.receiver != cd.client_id:
@@ -200,63 +200,6 @@ def client_step(
         if warm is not None:
             warm.keep(client, setup_raw, state)
     return encode(reply)
-
-
-def _answer_hello(msg: Message, cd: ClientData, store: MutableMapping[str, bytes]) -> bytes:
-    """The hello's answer: the client's name, its proof over the session and the nonce, and whether
-    (``ready``) and how far (``seq``) this node holds the session's setup.
-
-    Raises:
-        ValueError: the hello's nonce or session is not well formed (nothing changes).
-    """
-    # the proof that this node is the organisation that prepared the client (its own key, from
-    # data-dir): the server maps the client to this node, and sends it the run's setup, only if
-    # it verifies. Nothing is stored: a hello changes nothing here
-    from hybridfl.privacy.credentials import hello_proof, load_client_key
-
-    p = msg.payload
-    proof = hello_proof(load_client_key(cd.path), p.get("session"), p.get("nonce"), cd.client_id)
-    ready = "setup" in store and "seq" in store and decode(store["setup"]).payload.get("session") == p["session"]
-    return encode(
-        msg.reply(client_id=cd.client_id, proof=proof, seq=int(store["seq"]) if ready else 0, ready=bool(ready))
-    )
-
-
-def _answer_setup(msg: Message, cd: ClientData, store: MutableMapping[str, bytes], warm: WarmClient | None) -> bytes:
-    """The setup's answer (the client's public structure and its algorithm's hello payload), after
-    storing the run's setup in ``store`` (a new session starts afresh; the same one resumes).
-
-    Raises:
-        ValueError: no session string; ConfigError/ValidationError: an unknown algorithm or config.
-    """
-    p = msg.payload
-    if not isinstance(p.get("session"), str) or not 0 < len(p["session"]) <= 128:
-        raise ValueError("the setup's session is not a string of 1 to 128 characters.")
-    spec = deployable(str(p["algorithm"]))
-    cfg = spec.config_model.model_validate_json(str(p["config"]))  # fail here, not at the first round
-    extra = spec.hello_payload(cd, cfg) if spec.hello_payload else {}
-    setup = {k: p[k] for k in SETUP_KEYS if k in p}
-    # the same run's setup again (a restarted SuperNode whose state survived on disk): keep the
-    # state and tell the server how far it got; otherwise a new run starts here
-    resumed = "session" in setup and "setup" in store and "seq" in store and decode(store["setup"]).payload == setup
-    if not resumed:
-        store["setup"] = encode(Message("setup", cd.client_id, cd.client_id, 0, setup))
-        for k in ("state", "request", "reply"):
-            store.pop(k, None)
-        store["seq"] = b"0"
-        if warm is not None:
-            warm.forget()
-            warm.tasks.reset()  # a new run: no request of an earlier one counts
-    return encode(
-        msg.reply(
-            client_id=cd.client_id,
-            n_samples=cd.data.n_samples,
-            blocks=cd.data.block_names,
-            has_labels=cd.has_labels,
-            seq=int(store["seq"]),
-            **extra,
-        )
-    )
 
 
 class StaleMessage(RuntimeError):
