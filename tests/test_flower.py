@@ -24,7 +24,14 @@ from hybridfl.data.export import export_clients
 from hybridfl.errors import ConfigError, HybridFLError
 from hybridfl.experiment import prepare
 from hybridfl.privacy.credentials import verify_hello
-from hybridfl.runtime.flower.node import HELLO, algorithm_from, assign_clients, client_credentials, client_step
+from hybridfl.runtime.flower.node import (
+    HELLO,
+    SETUP,
+    algorithm_from,
+    assign_clients,
+    client_credentials,
+    client_step,
+)
 from hybridfl.runtime.loop import RoundLoop
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 from hybridfl.runtime.simulation import build_federation, single_threaded
@@ -93,8 +100,8 @@ class StepTransport:
 
 
 def hello_all(t, server_dir):
-    """The hello of :func:`run_server` to every node of ``t``: the server data, config, seed and
-    each client's hello payload."""
+    """The hello and the setup of :func:`run_server` to every node of ``t``: the server data,
+    config, seed and each client's setup reply."""
     sd, cfg, seed = algorithm_from(server_dir)
     keys = client_credentials(sd, server_dir)
     hello = {
@@ -107,12 +114,16 @@ def hello_all(t, server_dir):
     payloads = {}
     for c in t.client_ids:
         nonce = os.urandom(32)
-        payloads[c] = decode(
-            client_step(encode(Message(HELLO, SERVER, "node-x", 0, {**hello, "nonce": nonce})), t.dirs[c], t.stores[c])
+        proved = decode(
+            client_step(
+                encode(Message(HELLO, SERVER, "node-x", 0, {"session": "s1", "nonce": nonce})), t.dirs[c], t.stores[c]
+            )
         ).payload
+        assert proved["client_id"] == c and proved["ready"] is False and t.stores[c] == {}  # a hello stores nothing
+        assert verify_hello(keys[c], "s1", nonce, c, proved["proof"])
+        assert not verify_hello(keys[c], "s1", os.urandom(32), c, proved["proof"])  # bound to its nonce
+        payloads[c] = decode(client_step(encode(Message(SETUP, SERVER, c, 0, hello)), t.dirs[c], t.stores[c])).payload
         assert payloads[c]["client_id"] == c
-        assert verify_hello(keys[c], "s1", nonce, c, payloads[c]["proof"])
-        assert not verify_hello(keys[c], "s1", os.urandom(32), c, payloads[c]["proof"])  # bound to its nonce
     return sd, cfg, seed, payloads
 
 
@@ -178,21 +189,27 @@ def test_client_step_errors_are_one_sentence(tmp_path):
         client_step(fit, None, {})
     with pytest.raises(HybridFLError, match="does not exist"):
         client_step(fit, str(tmp_path / "missing"), {})
-    with pytest.raises(RuntimeError, match="before the 'deploy.hello'"):
+    with pytest.raises(RuntimeError, match="before the 'deploy.setup'"):
         client_step(fit, str(dirs[0]), {})
     _, cfg, _ = algorithm_from(server_dir)
     store: dict = {}
     hello = {"algorithm": "hyfem", "config": cfg.model_dump_json(), "seed": 0, "session": "s"}
     for bad in ({}, {"nonce": b"short"}, {"nonce": "x" * 32}, {"nonce": os.urandom(32), "session": 5}):
         with pytest.raises(ValueError, match="the hello's (nonce|session) is not"):  # a hostile hello: nothing stored
-            client_step(encode(Message(HELLO, SERVER, "n", 0, {**hello, **bad})), str(dirs[0]), store)
+            client_step(encode(Message(HELLO, SERVER, "n", 0, {"session": "s", **bad})), str(dirs[0]), store)
         assert store == {}
-    client_step(encode(Message(HELLO, SERVER, "n", 0, {**hello, "nonce": os.urandom(32)})), str(dirs[0]), store)
+    client_step(encode(Message(HELLO, SERVER, "n", 0, {"session": "s", "nonce": os.urandom(32)})), str(dirs[0]), store)
+    assert store == {}
+    with pytest.raises(ValueError, match="the setup's session is not"):
+        client_step(encode(Message(SETUP, SERVER, "client-0", 0, {**hello, "session": 5})), str(dirs[0]), store)
+    client_step(encode(Message(SETUP, SERVER, "client-0", 0, hello)), str(dirs[0]), store)
     with pytest.raises(HybridFLError, match="reached the node holding client 'client-0'"):
         client_step(encode(Message("hyfem.fit", SERVER, "client-1", 1, {})), str(dirs[0]), store)
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
         client_step(
-            encode(Message(HELLO, SERVER, "n", 0, {"algorithm": "nope", "config": "{}", "seed": 0})), str(dirs[0]), {}
+            encode(Message(SETUP, SERVER, "n", 0, {"algorithm": "nope", "config": "{}", "seed": 0, "session": "s"})),
+            str(dirs[0]),
+            {},
         )
 
 

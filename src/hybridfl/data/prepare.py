@@ -407,7 +407,7 @@ def prepare_client(
     Raises:
         ConfigError: a missing or invalid schema.
         DataError: the table does not match the schema (see :func:`table_to_client_dataset`), an
-            unreadable table, a non-empty ``out_dir``, or a client name that is not a safe
+            unreadable table, a non-empty or symbolic-link ``out_dir``, or a client name that is not a safe
             directory name.
     """
     schema = load_schema(schema_path)
@@ -423,6 +423,10 @@ def prepare_client(
         raise DataError(f"client index {index} must be 0 or more.")
     if sep is not None and not sep:
         raise DataError("--sep must not be empty.")
+    if out.is_symlink():  # the rename below would fail on it (a traceback) or write through it
+        raise DataError(
+            f"client directory {str(out)!r} is a symbolic link: give the path of a new or empty directory itself."
+        )
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise DataError(f"client directory {str(out)!r} exists and is not an empty directory: prepare into a new one.")
     frame = read_client_table(table, sep if sep is not None else schema.sep)

@@ -28,6 +28,7 @@ from hybridfl.errors import ProtocolError
 from hybridfl.privacy import psi
 from hybridfl.privacy.credentials import SIGNATURE_BYTES
 from hybridfl.privacy.roster import RUN_BYTES
+from hybridfl.runtime.exchange import answers
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
 from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys, strings
@@ -130,14 +131,8 @@ class FedBCDCoordinator:
             if m.receiver in self.undo:
                 m.payload["undo"] = self.undo[m.receiver]
             self._touched.add(m.receiver)
-        sent = {m.receiver: m for m in messages}
         replies, invalid = [], False
-        for r in transport.send_and_receive(messages):
-            m = sent.get(r.sender)
-            if m is None or r.kind != m.kind or r.sender in {q.sender for q in replies}:
-                raise ProtocolError(
-                    f"the FedBCD coordinator got an unexpected {r.kind!r} reply from {r.sender!r} in round {r.round}."
-                )
+        for r in answers(messages, transport.send_and_receive(messages), "FedBCD"):
             try:
                 self.check_reply(r, expect or {})
             except PayloadError as e:
@@ -209,14 +204,10 @@ class FedBCDCoordinator:
         return bytes(v)
 
     def _setup_exchange(self, transport: Transport, messages: list[Message]) -> dict[str, Message]:
-        """Send setup messages; every reply must arrive, once, of the same kind (else
-        :class:`ProtocolError`)."""
+        """Send setup messages; every party must answer (:func:`~hybridfl.runtime.exchange.answers`),
+        else :class:`ProtocolError`."""
         sent = {m.receiver: m for m in messages}
-        got: dict[str, Message] = {}
-        for r in transport.send_and_receive(messages):
-            if r.sender not in sent or r.kind != sent[r.sender].kind or r.sender in got:
-                raise ProtocolError(f"the FedBCD coordinator got an unexpected {r.kind!r} reply from {r.sender!r}.")
-            got[r.sender] = r
+        got = {r.sender: r for r in answers(messages, transport.send_and_receive(messages), "FedBCD setup")}
         missing = [p for p in sent if p not in got]
         if missing:
             raise ProtocolError(
@@ -284,11 +275,9 @@ class FedBCDCoordinator:
                 asked.
             PayloadError: a malformed reply (:meth:`check_properties`, :meth:`align`).
         """
-        replies = transport.send_and_receive([Message("fedbcd.properties", SERVER, cid, 0) for cid in client_ids])
-        asked = set(client_ids)
+        asked = [Message("fedbcd.properties", SERVER, cid, 0) for cid in client_ids]
+        replies = answers(asked, transport.send_and_receive(asked), "FedBCD setup")
         for r in replies:
-            if r.kind != "fedbcd.properties" or r.sender not in asked:
-                raise ProtocolError(f"the FedBCD coordinator got an unexpected {r.kind!r} reply from {r.sender!r}.")
             self.check_properties(r)
         self.out_dim = {r.sender: int(r.payload["out_dim"]) for r in replies}
         self.parties = [r.sender for r in replies]
