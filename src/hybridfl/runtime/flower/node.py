@@ -404,12 +404,15 @@ def run_server(
     server = spec.build_server(sd, cfg, seed, {c: found[n].payload for c, n in nodes.items()})
     out = Path(out_dir) if out_dir is not None else None
     history, summary = _train(transport, spec, cfg, sd, server, out)
+    trained_wire, trained_exchanges = transport.wire.wire_total, len(transport.wire.exchanges)
     after = _after_training(transport, spec, server, cfg, sd, summary, history)
-    ex = transport.wire.exchanges
+    summary["after_training_wire_bytes"] = transport.wire.wire_total - trained_wire  # parts and evaluation
+    summary["after_training_exchanges"] = len(transport.wire.exchanges) - trained_exchanges
+    ex = transport.wire.exchanges[:trained_exchanges]
     summary.update(
         {
             "nodes": {c: int(v) for c, v in transport.nodes.items()},  # at the end (after any rejoin)
-            "wire_bytes_total": transport.wire.wire_total,
+            "wire_bytes_total": trained_wire,  # training (the summary's bytes_total and messages_total)
             "setup_exchange_seconds": hello_seconds,
             "ping_seconds": ping_seconds,
             "exchanges": len(ex),
