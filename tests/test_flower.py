@@ -477,8 +477,9 @@ def test_loopback_hyfdca_and_hyfem_equal_simulation(tmp_path):
     w = np.load(tmp_path / "res-d" / "final.npz")["w"]
     np.testing.assert_allclose(w, w_ref, rtol=1e-9, atol=1e-12)
     sd = json.loads((tmp_path / "res-d" / "summary.json").read_text())
-    # 3 setup exchanges + 3 per round, plus the PSI alignment's serve (2 clients), result (2), tags (3)
-    assert sd["messages_total"] == log_ref.messages_total == 3 * 2 * (3 + 3 * 5) + 2 * (2 + 2 + 3)
+    # 3 setup exchanges + 4 per round (ip, dual, primal and its unmasking round: double masking),
+    # plus the PSI alignment's serve (2 clients), result (2), tags (3)
+    assert sd["messages_total"] == log_ref.messages_total == 3 * 2 * (3 + 4 * 5) + 2 * (2 + 2 + 3)
     hist = json.loads((tmp_path / "res-f" / "history.json").read_text())
     assert _strip(hist) == _strip(ref.history)
     fed.close()
