@@ -121,7 +121,8 @@ def convergence(
             positive_classes=pos,
             eval_every=eval_every,
             sigma=sigma,
-            **{**(extra or {}), **kw},
+            preset="paper",  # the paper's protocol (block mode, last iterate), in plaintext as the committed numbers
+            **{"encryption": "none", **(extra or {}), **kw},
         )
         t = time.perf_counter()
         res = run_hyfdca(split, part, cfg, seed=0)
@@ -264,7 +265,7 @@ def encryption(rounds: int, extra: dict | None = None) -> dict:
             eval_every=rounds,
             encryption=scheme,
             reference=False,
-            alignment="plaintext",  # the setup's alignment is not what is compared here
+            preset="paper",  # alignment plaintext: the setup's alignment is not what is compared here
             **(extra or {}),
         )
         marks: list[float] = []
@@ -302,7 +303,7 @@ def encryption_plot(rounds: int) -> dict:
     hists, out = {}, {"dataset": "credit", "rounds": rounds, "runs": {}}
     for scheme in ("none", "ckks"):
         cfg = HyFDCAConfig(
-            fit_intercept=False, lam=lam, rounds=rounds, positive_classes=pos, eval_every=2, encryption=scheme
+            preset="paper", lam=lam, rounds=rounds, positive_classes=pos, eval_every=2, encryption=scheme
         )
         res = run_hyfdca(split, part, cfg, seed=0)
         hists[f"HyFDCA {scheme}"] = res.history
@@ -433,7 +434,7 @@ def main() -> None:
                     "dual_mode": a.dual_mode,
                     "local_fraction": a.local_fraction,
                     "local_epochs": a.local_epochs,
-                    "average_last": a.average_last,
+                    "output": "average_last" if a.average_last else "last",  # average_last: the second half
                     **(
                         {"segment_schedule": a.segment_schedule, "batch_size": a.batch_size}
                         if a.dual_mode == "segment"

@@ -57,6 +57,9 @@ def main() -> None:
             eval_every=args.eval_every,
             failure_rate=rate,
             dual_mode=args.dual_mode,
+            encryption="none",
+            output="last",
+            segment_inner_products="encrypted",
             participation=args.participation,
         )
         t = time.perf_counter()

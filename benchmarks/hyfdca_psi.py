@@ -47,7 +47,15 @@ def run(name: str, alignment: str) -> tuple[dict, np.ndarray, list, list]:
     split, pos, lam = dataset(name)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
     cfg = HyFDCAConfig(
-        fit_intercept=False, lam=lam, rounds=1, positive_classes=pos, reference=False, eval_every=0, alignment=alignment
+        fit_intercept=False,
+        lam=lam,
+        rounds=1,
+        positive_classes=pos,
+        reference=False,
+        eval_every=0,
+        alignment=alignment,
+        dual_mode="block",  # the committed numbers' settings (the defaults then)
+        encryption="none",
     )
     raw: list[bytes] = []
     fed = build_federation("hyfdca", split, part, cfg, seed=0, recorder=raw.append)

@@ -25,7 +25,7 @@ import time
 from collections import defaultdict
 
 import hyfdca_speed as hs
-from hybridfl.algorithms.hyfdca import segment
+from hybridfl.algorithms.hyfdca import segment_client as segment
 from hybridfl.algorithms.hyfdca.client import HyFDCAClient
 from hybridfl.algorithms.hyfdca.server import HyFDCAServer
 from hybridfl.data import load_mnist

@@ -90,7 +90,9 @@ def main() -> None:
     }
     rows = []
     with single_threaded():
-        warm = HyFDCAConfig(fit_intercept=False, lam=lam, rounds=2, positive_classes=pos, eval_every=0, reference=False)
+        warm = HyFDCAConfig(
+            fit_intercept=False, lam=lam, rounds=2, positive_classes=pos, eval_every=0, reference=False, encryption="none"
+        )
         measure(split, part, warm)  # first-use costs (imports, caches) outside the comparison
         for rate in (float(r) for r in args.rates.split(",")):
             res = {}
@@ -106,6 +108,9 @@ def main() -> None:
                     dual_mode=args.dual_mode,
                     secure_aggregation=secure,
                     batch_size=128,
+                    encryption="none",
+                    output="last",
+                    segment_inner_products="encrypted",
                 )
                 res[secure] = measure(split, part, cfg)
             diff = float(np.abs(res[True].pop("w") - res[False].pop("w")).max())

@@ -116,11 +116,13 @@ def test_privacy_warning_lines():
     from hybridfl.algorithms.hyfdca.spec import privacy_warning
 
     assert privacy_warning(HyFDCAConfig(encryption="ckks")) is None
-    assert "without encryption" in privacy_warning(HyFDCAConfig())
-    assert "Gram" in privacy_warning(HyFDCAConfig(dual_mode="segment"))
+    assert privacy_warning(HyFDCAConfig()) is None  # the defaults: CKKS, masked inner products, secure aggregation
+    assert "without encryption" in privacy_warning(HyFDCAConfig(encryption="none"))
+    assert "Gram" in privacy_warning(
+        HyFDCAConfig(dual_mode="segment", encryption="none", segment_inner_products="encrypted")
+    )
     assert "without secure aggregation" in privacy_warning(HyFDCAConfig(encryption="ckks", secure_aggregation=False))
-    assert "at most 1 raw rows" in privacy_warning(HyFDCAConfig(encryption="ckks", local_steps=1))
-    assert privacy_warning(HyFDCAConfig(encryption="ckks", local_steps=10)) is None
+    assert "position share" in privacy_warning(HyFDCAConfig(secure_aggregation=False))  # output: step_average
 
 
 def _one_sentence(p: subprocess.CompletedProcess, needle: str) -> None:

@@ -20,6 +20,7 @@ from hybridfl.privacy.segmask import SEALED_BYTES, SegmentMasks
 from hybridfl.runtime.messages import SERVER, Message, decode
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
+from tests.conftest import HYFDCA_BEFORE
 from tests.rebuild import reference_and_rebuilt
 from tests.test_secagg import _clients
 
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 def _cfg(**kw) -> HyFDCAConfig:
     base = dict(
+        HYFDCA_BEFORE,
         lam=1e-2,
         rounds=3,
         eval_every=0,

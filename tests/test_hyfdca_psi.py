@@ -90,7 +90,7 @@ def _same(a, b, atol: float = 1e-12) -> None:
     "kw",
     [
         {"dual_mode": "block"},
-        {"dual_mode": "consensus", "local_steps": 5},
+        {"dual_mode": "consensus", "local_fraction": 0.05},
         {"dual_mode": "segment"},
         {"dual_mode": "segment", "segment_schedule": "parallel", "secure_aggregation": False},
         {"dual_mode": "block", "secure_aggregation": False},

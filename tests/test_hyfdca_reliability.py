@@ -25,7 +25,7 @@ seed: 5
 dataset: {{name: digits}}
 partition: {{kind: grid, sample_groups: 2, block_groups: 2}}
 algorithm: {{name: hyfdca, loss: hinge, lambda: 0.01, positive_classes: [5, 6, 7, 8, 9], rounds: {rounds},
-            failure_rate: 0.2, eval_every: 2, average_last: 0.75}}
+            failure_rate: 0.2, eval_every: 2, output: average_last}}
 """
 FEDAVG = """
 seed: 5

@@ -143,7 +143,7 @@ def test_unlabelled_rows_are_left_out_of_training(tmp_path, monkeypatch, capsys,
     those rows altogether."""
     algo = {
         "hybrid_fedavg": "{name: hybrid_fedavg, rounds: 3, loss: logistic}",
-        "hyfdca": "{name: hyfdca, rounds: 2, encryption: none, local_steps: 5}",
+        "hyfdca": "{name: hyfdca, rounds: 2, encryption: none, local_fraction: 0.1}",
     }[algorithm]
     schema = _init(tmp_path, monkeypatch, capsys, _config(algo))
     gaps = {"bank": {"c001", "c007", "c030"}, "shop": {"c002", "c040"}}

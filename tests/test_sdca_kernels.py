@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hybridfl.algorithms.convex import kernels
 from hybridfl.algorithms.convex.losses import LOSSES, RowData, coordinate_step, gram_steps, row_norms_sq
 from hybridfl.algorithms.hyfdca import HyFDCAConfig
-from hybridfl.algorithms.hyfdca.segment import _rmatvec
+from hybridfl.algorithms.hyfdca.segment_client import _rmatvec
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.simulation import build_federation
 

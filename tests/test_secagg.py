@@ -21,6 +21,7 @@ from hybridfl.privacy.he import KeyDealer
 from hybridfl.privacy.secagg import SecAggClient, from_fixed, keystream, to_fixed, unmask_quorum
 from hybridfl.runtime.messages import Message, decode
 from hybridfl.runtime.simulation import build_federation
+from tests.conftest import HYFDCA_BEFORE
 
 POS = [0, 1, 2, 3, 4]
 
@@ -136,7 +137,7 @@ def grid_2x3(digits_split):
 
 
 def _cfg(**kw) -> HyFDCAConfig:
-    base = {"lam": 0.1, "rounds": 4, "positive_classes": POS, "reference": False, "eval_every": 0}
+    base = {**HYFDCA_BEFORE, "lam": 0.1, "rounds": 4, "positive_classes": POS, "reference": False, "eval_every": 0}
     return HyFDCAConfig(**{**base, **kw})
 
 

@@ -10,7 +10,7 @@ How the server gets the mean without any iterate but its own ``w``: pass ``k`` o
 (``T_k`` steps, ``off_k`` steps before it, ``T`` in the round) changed ``w`` by ``dw_k``; its holders
 send, with their PrimalAggregation share, their *position share* ``sum_i (p_i / T_k) delta_i x_i``
 (``p_i`` a step's 0-based place in the pass,
-:meth:`~hybridfl.algorithms.hyfdca.segment.SegmentClientMixin.position_share`; securely
+:meth:`~hybridfl.algorithms.hyfdca.segment_client.SegmentClientMixin.position_share`; securely
 aggregated like the shares), added into ``P_k``; then
 ``mean_t w_t = w - sum_k (off_k / T) dw_k + (T_k / T) P_k / (lambda N)`` (the parallel schedule:
 one pass, ``w - P / (lambda N)``, each segment weighted by its own pass length). A pass that lost
