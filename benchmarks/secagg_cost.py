@@ -91,7 +91,13 @@ def main() -> None:
     rows = []
     with single_threaded():
         warm = HyFDCAConfig(
-            fit_intercept=False, lam=lam, rounds=2, positive_classes=pos, eval_every=0, reference=False, encryption="none"
+            fit_intercept=False,
+            lam=lam,
+            rounds=2,
+            positive_classes=pos,
+            eval_every=0,
+            reference=False,
+            encryption="none",
         )
         measure(split, part, warm)  # first-use costs (imports, caches) outside the comparison
         for rate in (float(r) for r in args.rates.split(",")):

@@ -19,13 +19,14 @@ from hybridfl.errors import HybridFLError
 from hybridfl.privacy.he import KeyDealer
 from hybridfl.runtime.checkpoint import CHECKPOINT_NAME, load_checkpoint
 from tests.cli_helpers import cli, stop_after
+from tests.conftest import HYFDCA_BEFORE
 
 HYFDCA = """
 seed: 5
 dataset: {{name: digits}}
 partition: {{kind: grid, sample_groups: 2, block_groups: 2}}
 algorithm: {{name: hyfdca, loss: hinge, lambda: 0.01, positive_classes: [5, 6, 7, 8, 9], rounds: {rounds},
-            failure_rate: 0.2, eval_every: 2, output: average_last}}
+            failure_rate: 0.2, eval_every: 2, output: average_last, dual_mode: block, encryption: none}}
 """
 FEDAVG = """
 seed: 5
@@ -102,7 +103,13 @@ def test_encrypted_hyfdca_resumes_with_the_stored_key_pair(tmp_path):
     split = load_digits()
     part = GridPartitioner(2, 2, 1, 0).partition(split.train)
     cfg = HyFDCAConfig(
-        lam=0.01, rounds=4, positive_classes=[5, 6, 7, 8, 9], encryption="paillier", paillier_bits=256, eval_every=2
+        lam=0.01,
+        rounds=4,
+        positive_classes=[5, 6, 7, 8, 9],
+        encryption="paillier",
+        paillier_bits=256,
+        eval_every=2,
+        dual_mode="block",  # the default before the measured best
     )
     full = run_hyfdca(split, part, cfg, seed=1)
     ck = tmp_path / CHECKPOINT_NAME
@@ -145,7 +152,7 @@ def test_resume_refuses_a_checkpoint_of_another_algorithm(tmp_path):
         run_hyfdca(
             split,
             part,
-            HyFDCAConfig(lam=0.01, rounds=3, positive_classes=[5, 6, 7, 8, 9], reference=False),
+            HyFDCAConfig(**HYFDCA_BEFORE, lam=0.01, rounds=3, positive_classes=[5, 6, 7, 8, 9], reference=False),
             checkpoint=ck,
             resume=True,
         )
@@ -163,6 +170,7 @@ def test_hyfdca_with_failing_clients_keeps_converging():
         # the paper's problem (the thresholds below were measured without an intercept; with
         # fit_intercept, 30 % failures: 1.2e-2 at round 10, 8.0e-3 at round 40, a ratio of 0.66)
         cfg = HyFDCAConfig(
+            **HYFDCA_BEFORE,
             lam=1e-2,
             loss="logistic",
             rounds=40,

@@ -14,6 +14,11 @@ output (Alg. 1 returns ``w^T``), Paillier encryption of ``alpha`` and the inner-
 encrypting, Sec. 5.1), the inner products under that encryption (Alg. 2 SecureInnerProduct),
 the primal shares in the clear (Alg. 4 PrimalAggregation), and sample IDs known to the server
 (``alignment: plaintext``; the paper assumes the holder sets ``B_n`` known).
+
+HyFEM ``paper`` (Zhang et al., HyFEM, workshop version Sec. 4): HyFEM-Avg, ``T = 32`` rounds of
+``Q = 32`` local steps of plain SGD on mini-batches of 32, ``eta = 0.005`` decayed by 0.2 every 8
+rounds, the extractors averaged in the clear; the matching keeps its defaults, which are the
+paper's (PFNM, TMLR Appendix A).
 """
 
 from __future__ import annotations
@@ -33,6 +38,19 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "segment_inner_products": "encrypted",
             "secure_aggregation": False,
             "alignment": "plaintext",
+        },
+    },
+    "hyfem": {
+        "paper": {
+            "variant": "avg",
+            "rounds": 32,
+            "local_steps": 32,
+            "batch_size": 32,
+            "lr": 0.005,
+            "lr_decay": 0.2,
+            "lr_decay_every": 8,
+            "momentum": 0.0,
+            "secure_aggregation": False,
         },
     },
 }

@@ -40,7 +40,7 @@ and ``hyfdca.sweep`` carries a fresh ``tag``, the shares and sums are padded wor
 message, the listed segments one after another), and every holder removes all holders' pads from
 the sum. The duals (``dalpha``, ``alpha``) stay under the run's encryption.
 
-``step_average`` (our option, :mod:`hybridfl.algorithms.hyfdca.output`): ``hyfdca.init`` carries
+``output: step_average`` (our option, :mod:`hybridfl.algorithms.hyfdca.output`): ``hyfdca.init`` carries
 ``seg_step_average``; during a pass every holder also sums each step's change times its place in
 the pass, and each ``hyfdca.primal`` names in ``avg_segs`` the client's segments whose pass the
 server added: the reply then carries their position share (masked together with the share under

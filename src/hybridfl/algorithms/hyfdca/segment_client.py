@@ -399,7 +399,7 @@ class SegmentClientMixin:
         return {"ip": nxt, "ip_segs": nxt_segs, "dalpha": dal, "dalpha_segs": dal_segs}
 
     def position_share(self, msg: Message) -> np.ndarray:
-        """``step_average``, PrimalAggregation (``hyfdca.primal``'s ``avg_segs``: its segments whose
+        """``output: step_average``, PrimalAggregation (``hyfdca.primal``'s ``avg_segs``: its segments whose
         pass this round the server added): its *position share* ``sum_s sum_i (p_i / T_s) delta_i
         x_{k,i} / c`` ``(d_k,)`` over those segments, with ``delta_i`` each SDCA step's change of
         ``alpha_i``, ``p_i`` its 0-based place in the pass and ``T_s`` the pass's steps. With the

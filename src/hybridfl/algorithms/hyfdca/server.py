@@ -35,7 +35,7 @@ identity above to 1e-9 after every round and at every SecureInnerProduct.
 ``dual_mode: segment`` keeps ``w = w(alpha)`` by stepping a segment only when all its holders are
 present (:mod:`hybridfl.algorithms.hyfdca.segment`); block mode has no shared ``alpha``.
 
-Untrusted replies: :mod:`.checks`. Output model (``average_last``, ``step_average``): :mod:`.output`.
+Untrusted replies: :mod:`.checks`. Output model (``output: average_last``, ``output: step_average``): :mod:`.output`.
 """
 
 from __future__ import annotations
@@ -111,11 +111,11 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         self.N = 0
         self.sigma = 1.0
         self.setup_stats: dict = {}
-        # suffix averaging (``average_last``): running sums of w and enc(alpha) since avg_start
+        # suffix averaging (``output: average_last``): running sums of w and enc(alpha) since avg_start
         self.w_sum = np.zeros(self.d)
         self.alpha_sum: list[bytes] = []
         self.avg_count = 0
-        self.w_step: np.ndarray | None = None  # ``step_average``: the last round's mean iterate
+        self.w_step: np.ndarray | None = None  # ``output: step_average``: the last round's mean iterate
         self.bad: set[str] = set()  # clients whose reply failed its check this round (treated as failed)
         self._secure_reset()  # secure aggregation of the primal shares (:mod:`.secure`)
 
@@ -489,7 +489,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         over every client's newest share (an absent client's is its last one: Alg. 4 updates ``w``
         "from available local" shares). Returns the clients that answered. With
         ``secure_aggregation`` the server sees only masked changes (:meth:`collect_masked`). With
-        ``avg_segs`` in the messages (``step_average``) the replies' ``position_share`` vectors are
+        ``avg_segs`` in the messages (``output: step_average``) the replies' ``position_share`` vectors are
         added into ``position_sum`` ``(d,)``."""
         # step_average: every reply carries a position share beside the share (width 2)
         self.sa_width = 2 if msgs and "avg_segs" in msgs[0].payload else 1
@@ -523,8 +523,8 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
     def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
         """What changes from round to round (checkpoints): ``(arrays, json_meta)`` with ``w`` ``(d,)``,
         the ``enc(alpha)`` and cached inner-product ciphertexts (as uint8 arrays), the clients'
-        last primal shares, the averaging sums (``average_last``), the last round's step average
-        ``w_step`` (``step_average``), and in ``meta`` each client's last round, the participation
+        last primal shares, the averaging sums (``output: average_last``), the last round's step average
+        ``w_step`` (``output: step_average``), and in ``meta`` each client's last round, the participation
         RNG state, the number of averaged rounds and the encryption scheme. The segment layout is rebuilt by :meth:`setup`."""
         arrays: dict[str, np.ndarray] = {"w": self.w.copy()}
         for g, c in enumerate(self.enc_alpha):

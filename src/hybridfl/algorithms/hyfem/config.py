@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hybridfl.algorithms.presets import with_preset
 from hybridfl.errors import ConfigError
 from hybridfl.matching.classifier import MatchingConfig
 from hybridfl.models.device import check_device
@@ -139,6 +140,11 @@ class HyFEMConfig(BaseModel):
         "cpu",
         description="where the torch models and the tensors made from client data live: cpu, cuda or auto (hybridfl.models.device)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        return with_preset("hyfem", data)  # preset: paper (hybridfl.algorithms.presets)
 
     @model_validator(mode="after")
     def _check(self) -> HyFEMConfig:
