@@ -126,6 +126,27 @@ def test_privacy_warning_lines():
     assert "position share" in privacy_warning(HyFDCAConfig(secure_aggregation=False))  # output: step_average
 
 
+def test_few_local_steps_are_warned_at_setup(credit_small, caplog):
+    """Known leakage (docs/privacy.md): a client with fewer than 10 local steps a round makes each
+    change of the public w a combination of that few raw rows; setup says so, per client."""
+    import logging
+
+    from hybridfl.algorithms.hyfdca import HyFDCAConfig
+    from hybridfl.data.partitioners import GridPartitioner
+    from hybridfl.runtime.simulation import build_federation
+
+    part = GridPartitioner(2, 2, 1, 0).partition(credit_small.train)
+    for fraction, warned in ((1e-3, True), (1.0, False)):
+        caplog.clear()
+        cfg = HyFDCAConfig(dual_mode="block", encryption="none", rounds=1, reference=False, local_fraction=fraction)
+        with caplog.at_level(logging.WARNING):
+            build_federation("hyfdca", credit_small, part, cfg).setup()
+        lines = [r.getMessage() for r in caplog.records if "local steps per round" in r.getMessage()]
+        assert len(lines) == (4 if warned else 0), lines
+        if warned:
+            assert "takes 1 local steps" in lines[0] and "raise local_fraction" in lines[0]
+
+
 def _one_sentence(p: subprocess.CompletedProcess, needle: str) -> None:
     assert p.returncode == 2, (p.stdout, p.stderr)
     assert "Traceback" not in p.stderr

@@ -67,6 +67,11 @@ from hybridfl.runtime.validate import PayloadError
 
 log = logging.getLogger(__name__)
 
+LOCAL_WORK_FLOOR = 10
+"""Fewest local steps per client and round below which setup warns that the public ``w`` changes
+by a combination of very few raw rows (docs/privacy.md, "Known leakage that remains")."""
+FEW_STEPS = "HyFDCA client %r takes %d local steps per round: each round's change of w (public) combines at most %d of its raw rows; raise local_fraction (docs/privacy.md)."
+
 Check = Callable[[Message], None]
 """A reply check: raises :class:`PayloadError` for a malformed reply."""
 
@@ -320,6 +325,8 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             n_k = sum(self.seg_n[g] for g in segs)
             H = max(1, math.ceil(cfg.local_fraction * n_k))
             self.local_steps[cid] = int(H)
+            if H < LOCAL_WORK_FLOOR:  # docs/privacy.md, "Known leakage that remains"
+                log.warning(FEW_STEPS, cid, H, H)
             payload = {
                 "N": self.N,
                 "lam": cfg.lam,
