@@ -341,7 +341,7 @@ def test_client_state_survives_a_rebuild_between_every_message(credit_small):
 
 def test_config_needs_segment_mode_and_secure_aggregation():
     with pytest.raises(ValueError, match="dual_mode 'segment'"):
-        HyFDCAConfig(segment_inner_products="masked")
+        HyFDCAConfig(segment_inner_products="masked", dual_mode="block")  # block: the default before segment
     with pytest.raises(ValueError, match="secure_aggregation"):
         HyFDCAConfig(segment_inner_products="masked", dual_mode="segment", secure_aggregation=False)
 
