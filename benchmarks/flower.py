@@ -326,6 +326,8 @@ def hyfdca_part(settings: list[str], rounds: int = 5) -> dict:
         "encryption": "none",
         "reference": False,
         "local_fraction": 0.5,
+        "dual_mode": "block",  # the committed numbers' settings (the defaults then)
+        "output": "last",
     }
     cfg = _digits_config(algo)
     prep = prepare(cfg)

@@ -154,7 +154,8 @@ def convergence(
             positive_classes=pos,
             eval_every=eval_every,
             sigma=sigma,
-            **{**(extra or {}), **kw},
+            preset="paper",  # the paper's protocol (block mode, last iterate), in plaintext as the committed numbers
+            **{"encryption": "none", **(extra or {}), **kw},
         )
         t = time.perf_counter()
         res = run_hyfdca(split, part, cfg, seed=0)
@@ -297,7 +298,7 @@ def encryption(rounds: int, extra: dict | None = None) -> dict:
             eval_every=rounds,
             encryption=scheme,
             reference=False,
-            alignment="plaintext",  # the setup's alignment is not what is compared here
+            preset="paper",  # alignment plaintext: the setup's alignment is not what is compared here
             **(extra or {}),
         )
         marks: list[float] = []
@@ -335,7 +336,7 @@ def encryption_plot(rounds: int) -> dict:
     hists, out = {}, {"dataset": "credit", "rounds": rounds, "runs": {}}
     for scheme in ("none", "ckks"):
         cfg = HyFDCAConfig(
-            fit_intercept=False, lam=lam, rounds=rounds, positive_classes=pos, eval_every=2, encryption=scheme
+            preset="paper", lam=lam, rounds=rounds, positive_classes=pos, eval_every=2, encryption=scheme
         )
         res = run_hyfdca(split, part, cfg, seed=0)
         hists[f"HyFDCA {scheme}"] = res.history
@@ -466,7 +467,7 @@ def main_bench() -> None:
                     "dual_mode": a.dual_mode,
                     "local_fraction": a.local_fraction,
                     "local_epochs": a.local_epochs,
-                    "average_last": a.average_last,
+                    "output": "average_last" if a.average_last else "last",  # average_last: the second half
                     **(
                         {"segment_schedule": a.segment_schedule, "batch_size": a.batch_size}
                         if a.dual_mode == "segment"
@@ -535,6 +536,9 @@ def main_failures() -> None:
             failure_rate=setting["failure_rate"],
             dual_mode=args.dual_mode,
             participation=args.participation,
+            encryption="none",  # the committed numbers' settings (the defaults then)
+            output="last",
+            segment_inner_products="encrypted",
         )
         with single_threaded():
             res = run_hyfdca(split, part, cfg, seed=seed)

@@ -184,7 +184,8 @@ def run_mode(split, part, pos, lam: float, mode: str, rounds: int, eval_every: i
         alignment="plaintext",
         secure_aggregation=False,
         reference=False,
-        average_last=average_last,
+        output="average_last" if average_last else "last",  # average_last: the second half
+        segment_inner_products="encrypted",
         **(SEGMENT if mode == "segment" else {}),
     )
 

@@ -112,7 +112,9 @@ def config(batch_size: int = 128, **kw) -> HyFDCAConfig:
         participation=1.0,
         local_epochs=1,
         alignment="plaintext",
-        average_last=0.0,
+        output="last",
+        encryption="none",
+        segment_inner_products="encrypted",
     )
     return HyFDCAConfig(**{**base, **kw})
 
@@ -166,9 +168,9 @@ PROFILE_PARTS_CKKS = {
 SCHEMES = {  # benchmark label -> (encryption, extra HyFDCA settings)
     "none": ("none", {}),
     "ckks": ("ckks", {}),
-    "ckks_secret_key": ("ckks", {"ckks_secret_key_encryption": True}),
+    "ckks_secret_key": ("ckks", {}),  # CKKS clients now always encrypt with the secret key
     "ckks_masked": ("ckks", {"segment_inner_products": "masked"}),
-    "ckks_secret_key_masked": ("ckks", {"segment_inner_products": "masked", "ckks_secret_key_encryption": True}),
+    "ckks_secret_key_masked": ("ckks", {"segment_inner_products": "masked"}),
 }
 MASKED = ("ckks_masked", "ckks_secret_key_masked")
 """CKKS runs whose inner products are masked (``segment_inner_products: masked``; the duals stay
@@ -395,7 +397,7 @@ def run_main() -> None:
         )
         ll["relative_suboptimality"] = (ll["primal"] - hy["reference_objective"]) / abs(hy["reference_objective"])
         print("hyfdca", {k: v for k, v in hy.items() if k not in ("history", "settings")}, flush=True)
-        cfg = config(a.batch_size, rounds=a.step_average_rounds, eval_every=1, encryption="none", step_average=True)
+        cfg = config(a.batch_size, rounds=a.step_average_rounds, eval_every=1, encryption="none", output="step_average")
         hy_avg = to_target(split, part, cfg, ll, a.target)
         print("hyfdca step_average", {k: v for k, v in hy_avg.items() if k not in ("history", "settings")}, flush=True)
 

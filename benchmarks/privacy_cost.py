@@ -194,7 +194,15 @@ def run_alignment(name: str, alignment: str) -> tuple[dict, np.ndarray, list, li
     split, pos, lam = dataset(name)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
     cfg = HyFDCAConfig(
-        fit_intercept=False, lam=lam, rounds=1, positive_classes=pos, reference=False, eval_every=0, alignment=alignment
+        fit_intercept=False,
+        lam=lam,
+        rounds=1,
+        positive_classes=pos,
+        reference=False,
+        eval_every=0,
+        alignment=alignment,
+        dual_mode="block",  # the committed numbers' settings (the defaults then)
+        encryption="none",
     )
     raw: list[bytes] = []
     fed = build_federation("hyfdca", split, part, cfg, seed=0, recorder=raw.append)
@@ -343,6 +351,9 @@ def main_secagg() -> None:
                 dual_mode=args.dual_mode,
                 secure_aggregation=secure,
                 batch_size=128,
+                encryption="none",  # the committed numbers' settings (the defaults then)
+                output="last",
+                segment_inner_products="encrypted",
             )
             res[secure] = measure(split, part, cfg, seed)
         diff = float(np.abs(res[True].pop("w") - res[False].pop("w")).max())
@@ -362,7 +373,15 @@ def main_secagg() -> None:
         }
 
     with single_threaded():
-        warm = HyFDCAConfig(fit_intercept=False, lam=lam, rounds=2, positive_classes=pos, eval_every=0, reference=False)
+        warm = HyFDCAConfig(
+            fit_intercept=False,
+            lam=lam,
+            rounds=2,
+            positive_classes=pos,
+            eval_every=0,
+            reference=False,
+            encryption="none",
+        )
         measure(split, part, warm)  # first-use costs (imports, caches) outside the comparison
         base = {"dataset": args.dataset, "grid": "3x3", "dual_mode": args.dual_mode, "rounds": args.rounds}
         rates = [float(r) for r in args.rates.split(",")]
@@ -429,7 +448,16 @@ class _Timed:
 def roster_run(name: str, signed: bool) -> tuple[dict, tuple]:
     split, pos, lam = dataset(name)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
-    cfg = HyFDCAConfig(fit_intercept=False, lam=lam, rounds=1, positive_classes=pos, reference=False, eval_every=0)
+    cfg = HyFDCAConfig(
+        fit_intercept=False,
+        lam=lam,
+        rounds=1,
+        positive_classes=pos,
+        reference=False,
+        eval_every=0,
+        dual_mode="block",  # as measured (the defaults then)
+        encryption="none",
+    )
     raw: list[bytes] = []
     fed = build_federation("hyfdca", split, part, cfg, seed=0, recorder=raw.append)
     timed = _Timed()

@@ -110,3 +110,15 @@ def isolated_cache(tmp_path, monkeypatch):
     """A fresh reference-optimum cache for one test (the cache must not leak between tests or
     from earlier runs)."""
     monkeypatch.setenv("HYBRIDFL_CACHE", str(tmp_path / "cache"))
+
+
+HYFDCA_BEFORE = {
+    "dual_mode": "block",
+    "encryption": "none",
+    "output": "last",
+    "segment_inner_products": "encrypted",
+    "batch_size": 512,
+}
+"""HyFDCA's defaults before the measured best settings became the defaults (plaintext block mode,
+the last iterate, encrypted inner products, batch 512): the settings the tests that use them were
+written for, given explicitly (each valid in every dual mode)."""

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from hybridfl.cli import main as cli_main
-from tests.conftest import DATA
+from tests.conftest import DATA, HYFDCA_BEFORE
 
 TABLE = "dataset: {{name: table, path: {p}, label_column: y, id_column: id, blocks: {{x: [a], z: [b]}}, test_fraction: 0.5}}\npartition: {{kind: iid, num_clients: 2}}\nalgorithm: {{name: hyfem, rounds: 1, local_steps: 1, baselines: false}}\n"
 GOOD_ROWS = "".join(f"r{i},{i},{i % 3},{i % 2}\n" for i in range(12))
@@ -249,7 +249,9 @@ def _hyfdca_client():
     split = load_digits(seed=0)
     split = DatasetSplit(split.train.take(np.arange(60)), split.test.take(np.arange(20)))
     part = GridPartitioner(2, 2, 1, 0).partition(split.train)
-    cfg = HyFDCAConfig(lam=0.1, rounds=2, positive_classes=[0, 1, 2, 3, 4], reference=False, eval_every=0)
+    cfg = HyFDCAConfig(
+        **HYFDCA_BEFORE, lam=0.1, rounds=2, positive_classes=[0, 1, 2, 3, 4], reference=False, eval_every=0
+    )
     fed = build_federation("hyfdca", split, part, cfg)
     fed.setup()
     fed.server.run_round(1, fed.transport)

@@ -165,7 +165,8 @@ def test_algorithms_describe_prints_every_option():
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0].startswith("hyfem: ")
-    heads = {ln.split(":", 1)[0]: ln for ln in lines[3:] if ln and not ln.startswith(" ")}
+    end = lines.index("", 3) if "" in lines[3:] else len(lines)  # the presets follow a blank line
+    heads = {ln.split(":", 1)[0]: ln for ln in lines[3:end] if ln and not ln.startswith(" ")}
     assert list(heads) == [key for key, _ in config_fields(HyFEMConfig)]  # every option, nested ones as section.field
     assert heads["rounds"] == "rounds: integer; >= 1; default 30"
     assert heads["momentum"] == "momentum: number; in [0, 1); default 0.0"

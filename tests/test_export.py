@@ -140,7 +140,7 @@ def test_export_writes_he_keys_to_clients_only(tmp_path):
     cfg.write_text(
         "seed: 0\ndataset: {name: digits}\n"
         "partition: {kind: class_block, num_clients: 2, classes_per_client: [5, 7], blocks_per_client: 2}\n"
-        "algorithm: {name: hyfdca, positive_classes: [0, 1, 2, 3, 4], encryption: paillier, paillier_bits: 512, reference: false}\n"
+        "algorithm: {name: hyfdca, positive_classes: [0, 1, 2, 3, 4], dual_mode: block, encryption: paillier, paillier_bits: 512, reference: false}\n"
     )
     p = subprocess.run(
         [

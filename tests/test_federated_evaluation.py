@@ -70,7 +70,9 @@ def test_hyfdca_federation_reports_the_accuracy_of_its_model_on_the_organisation
     unscored); metrics.csv's last row and accuracy.png carry it."""
     from hybridfl.inference import load_model
 
-    schema, dirs, trows = _prepare(tmp_path, monkeypatch, capsys, "{name: hyfdca, rounds: 4, encryption: none}")
+    schema, dirs, trows = _prepare(
+        tmp_path, monkeypatch, capsys, "{name: hyfdca, rounds: 4, encryption: none, dual_mode: block}"
+    )
     out = tmp_path / "run"
     code, _, err = run_cli(
         monkeypatch,

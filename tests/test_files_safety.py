@@ -140,7 +140,7 @@ def test_export_command_he_key_is_0600_in_0700_directories(tmp_path):
     cfg.write_text(
         "seed: 0\ndataset: {name: digits}\n"
         "partition: {kind: class_block, num_clients: 2, classes_per_client: [5, 7], blocks_per_client: 2}\n"
-        "algorithm: {name: hyfdca, positive_classes: [0, 1, 2, 3, 4], encryption: paillier, paillier_bits: 512,"
+        "algorithm: {name: hyfdca, positive_classes: [0, 1, 2, 3, 4], dual_mode: block, encryption: paillier, paillier_bits: 512,"
         " reference: false}\n"
     )
     p = cli("export-clients", "--config", str(cfg), "--out", str(tmp_path / "o"))

@@ -36,6 +36,7 @@ from hybridfl.runtime.loop import RoundLoop
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 from hybridfl.runtime.simulation import build_federation, single_threaded
 from hybridfl.runtime.transport import CommLog
+from tests.conftest import HYFDCA_BEFORE
 
 HYFEM = {
     "name": "hyfem",
@@ -335,6 +336,7 @@ def test_loopback_hyfem_equals_simulation(tmp_path):
 
 # -------------------------------------------------------------------------------------- HyFDCA
 HYFDCA = {
+    **HYFDCA_BEFORE,
     "name": "hyfdca",
     "loss": "hinge",
     "lam": 1e-3,
@@ -367,13 +369,15 @@ def _run_steps(dirs, server_dir):
 
 @pytest.mark.parametrize("mode", ["block", "segment", "segment-masked", "segment-step_average"])
 def test_hyfdca_rebuilt_clients_equal_simulation(tmp_path, mode):
-    # segment mode also averages the last 3 of 5 rounds into the output model (average_last);
-    # segment-masked: segment_inner_products: masked (keys and tags kept in the client's state);
-    # segment-step_average: step_average (each round's output the mean of its iterates)
+    # segment mode also averages the second half of the rounds into the output model
+    # (output: average_last); segment-masked: segment_inner_products: masked (keys and tags kept
+    # in the client's state); segment-step_average: output: step_average (each round's output the
+    # mean of its iterates)
     masked = {"segment_inner_products": "masked"} if mode == "segment-masked" else {}
-    masked.update({"step_average": True} if mode == "segment-step_average" else {})
+    masked.update({"output": "step_average"} if mode == "segment-step_average" else {})
+    averaged = 2 if mode in ("segment", "segment-masked") else 0  # output: average_last, 2 of 5 rounds
     mode = mode.removesuffix("-masked").removesuffix("-step_average")
-    seg = {"batch_size": 64, "average_last": 0.6, **masked} if mode == "segment" else {}
+    seg = {"batch_size": 64, "output": "average_last", **masked} if mode == "segment" else {}
     algo = {**HYFDCA, "dual_mode": mode, **seg}
     prep, dirs, server_dir = _setup(tmp_path, algo)
     w_ref, log_ref = _hyfdca_reference(prep, algo)
@@ -381,7 +385,7 @@ def test_hyfdca_rebuilt_clients_equal_simulation(tmp_path, mode):
     assert np.linalg.norm(w_ref) > 0
     np.testing.assert_allclose(server.output_w(), w_ref, rtol=1e-9, atol=1e-12)
     assert list(server.offsets)[-1] == "intercept" and w_ref[-1] != 0  # the default fit_intercept
-    assert server.avg_count == (3 if mode == "segment" else 0)
+    assert server.avg_count == averaged
     assert t.log.messages_total == log_ref.messages_total
     # replies carry the client's wall seconds as JSON floats, whose printed length varies
     assert abs(t.log.bytes_total - log_ref.bytes_total) <= 2 * 24 * t.log.messages_total

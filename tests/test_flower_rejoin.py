@@ -350,7 +350,7 @@ def test_hyfdca_commit_over_the_flower_transport_equals_simulation(tmp_path, run
     the segment's pass (segment mode, with the inner products encrypted or masked); ``w`` equals
     the simulation with the same failure."""
     masked = {"segment_inner_products": "masked"} if mode == "segment-masked" else {}
-    masked.update({"step_average": True} if mode == "segment-step_average" else {})
+    masked.update({"output": "step_average"} if mode == "segment-step_average" else {})
     mode = mode.removesuffix("-masked").removesuffix("-step_average")
     algo = {**HYFDCA, "dual_mode": mode, "rounds": 4, **({"batch_size": 64, **masked} if mode == "segment" else {})}
     prep, dirs, server_dir = _setup(tmp_path, algo)

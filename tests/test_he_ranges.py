@@ -135,7 +135,7 @@ def test_hyfdca_ckks_on_unscaled_features_fails_with_the_range_error(credit_dir)
     small = DatasetSplit(raw.train.take(np.arange(300)), raw.test.take(np.arange(100)))
     assert np.max(np.abs(small.train.blocks["bill"])) > 1e4  # not standardised
     part = build_partition(GridPartitionConfig(kind="grid", sample_groups=2, block_groups=2), small.train, 0)
-    cfg = HyFDCAConfig(lam=1e-2, rounds=2, eval_every=0, reference_sdca_epochs=5, encryption="ckks")
+    cfg = HyFDCAConfig(lam=1e-2, rounds=2, eval_every=0, reference_sdca_epochs=5, encryption="ckks", dual_mode="block")
     with pytest.raises(DataError) as e:
         run_hyfdca(small, part, cfg)
     assert "CKKS cannot encrypt a value of magnitude" in str(e.value) and "standardize: true" in str(e.value)

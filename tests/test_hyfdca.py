@@ -24,6 +24,7 @@ from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import ConfigError, DataError, PartitionError
 from hybridfl.privacy import KeyDealer
 from hybridfl.runtime.simulation import build_federation
+from tests.conftest import HYFDCA_BEFORE
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 
@@ -73,7 +74,7 @@ def test_reference_is_cached_and_says_which_solver(credit_small, tmp_path):
 
 def _cfg(**kw) -> HyFDCAConfig:
     # the paper's problem (no intercept): several tests rebuild it by hand (build_problem)
-    base = dict(lam=1e-2, rounds=30, eval_every=0, reference_sdca_epochs=100, fit_intercept=False)
+    base = dict(HYFDCA_BEFORE, lam=1e-2, rounds=30, eval_every=0, reference_sdca_epochs=100, fit_intercept=False)
     base.update(kw)
     return HyFDCAConfig(**base)
 
@@ -303,14 +304,12 @@ def test_unknown_encryption_rejected_by_config():
     assert KeyDealer("none").public_material() == b""
 
 
-@pytest.mark.parametrize("mode,p", [("cyclic", 1.0), ("fraction", 0.5), ("probability", 0.5)])
+@pytest.mark.parametrize("mode,p", [("cyclic", 1 / 3), ("fraction", 0.5), ("probability", 0.5)])
 def test_participation_modes(mode, p):
     from hybridfl.algorithms.hyfdca import HyFDCAServer
     from hybridfl.privacy import PlainBackend
 
-    srv = HyFDCAServer(
-        {"a": (2,)}, HyFDCAConfig(participation=p, participation_mode=mode, cyclic_groups=3), PlainBackend(), seed=1
-    )
+    srv = HyFDCAServer({"a": (2,)}, HyFDCAConfig(participation=p, participation_mode=mode), PlainBackend(), seed=1)
     srv.client_ids = [f"c{i}" for i in range(9)]
     picks = [srv.select(r) for r in range(1, 61)]
     assert all(picks)  # never an empty round

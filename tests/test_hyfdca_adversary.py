@@ -23,6 +23,7 @@ from hybridfl.privacy.he import KeyDealer
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
+from tests.conftest import HYFDCA_BEFORE
 
 POS = [0, 1, 2, 3, 4]
 
@@ -33,7 +34,7 @@ def paillier_secret():
 
 
 def _cfg(**kw) -> HyFDCAConfig:
-    base = {"lam": 0.1, "rounds": 3, "positive_classes": POS, "reference": False, "eval_every": 0}
+    base = {**HYFDCA_BEFORE, "lam": 0.1, "rounds": 3, "positive_classes": POS, "reference": False, "eval_every": 0}
     return HyFDCAConfig(**{**base, **kw})
 
 
@@ -169,7 +170,7 @@ def test_segment_client_refuses_a_unit_vector(tiny):
         ("consensus", "hinge", {"local_fraction": 0.2, "sigma": 30, "participation": 0.5}),
         ("consensus", "logistic", {"local_fraction": 0.2, "sigma": 30}),
         ("segment", "squared", {"batch_size": 16}),
-        ("segment", "hinge", {"batch_size": 16, "participation": 0.5, "smoothing": 0.5}),
+        ("segment", "hinge", {"batch_size": 16, "participation": 0.5}),
     ],
 )
 def test_honest_runs_are_not_refused(tiny, paillier_secret, mode, loss, extra):

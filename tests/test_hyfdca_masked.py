@@ -20,6 +20,7 @@ from hybridfl.privacy.segmask import SEALED_BYTES, SegmentMasks
 from hybridfl.runtime.messages import SERVER, Message, decode
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
+from tests.conftest import HYFDCA_BEFORE
 from tests.rebuild import reference_and_rebuilt
 from tests.test_secagg import _clients
 
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 def _cfg(**kw) -> HyFDCAConfig:
     base = dict(
+        HYFDCA_BEFORE,
         lam=1e-2,
         rounds=3,
         eval_every=0,
@@ -339,7 +341,7 @@ def test_client_state_survives_a_rebuild_between_every_message(credit_small):
 
 def test_config_needs_segment_mode_and_secure_aggregation():
     with pytest.raises(ValueError, match="dual_mode 'segment'"):
-        HyFDCAConfig(segment_inner_products="masked")
+        HyFDCAConfig(segment_inner_products="masked", dual_mode="block")  # block: the default before segment
     with pytest.raises(ValueError, match="secure_aggregation"):
         HyFDCAConfig(segment_inner_products="masked", dual_mode="segment", secure_aggregation=False)
 

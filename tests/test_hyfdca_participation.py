@@ -26,6 +26,7 @@ from hybridfl.algorithms.convex.losses import w_of_alpha
 from hybridfl.algorithms.hyfdca import HyFDCAConfig, Monitor, build_problem, dealer_of
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.simulation import build_federation
+from tests.conftest import HYFDCA_BEFORE
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 
@@ -34,7 +35,14 @@ ROUNDS = 12
 
 def _cfg(**kw) -> HyFDCAConfig:
     base = dict(
-        lam=1e-2, rounds=ROUNDS, eval_every=0, reference=False, dual_mode="consensus", local_fraction=0.05, sigma=30
+        HYFDCA_BEFORE,
+        lam=1e-2,
+        rounds=ROUNDS,
+        eval_every=0,
+        reference=False,
+        dual_mode="consensus",
+        local_fraction=0.05,
+        sigma=30,
     )
     # the exact identities below hold for the plaintext shares; secure aggregation sums them in
     # fixed point (2^-32): tests/test_secagg.py checks that it gives the same w to that resolution

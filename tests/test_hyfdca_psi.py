@@ -30,6 +30,7 @@ from hybridfl.errors import ProtocolError
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
+from tests.conftest import HYFDCA_BEFORE
 from tests.rebuild import reference_and_rebuilt
 
 POS = [1]
@@ -64,7 +65,15 @@ def _overlapping(split: DatasetSplit, seed: int = 1) -> Partition:
 
 
 def _run(split, part, secrets=None, **kw):
-    base = {"lam": 0.1, "rounds": 2, "positive_classes": POS, "reference": False, "eval_every": 0, "batch_size": 16}
+    base = {
+        **HYFDCA_BEFORE,
+        "lam": 0.1,
+        "rounds": 2,
+        "positive_classes": POS,
+        "reference": False,
+        "eval_every": 0,
+        "batch_size": 16,
+    }
     cfg = HyFDCAConfig(**{**base, **kw})
     raw: list[bytes] = []
     fed = build_federation("hyfdca", split, part, cfg, seed=0, recorder=raw.append, secrets=secrets)
@@ -90,7 +99,7 @@ def _same(a, b, atol: float = 1e-12) -> None:
     "kw",
     [
         {"dual_mode": "block"},
-        {"dual_mode": "consensus", "local_steps": 5},
+        {"dual_mode": "consensus", "local_fraction": 0.05},
         {"dual_mode": "segment"},
         {"dual_mode": "segment", "segment_schedule": "parallel", "secure_aggregation": False},
         {"dual_mode": "block", "secure_aggregation": False},
@@ -333,7 +342,8 @@ def test_client_state_survives_a_rebuild_between_every_message():
     part = _overlapping(split, seed=3)
     kw = {"dual_mode": "segment", "alignment": "psi"}
     ref, _ = _run(split, part, **kw)
-    base = {"lam": 0.1, "rounds": 2, "positive_classes": POS, "reference": False, "eval_every": 0, "batch_size": 16}
+    base = {**HYFDCA_BEFORE, "lam": 0.1, "rounds": 2, "positive_classes": POS, "reference": False, "eval_every": 0}
+    base["batch_size"] = 16
     _, fed = reference_and_rebuilt(split, part, HyFDCAConfig(**{**base, **kw}), ref)
     assert fed.server.seg_holders == ref.server.seg_holders and fed.server.seg_n == ref.server.seg_n
     np.testing.assert_allclose(fed.server.w, ref.server.w, atol=1e-12, rtol=0)

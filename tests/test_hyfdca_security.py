@@ -26,6 +26,7 @@ from hybridfl.runtime.flower.bridge import SETUP
 from hybridfl.runtime.flower.node import client_step
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 from hybridfl.runtime.simulation import build_federation, client_data
+from tests.conftest import HYFDCA_BEFORE
 
 POS = [0, 1, 2, 3, 4]
 
@@ -36,7 +37,9 @@ def weak_dealer():
 
 
 def _cfg(**kw) -> HyFDCAConfig:
-    return HyFDCAConfig(**{"lam": 0.1, "rounds": 2, "positive_classes": POS, "reference": False, "eval_every": 0, **kw})
+    return HyFDCAConfig(
+        **{**HYFDCA_BEFORE, "lam": 0.1, "rounds": 2, "positive_classes": POS, "reference": False, "eval_every": 0, **kw}
+    )
 
 
 def _hello(cfg: HyFDCAConfig) -> bytes:
@@ -183,7 +186,7 @@ def test_server_refuses_hello_material_it_cannot_trust(tiny, weak_dealer):
     for hello, match in cases:
         with pytest.raises(DataError, match=match):
             build_server(sd, cfg, 0, hello)
-    ckks = HyFDCAConfig(encryption="ckks", ckks_degree=8192, rounds=1)
+    ckks = HyFDCAConfig(encryption="ckks", rounds=1)
     junk = {"he_scheme": "ckks", "he_public": b"\x00\x00\x10\x00garbage"}
     with pytest.raises(DataError, match="cannot be read"):
         build_server(sd, ckks, 0, {"a": junk})

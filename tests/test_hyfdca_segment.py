@@ -21,6 +21,7 @@ from hybridfl.algorithms.convex.reference import reference_optimum
 from hybridfl.algorithms.hyfdca import HyFDCAClient, HyFDCAConfig, Monitor, build_problem, dealer_of, run_hyfdca
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.simulation import build_federation
+from tests.conftest import HYFDCA_BEFORE
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 
@@ -28,6 +29,7 @@ pytestmark = pytest.mark.usefixtures("isolated_cache")
 def _cfg(**kw) -> HyFDCAConfig:
     # the paper's problem (no intercept): the tests rebuild it by hand (build_problem)
     base = dict(
+        HYFDCA_BEFORE,
         lam=1e-2,
         rounds=30,
         eval_every=0,
@@ -153,9 +155,9 @@ def test_ckks_segment_run_matches_plaintext(credit_small):
     """Also with suffix averaging: the server's encrypted running sums of alpha decrypt to the
     plaintext run's averaged dual (same gap)."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    plain = run_hyfdca(credit_small, part, _cfg(rounds=4, batch_size=200, average_last=0.5, eval_every=1))
+    plain = run_hyfdca(credit_small, part, _cfg(rounds=4, batch_size=200, output="average_last", eval_every=1))
     enc = run_hyfdca(
-        credit_small, part, _cfg(rounds=4, batch_size=200, encryption="ckks", average_last=0.5, eval_every=1)
+        credit_small, part, _cfg(rounds=4, batch_size=200, encryption="ckks", output="average_last", eval_every=1)
     )
     w0, w1 = np.array(plain.summary["w"]), np.array(enc.summary["w"])
     assert np.linalg.norm(w1 - w0) <= 1e-6 * np.linalg.norm(w0)
@@ -170,7 +172,7 @@ def test_suffix_average_is_the_mean_of_the_iterates_and_no_worse(credit_small):
     (w_out = w(alpha_out), so the gap still certifies it), and by convexity P(w_out) <= mean P(w_t)
     and D(alpha_out) >= mean D(alpha_t). Under 50 % participation, where the last iterate wanders."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    cfg = _cfg(rounds=16, participation=0.5, participation_mode="probability", average_last=0.5)
+    cfg = _cfg(rounds=16, participation=0.5, participation_mode="probability", output="average_last")
     fed = build_federation("hyfdca", credit_small, part, cfg)
     server = fed.server
     prob = build_problem(credit_small, part, "hinge", cfg.lam, [1])
@@ -216,7 +218,7 @@ def test_segment_server_receives_only_ciphertexts(credit_small):
 
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     raw: list[bytes] = []
-    cfg = _cfg(rounds=2, batch_size=100, encryption="ckks", average_last=0.5)
+    cfg = _cfg(rounds=2, batch_size=100, encryption="ckks", output="average_last")
     fed = build_federation("hyfdca", credit_small, part, cfg, recorder=raw.append)
     server, clients = fed.server, fed.clients
     assert not server.he.can_decrypt

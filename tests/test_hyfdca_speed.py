@@ -12,12 +12,13 @@ from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.privacy.he import CKKSBackend, KeyDealer, SecretKeyMissing, server_backend
 from hybridfl.runtime.simulation import build_federation
+from tests.conftest import HYFDCA_BEFORE
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def _cfg(**kw) -> HyFDCAConfig:
-    base = dict(lam=1e-2, rounds=4, eval_every=0, dual_mode="segment", batch_size=200, reference=False)
+    base = dict(HYFDCA_BEFORE, lam=1e-2, rounds=4, eval_every=0, dual_mode="segment", batch_size=200, reference=False)
     base.update(kw)
     return HyFDCAConfig(**base)
 
@@ -58,11 +59,11 @@ def test_secret_key_ckks_ciphertexts_add_and_decrypt_with_public_key_ones():
 
 
 def test_secret_key_ckks_segment_run_matches_plaintext(credit_small):
-    """``ckks_secret_key_encryption``: the clients encrypt with the secret key, the server adds as
+    """CKKS clients encrypt with the secret key (always), the server adds as
     before, and ``w`` is the plaintext run's to 1e-6 (relative)."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     plain = run_hyfdca(credit_small, part, _cfg())
-    cfg = _cfg(encryption="ckks", ckks_secret_key_encryption=True)
+    cfg = _cfg(encryption="ckks")
     fed = build_federation("hyfdca", credit_small, part, cfg)
     for c in fed.clients.values():
         assert isinstance(c.he, CKKSBackend)

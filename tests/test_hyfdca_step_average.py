@@ -15,11 +15,12 @@ import pytest
 from hybridfl.algorithms.convex.monitor import build_problem
 from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
 from hybridfl.algorithms.hyfdca.protocol import SETUP, ClientProtocol
-from hybridfl.algorithms.hyfdca.segment import SegmentClientMixin
+from hybridfl.algorithms.hyfdca.segment_client import SegmentClientMixin
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
+from tests.conftest import HYFDCA_BEFORE
 from tests.rebuild import reference_and_rebuilt
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
@@ -27,13 +28,14 @@ pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 def _cfg(**kw) -> HyFDCAConfig:
     base = dict(
+        HYFDCA_BEFORE,
         lam=1e-2,
         rounds=3,
         eval_every=0,
         reference=False,
         dual_mode="segment",
         batch_size=64,
-        step_average=True,
+        output="step_average",
         fit_intercept=False,  # the paper's problem: the brute force rebuilds it by hand (build_problem)
     )
     base.update(kw)
@@ -194,7 +196,7 @@ def test_step_average_reaches_a_lower_objective_than_the_last_iterate(credit_sma
     the same steps, the step average's primal objective is below the last iterate's."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     res = run_hyfdca(credit_small, part, _cfg(rounds=4, eval_every=1, reference=True, reference_sdca_epochs=300))
-    last = run_hyfdca(credit_small, part, _cfg(rounds=4, eval_every=1, reference=True, step_average=False))
+    last = run_hyfdca(credit_small, part, _cfg(rounds=4, eval_every=1, reference=True, output="last"))
     np.testing.assert_allclose(res.history[-1]["dual"], last.history[-1]["dual"], rtol=1e-9)  # the same steps
     assert [h["primal"] < g["primal"] for h, g in zip(res.history, last.history)].count(True) >= 3
 
@@ -283,8 +285,8 @@ def test_a_malformed_position_share_costs_the_round_its_step_average(credit_smal
 
 
 def test_config_needs_segment_mode():
-    with pytest.raises(ValueError, match="step_average needs dual_mode 'segment'"):
-        HyFDCAConfig(step_average=True, dual_mode="consensus")
+    with pytest.raises(ValueError, match="output 'step_average' needs dual_mode 'segment'"):
+        HyFDCAConfig(output="step_average", dual_mode="consensus")
 
 
 @pytest.mark.parametrize("schedule", ["parallel", "sequential"])
@@ -333,7 +335,7 @@ def test_client_refuses_step_average_fields_it_was_not_set_up_for(credit_small):
 
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     raw: list[bytes] = []
-    fed = build_federation("hyfdca", credit_small, part, _cfg(step_average=False), recorder=raw.append)
+    fed = build_federation("hyfdca", credit_small, part, _cfg(output="last"), recorder=raw.append)
     fed.setup()
     fed.server.run_round(1, fed.transport)
     msgs = [decode(b) for b in raw]

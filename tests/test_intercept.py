@@ -24,6 +24,7 @@ from hybridfl.data.dataset import DatasetSplit, HybridDataset, RowBlocks
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import DataError
 from hybridfl.runtime.simulation import build_federation, client_data, server_data
+from tests.conftest import HYFDCA_BEFORE
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 
@@ -92,8 +93,9 @@ def test_a_block_named_intercept_is_refused(data):
     s = DatasetSplit(tr, te)
     p = GridPartitioner(2, 3).partition(s.train)
     with pytest.raises(DataError, match="already has a block named 'intercept'"):
-        build_federation("hyfdca", s, p, HyFDCAConfig(rounds=1, reference=False))
-    build_federation("hyfdca", s, p, HyFDCAConfig(rounds=1, reference=False, fit_intercept=False))  # off: fine
+        build_federation("hyfdca", s, p, HyFDCAConfig(**HYFDCA_BEFORE, rounds=1, reference=False))
+    off = HyFDCAConfig(**HYFDCA_BEFORE, rounds=1, reference=False, fit_intercept=False)
+    build_federation("hyfdca", s, p, off)  # off: fine
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +105,12 @@ def segment_runs(data):
     out = {}
     for on in (True, False):
         cfg = HyFDCAConfig(
-            loss="logistic", lam=1e-2, rounds=25 if on else 10, eval_every=0, dual_mode="segment", fit_intercept=on
+            **{**HYFDCA_BEFORE, "dual_mode": "segment"},
+            loss="logistic",
+            lam=1e-2,
+            rounds=25 if on else 10,
+            eval_every=0,
+            fit_intercept=on,
         )
         out[on] = run_hyfdca(split, part, cfg.model_copy(update={"reference": on}))
     return out
@@ -117,7 +124,7 @@ def test_hyfdca_reaches_the_centralised_optimum_with_intercept(data, segment_run
     if mode == "segment":
         res = segment_runs[True]
     else:
-        res = run_hyfdca(split, part, HyFDCAConfig(loss="logistic", lam=1e-2, rounds=40, eval_every=0))
+        res = run_hyfdca(split, part, HyFDCAConfig(**HYFDCA_BEFORE, loss="logistic", lam=1e-2, rounds=40, eval_every=0))
     central = _centralised(split, part)
     # measured (seed 0): segment 4.4e-8 after 25 rounds (5.4e-7 after 20); block 2.5e-5 after 40
     assert res.summary["relative_suboptimality"] < (1e-6 if mode == "segment" else 1e-4)

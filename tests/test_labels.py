@@ -143,7 +143,7 @@ def test_unlabelled_rows_are_left_out_of_training(tmp_path, monkeypatch, capsys,
     those rows altogether."""
     algo = {
         "hybrid_fedavg": "{name: hybrid_fedavg, rounds: 3, loss: logistic}",
-        "hyfdca": "{name: hyfdca, rounds: 2, encryption: none, local_steps: 5}",
+        "hyfdca": "{name: hyfdca, rounds: 2, encryption: none, local_fraction: 0.1, dual_mode: block}",
     }[algorithm]
     schema = _init(tmp_path, monkeypatch, capsys, _config(algo))
     gaps = {"bank": {"c001", "c007", "c030"}, "shop": {"c002", "c040"}}
@@ -166,7 +166,7 @@ def test_unlabelled_rows_are_left_out_of_training(tmp_path, monkeypatch, capsys,
     "algorithm, labels, needles",
     [
         (
-            "{name: hyfdca, rounds: 1, encryption: none}",
+            "{name: hyfdca, rounds: 1, encryption: none, dual_mode: block}",
             {"bank": True, "census": False, "shop": True},
             [
                 "HyFDCA needs labels at every client",
@@ -213,7 +213,9 @@ def test_deploy_local_and_the_flower_server_check_who_holds_labels(tmp_path, mon
     from hybridfl.errors import PartitionError
     from hybridfl.runtime.flower.node import run_server
 
-    schema = _init(tmp_path, monkeypatch, capsys, _config("{name: hyfdca, rounds: 1, encryption: none}"))
+    schema = _init(
+        tmp_path, monkeypatch, capsys, _config("{name: hyfdca, rounds: 1, encryption: none, dual_mode: block}")
+    )
     dirs = _tables(tmp_path, schema, monkeypatch, capsys, {"bank": True, "census": False, "shop": True})
     out = tmp_path / "deploy"
     code, _, err = run_cli(
@@ -394,7 +396,9 @@ def test_a_missing_he_key_stops_run_federation_before_anything_is_written(tmp_pa
     """Encrypted HyFDCA whose clients hold no ``he_secret.key``: one sentence, exit 2, no output
     directory (so no ``config.json`` asking for ``--force`` next time); with an existing empty
     ``--out``, nothing appears in it."""
-    schema = _init(tmp_path, monkeypatch, capsys, _config("{name: hyfdca, rounds: 1, encryption: ckks}"))
+    schema = _init(
+        tmp_path, monkeypatch, capsys, _config("{name: hyfdca, rounds: 1, encryption: ckks, dual_mode: block}")
+    )
     dirs = _tables(tmp_path, schema, monkeypatch, capsys, dict.fromkeys(ORGS, True))
     out = tmp_path / "run"
     _one_error(*_run(monkeypatch, capsys, schema, dirs, out)[::2], "holds no HE secret key", "ckks")

@@ -32,12 +32,13 @@ from hybridfl.errors import ProtocolError
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
+from tests.conftest import HYFDCA_BEFORE
 
 POS = [0, 1, 2, 3, 4]
 
 
 def _cfg(**kw) -> HyFDCAConfig:
-    base = {"lam": 0.1, "rounds": 3, "positive_classes": POS, "reference": False, "eval_every": 0}
+    base = {**HYFDCA_BEFORE, "lam": 0.1, "rounds": 3, "positive_classes": POS, "reference": False, "eval_every": 0}
     return HyFDCAConfig(**{**base, **kw})
 
 

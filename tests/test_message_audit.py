@@ -104,7 +104,9 @@ def test_hyfdca_messages_carry_no_raw_data_and_no_secret_key(scheme):
 
     split, canaries = canary_split()
     part = GridPartitioner(2, 3, seed=0).partition(split.train)
-    cfg = HyFDCAConfig(rounds=2, lam=0.1, encryption=scheme, paillier_bits=512, reference=False, eval_every=0)
+    cfg = HyFDCAConfig(
+        rounds=2, lam=0.1, encryption=scheme, paillier_bits=512, reference=False, eval_every=0, dual_mode="block"
+    )
     dealer = KeyDealer(scheme, paillier_bits=512)
     raw: list[bytes] = []
     run_hyfdca(split, part, cfg, seed=0, recorder=raw.append, dealer=dealer)
@@ -244,7 +246,8 @@ def audit_split(seed: int = 0) -> DatasetSplit:
     return DatasetSplit(make(120, "tr"), make(40, "te"))
 
 
-def _hyfdca_raw(scheme: str, secure: bool, local_steps: int | None = 1, **kw) -> tuple[list[bytes], object, object]:
+def _hyfdca_raw(scheme: str, secure: bool, local_fraction: float = 1e-3, **kw) -> tuple[list[bytes], object, object]:
+    # local_fraction 1e-3: one local step per client and round (H = ceil(1e-3 x 60 samples) = 1)
     from hybridfl.algorithms.hyfdca import HyFDCAConfig
     from hybridfl.runtime.simulation import build_federation
 
@@ -257,8 +260,10 @@ def _hyfdca_raw(scheme: str, secure: bool, local_steps: int | None = 1, **kw) ->
         paillier_bits=512,
         reference=False,
         eval_every=0,
-        local_steps=local_steps,
+        local_fraction=local_fraction,
         secure_aggregation=secure,
+        dual_mode="block",  # the paper's protocol (the default before the measured best)
+        output="last",
         **{"fit_intercept": False, **kw},  # the paper's problem unless a test asks for the intercept
     )
     raw: list[bytes] = []
@@ -270,23 +275,23 @@ def _hyfdca_raw(scheme: str, secure: bool, local_steps: int | None = 1, **kw) ->
 
 
 def test_scaled_audit_catches_plaintext_hyfdca():
-    """The paper's protocol without encryption and without secure aggregation: with ``local_steps:
-    1`` the server reads a scaled raw row in each primal share; with full local passes, the labels
+    """The paper's protocol without encryption and without secure aggregation: with one local step
+    (``local_fraction`` 1e-3) the server reads a scaled raw row in each primal share; with full local passes, the labels
     as the signs of the dual changes. The byte-exact audit above sees neither (it passes here)."""
     _, canaries = canary_split()
     raw, split, part = _hyfdca_raw("none", secure=False)
     found = scaled_leaks(raw, split, part)
     assert any("raw row" in f and "hyfdca.primal" in f for f in found), found
     assert audit(raw, patterns(canaries, split, part)) == []  # blind to it
-    raw, split, part = _hyfdca_raw("none", secure=False, local_steps=None)
+    raw, split, part = _hyfdca_raw("none", secure=False, local_fraction=1.0)
     found = scaled_leaks(raw, split, part)
     assert any("labels" in f and "hyfdca.dual" in f for f in found), found
     assert audit(raw, patterns(canaries, split, part)) == []
 
 
 def test_scaled_audit_catches_ckks_shares_without_secure_aggregation():
-    """CKKS hides the duals, but the primal share is plaintext (HyFDCA Alg. 4): with ``local_steps:
-    1`` the round-1 share is a multiple of a raw row (issue 15: 0.1163 x row tr-44)."""
+    """CKKS hides the duals, but the primal share is plaintext (HyFDCA Alg. 4): with one local step
+    the round-1 share is a multiple of a raw row (issue 15: 0.1163 x row tr-44)."""
     raw, split, part = _hyfdca_raw("ckks", secure=False)
     found = scaled_leaks(raw, split, part)
     assert found and all("hyfdca.primal" in f for f in found), found

@@ -55,6 +55,7 @@ ALGORITHMS = {
         "encryption": "none",
         "alignment": "plaintext",
         "reference_sdca_epochs": 3,
+        "dual_mode": "block",  # the default before the measured best
     },
     "hybrid_fedavg": {"name": "hybrid_fedavg", "rounds": 3, "lambda": 0.01, "reference_sdca_epochs": 3},
     "fedbcd": {"name": "fedbcd", "rounds": 5, "model": "linear", "batch_size": 32},

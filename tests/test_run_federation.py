@@ -165,14 +165,14 @@ def test_hyfdca_federation_equals_the_simulation_of_the_same_data(tmp_path, monk
     whole table, to 1e-5 relative (float32 storage)."""
     from hybridfl.algorithms.hyfdca.config import HyFDCAConfig
 
-    algo = "{name: hyfdca, rounds: 4, encryption: none, local_steps: 10}"
+    algo = "{name: hyfdca, rounds: 4, encryption: none, local_fraction: 0.1, dual_mode: block}"
     schema, dirs, rows = _federation(tmp_path, monkeypatch, capsys, algo)
     out = tmp_path / "run"
     args = ["run", "--federation", str(schema), "--out", str(out), "-q"]
     code, _, err = run_cli(monkeypatch, capsys, *args, *[a for d in dirs for a in ("--clients", str(d))])
     assert code == 0, err
     w = np.load(out / "final.npz")["w"]
-    ref = _reference(tmp_path, HyFDCAConfig(rounds=4, encryption="none", local_steps=10), rows)
+    ref = _reference(tmp_path, HyFDCAConfig(rounds=4, encryption="none", local_fraction=0.1, dual_mode="block"), rows)
     assert np.abs(ref.final["w"]).sum() > 0
     np.testing.assert_allclose(w, ref.final["w"], rtol=1e-5, atol=1e-8)
 

@@ -16,9 +16,10 @@ from hypothesis import strategies as st
 from hybridfl.algorithms.convex import kernels
 from hybridfl.algorithms.convex.losses import LOSSES, RowData, coordinate_step, gram_steps, row_norms_sq
 from hybridfl.algorithms.hyfdca import HyFDCAConfig
-from hybridfl.algorithms.hyfdca.segment import _rmatvec
+from hybridfl.algorithms.hyfdca.segment_client import _rmatvec
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.simulation import build_federation
+from tests.conftest import HYFDCA_BEFORE
 
 pytestmark = pytest.mark.usefixtures("isolated_cache")
 
@@ -184,7 +185,9 @@ def test_visit_orders_continue_after_a_restored_state(credit_small):
     for the rest of the pass as the holder that went on; the orders of one pass differ between
     batches, and a new pass (another seed) draws others."""
     part = GridPartitioner(2, 2, 1, 0).partition(credit_small.train)
-    cfg = HyFDCAConfig(lam=1e-2, rounds=1, eval_every=0, dual_mode="segment", batch_size=40, reference=False)
+    cfg = HyFDCAConfig(
+        **{**HYFDCA_BEFORE, "dual_mode": "segment", "batch_size": 40}, lam=1e-2, rounds=1, eval_every=0, reference=False
+    )
     fed = build_federation("hyfdca", credit_small, part, cfg)
     fed.setup()
     c = next(iter(fed.clients.values()))

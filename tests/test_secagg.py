@@ -2,7 +2,7 @@
 HyFDCA's server sees only masked changes of the primal shares while computing the same ``w``.
 
 Adversary played: the honest-but-curious server, which reads every reply it gets. Without secure
-aggregation the round-1 share of a client with ``local_steps: 1`` is a scaled raw row (exactly
+aggregation the round-1 share of a client with one local step is a scaled raw row (exactly
 collinear); with it, the server's view of each client is uniform noise in ``Z_(2^64)``.
 """
 
@@ -22,6 +22,7 @@ from hybridfl.privacy.secagg import SecAggClient, from_fixed, keystream, to_fixe
 from hybridfl.runtime import secagg_messages as sm
 from hybridfl.runtime.messages import SERVER, Message, decode
 from hybridfl.runtime.simulation import build_federation
+from tests.conftest import HYFDCA_BEFORE
 
 POS = [0, 1, 2, 3, 4]
 
@@ -178,7 +179,7 @@ def grid_2x3(digits_split):
 
 
 def _cfg(**kw) -> HyFDCAConfig:
-    base = {"lam": 0.1, "rounds": 4, "positive_classes": POS, "reference": False, "eval_every": 0}
+    base = {**HYFDCA_BEFORE, "lam": 0.1, "rounds": 4, "positive_classes": POS, "reference": False, "eval_every": 0}
     return HyFDCAConfig(**{**base, **kw})
 
 
@@ -244,7 +245,7 @@ def test_lone_client_exchange_is_skipped_not_unmasked(grid_2x3, caplog):
 
 def test_server_view_is_masked_and_a_plaintext_share_is_a_raw_row(grid_2x3):
     """The adversary: the server reads every ``hyfdca.primal`` reply of round 1 with
-    ``local_steps: 1``. Plaintext shares: each is exactly a multiple of one raw row of its client
+    one local step (``local_fraction`` 1e-4). Plaintext shares: each is exactly a multiple of one raw row of its client
     (cosine 1). Masked: no reply is near collinear with any raw row (|cosine| < 0.99; with about 21
     features per client, chance alone gives up to about 0.6)."""
     split, part = grid_2x3
@@ -253,7 +254,7 @@ def test_server_view_is_masked_and_a_plaintext_share_is_a_raw_row(grid_2x3):
         raw: list[bytes] = []
         # the paper's problem: with fit_intercept a label holder's share has one more entry, the
         # intercept's, weighted 1/c, so it is no longer exactly a row of client.X
-        cfg = _cfg(secure_aggregation=secure, local_steps=1, fit_intercept=False)
+        cfg = _cfg(secure_aggregation=secure, local_fraction=1e-4, fit_intercept=False)  # one local step
         fed = build_federation("hyfdca", split, part, cfg, recorder=raw.append)
         fed.setup()
         fed.server.run_round(1, fed.transport)

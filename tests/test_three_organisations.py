@@ -126,7 +126,7 @@ def _rows_without_time(path: Path) -> list[dict]:
 
 
 def test_three_organisations_across_hosts_with_tls_and_node_authentication(tmp_path, monkeypatch, capsys):
-    hyfdca = "{name: hyfdca, rounds: 3, encryption: none, local_steps: 10}"
+    hyfdca = "{name: hyfdca, rounds: 3, encryption: none, local_fraction: 0.1, dual_mode: block}"
     schema_d, dirs_d = _organisations(tmp_path / "hyfdca", monkeypatch, capsys, hyfdca, HYBRID, TESTS["hybrid"])
     fedbcd = "{name: fedbcd, rounds: 4, variant: p, local_steps: 3, model: linear, lr: 0.01, batch_size: 16}"
     schema_b, dirs_b = _organisations(tmp_path / "fedbcd", monkeypatch, capsys, fedbcd, VERTICAL, TESTS["vertical"])

@@ -86,9 +86,9 @@ def he_keys_cmd(
         ..., "--out", "-o", help="Secret key file to create (mode 0600; an existing file is never overwritten)."
     ),
     paillier_bits: int = typer.Option(2048, help="Paillier modulus bits (algorithm.paillier_bits)."),
-    precision_bits: int = typer.Option(40, help="Paillier fixed-point fraction bits (algorithm.precision_bits)."),
-    ckks_degree: int = typer.Option(8192, help="CKKS polynomial modulus degree (algorithm.ckks_degree)."),
-    ckks_scale_bits: int = typer.Option(40, help="CKKS scale bits (algorithm.ckks_scale_bits)."),
+    precision_bits: int = typer.Option(40, help="Paillier fixed-point fraction bits."),
+    ckks_degree: int = typer.Option(8192, help="CKKS polynomial modulus degree."),
+    ckks_scale_bits: int = typer.Option(40, help="CKKS scale bits."),
 ) -> None:
     """Make the clients' shared HE key pair on a client machine (copy it to every client directory as he_secret.key; never to the server)."""
     from hybridfl.errors import ConfigError

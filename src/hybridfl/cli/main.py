@@ -394,6 +394,7 @@ def describe_algorithm(name: str, description: str, model) -> str:
     from pydantic import AliasChoices
     from pydantic_core import PydanticUndefined
 
+    from hybridfl.algorithms.presets import describe_presets
     from hybridfl.algorithms.spec import config_fields
 
     lines = [f"{name}: {description}", f"options of the algorithm: section of a run config (name: {name}):", ""]
@@ -414,6 +415,11 @@ def describe_algorithm(name: str, description: str, model) -> str:
         lines.append(f"{head}: {'; '.join(parts)}")
         text = (info.description or "").strip() or "(no description)"
         lines.extend(textwrap.wrap(text, 100, initial_indent="    ", subsequent_indent="    "))
+    presets = describe_presets(name)
+    if presets:
+        lines.append("")
+        for line in presets:
+            lines.extend(textwrap.wrap(line, 100, subsequent_indent="    "))
     return "\n".join(lines)
 
 

@@ -349,7 +349,7 @@ class CKKSBackend(HEBackend):
         sb = round(self.scale_bits)
         fit = self.modulus_bits - 2 - math.ceil(math.log2(big))  # largest scale bits whose limit holds it
         lower = (
-            f" or lower algorithm.ckks_scale_bits to {fit} or less (each bit less doubles the limit and halves the precision)"
+            f" or lower the key's ckks_scale_bits to {fit} or less (hybridfl he-keys --ckks-scale-bits; each bit less doubles the limit and halves the precision)"
             if fit >= 20
             else ""
         )

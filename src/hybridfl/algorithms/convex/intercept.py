@@ -14,7 +14,7 @@ FedAvg averages overlapping features, so the problem stays the centralised one w
 column.
 
 Because it is just another block, every protocol path (encryption, secure aggregation, segment
-mode, ``step_average``, PSI alignment, Flower, checkpoints, ``hybridfl run --federation``) carries
+mode, ``output: step_average``, PSI alignment, Flower, checkpoints, ``hybridfl run --federation``) carries
 it unchanged. It is added in one place for both runtimes: each linear spec's ``build_client`` and
 ``build_server`` apply :func:`client_with_intercept` and :func:`server_with_intercept` to the
 :class:`~hybridfl.data.export.ClientData` and :class:`~hybridfl.data.export.ServerData` they

@@ -10,7 +10,7 @@ monitor holds the training data and, for HyFDCA, the clients' shared secret key,
 decrypts the server's ``enc(alpha)``; nothing it does is counted as communication):
 
 - ``primal``: ``P(w)`` of the server's output model ``w`` (HyFDCA: the last iterate, or with
-  ``average_last`` the mean of the averaged rounds' iterates, whose ``alpha`` is then also the
+  ``output: average_last`` the mean of the averaged rounds' iterates, whose ``alpha`` is then also the
   mean: every HyFDCA metric below is of that averaged pair; ``last_iterate_relative_suboptimality``
   and ``averaged_rounds`` are added once averaging has started);
 - ``relative_suboptimality``: ``(P(w) - P*) / P*`` with ``P*`` the cached centralised reference
@@ -315,7 +315,7 @@ class Monitor:
 
     def alpha(self, server: Any) -> np.ndarray:
         """The dual variables ``(N,)`` of a HyFDCA server's output model (averaged when
-        ``average_last``), decrypted from its ``output_alpha_ciphertexts()``."""
+        ``output: average_last``), decrypted from its ``output_alpha_ciphertexts()``."""
         cts, count = server.output_alpha_ciphertexts()
         return self.alpha_of(cts) / count
 

@@ -54,7 +54,7 @@ second SecureInnerProduct, line 18; 3 exchanges, 4 in a consensus-mode round wit
    is exactly ``w(alpha)``.
 
 LocalDualMethod variants (``dual_mode``): :mod:`.client` (``block``, ``consensus``) and
-:mod:`.segment` (``segment``). Failures and partial participation: :mod:`.server`; reply checks: :mod:`.checks`; the output model (``average_last``): :mod:`.output`.
+:mod:`.segment` (``segment``). Failures and partial participation: :mod:`.server`; reply checks: :mod:`.checks`; the output model (``output: average_last``): :mod:`.output`.
 
 Encryption (:mod:`hybridfl.privacy`): every ``enc(...)`` above is a real ciphertext of the
 configured scheme. The clients share one secret key given to them by a key dealer that is not the

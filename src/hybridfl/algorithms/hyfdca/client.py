@@ -26,9 +26,6 @@ pick one and check it by convergence to the centralised optimum, tests/test_hyfd
 - ``dual_mode: segment``: exact steps shared by the holders of a segment
   (:mod:`hybridfl.algorithms.hyfdca.segment`).
 
-``cross = "energy"`` (experimental) scales the own-block correction by
-``sum_i q_i / sum_i ||x_{k,i}||^2``; ``cross = "none"`` drops it (paper Alg. 5: fixed ``u``).
-
 Threat model. The server is *honest but curious*: it follows the protocol and reads
 everything it is sent. Every ciphertext is under the clients' key, and the only value a client
 sends in the clear is its PrimalAggregation share ``X_k^T a`` (``1/c`` weights aside), which is
@@ -82,7 +79,7 @@ from hybridfl.algorithms.convex.problem import features, signed_labels
 from hybridfl.algorithms.hyfdca.align import PSI_KINDS, AlignClientMixin
 from hybridfl.algorithms.hyfdca.protocol import SETUP, ClientProtocol
 from hybridfl.algorithms.hyfdca.secure import SecureSharesClientMixin
-from hybridfl.algorithms.hyfdca.segment import SegmentClientMixin
+from hybridfl.algorithms.hyfdca.segment_client import SegmentClientMixin
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import HEBackend
@@ -119,7 +116,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
     norms, ``own_sq`` ``(n_k,)`` squared norms of its own blocks, ``w`` ``(d_k,)`` the primal
     weights of its features, ``pending`` (block mode: new duals awaiting the server's commit), the
     constants of ``hyfdca.init`` (``params``), the segment layout, the segment-mode state
-    (:class:`~hybridfl.algorithms.hyfdca.segment.SegmentClientMixin`) and its own view of the
+    (:class:`~hybridfl.algorithms.hyfdca.segment_client.SegmentClientMixin`) and its own view of the
     protocol (``protocol``: :class:`~hybridfl.algorithms.hyfdca.protocol.ClientProtocol`: order,
     own counters, whether it stopped after a refusal).
     """
@@ -459,7 +456,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         squared norms ``sum_b ||x_{k,i,b}||^2 / c(s, b)`` per segment and (segment mode) the
         reply entries of :meth:`_segment_init` (the partial Gram matrices, encrypted or masked);
         the client keeps neither."""
-        self.params = {k: p[k] for k in ("N", "lam", "loss", "H", "sigma", "cross", "nu", "dual_mode")}
+        self.params = {k: p[k] for k in ("N", "lam", "loss", "H", "sigma", "nu", "dual_mode")}
         self.params["epochs"] = int(p.get("epochs", 1))
         seg = np.asarray(p["segment"], dtype=np.int64)
         holders = np.asarray(p["holders"], dtype=np.float64)
@@ -512,12 +509,9 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
 
         Raises:
             PayloadError: not one ``ip`` ciphertext of the right length per segment, non-finite
-                values, a bad ``gamma``, or another key.
+                values, or another key.
         """
-        p = msg.payload
-        validate.only_keys(msg, ("ip", "gamma"))
-        if "gamma" in p:
-            validate.number(msg, "gamma", low=0.0)
+        validate.only_keys(msg, ("ip",))
         self._decrypt_segments(msg, "ip", self.u)
         prm = self.params
         n = self.ids.size
@@ -528,10 +522,6 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             order = np.concatenate([order] + [rng.permutation(order) for _ in range(int(prm["epochs"]) - 1)])
         lam_n = float(prm["lam"]) * float(prm["N"])
         sigma = float(prm["sigma"])
-        cross = {"own": sigma, "none": 0.0}.get(str(prm["cross"]))
-        if cross is None:  # energy: extrapolate own-block overlaps to all blocks
-            own = float(self.own_sq.sum())
-            cross = sigma * (float(self.q.sum()) / own if own > 0 else 1.0)
         # block mode: the client's own cell duals persist, but only once the server confirms it
         # received this round's changes (PrimalAggregation's ``commit``; a reply lost to a failure
         # must not leave the client and the server with different duals); consensus: start from the
@@ -539,7 +529,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         alpha = self.alpha.copy()
         dw = np.zeros(self.X.shape[1])
         delta = self.rows.dot_and_add(
-            order, alpha, self.y, self.u, self.q, str(prm["loss"]), lam_n, sigma, cross, dw, float(p.get("gamma", 0.0))
+            order, alpha, self.y, self.u, self.q, str(prm["loss"]), lam_n, sigma, sigma, dw, 0.0
         )
         self.pending = alpha if prm["dual_mode"] == "block" else None
         return [self.he.encrypt(delta[rows] * self.seg_scale[s]) for s, rows in enumerate(self.seg_rows)]

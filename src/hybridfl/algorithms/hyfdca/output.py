@@ -1,7 +1,7 @@
-"""HyFDCA's output model (``average_last``, ``step_average``): averages of the server's iterates.
+"""HyFDCA's output model (``output: average_last``, ``output: step_average``): averages of the server's iterates.
 
-A round's output iterate is its last iterate ``w`` (default, HyFDCA Alg. 1), or with
-``step_average`` (segment mode; our option) the mean of the iterates after every SDCA step of the
+A round's output iterate is its last iterate ``w`` (``output: last``, HyFDCA Alg. 1), or with
+``output: step_average`` (segment mode; our option, the default) the mean of the iterates after every SDCA step of the
 round: SDCA's averaged output (Shalev-Shwartz & Zhang 2013, Thm. 2, for Lipschitz losses such as
 the hinge) taken over one round. On MNIST binary (3 x 3 grid, batch 512) segment mode's last
 iterate reaches relative suboptimality 1e-3 after 41 rounds or more, its step average after 9-10
@@ -10,7 +10,7 @@ How the server gets the mean without any iterate but its own ``w``: pass ``k`` o
 (``T_k`` steps, ``off_k`` steps before it, ``T`` in the round) changed ``w`` by ``dw_k``; its holders
 send, with their PrimalAggregation share, their *position share* ``sum_i (p_i / T_k) delta_i x_i``
 (``p_i`` a step's 0-based place in the pass,
-:meth:`~hybridfl.algorithms.hyfdca.segment.SegmentClientMixin.position_share`; securely
+:meth:`~hybridfl.algorithms.hyfdca.segment_client.SegmentClientMixin.position_share`; securely
 aggregated like the shares), added into ``P_k``; then
 ``mean_t w_t = w - sum_k (off_k / T) dw_k + (T_k / T) P_k / (lambda N)`` (the parallel schedule:
 one pass, ``w - P / (lambda N)``, each segment weighted by its own pass length). A pass that lost
@@ -20,9 +20,9 @@ last. The
 dual paired with the output model stays the last iterate's ``alpha``: ``P(mean w) - D(alpha)``
 still bounds the output's suboptimality (the monitor's ``model_gap``).
 
-The output model is the round's output iterate, or the mean of the output iterates of the final
-``average_last`` share of the rounds (suffix averaging, as SDCA's averaged output for Lipschitz
-losses). The server keeps the running sums of the public ``w`` and of ``enc(alpha)`` (one
+The output model is the round's output iterate, or with ``output: average_last`` the mean of
+the output iterates of the second half of the rounds (suffix averaging, as SDCA's averaged output
+for Lipschitz losses). The server keeps the running sums of the public ``w`` and of ``enc(alpha)`` (one
 ciphertext addition per segment and round, never decrypted); the protocol itself keeps stepping
 from the last iterate. :class:`OutputModelMixin` is part of
 :class:`~hybridfl.algorithms.hyfdca.server.HyFDCAServer`.
@@ -40,15 +40,15 @@ class OutputModelMixin:
 
     @property
     def average_start(self) -> int | None:
-        """First round whose iterate enters the averaged output model (``average_last`` of the
-        ``rounds``; at least the final round), or ``None`` when averaging is off."""
+        """First round whose iterate enters the averaged output model (``output: average_last``:
+        the second half of the ``rounds``; at least the final round), or ``None`` when averaging is off."""
         cfg = self.config
         if cfg.average_last <= 0:
             return None
         return max(1, cfg.rounds - max(1, round(cfg.average_last * cfg.rounds)) + 1)
 
     def _accumulate_average(self, rnd: int) -> None:
-        """Suffix averaging (``average_last``): add this round's ``w`` (public) and, under
+        """Suffix averaging (``output: average_last``): add this round's ``w`` (public) and, under
         encryption, ``enc(alpha)`` per segment to the running sums (the server never decrypts
         them). With ``w = w(alpha)`` (segment and consensus modes) the averaged pair stays
         consistent: ``mean_t w(alpha_t) = w(mean_t alpha_t)``; by convexity
@@ -84,13 +84,13 @@ class OutputModelMixin:
         return out
 
     def round_output(self) -> np.ndarray:
-        """The last round's output iterate ``(d,)``: its step average (``step_average``) when it
+        """The last round's output iterate ``(d,)``: its step average (``output: step_average``) when it
         has one, else the last iterate ``w``."""
         return self.w_step if self.w_step is not None else self.w
 
     def output_w(self) -> np.ndarray:
         """The output model ``(d,)``: the mean of the rounds' output iterates over the averaged
-        rounds once averaging has started (``average_last``), else the last round's output iterate
+        rounds once averaging has started (``output: average_last``), else the last round's output iterate
         (:meth:`round_output`)."""
         return self.w_sum / self.avg_count if self.avg_count else self.round_output()
 

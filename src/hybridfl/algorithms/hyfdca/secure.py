@@ -111,7 +111,7 @@ class SecureSharesClientMixin:
 
     def masked_share(self, msg: Message, share: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
         """Its masked change of share for this exchange (uint64 ``(d_k,)``), after taking the
-        server's ``acked`` for the previous one; with ``extra`` ``(d_k,)`` (``step_average``'s
+        server's ``acked`` for the previous one; with ``extra`` ``(d_k,)`` (``output: step_average``'s
         :meth:`position_share`, sent whole, not as a change) the two masked as one ``(2 d_k,)``.
 
         Raises:
@@ -194,7 +194,7 @@ class SecureSharesServerMixin:
         """PrimalAggregation with secure aggregation (module docstring): send ``msgs`` with
         ``tag``, ``peers`` and ``acked`` added, sum the masked changes, unmask the missing
         clients' pair masks, and set ``w`` from the counted sum. Returns the clients whose change
-        was counted (none if the unmasking failed). With ``sa_width`` 2 (``step_average``, set by
+        was counted (none if the unmasking failed). With ``sa_width`` 2 (``output: step_average``, set by
         the caller) every reply masks two vectors, the change and the position share: the sum of
         the latter goes to ``position_sum`` ``(d,)`` (left ``None`` if the unmasking failed)."""
         tag = self.sa_tag = self.sa_tag + 1

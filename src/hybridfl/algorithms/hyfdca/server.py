@@ -35,7 +35,7 @@ identity above to 1e-9 after every round and at every SecureInnerProduct.
 ``dual_mode: segment`` keeps ``w = w(alpha)`` by stepping a segment only when all its holders are
 present (:mod:`hybridfl.algorithms.hyfdca.segment`); block mode has no shared ``alpha``.
 
-Untrusted replies: :mod:`.checks`. Output model (``average_last``, ``step_average``): :mod:`.output`.
+Untrusted replies: :mod:`.checks`. Output model (``output: average_last``, ``output: step_average``): :mod:`.output`.
 """
 
 from __future__ import annotations
@@ -51,10 +51,11 @@ import numpy as np
 from hybridfl.algorithms.convex.problem import block_offsets, feature_index
 from hybridfl.algorithms.hyfdca.align import AlignServerMixin, check_psi_hello, plaintext_segments
 from hybridfl.algorithms.hyfdca.checks import ReplyChecksMixin, check_hello
-from hybridfl.algorithms.hyfdca.config import HyFDCAConfig
+from hybridfl.algorithms.hyfdca.config import PAPER_LATENCY, HyFDCAConfig
 from hybridfl.algorithms.hyfdca.output import OutputModelMixin
 from hybridfl.algorithms.hyfdca.secure import SecureSharesServerMixin
 from hybridfl.algorithms.hyfdca.segment import SegmentServerMixin
+from hybridfl.algorithms.hyfdca.segment_pass import run_segment_round
 from hybridfl.algorithms.participation import select_participants
 from hybridfl.errors import ConfigError, PartitionError, ProtocolError, UnknownBlockError
 from hybridfl.privacy.he import HEBackend
@@ -66,6 +67,11 @@ from hybridfl.runtime.transport import Transport
 from hybridfl.runtime.validate import PayloadError
 
 log = logging.getLogger(__name__)
+
+LOCAL_WORK_FLOOR = 10
+"""Fewest local steps per client and round below which setup warns that the public ``w`` changes
+by a combination of very few raw rows (docs/privacy.md, "Known leakage that remains")."""
+FEW_STEPS = "HyFDCA client %r takes %d local steps per round: each round's change of w (public) combines at most %d of its raw rows; raise local_fraction (docs/privacy.md)."
 
 Check = Callable[[Message], None]
 """A reply check: raises :class:`PayloadError` for a malformed reply."""
@@ -111,11 +117,11 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         self.N = 0
         self.sigma = 1.0
         self.setup_stats: dict = {}
-        # suffix averaging (``average_last``): running sums of w and enc(alpha) since avg_start
+        # suffix averaging (``output: average_last``): running sums of w and enc(alpha) since avg_start
         self.w_sum = np.zeros(self.d)
         self.alpha_sum: list[bytes] = []
         self.avg_count = 0
-        self.w_step: np.ndarray | None = None  # ``step_average``: the last round's mean iterate
+        self.w_step: np.ndarray | None = None  # ``output: step_average``: the last round's mean iterate
         self.bad: set[str] = set()  # clients whose reply failed its check this round (treated as failed)
         self._secure_reset()  # secure aggregation of the primal shares (:mod:`.secure`)
 
@@ -185,106 +191,16 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             UnknownBlockError: a client holds a block that is not in the schema.
             ProtocolError: a client did not answer a setup exchange; the alignment's counts disagree.
         """
-        cfg = self.config
         t0, he0 = time.perf_counter(), self.he.seconds
         stats: dict = defaultdict(float)
         self.client_ids = list(client_ids)
         self.seg_holders = []
         self.bad = set()
         self._secure_reset()
-        secure = cfg.secure_aggregation
-        psi_mode = cfg.alignment == "psi"
-        names = sorted(self.client_ids)
-
-        def check_reply(r: Message) -> None:
-            if psi_mode:
-                i = names.index(r.sender)
-                check_psi_hello(r, lower=i > 0, higher=i < len(names) - 1)
-            else:
-                check_hello(r)
-            if secure:
-                self.secure_hello(r)
-
-        hello_payload = self.psi_hello_payload() if psi_mode else {}
-        hello = self._setup_exchange(
-            transport,
-            [Message("hyfdca.hello", SERVER, c, 0, dict(hello_payload)) for c in self.client_ids],
-            stats,
-            check_reply,
-        )
-        client_ids_order: dict[str, list[str]] = {}
-        blocks: dict[str, list[str]] = {}
-        for r in hello:
-            cid = r.sender
-            if (int(r.payload["n_samples"]) if psi_mode else len(r.payload["ids"])) == 0:
-                raise PartitionError(f"client {cid!r} holds no samples.")
-            bl = list(r.payload["blocks"])
-            unknown = [b for b in bl if b not in self.offsets]
-            if unknown:
-                raise UnknownBlockError(cid, unknown[0])
-            if not bl:
-                raise PartitionError(f"client {cid!r} holds no feature blocks.")
-            blocks[cid] = bl
-            if not psi_mode:
-                client_ids_order[cid] = [str(v) for v in r.payload["ids"]]
-            self.feat[cid] = feature_index(bl, self.offsets)
-        # segments: samples with the same holder set, in align.segment_order (the server learns
-        # only the sets and sizes under psi; under plaintext it groups the IDs itself)
-        if psi_mode:
-            segments = self.psi_align(transport, stats, hello)
-            sample_seg: dict[str, int] = {}
-        else:
-            plain = plaintext_segments(client_ids_order, self.client_ids)
-            segments = [(key, len(ids)) for key, ids in plain]
-            sample_seg = {str(v): g for g, (_, ids) in enumerate(plain) for v in ids}
-        self.seg_holders = [list(key) for key, _ in segments]
-        self.seg_n = [int(n) for _, n in segments]
-        self.N = sum(self.seg_n)
-        segment = cfg.dual_mode == "segment"
-        default_sigma = len(self.client_ids) if cfg.dual_mode == "block" else len(self.seg_n)
-        if segment and cfg.segment_schedule == "sequential":
-            default_sigma = 1  # one segment at a time (each pass sends its own sigma')
-        self.seg_batch_counts = [math.ceil(n / cfg.batch_size) for n in self.seg_n]
-        batch_seed = int(np.random.default_rng([self.seed, 11]).integers(2**31))
-        self.sigma = float(cfg.sigma) if cfg.sigma is not None else float(default_sigma)
-        # per-client messages: local segment indices, holder counts, block weights 1/c(s, b)
-        init_msgs = []
-        for cid in self.client_ids:
-            segs = [g for g, hs in enumerate(self.seg_holders) if cid in hs]
-            self.client_segs[cid] = segs
-            if psi_mode:  # its segments as holder sets (0/1 rows over client_ids): it finds its rows' segments
-                where = {
-                    "segment_sets": np.array(
-                        [[c in self.seg_holders[g] for c in self.client_ids] for g in segs], dtype=np.uint8
-                    )
-                }
-            else:
-                local = {g: j for j, g in enumerate(segs)}
-                where = {"segment": np.array([local[sample_seg[s]] for s in client_ids_order[cid]], dtype=np.int64)}
-            bw = np.ones((len(segs), len(blocks[cid])))
-            for j, g in enumerate(segs):
-                for bi, b in enumerate(blocks[cid]):
-                    bw[j, bi] = 1.0 / sum(1 for h in self.seg_holders[g] if b in blocks[h])
-            n_k = sum(self.seg_n[g] for g in segs)
-            H = cfg.local_steps if cfg.local_steps is not None else max(1, math.ceil(cfg.local_fraction * n_k))
-            self.local_steps[cid] = int(H)
-            payload = {
-                "N": self.N,
-                "lam": cfg.lam,
-                "loss": cfg.loss,
-                "H": int(H),
-                "sigma": self.sigma,
-                "cross": cfg.cross,
-                "nu": cfg.nu,
-                "dual_mode": cfg.dual_mode,
-                "epochs": cfg.local_epochs,
-                **where,
-                "holders": np.array([len(self.seg_holders[g]) for g in segs], dtype=np.int64),
-                "block_weight": bw.ravel(),
-                **(self._segment_init_payload(segs, batch_seed) if segment else {}),
-                **(self.secure_init_payload(cid, blocks) if secure else {}),
-            }
-            init_msgs.append(Message("hyfdca.init", SERVER, cid, 0, payload))
+        hello, blocks, ids_of = self._hello(transport, stats)
+        sample_seg = self._layout(transport, stats, hello, ids_of)
+        init_msgs = self._init_messages(blocks, ids_of, sample_seg)
+        segment = self.config.dual_mode == "segment"
 
         def check_init(r: Message) -> None:
             self.check_ciphertexts(r, "norms", self.seg_sizes(r.sender))
@@ -308,17 +224,137 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         self.last_round = {c: -10 for c in self.client_ids}
         self.setup_stats = self._finish(stats, t0, he0)
 
+    def _hello(
+        self, transport: Transport, stats: dict
+    ) -> tuple[list[Message], dict[str, list[str]], dict[str, list[str]]]:
+        """The ``hyfdca.hello`` exchange (with PSI's first message under ``alignment: psi``).
+        Returns the replies, each client's blocks and (``plaintext``) its sample IDs in order.
+
+        Raises:
+            PartitionError, UnknownBlockError, ProtocolError: see :meth:`setup`."""
+        psi_mode = self.config.alignment == "psi"
+        secure = self.config.secure_aggregation
+        names = sorted(self.client_ids)
+
+        def check_reply(r: Message) -> None:
+            if psi_mode:
+                i = names.index(r.sender)
+                check_psi_hello(r, lower=i > 0, higher=i < len(names) - 1)
+            else:
+                check_hello(r)
+            if secure:
+                self.secure_hello(r)
+
+        hello_payload = self.psi_hello_payload() if psi_mode else {}
+        hello = self._setup_exchange(
+            transport,
+            [Message("hyfdca.hello", SERVER, c, 0, dict(hello_payload)) for c in self.client_ids],
+            stats,
+            check_reply,
+        )
+        ids_of: dict[str, list[str]] = {}
+        blocks: dict[str, list[str]] = {}
+        for r in hello:
+            cid = r.sender
+            if (int(r.payload["n_samples"]) if psi_mode else len(r.payload["ids"])) == 0:
+                raise PartitionError(f"client {cid!r} holds no samples.")
+            bl = list(r.payload["blocks"])
+            unknown = [b for b in bl if b not in self.offsets]
+            if unknown:
+                raise UnknownBlockError(cid, unknown[0])
+            if not bl:
+                raise PartitionError(f"client {cid!r} holds no feature blocks.")
+            blocks[cid] = bl
+            if not psi_mode:
+                ids_of[cid] = [str(v) for v in r.payload["ids"]]
+            self.feat[cid] = feature_index(bl, self.offsets)
+        return hello, blocks, ids_of
+
+    def _layout(
+        self, transport: Transport, stats: dict, hello: list[Message], ids_of: dict[str, list[str]]
+    ) -> dict[str, int]:
+        """The segments: samples with the same holder set, in ``align.segment_order`` (the server
+        learns only the sets and sizes under psi; under plaintext it groups the IDs itself). Sets
+        ``seg_holders``, ``seg_n``, ``N``, ``seg_batch_counts`` and ``sigma``; returns sample ID ->
+        segment under plaintext (empty under psi)."""
+        cfg = self.config
+        if cfg.alignment == "psi":
+            segments = self.psi_align(transport, stats, hello)
+            sample_seg: dict[str, int] = {}
+        else:
+            plain = plaintext_segments(ids_of, self.client_ids)
+            segments = [(key, len(ids)) for key, ids in plain]
+            sample_seg = {str(v): g for g, (_, ids) in enumerate(plain) for v in ids}
+        self.seg_holders = [list(key) for key, _ in segments]
+        self.seg_n = [int(n) for _, n in segments]
+        self.N = sum(self.seg_n)
+        default_sigma = len(self.client_ids) if cfg.dual_mode == "block" else len(self.seg_n)
+        if cfg.dual_mode == "segment" and cfg.segment_schedule == "sequential":
+            default_sigma = 1  # one segment at a time (each pass sends its own sigma')
+        self.seg_batch_counts = [math.ceil(n / cfg.batch_size) for n in self.seg_n]
+        self.sigma = float(cfg.sigma) if cfg.sigma is not None else float(default_sigma)
+        return sample_seg
+
+    def _init_messages(
+        self, blocks: dict[str, list[str]], ids_of: dict[str, list[str]], sample_seg: dict[str, int]
+    ) -> list[Message]:
+        """Each client's ``hyfdca.init``: the constants, its segments (as holder sets under psi,
+        as a segment per sample under plaintext), holder counts, block weights ``1/c(s, b)`` and
+        the segment-mode and secure-aggregation entries. Sets ``client_segs`` and ``local_steps``."""
+        cfg = self.config
+        batch_seed = int(np.random.default_rng([self.seed, 11]).integers(2**31))
+        msgs = []
+        for cid in self.client_ids:
+            segs = [g for g, hs in enumerate(self.seg_holders) if cid in hs]
+            self.client_segs[cid] = segs
+            if (
+                cfg.alignment == "psi"
+            ):  # its segments as holder sets (0/1 rows over client_ids): it finds its rows' segments
+                where = {
+                    "segment_sets": np.array(
+                        [[c in self.seg_holders[g] for c in self.client_ids] for g in segs], dtype=np.uint8
+                    )
+                }
+            else:
+                local = {g: j for j, g in enumerate(segs)}
+                where = {"segment": np.array([local[sample_seg[s]] for s in ids_of[cid]], dtype=np.int64)}
+            bw = np.ones((len(segs), len(blocks[cid])))
+            for j, g in enumerate(segs):
+                for bi, b in enumerate(blocks[cid]):
+                    bw[j, bi] = 1.0 / sum(1 for h in self.seg_holders[g] if b in blocks[h])
+            n_k = sum(self.seg_n[g] for g in segs)
+            H = max(1, math.ceil(cfg.local_fraction * n_k))
+            self.local_steps[cid] = int(H)
+            if H < LOCAL_WORK_FLOOR:  # docs/privacy.md, "Known leakage that remains"
+                log.warning(FEW_STEPS, cid, H, H)
+            payload = {
+                "N": self.N,
+                "lam": cfg.lam,
+                "loss": cfg.loss,
+                "H": int(H),
+                "sigma": self.sigma,
+                "nu": cfg.nu,
+                "dual_mode": cfg.dual_mode,
+                "epochs": cfg.local_epochs,
+                **where,
+                "holders": np.array([len(self.seg_holders[g]) for g in segs], dtype=np.int64),
+                "block_weight": bw.ravel(),
+                **(self._segment_init_payload(segs, batch_seed) if cfg.dual_mode == "segment" else {}),
+                **(self.secure_init_payload(cid, blocks) if cfg.secure_aggregation else {}),
+            }
+            msgs.append(Message("hyfdca.init", SERVER, cid, 0, payload))
+        return msgs
+
     def _finish(self, stats: dict, t0: float, he0: float) -> dict:
         """Round timing: measured encryption time (clients + server), and a modelled round time
         with clients in parallel (per exchange the slowest client, as HyFDCA Sec. 5.1) plus the
         server's own time (wall minus the sequentially simulated clients) plus latency per
         exchange."""
-        cfg = self.config
         wall = time.perf_counter() - t0
         server_he = self.he.seconds - he0
         server_s = max(0.0, wall - stats["client_sum"])
         ex = int(stats["exchanges"])
-        latency = ex * cfg.latency
+        latency = ex * PAPER_LATENCY
         return {
             "encryption_seconds": server_he + stats["client_he"],
             "client_encryption_seconds": stats["client_he"],
@@ -341,14 +377,6 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             rnd, self.client_ids, cfg.participation, cfg.participation_mode, cfg.cyclic_groups, self.rng, minimum
         )
 
-    def smoothing(self, rnd: int) -> float:
-        """``gamma`` of the smoothed hinge for round ``rnd`` (1-based): ``max(smoothing_min,
-        smoothing * smoothing_decay^(rnd-1))``; 0 for other losses or without smoothing."""
-        cfg = self.config
-        if cfg.loss != "hinge" or cfg.smoothing <= 0:
-            return 0.0
-        return float(max(cfg.smoothing_min, cfg.smoothing * cfg.smoothing_decay ** (rnd - 1)))
-
     # -- one round
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
         """Round ``rnd`` (HyFDCA Alg. 1; the practical variant of Sec. 5 without the second
@@ -364,32 +392,13 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         self.bad = set()
         K = selected = self.select(rnd)
         if self.config.dual_mode == "segment":
-            return self._run_round_segment(rnd, transport, selected, stats, t0, he0)
+            return run_segment_round(self, rnd, transport, selected, stats, t0, he0)
         consensus = self.config.dual_mode == "consensus"
         # 0. consensus mode, HyFDCA Alg. 1 lines 5-7: the returning clients K^t \ K^(t-1) get fresh
         # enc(alpha) (line 6) and PrimalAggregation(returning) runs (line 7), so w holds every
         # client of K^t's share of the current alpha before SecureInnerProduct; a returning client
         # whose reply is missing sits the round out (its alpha and share may be stale)
-        returning = [cid for cid in K if self._returning(cid, rnd)] if consensus else []
-        line7_failed = 0
-        line7: list[str] = []  # the clients sent line 7's PrimalAggregation
-        if returning:
-            # secure aggregation: an exchange of fewer than t clients is refused by the clients,
-            # so present clients of K join it (their share unchanged since counted: a zero change)
-            need = (
-                mask_quorum(self.config.secagg_threshold, len(self.client_ids)) if self.config.secure_aggregation else 0
-            )
-            extra = [cid for cid in K if cid not in returning][: max(0, need - len(returning))]
-            msgs = [
-                Message(
-                    "hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]}
-                )
-                for cid in [c for c in K if c in returning or c in extra]
-            ]
-            line7 = [m.receiver for m in msgs]
-            fresh = self._collect_shares(transport, msgs, stats)
-            line7_failed = len([c for c in returning if c not in fresh])
-            K = [cid for cid in K if cid in fresh or cid not in returning]
+        K, line7, line7_failed = self._refresh_returning(rnd, transport, K, stats) if consensus else (K, [], 0)
         # 1. SecureInnerProduct (Alg. 2; lines 8 and 18 of Alg. 1 as one exchange at the round start)
         msgs = [Message("hyfdca.ip", SERVER, cid, rnd, {"w": self.w[self.feat[cid]]}) for cid in K]
         for r in self._exchange(transport, msgs, stats, self._check_ip):
@@ -405,11 +414,9 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 enc_ip[g] = self.he.add([self.ip_cache[(h, g)] for h in self.seg_holders[g]])
         K = [cid for cid in K if all(g in enc_ip for g in self.client_segs[cid])]
         # 2. LocalDualMethod at the clients; dual aggregation here
-        gamma = self.smoothing(rnd)
-        msgs = []
-        for cid in K:
-            payload = {"ip": [enc_ip[g] for g in self.client_segs[cid]], **({"gamma": gamma} if gamma else {})}
-            msgs.append(Message("hyfdca.dual", SERVER, cid, rnd, payload))
+        msgs = [
+            Message("hyfdca.dual", SERVER, cid, rnd, {"ip": [enc_ip[g] for g in self.client_segs[cid]]}) for cid in K
+        ]
         parts: dict[int, list[bytes]] = defaultdict(list)
         got_dual: set[str] = set()
         for r in self._exchange(transport, msgs, stats, self._check_dalpha):
@@ -423,14 +430,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         # Secure aggregation: fewer than t clients would refuse the exchange, so selected clients
         # that sat the round out join it (no dual change: commit false; consensus: a fresh alpha, Alg. 1 line 6)
         if self.config.secure_aggregation:  # not those sent line 7 this round: a request is answered once
-            need = mask_quorum(self.config.secagg_threshold, len(self.client_ids))
-            extra = [c for c in selected if c not in K and c not in line7][: max(0, need - len(K))]
-            K = [c for c in selected if c in K or c in extra]
-            if len(K) < need:
-                log.warning(
-                    "HyFDCA round %d: %d clients for PrimalAggregation, fewer than %d; skipped.", rnd, len(K), need
-                )
-                K = []
+            K = self._closing_quorum(rnd, selected, K, line7)
         msgs = []
         for cid in K:
             payload = (
@@ -446,6 +446,43 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         out["failed"] = line7_failed + len(K) - len(answered)
         return out
 
+    def _refresh_returning(
+        self, rnd: int, transport: Transport, K: list[str], stats: dict
+    ) -> tuple[list[str], list[str], int]:
+        """Consensus mode, HyFDCA Alg. 1 lines 5-7: the returning clients ``K^t \\ K^(t-1)`` get
+        fresh ``enc(alpha)`` (line 6) and PrimalAggregation over them runs (line 7), so ``w`` holds
+        every client of ``K^t``'s share of the current ``alpha`` before SecureInnerProduct. Under
+        secure aggregation present clients of ``K`` join so the exchange has ``t`` clients (their
+        share unchanged since counted: a zero change). Returns ``K`` without the returning clients
+        whose reply is missing (they sit the round out: their alpha and share may be stale), the
+        clients sent line 7's PrimalAggregation, and how many returning clients failed."""
+        returning = [cid for cid in K if self._returning(cid, rnd)]
+        if not returning:
+            return K, [], 0
+        cfg = self.config
+        need = mask_quorum(cfg.secagg_threshold, len(self.client_ids)) if cfg.secure_aggregation else 0
+        extra = [cid for cid in K if cid not in returning][: max(0, need - len(returning))]
+        msgs = [
+            Message("hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]})
+            for cid in [c for c in K if c in returning or c in extra]
+        ]
+        fresh = self._collect_shares(transport, msgs, stats)
+        failed = len([c for c in returning if c not in fresh])
+        return [cid for cid in K if cid in fresh or cid not in returning], [m.receiver for m in msgs], failed
+
+    def _closing_quorum(self, rnd: int, selected: list[str], K: list[str], line7: list[str]) -> list[str]:
+        """Secure aggregation, the closing PrimalAggregation's clients: fewer than ``t`` would refuse
+        the exchange, so selected clients that sat the round out join (no dual change: commit
+        false; consensus: a fresh alpha, Alg. 1 line 6), except those sent line 7 this round (a
+        request is answered once); still fewer than ``t``: none (the exchange is skipped)."""
+        need = mask_quorum(self.config.secagg_threshold, len(self.client_ids))
+        extra = [c for c in selected if c not in K and c not in line7][: max(0, need - len(K))]
+        K = [c for c in selected if c in K or c in extra]
+        if len(K) < need:
+            log.warning("HyFDCA round %d: %d clients for PrimalAggregation, fewer than %d; skipped.", rnd, len(K), need)
+            return []
+        return K
+
     def _returning(self, cid: str, rnd: int) -> bool:
         """Whether ``cid`` is in ``K^t \\ K^(t-1)`` (HyFDCA Alg. 1 line 5): it did not answer
         PrimalAggregation in round ``rnd - 1`` (absent, or failed: its share may be stale). Nobody
@@ -459,7 +496,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         over every client's newest share (an absent client's is its last one: Alg. 4 updates ``w``
         "from available local" shares). Returns the clients that answered. With
         ``secure_aggregation`` the server sees only masked changes (:meth:`collect_masked`). With
-        ``avg_segs`` in the messages (``step_average``) the replies' ``position_share`` vectors are
+        ``avg_segs`` in the messages (``output: step_average``) the replies' ``position_share`` vectors are
         added into ``position_sum`` ``(d,)``."""
         # step_average: every reply carries a position share beside the share (width 2)
         self.sa_width = 2 if msgs and "avg_segs" in msgs[0].payload else 1
@@ -493,8 +530,8 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
     def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
         """What changes from round to round (checkpoints): ``(arrays, json_meta)`` with ``w`` ``(d,)``,
         the ``enc(alpha)`` and cached inner-product ciphertexts (as uint8 arrays), the clients'
-        last primal shares, the averaging sums (``average_last``), the last round's step average
-        ``w_step`` (``step_average``), and in ``meta`` each client's last round, the participation
+        last primal shares, the averaging sums (``output: average_last``), the last round's step average
+        ``w_step`` (``output: step_average``), and in ``meta`` each client's last round, the participation
         RNG state, the number of averaged rounds and the encryption scheme. The segment layout is rebuilt by :meth:`setup`."""
         arrays: dict[str, np.ndarray] = {"w": self.w.copy()}
         for g, c in enumerate(self.enc_alpha):

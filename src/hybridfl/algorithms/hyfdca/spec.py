@@ -79,7 +79,7 @@ def deal_secrets(cfg: HyFDCAConfig) -> dict[str, bytes] | None:
     the client organisation that makes it; the server never gets it."""
     if cfg.encryption == "none":
         return None
-    dealer = KeyDealer(cfg.encryption, cfg.paillier_bits, cfg.precision_bits, cfg.ckks_degree, cfg.ckks_scale_bits)
+    dealer = KeyDealer(cfg.encryption, cfg.paillier_bits)
     return {SECRET: dealer.to_bytes()}
 
 
@@ -147,7 +147,7 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
         cd = client_with_intercept(cd)
     pos = client_positive_set(cd, cfg.loss, cfg.positive_classes, "HyFDCA")
     he = _backend(cd, cfg)[0]
-    if cfg.ckks_secret_key_encryption and isinstance(he, CKKSBackend):
+    if isinstance(he, CKKSBackend):  # SEAL's symmetric encryption: the same ciphertexts, less CPU
         he = he.with_secret_key_encryption()
     return HyFDCAClient(
         cd.client_id,
@@ -155,7 +155,6 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
         pos,
         he,
         client_seed(seed, cd.index),
-        cfg.sparse,
         require_secagg=SECRET in cd.secrets,
         secagg_threshold=cfg.secagg_threshold,
         peer_auth=peer_auth_of(cd.client_id, cd.path),  # a roster in its directory: signed PSI keys and blobs
@@ -191,7 +190,7 @@ def build_server(sd: ServerData, cfg: HyFDCAConfig, seed: int, hello: Mapping[st
             f"a client uses {sorted(schemes - {cfg.encryption})[0]} encryption, the server {cfg.encryption}."
         )
     try:
-        backend = server_backend(cfg.encryption, publics.pop(), cfg.precision_bits)
+        backend = server_backend(cfg.encryption, publics.pop())
     except Exception as e:  # any malformed public material is one sentence
         reason = str(e) if isinstance(e, ValueError) and "secret key" in str(e) else "it cannot be read"
         raise DataError(f"the clients' {cfg.encryption} public material is not a public key: {reason}") from None
@@ -233,7 +232,7 @@ def report(ctx: ReportContext) -> tuple[dict, list]:
     cfg: HyFDCAConfig = ctx.config
     server: HyFDCAServer = ctx.server
     history = ctx.history
-    time_columns(history, cfg.bandwidth_mbps)
+    time_columns(history, None)
     last = history[-1] if history else {}
     ref = ctx.monitor.ref if ctx.monitor is not None else None
     rounds_s = [float(r.get("seconds", 0.0)) for r in history]
@@ -352,17 +351,7 @@ def _setting_warning(cfg: HyFDCAConfig) -> str | None:
             f"HyFDCA runs without secure aggregation: the server reads each client's primal share{also} a "
             "combination of its raw rows (docs/privacy.md)."
         )
-    if cfg.local_steps is not None and cfg.local_steps < LOCAL_WORK_FLOOR:
-        return (
-            f"HyFDCA with local_steps {cfg.local_steps}: each round's change of w (public) combines at most "
-            f"{cfg.local_steps} raw rows per client; keep local_steps >= {LOCAL_WORK_FLOOR} (docs/privacy.md)."
-        )
     return None
-
-
-LOCAL_WORK_FLOOR = 10
-"""Fewest local steps per client and round below which a run warns that the public ``w`` changes
-by a combination of very few raw rows (docs/privacy.md, "Known leakage")."""
 
 
 SPEC = register(

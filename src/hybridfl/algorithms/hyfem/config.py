@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hybridfl.algorithms.presets import with_preset
 from hybridfl.errors import ConfigError
 from hybridfl.matching.classifier import MatchingConfig
 from hybridfl.models.device import check_device
@@ -148,6 +149,11 @@ class HyFEMConfig(BaseModel):
         "auto",
         description="where the torch models and the tensors made from client data live: auto (cuda when torch sees a GPU, else cpu), cpu or cuda (hybridfl.models.device)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        return with_preset("hyfem", data)  # preset: paper (hybridfl.algorithms.presets)
 
     @model_validator(mode="after")
     def _check(self) -> HyFEMConfig:

@@ -1,0 +1,524 @@
+"""HyFDCA ``dual_mode: segment``, client side: :class:`SegmentClientMixin`, the steps of a
+segment's holder (setup's batch Gram matrices, the passes' exact SDCA steps on decrypted or
+unmasked inner products, the position shares of ``output: step_average``). The protocol, its
+messages and the server's side are described in :mod:`hybridfl.algorithms.hyfdca.segment`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import scipy.sparse as sp
+
+from hybridfl.algorithms.convex import kernels
+from hybridfl.algorithms.convex.losses import gram_steps
+from hybridfl.algorithms.hyfdca.segment import concat_words, int_list, split_words
+from hybridfl.errors import ProtocolError
+from hybridfl.privacy.he import HEBackend
+from hybridfl.privacy.secagg import to_fixed
+from hybridfl.privacy.segmask import SEALED_BYTES
+from hybridfl.runtime import secagg_messages as sm
+from hybridfl.runtime import validate
+from hybridfl.runtime.messages import Message
+from hybridfl.runtime.validate import PayloadError
+
+
+class SegmentClientMixin:
+    """The client steps of ``dual_mode: segment`` (mixed into ``HyFDCAClient``, whose attributes
+    they use: ``X``, ``y``, ``ids``, ``he``, ``alpha``, ``w``, ``params``, ``seg_rows``,
+    ``seg_colw``, ``seg_scale``).
+
+    State (all part of the client's ``get_state``): ``seg_global`` the global segment IDs,
+    ``seg_batches`` the row positions of each fixed mini-batch, ``gram`` ``(b, b)`` the full Gram
+    matrix of each mini-batch, ``sweep`` this round's pass over each active segment (batch
+    ``order``, position ``j``, ``seed``, ``sigma``, ``tag`` the mask tag of its last shares or
+    ``None`` unmasked, ``dw`` ``(d_k,)``, ``delta`` ``(n_k,)``); masked, also ``segmask``
+    (:class:`~hybridfl.privacy.segmask.SegmentMasks`: the segment keys and the last tag).
+    """
+
+    def _segment_init(self, p: Mapping[str, Any]) -> dict[str, Any]:
+        """Setup (``hyfdca.init``): cut each segment into the fixed mini-batches (a permutation drawn
+        from the global segment ID and the server's ``batch_seed``, the same at every holder) and
+        return, per segment, one encrypted vector: the upper triangles (row by row) of the partial
+        Gram matrices ``X_{k,B} diag(1/c) X_{k,B}^T`` of its batches, batch after batch, packed
+        together (``sum_B b_B (b_B + 1) / 2`` values; under CKKS the slots of a ciphertext are
+        filled across batches instead of one partly filled ciphertext per batch; the same values
+        as one vector per batch, and every holder of a segment packs them in the same layout, so
+        the server adds them slot by slot). Returns the reply entries: ``gram``, and with
+        ``segment_inner_products: masked`` (:mod:`hybridfl.privacy.segmask`) the Gram vectors
+        masked instead of encrypted (one ``uint64`` array, the client's segments one after another,
+        exchange tag 0) and ``seg_keys``, its segment keys sealed for the other holders."""
+        b = int(p["batch_size"])
+        self.seg_global = [int(g) for g in p["seg_global"]]
+        self._batch_cache = {}
+        self.seg_batches = []
+        for g, rows in zip(self.seg_global, self.seg_rows):
+            perm = rows[np.random.default_rng([int(p["batch_seed"]), g]).permutation(rows.size)]
+            self.seg_batches.append([perm[m : m + b] for m in range(0, rows.size, b)])
+        masked = self.params["seg_masked"] = bool(p.get("seg_masked", False))
+        self.params["seg_step_average"] = bool(p.get("seg_step_average", False))
+        sealed = []
+        if masked:
+            sealed = self.segmask.start(dict(zip(self.seg_global, p["seg_holder_names"])))
+            self.segmask.use_tag(0)
+        gram: list = []
+        for s in range(len(self.seg_rows)):
+            colw = self.seg_colw[s]
+            parts = []
+            for m, rows in enumerate(self.seg_batches[s]):
+                parts.append(kernels.upper_triangle(_partial_gram(self._batch(s, m)[0], colw)))
+            v = np.concatenate(parts) if parts else np.zeros(0)
+            if masked:
+                fixed = to_fixed(v, f"the batch Gram matrices of client {self.client_id!r}")
+                gram.append(self.segmask.mask(self.seg_global[s], 0, fixed))
+            else:
+                gram.append(self.he.encrypt(v))
+        if masked:
+            return {"gram": concat_words(gram), "seg_keys": sealed}
+        return {"gram": gram}
+
+    def check_segment_init(self, msg: Message, secure: bool) -> list[list[str]] | None:
+        """Check a segment-mode ``hyfdca.init``'s masking entries before anything is set up:
+        ``seg_masked`` a bool; if true, ``seg_holders`` one JSON list of names per segment (as many
+        as ``holders`` counts), each with this client once and otherwise known peers of secure
+        aggregation (whose keys seal the segment keys; ``secure``: the message carried its peer
+        table). Returns the holder names per segment, or ``None`` without masking.
+
+        Raises:
+            PayloadError: any of these fails, or masking is asked without secure aggregation's peers.
+        """
+        p = msg.payload
+        if not isinstance(p.get("seg_step_average", False), (bool, np.bool_)):
+            raise PayloadError(msg, "seg_step_average", "not a bool")
+        flag = p.get("seg_masked", False)
+        if not isinstance(flag, (bool, np.bool_)):
+            raise PayloadError(msg, "seg_masked", "not a bool")
+        if not flag:
+            if "seg_holders" in p:
+                raise PayloadError(msg, "seg_holders", "sent without seg_masked")
+            return None
+        if not secure:
+            raise PayloadError(msg, "seg_masked", "asked in a run without secure aggregation's peer keys")
+        counts = [int(c) for c in np.asarray(p["holders"])]
+        rows = p.get("seg_holders")
+        if not isinstance(rows, list) or len(rows) != len(counts) or not all(isinstance(r, str) for r in rows):
+            raise PayloadError(msg, "seg_holders", f"not a list of {len(counts)} strings")
+        out = []
+        for r, c in zip(rows, counts):
+            try:
+                names = json.loads(r)
+            except ValueError:
+                names = None
+            if not isinstance(names, list) or not all(isinstance(h, str) for h in names) or len(names) != c:
+                raise PayloadError(msg, "seg_holders", "holding an item that is not a JSON list of its holders' names")
+            if names.count(self.client_id) != 1:
+                raise PayloadError(msg, "seg_holders", "naming a segment without this client among its holders")
+            try:
+                self.secagg.check_peers([h for h in names if h != self.client_id])
+            except ProtocolError as e:
+                raise PayloadError(msg, "seg_holders", f"refused ({e})") from None
+            out.append(names)
+        return out
+
+    def _store_gram(self, msg: Message) -> None:
+        """Setup (``hyfdca.norms``): decrypt the holders' summed batch Gram matrices: one vector per
+        segment, the upper triangles of its batches one after another (:meth:`_segment_init`).
+
+        Raises:
+            PayloadError: not one ciphertext per segment, one of another length, or non-finite values.
+        """
+        tri = [[rows.size * (rows.size + 1) // 2 for rows in batches] for batches in self.seg_batches]
+        if self.params.get("seg_masked"):
+            vecs = self._unmasked_grams(msg, [sum(t) for t in tri])
+        else:
+            vecs = [self.he.decrypt(ct) for ct in validate.blobs(msg, "gram", len(self.seg_batches))]
+        gram = []
+        for batches, vec, sizes in zip(self.seg_batches, vecs, tri):
+            v = np.asarray(vec, dtype=np.float64)
+            if v.shape != (sum(sizes),) or not np.isfinite(v).all():
+                raise PayloadError(msg, "gram", "holding triangles of another size or non-finite values")
+            ends = np.cumsum(sizes)
+            gram.append([_symmetric(v[e - n : e], rows.size) for rows, n, e in zip(batches, sizes, ends)])
+        self.gram = gram
+
+    def _unmasked_grams(self, msg: Message, sizes: list[int]) -> list[np.ndarray]:
+        """Masked setup (``hyfdca.norms`` with ``seg_keys``, its keys checked by the caller): open
+        the other holders' segment keys and unmask the summed Gram vectors (one ``uint64`` array,
+        the segments one after another, ``sizes`` values each).
+
+        Raises:
+            PayloadError: ``seg_keys`` of another count or length or not opening (tampered, or sealed
+                for another client or segment); ``gram`` not ``uint64`` of the segments' total
+                length, or unmasking to values no holder can have sent.
+        """
+        sealed = validate.blobs(msg, "seg_keys", self.segmask.sealed_count(), max_bytes=SEALED_BYTES)
+        words = sm.uint64_array(msg, "gram", sum(sizes))
+        try:
+            self.segmask.open(sealed)
+        except ProtocolError as e:
+            raise PayloadError(msg, "seg_keys", f"refused ({e})") from None
+        segs = list(range(len(self.seg_global)))
+        return self._unmask_parts(msg, "gram", words, sizes, [0] * len(segs), segs)
+
+    def _unmask_parts(
+        self, msg: Message, key: str, words: np.ndarray, sizes: list[int], tags: list[int], segs: list[int]
+    ) -> list[np.ndarray]:
+        """``words`` (``uint64``: the sums of the local segments ``segs`` one after another,
+        ``sizes`` each) unmasked per segment, each with its exchange tag in ``tags``.
+
+        Raises:
+            PayloadError: a value no holder can have sent (names ``key``).
+        """
+        out = []
+        for s, part, tag in zip(segs, split_words(words, sizes), tags):
+            try:
+                out.append(self.segmask.unmask(self.seg_global[s], tag, part))
+            except ProtocolError as e:
+                raise PayloadError(msg, key, f"refused ({e})") from None
+        return out
+
+    def _batch(self, s: int, m: int) -> tuple[Any, np.ndarray]:
+        """Batch ``m`` of segment ``s``: its rows ``X_{k,B}`` ``(b, d_k)`` (CSR with sorted indices,
+        or dense; the same values as ``X[rows]``) and their labels ``(b,)``, sliced once and kept
+        (not part of the state): a round then does no fancy row indexing."""
+        cache = self.__dict__.setdefault("_batch_cache", {})
+        hit = cache.get((s, m))
+        if hit is None:
+            rows = self.seg_batches[s][m]
+            Xb = self.X[rows]
+            if sp.issparse(Xb):
+                Xb = sp.csr_matrix(Xb, dtype=np.float64)
+                Xb.sort_indices()
+            hit = cache[(s, m)] = (Xb, np.ascontiguousarray(self.y[rows]))
+        return hit
+
+    def _visit_order(self, s: int) -> np.ndarray:
+        """The order ``(b,)`` in which this pass visits the samples of segment ``s``'s current
+        batch: the next permutation drawn from the pass's generator, seeded by the server's pass
+        ``seed`` and the global segment ID (one generator per pass, the same draws at every
+        holder). The generator is kept beside the state; after a restored state it is drawn
+        forward to the pass's position ``j``."""
+        st = self.sweep[s]
+        gens = self.__dict__.setdefault("_pass_rng", {})
+        hit = gens.get(s)
+        if hit is None or hit[1] != st["j"] or hit[2] != st["seed"]:
+            gen = np.random.default_rng([st["seed"], self.seg_global[s]])
+            for m in st["order"][: st["j"]]:
+                gen.permutation(self.seg_batches[s][m].size)
+            hit = [gen, st["j"], st["seed"]]
+        order = hit[0].permutation(self.seg_batches[s][st["order"][st["j"]]].size)
+        hit[1] += 1
+        gens[s] = hit
+        return order
+
+    def _batch_share(self, s: int, m: int) -> Any:
+        """``enc(x_{k,i}^T (w_k + sigma' dw_k))`` for mini-batch ``m`` of segment ``s`` (its own
+        block's part of the exact inner products, with the segment's changes this round); masked
+        (``uint64`` words, :mod:`hybridfl.privacy.segmask`) with the pass's current ``tag`` instead
+        under ``segment_inner_products: masked``.
+
+        Raises:
+            DataError: masked, a value too large for the fixed point.
+        """
+        colw = self.seg_colw[s]
+        st = self.sweep[s]
+        ww = self.w + st["sigma"] * st["dw"]
+        if colw is not None:
+            ww = ww * colw
+        v = np.asarray(self._batch(s, m)[0] @ ww, dtype=np.float64).ravel()
+        if self.params.get("seg_masked"):
+            fixed = to_fixed(v, f"the inner-product share of client {self.client_id!r}")
+            return self.segmask.mask(self.seg_global[s], st["tag"], fixed)
+        return self.he.encrypt(v)
+
+    def _mask_tag(self, msg: Message) -> int | None:
+        """Masked mode: the message's ``tag`` (a fresh exchange number, above every tag this
+        client masked with), else ``None`` (and no ``tag`` may be sent).
+
+        Raises:
+            PayloadError: missing, not an integer, or not above the last tag.
+        """
+        if not self.params.get("seg_masked"):
+            return None
+        tag = validate.integer(msg, "tag", low=0, high=2**62)
+        if tag <= self.segmask.last_tag:
+            raise PayloadError(msg, "tag", f"not above the last mask tag {self.segmask.last_tag} (a pad used twice)")
+        return tag
+
+    def segment_start(self, msg: Message) -> dict:
+        """Segment mode, round start (``hyfdca.segstart``): take ``w`` ``(d_k,)`` (and fresh
+        ``alpha`` if returning, checked by ``accept_alpha``); for each active segment (every holder
+        present) set up this round's batch order and return ``{"ip": [enc(first batch's shares)]}``
+        (masked: ``{"ip": uint64 words}``, the segments' shares one after another).
+
+        Raises:
+            PayloadError: a malformed payload (``w``, segments, counts, order, seed, sigma, a mask
+                ``tag`` missing or not fresh) or a refused ``alpha``.
+        """
+        p = msg.payload
+        validate.only_keys(msg, ("w", "segs", "count", "order", "seed", "sigma", "alpha", "tag"))
+        w = self._w(msg)
+        segs, counts, flat = int_list(msg, "segs"), int_list(msg, "count"), int_list(msg, "order")
+        if len(set(segs)) != len(segs) or any(not 0 <= s < len(self.seg_rows) for s in segs):
+            raise PayloadError(msg, "segs", "naming a segment twice or one the client does not hold")
+        if len(counts) != len(segs) or sum(counts) != len(flat) or any(c < 1 for c in counts):
+            raise PayloadError(msg, "count", "not matching the segments and the order")
+        pos = 0
+        for s, c in zip(segs, counts):
+            if any(not 0 <= m < len(self.seg_batches[s]) for m in flat[pos : pos + c]):
+                raise PayloadError(msg, "order", f"naming a batch segment {s} does not have")
+            pos += c
+        validate.integer(msg, "seed", low=0)
+        if "sigma" in p:
+            validate.number(msg, "sigma", low=0.0)
+        tag = self._mask_tag(msg)
+        if "alpha" in p:
+            self.accept_alpha(msg)
+        if tag is not None:
+            self.segmask.use_tag(tag)
+        self.w = w
+        self.sweep = {}
+        self._pass_rng = {}
+        out, pos = [], 0
+        for s, c in zip(segs, counts):
+            self.sweep[s] = {
+                "order": flat[pos : pos + c],
+                "j": 0,
+                "dw": np.zeros(self.X.shape[1]),
+                "delta": np.zeros(self.ids.size),
+                "seed": int(p["seed"]),
+                "sigma": float(p.get("sigma", self.params["sigma"])),
+                "tag": tag,
+            }
+            if self.params.get("seg_step_average"):  # each step's change times its place; steps so far
+                self.sweep[s].update(pdelta=np.zeros(self.ids.size), steps=0)
+            pos += c
+            out.append(self._batch_share(s, self.sweep[s]["order"][0]))
+        return {"ip": concat_words(out) if tag is not None else out}
+
+    def check_sweep(self, msg: Message) -> None:
+        """Check a ``hyfdca.sweep`` before :meth:`segment_sweep`: only ``segs``, ``u``,
+        ``tag``; distinct segments with a pass under way; one ``u`` ciphertext of the current
+        batch's length per segment (masked: ``uint64`` words of their total length, and a fresh
+        ``tag``).
+
+        Raises:
+            ProtocolError: a sweep of a segment whose pass was not started or is already done.
+            PayloadError: a malformed payload.
+        """
+        validate.only_keys(msg, ("segs", "u", "tag"))
+        segs = int_list(msg, "segs")
+        if len(set(segs)) != len(segs):
+            raise PayloadError(msg, "segs", "naming a segment twice")
+        sizes = []
+        for s in segs:
+            st = self.sweep.get(s)
+            if st is None or st["j"] >= len(st["order"]):
+                raise ProtocolError(
+                    f"HyFDCA client {self.client_id!r} got a sweep of segment {s} without a pass under way."
+                )
+            sizes.append(self.seg_batches[s][st["order"][st["j"]]].size)
+        if self._mask_tag(msg) is not None:
+            sm.uint64_array(msg, "u", sum(sizes))
+            return
+        for s, ct, n in zip(segs, validate.blobs(msg, "u", len(segs)), sizes):
+            if HEBackend.length(ct) != n:
+                raise PayloadError(msg, "u", f"holding a ciphertext of another length than segment {s}'s batch")
+
+    def segment_sweep(self, msg: Message) -> dict:
+        """Segment mode (``hyfdca.sweep``, checked by :meth:`check_sweep`): exact SDCA steps on the
+        current mini-batch of each listed segment (the decrypted inner products ``u`` are exact: every
+        holder's block with the segment's changes so far; the batch Gram gives the changes within
+        the batch). Every holder of a segment makes the same steps. Returns the next batch's shares
+        (``ip``, ``ip_segs``), or ``enc((nu/|B|) dalpha)`` of the segment once its pass is done
+        (``dalpha``, ``dalpha_segs``).
+
+        Raises:
+            ProtocolError: a sweep of a segment whose pass was not started or is already done, or
+                ``u`` decrypting to non-finite values (nothing changes then).
+        """
+        p = msg.payload
+        prm = self.params
+        lam_n = float(prm["lam"]) * float(prm["N"])
+        segs = [int(v) for v in p["segs"]]
+        for s in segs:
+            st = self.sweep.get(s)
+            if st is None or st["j"] >= len(st["order"]):
+                raise ProtocolError(
+                    f"HyFDCA client {self.client_id!r} got a sweep of segment {s} without a pass under way."
+                )
+        if self.params.get("seg_masked"):
+            sizes = [self.seg_batches[s][self.sweep[s]["order"][self.sweep[s]["j"]]].size for s in segs]
+            tags = [self.sweep[s]["tag"] for s in segs]
+            u_all = self._unmask_parts(msg, "u", p["u"], sizes, tags, segs)
+            self.segmask.use_tag(int(p["tag"]))
+            for s in segs:
+                self.sweep[s]["tag"] = int(p["tag"])
+        else:
+            u_all = [np.asarray(self.he.decrypt(ct), dtype=np.float64) for ct in p["u"]]
+        if not all(np.isfinite(u).all() for u in u_all):
+            raise ProtocolError(f"the server sent HyFDCA client {self.client_id!r} a sweep with non-finite 'u'.")
+        nxt, nxt_segs, dal, dal_segs = [], [], [], []
+        for s, u0 in zip(segs, u_all):
+            st = self.sweep[s]
+            m = st["order"][st["j"]]
+            rows = self.seg_batches[s][m]
+            Xb, yb = self._batch(s, m)
+            a = self.alpha[rows] + st["delta"][rows]
+            visit = self._visit_order(s)
+            d = gram_steps(
+                visit,
+                a,
+                yb,
+                u0,
+                self.gram[s][m],
+                str(prm["loss"]),
+                lam_n,
+                st["sigma"],
+                0.0,
+            )
+            st["delta"][rows] += d
+            st["dw"] += _rmatvec(Xb, d) / lam_n
+            if "pdelta" in st:  # step_average: each step's change times its position in the pass
+                place = np.empty(rows.size)
+                place[visit] = st["steps"] + np.arange(rows.size)
+                st["pdelta"][rows] += place * d
+                st["steps"] += rows.size
+            st["j"] += 1
+            if st["j"] < len(st["order"]):
+                nxt.append(self._batch_share(s, st["order"][st["j"]]))
+                nxt_segs.append(s)
+            else:
+                dal.append(self.he.encrypt(st["delta"][self.seg_rows[s]] * self.seg_scale[s]))
+                dal_segs.append(s)
+        if self.params.get("seg_masked"):
+            nxt = concat_words(nxt)
+        return {"ip": nxt, "ip_segs": nxt_segs, "dalpha": dal, "dalpha_segs": dal_segs}
+
+    def position_share(self, msg: Message) -> np.ndarray:
+        """``output: step_average``, PrimalAggregation (``hyfdca.primal``'s ``avg_segs``: its segments whose
+        pass this round the server added): its *position share* ``sum_s sum_i (p_i / T_s) delta_i
+        x_{k,i} / c`` ``(d_k,)`` over those segments, with ``delta_i`` each SDCA step's change of
+        ``alpha_i``, ``p_i`` its 0-based place in the pass and ``T_s`` the pass's steps. With the
+        change of its share over the pass (``X_{k,s}^T delta``) it gives its block's part of the mean
+        of the pass's iterates: ``mean_t w_t = w_0 + (X^T delta - sum_i (p_i/T) delta_i x_i) /
+        (lambda N)`` (:mod:`hybridfl.algorithms.hyfdca.output`).
+
+        Raises:
+            PayloadError: ``avg_segs`` not a list of distinct segments of this client each with a
+                finished pass this round.
+        """
+        segs = int_list(msg, "avg_segs")
+        if len(set(segs)) != len(segs):
+            raise PayloadError(msg, "avg_segs", "naming a segment twice")
+        out = np.zeros(self.X.shape[1])
+        for s in segs:
+            st = self.sweep.get(s) if 0 <= s < len(self.seg_rows) else None
+            if st is None or st["j"] != len(st["order"]) or "pdelta" not in st:
+                raise PayloadError(msg, "avg_segs", f"naming segment {s}, which has no finished pass this round")
+            weights = st["pdelta"][self.seg_rows[s]] / max(1, st["steps"])
+            v = _rmatvec(self._seg_matrix(s), weights)  # compiled; skips the samples that did not change
+            colw = self.seg_colw[s]
+            out += v if colw is None else v * colw
+        return out
+
+    def _segment_state(self) -> dict[str, Any]:
+        """The segment-mode part of ``get_state`` (``{}`` in the other modes): ``seg_global``,
+        ``seg_batches.<s>`` (batch sizes), ``static:batch.<s>.<m>`` rows, ``static:gram.<s>.<m>``
+        upper triangles, the pass under way (``sweep`` JSON plus ``sweep_dw.<s>``,
+        ``sweep_delta.<s>``). The ``static:`` arrays are fixed at setup: they are built once and
+        the same objects returned every time, so a checkpoint writes them once
+        (:data:`~hybridfl.runtime.checkpoint.STATIC_MARK`)."""
+        if not self.seg_global:
+            return {}
+        st: dict[str, Any] = {"seg_global": np.asarray(self.seg_global, dtype=np.int64)}
+        fixed = self.__dict__.get("_static_state")
+        if fixed is None or fixed[0] is not self.gram or fixed[1] is not self.seg_batches:
+            arrays: dict[str, np.ndarray] = {}
+            for s, batches in enumerate(self.seg_batches):
+                for m, rows in enumerate(batches):
+                    arrays[f"static:batch.{s}.{m}"] = np.asarray(rows, dtype=np.int64)
+                    if self.gram:
+                        arrays[f"static:gram.{s}.{m}"] = kernels.upper_triangle(self.gram[s][m])
+            fixed = self._static_state = (self.gram, self.seg_batches, arrays)
+        st.update(fixed[2])
+        for s, batches in enumerate(self.seg_batches):
+            st[f"seg_batches.{s}"] = np.asarray([rows.size for rows in batches], dtype=np.int64)
+        st["sweep"] = json.dumps(
+            {str(k): {f: x for f, x in v.items() if f not in ("dw", "delta", "pdelta")} for k, v in self.sweep.items()}
+        )
+        for k, v in self.sweep.items():
+            st[f"sweep_dw.{k}"], st[f"sweep_delta.{k}"] = v["dw"].copy(), v["delta"].copy()
+            if "pdelta" in v:
+                st[f"sweep_pdelta.{k}"] = v["pdelta"].copy()
+        return st
+
+    def _set_segment_state(self, st: Mapping[str, Any]) -> None:
+        """Restore what :meth:`_segment_state` returned (nothing if it was empty)."""
+        if "seg_global" not in st:
+            return
+        self.seg_global = [int(g) for g in np.asarray(st["seg_global"])]
+        self._batch_cache = {}
+        self._pass_rng = {}
+        n_seg = len(self.seg_global)
+        pre = "static:" if "static:batch.0.0" in st else ""  # checkpoints before the static side file: no prefix
+        self.seg_batches = [
+            [
+                np.asarray(st[f"{pre}batch.{s}.{m}"], dtype=np.int64).copy()
+                for m in range(np.asarray(st[f"seg_batches.{s}"]).size)
+            ]
+            for s in range(n_seg)
+        ]
+        if n_seg and self.seg_batches[0] and f"{pre}gram.0.0" in st:
+            self.gram = [
+                [
+                    _symmetric(np.asarray(st[f"{pre}gram.{s}.{m}"], dtype=np.float64), rows.size)
+                    for m, rows in enumerate(b)
+                ]
+                for s, b in enumerate(self.seg_batches)
+            ]
+        self.sweep = {
+            int(k): {
+                **v,
+                "dw": np.asarray(st[f"sweep_dw.{k}"], dtype=np.float64).copy(),
+                "delta": np.asarray(st[f"sweep_delta.{k}"], dtype=np.float64).copy(),
+                **(
+                    {"pdelta": np.asarray(st[f"sweep_pdelta.{k}"], dtype=np.float64).copy()}
+                    if f"sweep_pdelta.{k}" in st
+                    else {}
+                ),
+            }
+            for k, v in json.loads(str(st["sweep"])).items()
+        }
+
+
+DENSE_GRAM_LIMIT = 1 << 22
+"""A sparse batch ``(b, d_k)`` with at most this many entries (32 MiB as float64) has its Gram
+matrix computed dense (BLAS; several times faster than a sparse product at MNIST's density)."""
+
+
+def _partial_gram(Xb: Any, colw: np.ndarray | None) -> np.ndarray:
+    """``X_B diag(colw) X_B^T`` ``(b, b)`` float64 for a batch ``X_B`` ``(b, d_k)`` (``colw``
+    ``(d_k,)`` or None for ones): dense through BLAS when the batch has at most
+    :data:`DENSE_GRAM_LIMIT` entries, else as a sparse product."""
+    if sp.issparse(Xb) and Xb.shape[0] * Xb.shape[1] > DENSE_GRAM_LIMIT:
+        Xw = Xb if colw is None else Xb.multiply(colw[None, :]).tocsr()
+        return kernels.as_f64((Xb @ Xw.T).toarray())
+    D = kernels.as_f64(Xb.toarray() if sp.issparse(Xb) else Xb)
+    return D @ (D if colw is None else D * colw).T
+
+
+def _rmatvec(X: Any, d: np.ndarray) -> np.ndarray:
+    """``X^T d`` ``(d,)`` for a batch ``X`` ``(n, d)`` (CSR: compiled, rows with ``d_i = 0``
+    skipped; the same values as scipy's product)."""
+    if sp.issparse(X):
+        return kernels.csr_rmatvec(X.indptr, X.indices, X.data, kernels.as_f64(d), X.shape[1])
+    return np.asarray(X.T @ d, dtype=np.float64).ravel()
+
+
+def _symmetric(upper: np.ndarray, b: int) -> np.ndarray:
+    """The ``(b, b)`` symmetric matrix whose upper triangle (row by row) is ``upper``."""
+    return kernels.symmetric_from_upper(kernels.as_f64(upper), b)

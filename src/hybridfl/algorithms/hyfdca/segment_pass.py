@@ -1,0 +1,217 @@
+"""HyFDCA ``dual_mode: segment``, the server's round: :func:`run_segment_round` gives the active
+segments their passes (``segment_schedule``), each a :class:`SegmentPass` whose inputs are the
+round, the selected clients, its segments and ``sigma'``, and whose result is a
+:class:`PassResult`. The protocol and its messages: :mod:`hybridfl.algorithms.hyfdca.segment`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import numpy as np
+
+from hybridfl.algorithms.hyfdca.segment import concat_words
+from hybridfl.runtime.messages import SERVER, Message
+from hybridfl.runtime.transport import Transport
+
+if TYPE_CHECKING:
+    from hybridfl.algorithms.hyfdca.server import HyFDCAServer
+
+
+class PassResult(NamedTuple):
+    """What one segment pass did."""
+
+    done: set[int]
+    """segments whose changes were added"""
+    sent: set[str]
+    """clients sent the pass"""
+    answered: set[str]
+    """clients that answered its PrimalAggregation"""
+    average: tuple[np.ndarray, np.ndarray | None, int] | None
+    """``output: step_average``: the pass's change of ``w`` ``(d,)``, its position sum ``(d,)``
+    (``None`` if a holder of an added segment missed its reply) and its steps; else ``None``"""
+
+
+def run_segment_round(
+    srv: HyFDCAServer, rnd: int, transport: Transport, selected: list[str], stats: dict, t0: float, he0: float
+) -> dict[str, float]:
+    """One round of ``dual_mode: segment`` on the server ``srv``. A segment is active when all its
+    holders are selected. ``segment_schedule: sequential`` gives the active segments one pass
+    each, one after another in a random order, each pass followed by PrimalAggregation so the next
+    one starts from the ``w`` the last one left: together exactly centralised SDCA over the active
+    segments' samples (``sigma' = 1``). ``parallel`` runs all active segments' passes at once
+    (CoCoA+ over segments, ``sigma'`` = number of active segments) and aggregates once. Returns the
+    round's metrics (:meth:`HyFDCAServer.run_round`)."""
+    cfg = srv.config
+    chosen = set(selected)
+    active = [g for g in range(len(srv.seg_n)) if all(h in chosen for h in srv.seg_holders[g])]
+    if cfg.segment_schedule == "sequential":
+        groups = [[int(g)] for g in srv.rng.permutation(active)] if active else []
+    else:
+        groups = [active] if active else []
+    results: list[PassResult] = []
+    sigmas = []
+    for group in groups:
+        sigma = float(cfg.sigma) if cfg.sigma is not None else float(len(group))
+        sigmas.append(sigma)
+        results.append(SegmentPass(srv, rnd, selected, group, sigma).run(transport, stats))
+    if cfg.step_average:
+        srv.w_step = srv.step_average_of([r.average for r in results])
+    srv._accumulate_average(rnd)
+    out = srv._finish(stats, t0, he0)
+    if cfg.step_average:
+        out["step_average"] = float(srv.w_step is not None)
+    sent = set().union(*(r.sent for r in results))
+    answered = set().union(*(r.answered for r in results))
+    out["participants"] = len(selected)
+    out["failed"] = len(sent - answered)
+    out["segments_updated"] = len(set().union(*(r.done for r in results)))
+    out["segments_active"] = len(active)
+    if sigmas:
+        out["sigma"] = max(sigmas)
+    return out
+
+
+class SegmentPass:
+    """One pass of the segments ``group`` (all holders selected): its holders walk each segment's
+    mini-batches in the same order, one exchange per batch: the server adds their shares of the
+    batch's inner products (each holder's block with the segment's changes so far, scaled by
+    ``sigma'``; encrypted or masked) and returns the sum, so every holder makes the same exact SDCA
+    steps. A segment loses the pass if any holder's reply is missing (nothing of it is added). Then
+    dual aggregation and PrimalAggregation as in consensus mode (``w = w(alpha)``).
+
+    Args:
+        srv: the server; the pass draws its batch orders and seed from ``srv.rng`` and updates
+            ``srv.enc_alpha`` and (through PrimalAggregation) ``srv.w``.
+        rnd: the round (1-based).
+        selected: the round's clients.
+        group: the global segment indices of the pass.
+        sigma: ``sigma'`` of the pass.
+    """
+
+    def __init__(self, srv: HyFDCAServer, rnd: int, selected: list[str], group: list[int], sigma: float):
+        cfg = srv.config
+        self.srv, self.rnd, self.sigma = srv, rnd, sigma
+        self.orders: dict[int, list[int]] = {}  # segment -> its batches in the pass's order
+        for g in group:
+            nb = srv.seg_batch_counts[g]
+            count = max(1, math.ceil(cfg.local_fraction * nb))
+            self.orders[g] = [int(m) for _ in range(cfg.local_epochs) for m in srv.rng.permutation(nb)[:count]]
+        self.seed = int(srv.rng.integers(2**31))
+        self.K = [cid for cid in selected if any(g in self.orders for g in srv.client_segs[cid])]
+        self.local = {cid: {g: j for j, g in enumerate(srv.client_segs[cid])} for cid in self.K}
+
+    def run(self, transport: Transport, stats: dict) -> PassResult:
+        """The pass: ``hyfdca.segstart``, one ``hyfdca.sweep`` per batch position, ``hyfdca.primal``."""
+        running = self._start(transport, stats)
+        done = self._sweeps(transport, stats, running)
+        return self._close(transport, stats, done)
+
+    def _segs(self, cid: str, among: Any) -> list[int]:
+        """The global segments of client ``cid`` that are in ``among``."""
+        return [g for g in self.srv.client_segs[cid] if g in among]
+
+    def _sizes(self, segs: list[int], step: int) -> list[int]:
+        """The lengths of the batches at position ``step`` of each of ``segs``' orders."""
+        return [len(self.srv.seg_batches_of(g, self.orders[g][step])) for g in segs]
+
+    def _start(self, transport: Transport, stats: dict) -> dict[int, Any]:
+        """``hyfdca.segstart`` (with ``alpha`` for a client absent or failed last round); returns
+        the summed first-batch inner products of each segment all of whose holders answered."""
+        srv, orders = self.srv, self.orders
+        tag = srv._next_mask_tag()
+        msgs = []
+        for cid in self.K:
+            gs = self._segs(cid, orders)
+            payload: dict = {
+                "w": srv.w[srv.feat[cid]],
+                "segs": [self.local[cid][g] for g in gs],
+                "count": [len(orders[g]) for g in gs],
+                "order": [m for g in gs for m in orders[g]],
+                "seed": self.seed,
+                "sigma": self.sigma,
+                **tag,
+            }
+            if srv.last_round[cid] < self.rnd - 1:  # absent (or failed) last round: fresh alpha
+                payload["alpha"] = [srv.enc_alpha[g] for g in srv.client_segs[cid]]
+            msgs.append(Message("hyfdca.segstart", SERVER, cid, self.rnd, payload))
+        shares: dict[int, list[Any]] = defaultdict(list)
+
+        def check(r: Message) -> None:
+            srv._check_shares(r, "ip", self._sizes(self._segs(r.sender, orders), 0))
+
+        for r in srv._exchange(transport, msgs, stats, check):
+            gs = self._segs(r.sender, orders)
+            for g, c in zip(gs, srv._shares_of(r, "ip", self._sizes(gs, 0))):
+                shares[g].append(c)
+        return {g: srv._add_shares(shares[g]) for g in orders if len(shares[g]) == len(srv.seg_holders[g])}
+
+    def _sweeps(self, transport: Transport, stats: dict, running: dict[int, Any]) -> set[int]:
+        """One ``hyfdca.sweep`` exchange per batch position while a segment's pass goes on; a
+        segment whose pass is complete at every holder gets its ``(nu/|B|) dalpha`` added to
+        ``enc(alpha)``. Returns those segments."""
+        srv, orders = self.srv, self.orders
+        done: set[int] = set()
+        step = 1  # the batch position the sweep replies' next shares are for
+        while running:
+            msgs = []
+            swept: dict[str, list[int]] = {}
+            tag = srv._next_mask_tag()
+            for cid in self.K:
+                gs = self._segs(cid, running)
+                if gs:
+                    swept[cid] = [self.local[cid][g] for g in gs]
+                    u = [running[g] for g in gs]
+                    payload = {"segs": swept[cid], "u": concat_words(u) if srv.masked else u, **tag}
+                    msgs.append(Message("hyfdca.sweep", SERVER, cid, self.rnd, payload))
+            nxt: dict[int, list[Any]] = defaultdict(list)
+            dal: dict[int, list[bytes]] = defaultdict(list)
+
+            def check(r: Message, step: int = step) -> None:
+                srv._check_sweep(r, swept[r.sender], orders, step)
+
+            for r in srv._exchange(transport, msgs, stats, check):
+                segs = srv.client_segs[r.sender]
+                ip_segs = [segs[int(j)] for j in r.payload["ip_segs"]]
+                for g, c in zip(ip_segs, srv._shares_of(r, "ip", self._sizes(ip_segs, step))):
+                    nxt[g].append(c)
+                for j, c in zip(r.payload["dalpha_segs"], r.payload["dalpha"]):
+                    dal[segs[int(j)]].append(c)
+            new_running = {}
+            for g in running:
+                n_h = len(srv.seg_holders[g])
+                if len(dal[g]) == n_h:  # pass complete at every holder: add (nu/|B|) dalpha of each
+                    srv.enc_alpha[g] = srv.he.add([srv.enc_alpha[g], *dal[g]])
+                    done.add(g)
+                elif len(nxt[g]) == n_h:
+                    new_running[g] = srv._add_shares(nxt[g])
+            running = new_running
+            step += 1
+        return done
+
+    def _close(self, transport: Transport, stats: dict, done: set[int]) -> PassResult:
+        """PrimalAggregation with the new ``alpha`` (every client that was sent the pass); with
+        ``output: step_average`` each client also sends its position share of the segments whose
+        pass was added (``avg_segs``)."""
+        srv = self.srv
+        average = srv.config.step_average
+        msgs = []
+        for cid in self.K:
+            payload = {"alpha": [srv.enc_alpha[g] for g in srv.client_segs[cid]]}
+            if average:
+                payload["avg_segs"] = [self.local[cid][g] for g in self._segs(cid, done)]
+            msgs.append(Message("hyfdca.primal", SERVER, cid, self.rnd, payload))
+        w_before = srv.w.copy() if average else None
+        answered = srv._primal_aggregation(self.rnd, transport, msgs, stats)
+        if not average:
+            return PassResult(done, set(self.K), answered, None)
+        # the position sum is whole when every holder of a segment whose pass was added answered
+        # (the others send zeros); a pass that added nothing needs none
+        steps = sum(len(srv.seg_batches_of(g, m)) for g in done for m in self.orders[g])
+        needed = {cid for cid in self.K if self._segs(cid, done)}
+        pos = srv.position_sum if srv.position_sum is not None and needed <= answered else None
+        if pos is None and not needed:
+            pos = np.zeros(srv.d)
+        return PassResult(done, set(self.K), answered, (srv.w - w_before, pos, steps))
