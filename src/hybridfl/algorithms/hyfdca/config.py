@@ -51,7 +51,7 @@ class HyFDCAConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     simulation_only: ClassVar[frozenset[str]] = frozenset(
-        {"failure_rate", "latency", "bandwidth_mbps", "eval_every", "reference", "reference_sdca_epochs"}
+        {"failure_rate", "eval_every", "reference", "reference_sdca_epochs"}
     )
     """Settings of the simulation and the server's schedule, never sent to a client
     (:func:`hybridfl.config.client_settings_json`)."""
