@@ -45,6 +45,21 @@ was at the grid's upper edge), compared with the HyFDCA history already in
     .venv/bin/python -m benchmarks.hyfdca fedavg-lr --dataset mnist --lrs 1,3,10 --rounds 100 --eval-every 5
 
 Writes ``benchmarks/results/hyfdca_fedavg_lr_<dataset>.json``.
+
+Part ``exchanges``
+------------------
+
+Exchanges, messages and bytes per round of HyFDCA's default settings, per batch size.
+
+Credit default (standardised, as ``hybridfl run`` loads it): ``--case small`` its first 600
+training rows in a 1 x 3 grid (three organisations holding one block group each: one segment,
+issue 30's federation size), ``--case credit`` all 22,500 rows in a 3 x 3 grid. Prints one JSON
+line: the round rows' ``exchanges`` (the distinct values), mean ``messages`` and ``bytes``, the
+setup's exchanges, the mean CPU seconds of a round and the relative suboptimality reached.
+
+    .venv/bin/python -m benchmarks.hyfdca exchanges --case small --batch-size 1024 --rounds 5 \
+        --settings '{"loss": "logistic", "lam": 1e-3}'
+    .venv/bin/python -m benchmarks.hyfdca exchanges --case credit --batch-size 1024 --rounds 25
 """
 
 from __future__ import annotations
@@ -649,7 +664,58 @@ FEDAVG_COLUMNS = [
 ]
 
 
+# ======================================== part exchanges
+EXCHANGES_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "default_credit_card"
+
+
+def main_exchanges() -> None:
+    """Exchanges, messages and bytes per round of the default settings (module docs, part exchanges)."""
+    ap = argparse.ArgumentParser(description="HyFDCA exchanges per round per batch size")
+    ap.add_argument("--case", choices=["small", "credit"], default="small")
+    ap.add_argument("--batch-size", type=int, default=1024)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--data", default=str(EXCHANGES_DATA))
+    ap.add_argument("--settings", default="{}", help="further HyFDCA settings (JSON) over the defaults")
+    a = ap.parse_args()
+    from hybridfl.config import parse_config
+    from hybridfl.data.dataset import DatasetSplit
+    from hybridfl.experiment import prepare
+
+    run = parse_config(
+        {
+            "dataset": {"name": "credit_default", "data_dir": a.data},
+            "partition": {"kind": "grid", "sample_groups": 3, "block_groups": 3},
+            "algorithm": {"name": "hyfdca"},
+        }
+    )
+    split = prepare(run).split
+    if a.case == "small":
+        split = DatasetSplit(split.train.take(np.arange(600)), split.test)
+        part = GridPartitioner(1, 3, 1, 0).partition(split.train)
+    else:
+        part = GridPartitioner(3, 3, 1, 0).partition(split.train)
+    cfg = HyFDCAConfig(**{"rounds": a.rounds, "batch_size": a.batch_size, "lam": 1e-4, **json.loads(a.settings)})
+    t = time.perf_counter()
+    res = run_hyfdca(split, part, cfg, seed=0)
+    h = res.history
+    setup = res.summary["setup"]
+    row = {
+        "case": a.case,
+        "settings": {k: v for k, v in cfg.model_dump().items() if k in ("dual_mode", "batch_size", "output", "loss")},
+        "samples": res.summary["samples"],
+        "exchanges_per_round": sorted({int(r["exchanges"]) for r in h}),
+        "messages_per_round": float(np.mean([r["messages"] for r in h])),
+        "bytes_per_round": float(np.mean([r["bytes"] for r in h])),
+        "setup_exchanges": setup["exchanges"],
+        "round_seconds_mean": res.summary["round_seconds_mean"],
+        "relative_suboptimality": h[-1].get("relative_suboptimality"),
+        "wall_seconds": time.perf_counter() - t,
+    }
+    print(json.dumps(row))
+
+
 PARTS = {
+    "exchanges": (main_exchanges, "--case small --batch-size 1024 --rounds 1".split()),
     "bench": (main_bench, "--part credit --rounds 2 --eval-every 1 --lrs 0.3".split()),
     "failures": (main_failures, "--dataset credit --rounds 2 --rates 0.3 --eval-every 1".split()),
     "fedavg-lr": (main_fedavg_lr, "--dataset credit --lrs 1 --rounds 2 --eval-every 1".split()),
