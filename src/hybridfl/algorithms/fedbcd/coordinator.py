@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from hybridfl.algorithms.fedbcd.config import FedBCDConfig, PartyMissingError
-from hybridfl.algorithms.fedbcd.party import EVALUATE
+from hybridfl.algorithms.fedbcd.kinds import ALIGN, EVALUATE, FORWARD, LABEL, PARTY_STEP, UNDO
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy import psi
 from hybridfl.runtime.messages import SERVER, Message
@@ -260,7 +260,7 @@ class FedBCDCoordinator:
         only_keys(res, ("n_aligned", *(f"tags.{k}" for k in self.passive)))
         tags = {k: self.check_blob(res, f"tags.{k}", size=n * psi.TAG_BYTES) for k in self.passive}
         aligned = self._setup_exchange(
-            transport, [Message("fedbcd.align", SERVER, k, 0, {"tags": tags[k]}) for k in self.passive]
+            transport, [Message(ALIGN, SERVER, k, 0, {"tags": tags[k]}) for k in self.passive]
         )
         for r in aligned.values():
             only_keys(r, ("n_aligned",))
@@ -345,7 +345,7 @@ class FedBCDCoordinator:
                 self.batch = self.sample_batch()
                 replies = self._exchange(
                     transport,
-                    [Message("fedbcd.forward", SERVER, k, rnd, {"batch": self.batch}) for k in self.passive],
+                    [Message(FORWARD, SERVER, k, rnd, {"batch": self.batch}) for k in self.passive],
                     {"h": (len(self.batch), -1)},
                 )
                 self.h = {r.sender: r.payload["h"] for r in replies}
@@ -374,9 +374,7 @@ class FedBCDCoordinator:
         touched = [p for p in self.parties if p in self._touched]
         for p in touched:  # the earliest unconfirmed skipped round: its undo also undoes the later ones
             self.undo[p] = min(self.undo.get(p, rnd), rnd)
-        replies = transport.send_and_receive(
-            [Message("fedbcd.undo", SERVER, p, rnd, {"round": self.undo[p]}) for p in touched]
-        )
+        replies = transport.send_and_receive([Message(UNDO, SERVER, p, rnd, {"round": self.undo[p]}) for p in touched])
         for r in replies:
             self.undo.pop(r.sender, None)
         self.skipped.append((rnd, list(missing)))
@@ -399,14 +397,12 @@ class FedBCDCoordinator:
         if self.taylor:
             payload["curvature"] = True
             expect.update({f"curv.{k}": (B, -1) for k in self.passive})
-        (lab,) = self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)], expect)
+        (lab,) = self._exchange(transport, [Message(LABEL, SERVER, self.label_party, rnd, payload)], expect)
         nxt = self.sample_batch()
         replies = self._exchange(
             transport,
             [
-                Message(
-                    "fedbcd.party_step", SERVER, k, rnd, {**self._grad_payload(lab, k), "next_batch": nxt, **common}
-                )
+                Message(PARTY_STEP, SERVER, k, rnd, {**self._grad_payload(lab, k), "next_batch": nxt, **common})
                 for k in self.passive
             ],
             {"h_next": (len(nxt), -1)},
@@ -433,16 +429,14 @@ class FedBCDCoordinator:
             if self.taylor:
                 payload["curvature"] = True
                 expect[f"curv.{k}"] = (len(batch), -1)
-            (lab,) = self._exchange(
-                transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)], expect
-            )
+            (lab,) = self._exchange(transport, [Message(LABEL, SERVER, self.label_party, rnd, payload)], expect)
             if first_loss is None:
                 first_loss = float(lab.payload["loss"])
             (rep,) = self._exchange(
                 transport,
                 [
                     Message(
-                        "fedbcd.party_step",
+                        PARTY_STEP,
                         SERVER,
                         k,
                         rnd,
@@ -455,7 +449,7 @@ class FedBCDCoordinator:
             new_h[k] = rep.payload["h_next"]
         payload = {"grads_for": [], **common}
         payload.update({f"h.{j}": v for j, v in fresh.items()})
-        self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)], {"loss": ()})
+        self._exchange(transport, [Message(LABEL, SERVER, self.label_party, rnd, payload)], {"loss": ()})
         self.batch = nxt
         self.h = new_h
         return float(first_loss if first_loss is not None else 0.0)
