@@ -18,6 +18,7 @@ import numpy as np
 
 from hybridfl.algorithms.convex.problem import block_offsets, feature_index
 from hybridfl.algorithms.hybrid_fedavg.config import HybridFedAvgConfig
+from hybridfl.algorithms.hybrid_fedavg.kinds import FIT
 from hybridfl.algorithms.participation import select_participants
 from hybridfl.errors import ProtocolError, TrainingDiverged, UnknownBlockError
 from hybridfl.runtime.messages import SERVER, Message
@@ -109,7 +110,7 @@ class HybridFedAvgServer:
         K = self.select(rnd)
         msgs = [
             Message(
-                "fedavg.fit",
+                FIT,
                 SERVER,
                 c,
                 rnd,

@@ -21,6 +21,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from hybridfl.algorithms.hyfem.kinds import KEYS, UNMASK
 from hybridfl.errors import ProtocolError, TrainingDiverged
 from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed, unmask_quorum
 from hybridfl.runtime import secagg_messages as sm
@@ -123,8 +124,8 @@ class SecureExtractorsServerMixin:
         ids = list(self.clients)
         blocks = {c: self.clients[c]["blocks"] for c in ids}
         publics = {c: self.sa_publics[c] for c in ids}
-        msgs = [Message("hyfem.keys", SERVER, cid, 0, sm.peer_table(publics, blocks, cid)) for cid in ids]
-        got = {r.sender for r in transport.send_and_receive(msgs) if r.kind == "hyfem.keys"}
+        msgs = [Message(KEYS, SERVER, cid, 0, sm.peer_table(publics, blocks, cid)) for cid in ids]
+        got = {r.sender for r in transport.send_and_receive(msgs) if r.kind == KEYS}
         missing = [c for c in ids if c not in got]
         if missing:
             raise ProtocolError(f"client {missing[0]!r} did not answer 'hyfem.keys': HyFEM's setup needs every client.")
@@ -177,10 +178,10 @@ class SecureExtractorsServerMixin:
             )
             return
         if dropped and got:
-            asks = [Message("hyfem.unmask", SERVER, c, rnd, {"tag": rnd, "dropped": dropped}) for c in got]
+            asks = [Message(UNMASK, SERVER, c, rnd, {"tag": rnd, "dropped": dropped}) for c in got]
             fixes: dict[str, Message] = {}
             for f in transport.send_and_receive(asks):
-                if f.kind != "hyfem.unmask" or f.sender not in got or f.sender in fixes:
+                if f.kind != UNMASK or f.sender not in got or f.sender in fixes:
                     continue  # not an answer to this request, or a second one: never subtracted twice
                 try:
                     validate.only_keys(f, ("correction",))

@@ -35,6 +35,7 @@ import torch
 from hybridfl.algorithms.hyfem.batched import prefit
 from hybridfl.algorithms.hyfem.client import model_payload
 from hybridfl.algorithms.hyfem.config import HyFEMConfig
+from hybridfl.algorithms.hyfem.kinds import FIT
 from hybridfl.algorithms.hyfem.secure import SecureExtractorsServerMixin
 from hybridfl.errors import ProtocolError, TrainingDiverged, UnknownBlockError
 from hybridfl.matching.classifier import ClientClassifier, ServerClassifier, match_classifiers
@@ -188,7 +189,7 @@ class HyFEMServer(SecureExtractorsServerMixin):
         payload.update(model_payload("clf.", self.classifier.client_view(info["assignment"], info["columns"])))
         if self.config.secure_aggregation:
             payload.update(self.secure_fit_fields(cid, rnd, list(self.clients) if asked is None else asked))
-        return Message("hyfem.fit", SERVER, cid, rnd, payload)
+        return Message(FIT, SERVER, cid, rnd, payload)
 
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
         """One round of HyFEM Alg. 1 (lines 3-9): every client is asked (or the round's sample,
