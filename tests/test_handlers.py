@@ -28,9 +28,13 @@ def _client(algorithm: str):
 
     split = load_digits(seed=0)
     split = DatasetSplit(split.train.take(np.arange(60)), split.test.take(np.arange(20)))
-    if algorithm == "fedbcd":
+    if algorithm == "fedbcd":  # binary: the digits' parity
         from hybridfl.algorithms.fedbcd import FedBCDConfig
+        from hybridfl.data.dataset import HybridDataset
 
+        split = DatasetSplit(
+            *(HybridDataset("parity", d.ids, d.y % 2, d.blocks, ["even", "odd"]) for d in (split.train, split.test))
+        )
         blocks = split.train.block_names
         part = VerticalPartitioner(parties=[[blocks[0]], [blocks[1]]], label_party=0).partition(split.train)
         cfg = FedBCDConfig(rounds=1, batch_size=16)
