@@ -373,69 +373,7 @@ class FedBCDParty(PartyStepsMixin):
         self.rows = rows
         return msg.reply(n_aligned=int(rows.size))
 
-    def evaluate(self, msg: Message) -> Message:
-        """``fedbcd.evaluate``: the party's part of the joint prediction on test rows ``rows``
-        ``(n,)`` (positions in the test set every party holds in the same order).
-
-        A passive party replies ``h`` ``(n, r_k)`` float32 (:meth:`embed` of its test blocks). The
-        label party takes ``h.<j>`` ``(n, r_j)`` of every other party, adds its own, computes the
-        logits with its top model and replies ``auc`` (``sklearn.metrics.roc_auc_score``) and
-        ``accuracy`` (logit > 0 means class 1), or ``auc`` = ``accuracy`` = NaN and ``diverged`` = 1
-        when a logit is not finite. Logits and labels never leave the label party. The party's
-        state (parameters, batch, round snapshot) is left as it was.
-
-        Raises:
-            ProtocolError: the party holds no test set, a row outside it, or (label party) no
-                ``H`` of a party.
-            PayloadError: ``rows`` is not an integer array ``(n,)``, a key nobody sends is present,
-                or (label party) an ``h.<j>`` is not a float array ``(n, r_j)`` (NaN is allowed: a
-                diverged party's ``H`` gives ``diverged`` = 1).
-        """
-        if self.test_x is None or (self.is_label and self.test_y is None):
-            raise ProtocolError(f"FedBCD party {self.party_id!r} holds no test set to evaluate on.")
-        others = [j for j in self.party_order if j != self.party_id] if self.is_label else []
-        only_keys(msg, ("rows", *(f"h.{j}" for j in others)))
-        rows = array(msg, "rows", (None,), kinds="iu").astype(np.int64)
-        if rows.size and (rows.min() < 0 or rows.max() >= self.n_test):
-            raise ProtocolError(
-                f"FedBCD party {self.party_id!r} was asked for test row {int(rows.max())} but holds {self.n_test} test samples."
-            )
-        h = self.embed(self.test_x[rows])
-        if not self.is_label:
-            return msg.reply(h=h)
-        absent = [j for j in others if f"h.{j}" not in msg.payload]
-        if absent:
-            raise ProtocolError(f"FedBCD label party {self.party_id!r} got no test H of party {absent[0]!r}.")
-        width = self.in_dims or {}
-        hs = {j: array(msg, f"h.{j}", (rows.size, width.get(j)), kinds="f", finite=False) for j in others}
-        hs[self.party_id] = h
-        z = self.top_logits(hs)
-        y = self.test_y[rows]  # type: ignore[index]
-        if not np.isfinite(z).all():  # diverged (too large a step size or Q): no AUC
-            return msg.reply(auc=float("nan"), accuracy=float("nan"), diverged=1.0)
-        from sklearn.metrics import roc_auc_score
-
-        return msg.reply(auc=float(roc_auc_score(y, z)), accuracy=float(np.mean((z > 0).astype(np.int64) == y)))
-
-    # ------------------------------------------------------------------ inference and state
-    @torch.no_grad()
-    def embed(self, x: np.ndarray, batch_size: int = 1024) -> np.ndarray:
-        """``H_k`` of arbitrary inputs ``(n, *input_shape)`` -> ``(n, r_k)`` float32, in eval
-        mode, ``batch_size`` samples at a time (evaluation)."""
-        self.bottom.eval()
-        out = [self._numpy(self.bottom(self._tensor(x[s : s + batch_size]))) for s in range(0, len(x), batch_size)]
-        self.bottom.train()
-        return np.concatenate(out) if out else np.zeros((0, self.out_dim), np.float32)
-
-    @torch.no_grad()
-    def top_logits(self, hs: Mapping[str, np.ndarray]) -> np.ndarray:
-        """Label party: logits ``(n,)`` from every party's ``H_j`` ``(n, r_j)`` (evaluation).
-
-        Raises:
-            KeyError: ``hs`` lacks a party.
-        """
-        return self.top([self._tensor(hs[j]) for j in self.party_order]).cpu().numpy()
-
+    # ------------------------------------------------------------------ state
     def undo(self, rnd: int) -> None:
         """Discard round ``rnd`` and everything after it (the coordinator skipped it): restore the
         snapshot if it was taken in round ``rnd`` or later. A snapshot of a later round was taken
