@@ -187,26 +187,34 @@ def test_self_unmask_is_refused(tiny):
     threshold ``t`` = 2); naming the victim itself as dropped is refused too (fresh run)."""
     fed, cid, client, msg, masked = _answered_exchange(tiny)
     tag, peers = int(msg.payload["tag"]), list(msg.payload["peers"])
-    # what the attack would read: its masks with every peer removed leave the unmasked words
+    # what the attack would read before double masking: its masks with every peer removed left the
+    # unmasked words; now its self-mask (a fresh seed, forgotten once shared) stays on them
     words = masked - client.secagg._mask_sum(tag, peers)
-    assert np.array_equal(words.view(np.int64), client.sa_pending - client.sa_base)  # fixed(share) - base
+    assert not np.array_equal(words.view(np.int64), client.sa_pending - client.sa_base)  # fixed(share) - base
     with pytest.raises(
         PayloadError, match="unmasks only if at least 2 of the 4 clients of the exchange survive, not 1"
     ):
-        client.handle(_msg("hyfdca.unmask", cid, 2, {"tag": tag, "dropped": peers}))
+        client.handle(_msg("hyfdca.unmask", cid, 2, {"tag": tag, "dropped": peers, "survivors": [], "shares": []}))
     fed, cid, client, msg, _ = _answered_exchange(tiny)
-    with pytest.raises(PayloadError, match="was asked to unmask itself"):
-        client.handle(_msg("hyfdca.unmask", cid, 2, {"tag": int(msg.payload["tag"]), "dropped": [cid]}))
+    ask = {"tag": int(msg.payload["tag"]), "dropped": [cid], "survivors": [], "shares": []}
+    with pytest.raises(PayloadError, match="exactly the other clients of its last exchange"):
+        client.handle(_msg("hyfdca.unmask", cid, 2, ask))
 
 
 def test_an_unmask_request_is_answered_once(tiny):
-    """Asking the same unmask twice (issue 28, Found 2): an honest request (one peer dropped, 3 of
-    4 survive) is answered; the same request again is refused (a request is answered once), and
+    """Asking the same unmask twice (issue 28, Found 2): an honest request (two peers dropped, the
+    victim and one peer survive, that peer's self-mask share relayed) is answered; the same request again is refused (a request is answered once), and
     the client then stops."""
     fed, cid, client, msg, _ = _answered_exchange(tiny)
-    ask = {"tag": int(msg.payload["tag"]), "dropped": [msg.payload["peers"][0]]}
-    corr = client.handle(_msg("hyfdca.unmask", cid, 2, ask)).payload["correction"]
-    assert corr.dtype == np.uint64
+    tag, peers = int(msg.payload["tag"]), list(msg.payload["peers"])
+    # one peer answers the same exchange: its self-mask share to the victim rides in its reply
+    p = peers[0]
+    theirs = [c for c in fed.transport.client_ids if c != p]
+    payload = {"alpha": _enc(fed, p, fed.clients[p].alpha.copy()), "tag": tag, "peers": theirs, "acked": False}
+    share = fed.clients[p].handle(_msg("hyfdca.primal", p, 2, payload)).payload["self_shares"][theirs.index(cid)]
+    ask = {"tag": tag, "dropped": peers[1:], "survivors": [p], "shares": [share]}
+    reply = client.handle(_msg("hyfdca.unmask", cid, 2, ask)).payload
+    assert reply["correction"].dtype == np.uint64 and len(reply["revealed"]) == 1 and len(reply["revealed"][0]) == 16
     with pytest.raises(ProtocolError, match="each request is answered once"):
         client.handle(_msg("hyfdca.unmask", cid, 2, ask))
     with pytest.raises(ProtocolError, match="after refusing 'hyfdca.unmask' of round 2"):

@@ -19,14 +19,15 @@ from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import DataError, EncryptionPolicyError, ProtocolError
 from hybridfl.privacy.he import KeyDealer
 from hybridfl.privacy.secagg import SecAggClient, from_fixed, keystream, to_fixed, unmask_quorum
-from hybridfl.runtime.messages import Message, decode
+from hybridfl.runtime import secagg_messages as sm
+from hybridfl.runtime.messages import SERVER, Message, decode
 from hybridfl.runtime.simulation import build_federation
 
 POS = [0, 1, 2, 3, 4]
 
 
-def _clients(layout: dict[str, list[str]], sizes: dict[str, int]) -> dict[str, SecAggClient]:
-    cl = {c: SecAggClient(c, bl, [sizes[b] for b in bl]) for c, bl in layout.items()}
+def _clients(layout: dict[str, list[str]], sizes: dict[str, int], double: bool = True) -> dict[str, SecAggClient]:
+    cl = {c: SecAggClient(c, bl, [sizes[b] for b in bl], double_masking=double) for c, bl in layout.items()}
     for c, me in cl.items():
         me.set_peers({o: (x.public_bytes(), x.blocks) for o, x in cl.items() if o != c})
     return cl
@@ -73,12 +74,49 @@ def test_masks_cancel_and_dropouts_are_unmasked(holders, dropped, seed, width):
         # too few survivors (issue 28: at least 2 and a majority): each refuses, the exchange is dropped
         for c in got:
             with pytest.raises(ProtocolError, match="unmasks only if at least"):
-                cl[c].correction(7, missing)
+                cl[c].unmask(7, missing, [o for o in got if o != c], [b"\0" * 44] * (len(got) - 1))
         return
-    if missing:
-        for c in got:
-            total[:, pos[c]] -= cl[c].correction(7, missing).reshape(width, -1)
+    assert _unmask(cl, names, got, total, pos, 7)
     assert np.array_equal(total.view(np.int64), want)
+
+
+def _unmask(cl, names, got, total, pos, tag) -> bool:
+    """The server's unmasking round (:func:`~hybridfl.runtime.secagg_messages.unmask_exchange`)
+    with every survivor answering through its own checks."""
+    replies = {c: Message("x", c, SERVER, 0, {"self_shares": cl[c].last_shares}) for c in got}
+
+    def exchange(asks, check):
+        out = []
+        for a in asks:
+            r = a.reply(**sm.unmask_reply(cl[a.receiver], a))
+            check(r)
+            out.append(r)
+        return out
+
+    return sm.unmask_exchange(exchange, "x.unmask", 0, tag, names, replies, total, pos, len(cl), 2)
+
+
+def test_the_dropout_lie_yields_nothing():
+    """Adversary: a malicious server that received A's masked vector and tells every other client
+    A dropped (Bonawitz et al.'s dropout lie). It gets their pair masks with A, but no share of
+    A's self-mask (the others answer either, never both, and only once per exchange), so A's
+    vector minus the corrections is still uniform noise; before double masking it was A's vector
+    exactly. Asking again, or with A among the survivors after all, is refused."""
+    cl = _clients({"A": ["a"], "B": ["a"], "C": ["a"]}, {"a": 512})
+    x = to_fixed(np.linspace(-3, 3, 512), "x")
+    names = list(cl)
+    m = {c: cl[c].mask(x if c == "A" else to_fixed(np.zeros(512), "z"), 3, [o for o in names if o != c]) for c in names}
+    lie = m["A"].copy()
+    for c in ("B", "C"):
+        others = [o for o in names if o not in (c, "A")]
+        shares = [cl[o].last_shares[[p for p in names if p != o].index(c)] for o in others]
+        words, revealed = cl[c].unmask(3, ["A"], others, shares)
+        lie -= words
+        with pytest.raises(ProtocolError, match="twice"):
+            cl[c].unmask(3, [], ["A", *others], [cl["A"].last_shares[0]] + shares)
+    assert not np.array_equal(lie.view(np.int64), x)
+    frac = lie.astype(np.float64) / 2.0**64
+    assert 0.4 < frac.mean() < 0.6 and abs(np.corrcoef(frac, x)[0, 1]) < 0.15
 
 
 def test_a_masked_vector_reveals_nothing_of_the_value():
@@ -95,8 +133,8 @@ def test_a_masked_vector_reveals_nothing_of_the_value():
 def test_width_one_masks_are_unchanged_and_a_partial_width_is_refused():
     """A single vector's masks are the first words of the wider exchange's first vector (so a
     client masking one vector sends what it sent before widths existed); a length that is not a
-    multiple of its coordinates is refused."""
-    cl = _clients({"p": ["a"], "q": ["a"]}, {"a": 5})
+    multiple of its coordinates is refused (pair masks only: no self-mask)."""
+    cl = _clients({"p": ["a"], "q": ["a"]}, {"a": 5}, double=False)
     x = to_fixed(np.arange(5.0), "x")
     one = cl["p"].mask(x, 1, ["q"]) - x.view(np.uint64)
     two = cl["p"].mask(np.concatenate([x, x]), 2, ["q"])
@@ -114,10 +152,14 @@ def test_client_refuses_tag_reuse_unknown_peers_and_foreign_unmasking():
         cl["p"].mask(x, 5, ["q"])  # same keystream twice would reveal the difference of two vectors
     with pytest.raises(ProtocolError, match="unknown secure-aggregation peer 'zz'"):
         cl["p"].mask(x, 6, ["zz"])
-    with pytest.raises(ProtocolError, match="outside its last exchange"):
-        cl["p"].correction(5, ["r"])  # r was not in exchange 5: its pair mask protects nothing here
+    with pytest.raises(ProtocolError, match="exactly the other clients of its last exchange"):
+        cl["p"].unmask(5, ["r"], [], [])  # r was not in exchange 5: its pair mask protects nothing here
     with pytest.raises(ProtocolError, match="its last was 5"):
-        cl["p"].correction(4, ["q"])
+        cl["p"].unmask(4, ["q"], [], [])
+    with pytest.raises(ProtocolError, match="not 'q''s to it for exchange 5"):
+        cl["p"].unmask(5, [], ["q"], [b"\1" * 44])  # a share the server made up
+    with pytest.raises(ProtocolError, match="unmasks with its self-mask shares only"):
+        cl["p"].correction(5, ["q"])
     with pytest.raises(ProtocolError, match="its own secure-aggregation key"):
         cl["p"].set_peers({"q": (cl["p"].public_bytes(), ["a"])})
     with pytest.raises(ProtocolError, match="not a 32-byte X25519 public key"):
@@ -153,8 +195,8 @@ def _cfg(**kw) -> HyFDCAConfig:
 )
 def test_hyfdca_w_equals_the_plaintext_shares_w(grid_2x3, extra):
     """Same seed, same failures: ``w`` with secure aggregation equals ``w`` from plaintext shares
-    to the fixed point's resolution (2^-33 per share), after every round; with failures the
-    unmasking exchange ran."""
+    to the fixed point's resolution (2^-33 per share), after every round; every masked exchange
+    is followed by its unmasking round (double masking: the self-masks come off there)."""
     split, part = grid_2x3
     runs = {}
     for secure in (False, True):
@@ -168,8 +210,8 @@ def test_hyfdca_w_equals_the_plaintext_shares_w(grid_2x3, extra):
     for a, b in zip(runs[False][0], runs[True][0]):
         assert np.abs(a - b).max() <= 1e-9
     assert np.abs(runs[False][0][-1]).max() > 1e-3
-    kinds = {e.kind for e in runs[True][1].transport.log.entries}
-    assert ("hyfdca.unmask" in kinds) == bool(runs[True][1].transport.failures)
+    kinds = [e.kind for e in runs[True][1].transport.log.entries]
+    assert "hyfdca.unmask" in kinds and "hyfdca.unmask" not in {e.kind for e in runs[False][1].transport.log.entries}
 
 
 def test_lone_client_exchange_is_skipped_not_unmasked(grid_2x3, caplog):
@@ -249,7 +291,7 @@ def test_unmasking_that_fails_counts_nothing_and_the_run_recovers(grid_2x3):
         msgs = list(msgs)
         if msgs and msgs[0].kind == "hyfdca.primal" and msgs[0].round == 2:
             return [r for r in inner(msgs) if r.sender != state["drop"]]
-        if msgs and msgs[0].kind == "hyfdca.unmask" and not state["done"]:
+        if msgs and msgs[0].kind == "hyfdca.unmask" and msgs[0].round == 2 and not state["done"]:
             state["done"] = True
             return [r for r in inner(msgs) if r.sender != state["victim"]]
         return inner(msgs)
@@ -312,7 +354,7 @@ def _hyfem_fed(split, part, recorder=None, rounds_to_run=3, **kw):
 def test_hyfem_secure_aggregation_equals_the_plain_average(hyfem_small, failure_rate):
     """Same seed and failures: the server model after 3 rounds equals the plain average's to
     float32 rounding; the server never receives an extractor array, only ``ext_masked`` (uint64);
-    with failures the unmasking exchange ran. The failures are those ``failure_rate: 0.3`` drew
+    the unmasking exchange runs every round (double masking). The failures are those ``failure_rate: 0.3`` drew
     before issue 28, but with at least 2 of 4 replies a round (that seed's round 1 had one:
     a lone survivor is now never unmasked and the round keeps its extractors,
     ``tests/test_malicious_server.py``): client-1 and client-2 in round 1, client-3 in round 3."""
@@ -334,7 +376,7 @@ def test_hyfem_secure_aggregation_equals_the_plain_average(hyfem_small, failure_
                 assert any(k.startswith("ext.") for k in m.payload)
         if secure:
             kinds = {e.kind for e in fed.transport.log.entries}
-            assert ("hyfem.unmask" in kinds) == bool(fed.transport.failures) == (failure_rate > 0)
+            assert "hyfem.unmask" in kinds and bool(fed.transport.failures) == (failure_rate > 0)  # double masking
     for k, v in models[False].items():
         assert torch.allclose(v, models[True][k], atol=1e-5, rtol=1e-5), k
 

@@ -190,7 +190,7 @@ class PredictOrg:
             from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
             self._sk = X25519PrivateKey.generate().private_bytes_raw()  # fresh for this request
-            self.secagg = SecAggClient(self.org_id, ["scores"], [1], private=self._sk)
+            self.secagg = SecAggClient(self.org_id, ["scores"], [1], private=self._sk, double_masking=False)
             out: dict[str, Any] = {"pk": self.secagg.public_bytes(), "units": list(self.part.units)}
             if self.is_receiver:
                 out.update(n=len(self.ids), width=self.part.width)
@@ -226,7 +226,7 @@ class PredictOrg:
         if self.org_id in peers or len(set(peers)) != len(peers) or self.receiver not in peers + [self.org_id]:
             raise ProtocolError(f"organisation {self.org_id!r} got a peer list that is not the request's.")
         self.n, self.width, self.peers = n, width, peers
-        self.secagg = SecAggClient(self.org_id, ["scores"], [n * width], private=self._sk)
+        self.secagg = SecAggClient(self.org_id, ["scores"], [n * width], private=self._sk, double_masking=False)
         self.secagg.set_peers({p: (msg.payload.get(f"pk.{p}"), ["scores"]) for p in peers})
         return msg.reply()
 

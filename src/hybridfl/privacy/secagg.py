@@ -15,9 +15,20 @@ Privacy-Preserving Machine Learning" (CCS 2017, Sec. 4), on coordinates held by 
   common blocks). Client ``i`` adds ``+mask`` if ``i < j`` (string order) and ``-mask`` otherwise,
   for every peer ``j`` in the exchange, so per coordinate the masks of the holders cancel in the
   sum.
-- **Dropouts**: if a client's masked vector never arrives, the server asks the others for their
-  masks with it (:meth:`SecAggClient.correction`) and subtracts them. The dropped client's vector
-  was never received, so nothing of it is revealed.
+- **Double masking** (Bonawitz et al. Sec. 4, "double-masking"): each client also adds a
+  *self-mask*, the keystream of a fresh 16-byte seed ``b_i`` drawn for the exchange, and sends
+  with its masked vector Shamir shares of ``b_i`` (threshold ``k``, :func:`share_threshold`; PyCryptodome's
+  ``Shamir`` over GF(2^128)), one per peer of the exchange, each encrypted to that peer under
+  their pair key (ChaCha20-Poly1305, bound to the exchange, sender and receiver).
+- **Unmasking** (one request per survivor, after every masked exchange): the server names the
+  ``dropped`` clients and relays to each survivor the encrypted shares the *other survivors* sent
+  it. A survivor answers once per exchange, and only if ``dropped`` and the survivors named
+  partition its exchange: its pair masks with each dropped client (:meth:`SecAggClient.unmask`)
+  and the decrypted self-mask shares of each surviving one, never both for the same peer. The
+  server subtracts the dropped clients' pair masks and every survivor's self-mask (its seed
+  rebuilt from ``k`` shares). A dropped client's vector was never received; a server that
+  received a vector and calls its sender dropped gets that sender's pair masks but no share of its
+  self-mask, so the vector stays masked (the dropout lie).
 - **Threshold** (the client's own rule, never the server's: against a malicious server): an exchange has ``m``
   clients (the client and the ``peers`` the server names, all from the roster it got at setup).
   A client masks only in an exchange of at least :func:`mask_quorum` clients (``t``, at least 2),
@@ -27,11 +38,12 @@ Privacy-Preserving Machine Learning" (CCS 2017, Sec. 4), on coordinates held by 
 
 Adversary: an honest-but-curious server (it follows the protocol and reads everything) learns,
 per coordinate, only the sum over the exchange's clients that hold it, plus the exchange's
-membership. Not covered (documented in ``docs/privacy.md``): a *malicious* server can substitute
-public keys (no PKI) or claim that a client dropped after receiving its vector, and then unmask it
-(Bonawitz et al. add self-masks and secret sharing for that; not implemented); a coordinate held
-by one client of the exchange is that client's value; colluding clients learn their pair masks.
-A client never reuses a tag (keystream reuse would reveal differences of its vectors).
+membership; a malicious server that lies about dropouts learns no more (double masking). Not
+covered (documented in ``docs/privacy.md``): a server that substitutes public keys (keys are not
+signed against a roster here); a coordinate held by one client of the exchange is that client's
+value; colluding clients learn their pair masks and, ``k`` of them, a peer's self-mask seed; a
+client that reveals a wrong share corrupts the sum (integrity, not privacy). A client never
+reuses a tag (keystream reuse would reveal differences of its vectors).
 """
 
 from __future__ import annotations
@@ -58,6 +70,43 @@ PUBLIC_KEY_BYTES = 32
 
 DEFAULT_THRESHOLD = 2
 """Default ``t``: a masked exchange needs at least two clients (the algorithms' ``secagg_threshold``)."""
+
+
+SHARE_CONTEXT = "secagg share v1"
+"""The pair-key purpose of the encrypted self-mask shares."""
+MAX_SHARE_PEERS = 255
+"""Most peers a client shares its self-mask seed with (Shamir share indices 1..255)."""
+
+
+def share_threshold(threshold: int, roster: int, members: int) -> int:
+    """``k``: the shares that rebuild a client's self-mask seed in an exchange of ``members``
+    clients: one less than the survivors it unmasks for (:func:`unmask_quorum`, itself included),
+    at least 1, so the survivors other than the client always hold enough."""
+    return max(1, unmask_quorum(threshold, roster, members) - 1)
+
+
+def self_mask(seed: bytes, tag: int, n: int) -> np.ndarray:
+    """The self-mask of seed ``seed`` (16 bytes) for exchange ``tag``: ``n`` ``uint64`` words of
+    the ChaCha20 keystream under ``HKDF-SHA256(seed, info = "hybridfl self mask v1")``."""
+    key = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=b"hybridfl self mask v1").derive(bytes(seed))
+    return keystream(key, int(tag), int(n))
+
+
+def _share_aad(tag: int, sender: str, receiver: str) -> bytes:
+    return json.dumps(["hybridfl self-mask share", int(tag), sender, receiver]).encode()
+
+
+def rebuild_seed(shares: Sequence[tuple[int, bytes]]) -> bytes:
+    """The seed from ``k`` Shamir shares ``(index, 16 bytes)`` (server side).
+
+    Raises:
+        ProtocolError: a share that is not 16 bytes or a repeated index.
+    """
+    from Crypto.Protocol.SecretSharing import Shamir
+
+    if len({i for i, _ in shares}) != len(shares) or not all(len(b) == 16 for _, b in shares):
+        raise ProtocolError("the self-mask shares are not distinct 16-byte shares.")
+    return bytes(Shamir.combine([(int(i), bytes(b)) for i, b in shares]))
 
 
 def mask_quorum(threshold: int, roster: int, cap: int | None = None) -> int:
@@ -144,6 +193,9 @@ class SecAggClient:
         private: its X25519 private key (32 raw bytes; a new one when ``None``).
 
         threshold: ``t``, the fewest clients of an exchange it masks in (:func:`mask_quorum`).
+        double_masking: add a self-mask to every masked vector and share its seed (module docs);
+            ``False`` only where no vector is ever unmasked (a federated prediction's one-shot
+            sum, which stops on any missing reply).
 
     State (:meth:`get_state`): the private key, the peers' public keys and blocks, the last tag,
     the last exchange's peers (for :meth:`correction`) and the last tag it unmasked.
@@ -156,6 +208,7 @@ class SecAggClient:
         block_sizes: Sequence[int],
         private: bytes | None = None,
         threshold: int = DEFAULT_THRESHOLD,
+        double_masking: bool = True,
     ):
         self.client_id = client_id
         self.blocks = list(blocks)
@@ -169,6 +222,8 @@ class SecAggClient:
         self.last_width = 1
         self.unmasked_tag = -1
         self.threshold = int(threshold)
+        self.double_masking = bool(double_masking)
+        self.last_shares: list[bytes] = []
         self._keys: dict[str, bytes] = {}
 
     def public_bytes(self) -> bytes:
@@ -276,8 +331,35 @@ class SecAggClient:
             raise ProtocolError(
                 f"client {self.client_id!r} masks vectors of {self.dim} coordinates, not {fixed.size} values."
             )
+        if self.double_masking and len(peers) > MAX_SHARE_PEERS:
+            raise ProtocolError(
+                f"client {self.client_id!r} shares its self-mask with at most {MAX_SHARE_PEERS} peers, not {len(peers)}."
+            )
         self.last_tag, self.last_peers, self.last_width = tag, list(peers), width
-        return fixed.view(np.uint64) + self._mask_sum(tag, peers, width)
+        out = fixed.view(np.uint64) + self._mask_sum(tag, peers, width)
+        self.last_shares = []
+        if self.double_masking:
+            out = out + self._self_mask(tag, peers, out.size)
+        return out
+
+    def _self_mask(self, tag: int, peers: Sequence[str], n: int) -> np.ndarray:
+        """A fresh seed's self-mask ``(n,)``; its Shamir shares, encrypted one per peer (in the
+        order of ``peers``), into :attr:`last_shares`. The seed itself is forgotten."""
+        import os
+
+        from Crypto.Protocol.SecretSharing import Shamir
+        from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+        seed = os.urandom(16)
+        k = share_threshold(self.threshold, len(self.peers) + 1, len(peers) + 1)
+        shares = Shamir.split(k, len(peers), seed) if peers else []
+        out = []
+        for cid, (idx, share) in zip(peers, shares):
+            nonce = os.urandom(12)
+            aead = ChaCha20Poly1305(self.pair_key(cid, SHARE_CONTEXT))
+            out.append(nonce + aead.encrypt(nonce, bytes(share), _share_aad(tag, self.client_id, cid)))
+        self.last_shares = out
+        return self_mask(seed, tag, n)
 
     def correction(self, tag: int, dropped: Sequence[str]) -> np.ndarray:
         """Its masks with the ``dropped`` peers of its last exchange (``tag``), ``uint64``
@@ -290,6 +372,14 @@ class SecAggClient:
                 survivors than :func:`unmask_quorum` (a server naming all its peers dropped would
                 read its vector: reply minus correction).
         """
+        if self.double_masking:
+            raise ProtocolError(
+                f"client {self.client_id!r} unmasks with its self-mask shares only (double masking): use unmask."
+            )
+        return self._checked_unmask(tag, dropped, need_dropped=True)
+
+    def _checked_unmask(self, tag: int, dropped: Sequence[str], need_dropped: bool = False) -> np.ndarray:
+        """The checks of an unmasking request (:meth:`correction`) and its pair-mask words."""
         if int(tag) != self.last_tag:
             raise ProtocolError(
                 f"client {self.client_id!r} was asked for the masks of exchange {tag}, its last was {self.last_tag}."
@@ -299,7 +389,7 @@ class SecAggClient:
         if self.client_id in [str(d) for d in dropped]:
             raise ProtocolError(f"client {self.client_id!r} was asked to unmask itself.")
         dropped = self.check_peers(dropped)
-        if not dropped:
+        if not dropped and need_dropped:
             raise ProtocolError(f"client {self.client_id!r} was asked for masks with no dropped client.")
         if not set(dropped) <= set(self.last_peers):
             raise ProtocolError(
@@ -314,6 +404,42 @@ class SecAggClient:
             )
         self.unmasked_tag = int(tag)
         return self._mask_sum(int(tag), dropped, self.last_width)
+
+    def unmask(
+        self, tag: int, dropped: Sequence[str], survivors: Sequence[str], shares: Sequence[bytes]
+    ) -> tuple[np.ndarray, list[bytes]]:
+        """Answer the unmasking of its last exchange (``tag``) with double masking: its pair masks
+        with the ``dropped`` peers (:meth:`correction`'s words; zeros when none dropped) and the
+        decrypted shares of the self-mask seeds of the surviving peers ``survivors`` (``shares``:
+        the encrypted share each of them sent it, same order), never both for one peer.
+
+        Raises:
+            ProtocolError: everything :meth:`correction` refuses, ``dropped`` and ``survivors``
+                not a partition of its last exchange's peers, or a share that does not decrypt
+                as that peer's share to it for this exchange.
+        """
+        from cryptography.exceptions import InvalidTag
+        from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+        dropped, survivors = [str(d) for d in dropped], [str(s) for s in survivors]
+        if sorted(dropped + survivors) != sorted(self.last_peers) or len(shares) != len(survivors):
+            raise ProtocolError(
+                f"client {self.client_id!r} unmasks only if the dropped and surviving clients named are exactly "
+                "the other clients of its last exchange, each once."
+            )
+        words = self._checked_unmask(tag, dropped)
+        out = []
+        for cid, blob in zip(survivors, shares):
+            if not isinstance(blob, (bytes, bytearray)) or len(blob) != 12 + 16 + 16:
+                raise ProtocolError(f"client {self.client_id!r} got a self-mask share of {cid!r} that is not one.")
+            try:
+                aead = ChaCha20Poly1305(self.pair_key(cid, SHARE_CONTEXT))
+                out.append(aead.decrypt(bytes(blob[:12]), bytes(blob[12:]), _share_aad(tag, cid, self.client_id)))
+            except InvalidTag:
+                raise ProtocolError(
+                    f"client {self.client_id!r} got a self-mask share that is not {cid!r}'s to it for exchange {tag}."
+                ) from None
+        return words, out
 
     def check_peers(self, peers: Sequence[str]) -> list[str]:
         """``peers`` as a list, each a known peer (not itself), without repeats.

@@ -1,6 +1,8 @@
 """The message side of secure aggregation (:mod:`hybridfl.privacy.secagg`), shared by HyFDCA's
 primal shares and HyFEM's extractors: the checked fields a client takes from the server
-(the peer table, a fresh exchange, an unmasking request) and the server's relay of the keys.
+(the peer table, a fresh exchange, an unmasking request), the server's relay of the keys, and
+the one secure-sum workflow both servers run after a masked exchange (:func:`unmask_exchange`:
+double masking's unmasking round, Bonawitz et al. 2017 Sec. 4).
 
 Every field is checked before use (:mod:`hybridfl.runtime.validate`) and a bad one is refused
 with one :class:`~hybridfl.runtime.validate.PayloadError` naming the field.
@@ -9,14 +11,14 @@ with one :class:`~hybridfl.runtime.validate.PayloadError` naming the field.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
 from hybridfl.errors import ProtocolError
-from hybridfl.privacy.secagg import SecAggClient, check_public_key
+from hybridfl.privacy.secagg import SecAggClient, check_public_key, rebuild_seed, self_mask, share_threshold
 from hybridfl.runtime import validate
-from hybridfl.runtime.messages import Message
+from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.validate import PayloadError
 
 
@@ -95,6 +97,129 @@ def correction(client: SecAggClient, msg: Message) -> np.ndarray:
         return client.correction(tag, dropped)
     except ProtocolError as e:
         raise PayloadError(msg, "dropped", f"refused ({e})") from None
+
+
+UNMASK_KEYS = ("tag", "dropped", "survivors", "shares")
+"""The fields of an unmasking request."""
+SHARE_BYTES = 12 + 16 + 16
+"""An encrypted self-mask share: nonce, 16-byte share, Poly1305 tag."""
+
+
+def unmask_reply(client: SecAggClient, msg: Message) -> dict:
+    """A client's answer to an unmasking request (``tag``, ``dropped``, ``survivors``, ``shares``):
+    ``correction`` (``uint64``, its pair masks with the dropped clients) and ``revealed`` (the
+    16-byte self-mask shares of the survivors, same order), from
+    :meth:`~hybridfl.privacy.secagg.SecAggClient.unmask`.
+
+    Raises:
+        PayloadError: another key, a bad field, or a request the client refuses (not its last
+            exchange, a second one, dropped and survivors not a partition of its exchange, too few
+            survivors, a share that is not the survivor's to it).
+    """
+    validate.only_keys(msg, UNMASK_KEYS)
+    tag = validate.integer(msg, "tag", low=0, high=2**62)
+    dropped = validate.strings(msg, "dropped")
+    survivors = validate.strings(msg, "survivors")
+    shares = validate.blobs(msg, "shares", len(survivors), max_bytes=SHARE_BYTES) if survivors else []
+    try:
+        words, revealed = client.unmask(tag, dropped, survivors, shares)
+    except ProtocolError as e:
+        raise PayloadError(msg, "dropped", f"refused ({e})") from None
+    return {"correction": words, "revealed": revealed}
+
+
+def check_shares(r: Message, peers: int) -> None:
+    """A masked reply's ``self_shares``: ``peers`` encrypted shares (one per other client of the
+    exchange, in the order of its ``peers``); none for an exchange of one.
+
+    Raises:
+        PayloadError: missing, another count, or an item that is not an encrypted share.
+    """
+    if peers == 0:
+        return
+    got = validate.blobs(r, "self_shares", peers, max_bytes=SHARE_BYTES)
+    if any(len(b) != SHARE_BYTES for b in got):
+        raise PayloadError(r, "self_shares", "holding an item that is not an encrypted share")
+
+
+def unmask_exchange(
+    exchange: Callable[[list[Message], Callable[[Message], None]], list[Message]],
+    kind: str,
+    rnd: int,
+    tag: int,
+    names: Sequence[str],
+    replies: Mapping[str, Message],
+    total: np.ndarray,
+    positions: Mapping[str, np.ndarray],
+    roster: int,
+    threshold: int,
+    extra_keys: Sequence[str] = (),
+) -> bool:
+    """The unmasking round after masked exchange ``tag`` with the clients ``names`` (server side,
+    HyFEM and HyFDCA): ask every survivor (``replies``: the masked replies that arrived) for its
+    pair masks with the dropped clients and the self-mask shares the other survivors sent it;
+    subtract the pair masks and every survivor's self-mask (its seed rebuilt from ``k`` shares,
+    :func:`~hybridfl.privacy.secagg.share_threshold`) from ``total`` ``(width, d)`` ``uint64`` in
+    place, at each client's ``positions`` in ``d``. An exchange of one client has no masks.
+
+    Args:
+        exchange: sends messages and returns the replies that passed ``check`` (the algorithm's
+            exchange with its reply policy).
+        kind: the algorithm's unmasking message kind.
+        extra_keys: reply fields the algorithm adds to every reply (HyFDCA's timings).
+
+    Returns:
+        Whether ``total`` is now the plain sum (``False``: a survivor's answer is missing or
+        malformed, or a seed cannot be rebuilt; the caller drops the exchange).
+    """
+    got = [c for c in names if c in replies]
+    if len(names) <= 1 or not got:
+        return True
+    dropped = [c for c in names if c not in replies]
+    width = total.shape[0]
+    peers_of = {c: [p for p in names if p != c] for c in got}
+    survivors_of = {j: [s for s in got if s != j] for j in got}
+    asks = [
+        Message(
+            kind,
+            SERVER,
+            j,
+            rnd,
+            {
+                "tag": tag,
+                "dropped": dropped,
+                "survivors": survivors_of[j],
+                "shares": [replies[s].payload["self_shares"][peers_of[s].index(j)] for s in survivors_of[j]],
+            },
+        )
+        for j in got
+    ]
+
+    def check(r: Message) -> None:
+        validate.only_keys(r, ("correction", "revealed", *extra_keys))
+        uint64_array(r, "correction", width * len(positions[r.sender]))
+        n = len(survivors_of[r.sender])
+        if n:
+            validate.blobs(r, "revealed", n, max_bytes=16)
+
+    fixes = {r.sender: r for r in exchange(asks, check) if r.sender in survivors_of}
+    if set(fixes) != set(got):
+        return False
+    k = share_threshold(threshold, roster, len(names))
+    for j, r in fixes.items():
+        total[:, positions[j]] -= r.payload["correction"].reshape(width, -1)
+    for s in got:
+        shares = [
+            (peers_of[s].index(j) + 1, fixes[j].payload["revealed"][survivors_of[j].index(s)])
+            for j in got
+            if j != s
+        ][:k]
+        try:
+            seed = rebuild_seed(shares)
+        except ProtocolError:
+            return False
+        total[:, positions[s]] -= self_mask(seed, tag, width * len(positions[s])).reshape(width, -1)
+    return True
 
 
 def public_key(r: Message, known: Mapping[str, bytes]) -> bytes:

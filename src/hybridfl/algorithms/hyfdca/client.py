@@ -399,12 +399,13 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         return self.segment_sweep(msg)
 
     def _on_unmask(self, msg: Message) -> dict[str, Any]:
-        """``hyfdca.unmask``: its ``correction`` (only in a run with secure aggregation)."""
+        """``hyfdca.unmask``: its answer to the unmasking request (:meth:`unmask`; only in a run with
+        secure aggregation)."""
         if not self.params.get("secure_aggregation"):
             raise ProtocolError(
                 f"HyFDCA client {self.client_id!r} got 'hyfdca.unmask' in a run without secure aggregation."
             )
-        return {"correction": self.unmask(msg)}
+        return self.unmask(msg)
 
     def _on_primal(self, msg: Message) -> dict[str, Any]:
         """``hyfdca.primal``: its share (masked with secure aggregation; with step averaging also
@@ -414,7 +415,9 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         extra = self.position_share(msg) if "avg_segs" in p and self.params.get("seg_step_average") else None
         share = self.primal_share(msg)
         if self.params.get("secure_aggregation"):
-            return {"masked": self.masked_share(msg, share, extra)}
+            masked = self.masked_share(msg, share, extra)
+            shares = {"self_shares": self.secagg.last_shares} if self.secagg.last_shares else {}  # double masking
+            return {"masked": masked, **shares}
         if extra is not None:
             return {"share": share, "position_share": extra}
         return {"share": share}

@@ -42,7 +42,7 @@ import numpy as np
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed, unmask_quorum
 from hybridfl.runtime import secagg_messages as sm
-from hybridfl.runtime.messages import SERVER, Message
+from hybridfl.runtime.messages import Message
 from hybridfl.runtime.transport import Transport
 from hybridfl.runtime.validate import PayloadError
 
@@ -130,13 +130,15 @@ class SecureSharesClientMixin:
         self.sa_pending = fixed
         return masked
 
-    def unmask(self, msg: Message) -> np.ndarray:
-        """``hyfdca.unmask``: its masks with the ``dropped`` clients of its last exchange.
+    def unmask(self, msg: Message) -> dict:
+        """``hyfdca.unmask``: its masks with the ``dropped`` clients of its last exchange and the
+        self-mask shares of the surviving ones (:func:`~hybridfl.runtime.secagg_messages.unmask_reply`).
 
         Raises:
-            PayloadError: a bad ``tag`` or ``dropped``, or one outside its last exchange.
+            PayloadError: a bad field, or a request it refuses (not its last exchange, a second
+                one, not a partition of that exchange, too few survivors, a foreign share).
         """
-        return sm.correction(self.secagg, msg)
+        return sm.unmask_reply(self.secagg, msg)
 
     def _secure_state(self) -> dict:
         st = dict(self.secagg.get_state())
@@ -177,11 +179,12 @@ class SecureSharesServerMixin:
         """The ``hyfdca.init`` entries for ``cid``: the other clients' names, keys and blocks."""
         return sm.peer_table({c: self.sa_publics[c] for c in self.client_ids}, blocks, cid)
 
-    def _check_masked(self, r: Message) -> None:
-        sm.uint64_array(r, "masked", self.sa_width * len(self.feat[r.sender]))
+    def _check_masked(self, peers: int):
+        def check(r: Message) -> None:
+            sm.uint64_array(r, "masked", self.sa_width * len(self.feat[r.sender]))
+            sm.check_shares(r, peers)
 
-    def _check_correction(self, r: Message) -> None:
-        sm.uint64_array(r, "correction", self.sa_width * len(self.feat[r.sender]))
+        return check
 
     def collect_masked(self, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
         """PrimalAggregation with secure aggregation (module docstring): send ``msgs`` with
@@ -202,13 +205,13 @@ class SecureSharesServerMixin:
             sent.append(Message(m.kind, m.sender, m.receiver, m.round, {**m.payload, **extra}))
             self.sa_counted[m.receiver] = False
         total = np.zeros((self.sa_width, self.d), dtype=np.uint64)
-        got: set[str] = set()
-        for r in self._exchange(transport, sent, stats, self._check_masked):
+        replies = {}
+        for r in self._exchange(transport, sent, stats, self._check_masked(len(names) - 1)):
             total[:, self.feat[r.sender]] += r.payload["masked"].reshape(self.sa_width, -1)
-            got.add(r.sender)
-        dropped = [c for c in names if c not in got]
+            replies[r.sender] = r
+        got = set(replies)
         quorum = unmask_quorum(self.config.secagg_threshold, len(self.client_ids), len(names))
-        if dropped and got and len(got) < quorum:  # the clients would refuse to unmask (their own rule)
+        if got and len(names) > 1 and len(got) < quorum:  # the clients would refuse to unmask (their own rule)
             log.warning(
                 "HyFDCA: exchange %d has %d of %d replies, fewer than the %d its clients unmask for; nothing counted.",
                 tag,
@@ -217,15 +220,22 @@ class SecureSharesServerMixin:
                 quorum,
             )
             return set()
-        if dropped and got:
-            rnd = msgs[0].round
-            asks = [Message("hyfdca.unmask", SERVER, c, rnd, {"tag": tag, "dropped": dropped}) for c in sorted(got)]
-            fixes = self._exchange(transport, asks, stats, self._check_correction)
-            if {r.sender for r in fixes} != got:
-                log.warning("HyFDCA: secure aggregation of exchange %d could not be unmasked; nothing counted.", tag)
-                return set()
-            for r in fixes:
-                total[:, self.feat[r.sender]] -= r.payload["correction"].reshape(self.sa_width, -1)
+        ok = sm.unmask_exchange(
+            lambda asks, check: self._exchange(transport, asks, stats, check),
+            "hyfdca.unmask",
+            msgs[0].round if msgs else 0,
+            tag,
+            names,
+            replies,
+            total,
+            self.feat,
+            len(self.client_ids),
+            self.config.secagg_threshold,
+            ("client_seconds", "he_seconds"),
+        )
+        if not ok:
+            log.warning("HyFDCA: secure aggregation of exchange %d could not be unmasked; nothing counted.", tag)
+            return set()
         if self.sa_width == 2:
             self.position_sum = from_fixed(total[1])
         self.sa_sum += total[0]

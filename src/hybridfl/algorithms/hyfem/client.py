@@ -202,6 +202,8 @@ class HyFEMClient(SecureExtractorsClientMixin):
         out: dict = {"n_samples": self.data.n_samples, "loss": loss}
         if "tag" in p:  # secure aggregation: only the masked, weighted extractors
             out["ext_masked"] = self.masked_extractors(msg)
+            if self.secagg.last_shares:  # its self-mask's shares, one per peer (double masking)
+                out["self_shares"] = self.secagg.last_shares
         else:
             for b in self.blocks:
                 out.update(model_payload(f"ext.{b}.", self.model.extractor_arrays(b)))

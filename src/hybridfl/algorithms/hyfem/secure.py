@@ -17,7 +17,7 @@ it; if one of them fails too, the round keeps its extractors (the classifiers ar
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -95,12 +95,14 @@ class SecureExtractorsClientMixin:
         )
 
     def unmask(self, msg: Message) -> Message:
-        """``hyfem.unmask``: its masks with the ``dropped`` clients of its last exchange.
+        """``hyfem.unmask``: its masks with the ``dropped`` clients of its last exchange and the
+        self-mask shares of the surviving ones (:func:`~hybridfl.runtime.secagg_messages.unmask_reply`).
 
         Raises:
-            PayloadError: a bad ``tag`` or ``dropped``, or one outside its last exchange.
+            PayloadError: a bad field, or a request it refuses (not its last exchange, a second
+                one, not a partition of that exchange, too few survivors, a foreign share).
         """
-        return msg.reply(correction=sm.correction(self.secagg, msg))
+        return msg.reply(**sm.unmask_reply(self.secagg, msg))
 
 
 class SecureExtractorsServerMixin:
@@ -138,21 +140,44 @@ class SecureExtractorsServerMixin:
     def _param_count(self, b: str) -> int:
         return _flat(self.model.extractor_arrays(b)).size
 
-    def check_masked(self, r: Message) -> None:
-        """``ext_masked``: a ``uint64`` array of exactly the sender's blocks' parameter count.
+    def check_masked(self, r: Message, peers: int) -> None:
+        """``ext_masked``: a ``uint64`` array of exactly the sender's blocks' parameter count, and
+        ``self_shares``: one encrypted self-mask share per other client of the round (``peers``).
 
         Raises:
-            PayloadError: another dtype or shape.
+            PayloadError: another dtype or shape, or shares missing or malformed.
         """
         sm.uint64_array(r, "ext_masked", sum(self._param_count(b) for b in self.clients[r.sender]["blocks"]))
+        sm.check_shares(r, peers)
 
-    def _split(self, cid: str, v: np.ndarray) -> dict[str, np.ndarray]:
-        out, i = {}, 0
-        for b in self.clients[cid]["blocks"]:
+    def _positions(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], int]:
+        """Every block's and every client's positions in one flat vector of all blocks' extractor
+        parameters (block order): ``(block -> positions, client -> positions, length)``."""
+        blocks, i = {}, 0
+        for b in self.block_names:
             n = self._param_count(b)
-            out[b] = v[i : i + n]
+            blocks[b] = np.arange(i, i + n)
             i += n
-        return out
+        clients = {c: np.concatenate([blocks[b] for b in self.clients[c]["blocks"]]) for c in self.clients}
+        return blocks, clients, i
+
+    def _exchange_checked(self, rnd: int, transport: Transport) -> Callable:
+        def exchange(msgs: list[Message], check: Callable[[Message], None]) -> list[Message]:
+            asked = {m.receiver for m in msgs}
+            out, seen = [], set()
+            for f in transport.send_and_receive(msgs):
+                if f.kind != msgs[0].kind or f.sender not in asked or f.sender in seen:
+                    continue  # not an answer to this request, or a second one: never subtracted twice
+                try:
+                    check(f)
+                except PayloadError as e:
+                    log.warning("HyFEM round %d: %s", rnd, e)
+                    continue
+                seen.add(f.sender)
+                out.append(f)
+            return out
+
+        return exchange
 
     def aggregate_masked(
         self, rnd: int, transport: Transport, replies: Sequence[Message], asked: Sequence[str]
@@ -162,13 +187,12 @@ class SecureExtractorsServerMixin:
         others) divided by their ``sum p_m``; stored as float32. A block no reply holds, or a
         round whose unmasking fails, keeps its extractors."""
         got = [r.sender for r in replies]
-        totals = {b: np.zeros(self._param_count(b), dtype=np.uint64) for b in self.block_names}
+        blocks, where, length = self._positions()
+        total = np.zeros((1, length), dtype=np.uint64)
         for r in replies:
-            for b, v in self._split(r.sender, r.payload["ext_masked"]).items():
-                totals[b] += v
-        dropped = [c for c in asked if c not in got]
+            total[0, where[r.sender]] += r.payload["ext_masked"]
         quorum = unmask_quorum(self.config.secagg_threshold, len(self.clients), len(asked))
-        if dropped and got and len(got) < quorum:  # the clients would refuse to unmask (their own rule)
+        if got and len(asked) > 1 and len(got) < quorum:  # the clients would refuse to unmask (their own rule)
             log.warning(
                 "HyFEM round %d: %d of %d replies, fewer than the %d to unmask; the extractors stay.",
                 rnd,
@@ -177,26 +201,22 @@ class SecureExtractorsServerMixin:
                 quorum,
             )
             return
-        if dropped and got:
-            asks = [Message(UNMASK, SERVER, c, rnd, {"tag": rnd, "dropped": dropped}) for c in got]
-            fixes: dict[str, Message] = {}
-            for f in transport.send_and_receive(asks):
-                if f.kind != UNMASK or f.sender not in got or f.sender in fixes:
-                    continue  # not an answer to this request, or a second one: never subtracted twice
-                try:
-                    validate.only_keys(f, ("correction",))
-                    n = sum(self._param_count(b) for b in self.clients[f.sender]["blocks"])
-                    sm.uint64_array(f, "correction", n)
-                except PayloadError as e:
-                    log.warning("HyFEM round %d: %s", rnd, e)
-                    continue
-                fixes[f.sender] = f
-            if set(fixes) != set(got):
-                log.warning("HyFEM round %d: secure aggregation could not be unmasked; the extractors stay.", rnd)
-                return
-            for f in fixes.values():
-                for b, v in self._split(f.sender, f.payload["correction"]).items():
-                    totals[b] -= v
+        ok = sm.unmask_exchange(
+            self._exchange_checked(rnd, transport),
+            UNMASK,
+            rnd,
+            rnd,
+            list(asked),
+            {r.sender: r for r in replies},
+            total,
+            where,
+            len(self.clients),
+            self.config.secagg_threshold,
+        )
+        if not ok:
+            log.warning("HyFEM round %d: secure aggregation could not be unmasked; the extractors stay.", rnd)
+            return
+        totals = {b: total[0, pos] for b, pos in blocks.items()}
         for b in self.block_names:
             weight = sum(float(self.clients[c]["n_samples"]) for c in got if b in self.clients[c]["blocks"])
             if weight == 0:

@@ -160,8 +160,9 @@ class HyFEMServer(SecureExtractorsServerMixin):
         shapes = {k: v.shape for k, v in sent.payload.items() if isinstance(v, np.ndarray)}
         if self.config.secure_aggregation:  # the extractors arrive masked (:mod:`.secure`)
             shapes = {k: s for k, s in shapes.items() if not k.startswith("ext.")}
-            self.check_masked(r)
-        only_keys(r, ("n_samples", "loss", *shapes, *(("ext_masked",) if self.config.secure_aggregation else ())))
+            self.check_masked(r, len(sent.payload.get("peers", [])))
+        secure = ("ext_masked", "self_shares") if self.config.secure_aggregation else ()
+        only_keys(r, ("n_samples", "loss", *shapes, *secure))
         n = self.clients[r.sender]["n_samples"]
         integer(r, "n_samples", low=n, high=n)
         loss = r.payload.get("loss")
