@@ -3,7 +3,7 @@ completes; time per round reported").
 
 MNIST binary (digits 0-4 -> -1, 5-9 -> +1; all 60,000 training rows x 784 pixels in [0, 1], 49
 tiles of 4 x 4), hinge loss, lambda = 1e-3 (the settings of ``examples/configs/hyfdca_mnist.yaml``
-and ``benchmarks/hyfdca_bench.py``), partitioned by :class:`~hybridfl.data.partitioners.GridPartitioner`
+and ``python -m benchmarks.hyfdca bench``), partitioned by :class:`~hybridfl.data.partitioners.GridPartitioner`
 into ``S`` sample groups x ``F`` block groups, one client per cell (HyFDCA Fig. 2; default 10 x 10
 = 100 clients, each 6,000 samples x 4-5 tiles), against the same mode on a 3 x 3 grid (9 clients).
 
@@ -44,25 +44,25 @@ Settings (``--only`` picks some; results are merged into the existing JSON):
   the same subsample with ``alignment: plaintext``.
 
 All runs but ``psi_*``: ``alignment: plaintext`` (the paper's setting; the default ``psi`` gives the
-same segments and rounds and costs setup time only, ``benchmarks/hyfdca_psi.py``, and at 100 clients
+same segments and rounds and costs setup time only, ``python -m benchmarks.privacy_cost hyfdca-psi``, and at 100 clients
 that setup would dominate), secure aggregation on (the default, as in the example), full
 participation, ``average_last: 0`` (the last iterate), seed 0.
 
 Run (single-threaded, one setting at a time; the default set about 25 minutes at load 5, the
 others about 20 minutes together)::
 
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py --rounds 50
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid --rounds 50
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid \\
         --only ckks_segment_10x10,ckks_segment_3x3,ckks_segment_masked_10x10,ckks_segment_masked_3x3 --ckks-rounds 2
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid \\
         --only profile_block_10x10,profile_block_3x3,cli_10x10
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid \\
         --only block_long_10x10 --long-rounds 200 --timeout 3000
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid \\
         --only psi_10x10_n1000,psi_plain_10x10_n1000 --psi-samples 1000
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py \\
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid \\
         --only psi_10x10_n3000 --psi-samples 3000 --timeout 2400
-    .venv/bin/python benchmarks/hyfdca_grid.py --report-only     # rewrite the .md from the .json
+    .venv/bin/python -m benchmarks.hyfdca_grid --report-only     # rewrite the .md from the .json
 
 Writes ``benchmarks/results/hyfdca_grid.json`` and ``hyfdca_grid.md``.
 """
@@ -79,6 +79,9 @@ import tempfile
 import time
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+
+from benchmarks import harness
+from benchmarks.harness import dispatch
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
@@ -285,16 +288,16 @@ def child(spec: dict, eval_every: int, psi_samples: int) -> dict:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
     import numpy as np
 
+    from benchmarks.hyfdca_speed import timed_server  # the same timer; this grid counts child processes' CPU too
     from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
     from hybridfl.data import load_mnist
     from hybridfl.data.dataset import DatasetSplit
     from hybridfl.data.partitioners import GridPartitioner
     from hybridfl.runtime.simulation import single_threaded
-    from hyfdca_speed import timed_server  # the same timer; this grid counts child processes' CPU too
 
     out: dict = {"load_average_start": load(), "source": source_state()}
     with single_threaded():
-        split = load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True)
+        split = harness.shrink(load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True))
         if spec.get("psi"):
             rows = np.sort(np.random.default_rng(0).choice(split.train.n_samples, psi_samples, replace=False))
             split = DatasetSplit(split.train.take(rows), split.test)
@@ -368,7 +371,8 @@ def run_setting(name: str, spec: dict, a: argparse.Namespace) -> dict:
         res = Path(tmp) / "result.json"
         cmd = [
             sys.executable,
-            __file__,
+            "-m",
+            "benchmarks.hyfdca_grid",
             "--child",
             json.dumps(spec),
             "--child-out",
@@ -380,7 +384,7 @@ def run_setting(name: str, spec: dict, a: argparse.Namespace) -> dict:
         ]
         t = time.perf_counter()
         try:
-            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout)
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=a.timeout, cwd=ROOT)
         except subprocess.TimeoutExpired:
             return {"status": "timed out", "timeout_seconds": a.timeout, "load_average": load()}
         wall = time.perf_counter() - t
@@ -398,7 +402,7 @@ def run_setting(name: str, spec: dict, a: argparse.Namespace) -> dict:
     return out
 
 
-def main() -> None:
+def run_main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sample-groups", type=int, default=10, help="S of the large grid")
     ap.add_argument("--block-groups", type=int, default=10, help="F of the large grid (at most 49 tiles)")
@@ -429,7 +433,7 @@ def main() -> None:
             print(time.strftime("%H:%M:%S"), name, "...", flush=True)
             r = run_setting(name, spec, a)
             r["command"] = (
-                "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_grid.py "
+                "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid "
                 f"--sample-groups {a.sample_groups} --block-groups {a.block_groups} --rounds {a.rounds} "
                 f"--ckks-rounds {a.ckks_rounds} --long-rounds {a.long_rounds} --eval-every {a.eval_every} "
                 f"--psi-samples {a.psi_samples} "
@@ -475,7 +479,7 @@ def report(res: dict) -> str:
     lines = [
         "# HyFDCA on a 10 x 10 grid (100 clients), MNIST binary (issue 17)",
         "",
-        "Written by `benchmarks/hyfdca_grid.py` (commands per row in `hyfdca_grid.json`). MNIST 0-4 vs 5-9, "
+        "Written by `python -m benchmarks.hyfdca_grid` (commands per row in `hyfdca_grid.json`). MNIST 0-4 vs 5-9, "
         "60,000 x 784, 49 tiles, hinge, lambda = 1e-3; `alignment: plaintext` (the paper's setting: "
         "PSI alignment at 100 clients would dominate the setup, see below), secure aggregation on (default), "
         "full participation, last iterate. Each setting in its own single-threaded process, the clients "
@@ -801,6 +805,19 @@ def reading(st: dict) -> list[str]:
         "above, and the PSI cost measured on subsamples and extrapolated linearly in the rows (the PSI table). "
         "Both alignments give the same segments and rounds (`hyfdca_psi.md`).",
     ]
+
+
+PARTS = {
+    "": (
+        run_main,
+        "--sample-groups 2 --block-groups 2 --rounds 1 --ckks-rounds 1 --long-rounds 1 --psi-samples 200".split(),
+    ),
+}
+
+
+def main() -> None:
+    """``python -m benchmarks.hyfdca_grid [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("hyfdca_grid", PARTS, globals())
 
 
 if __name__ == "__main__":

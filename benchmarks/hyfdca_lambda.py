@@ -1,6 +1,6 @@
 """HyFDCA in the paper's regularisation regime (issue 16): small lambda (1e-5, 5e-5; HyFDCA Sec. 5.1
 uses lambda = 1e-3 for MNIST, 1e-5 for News20 and 5e-5 for Covtype, neither of which is available
-offline) on MNIST binary (dense-ish pixels, 60,000 x 784, the 3 x 3 grid of ``hyfdca_bench.py``) and
+offline) on MNIST binary (dense-ish pixels, 60,000 x 784, the 3 x 3 grid of ``benchmarks.hyfdca bench``) and
 on one-hot Adult kept sparse (CSR, 32,561 x 108), hinge loss, against liblinear.
 
 Setting: plaintext (``encryption: none``, ``alignment: plaintext``, ``secure_aggregation: false``)
@@ -29,10 +29,10 @@ One (dataset, lambda) problem per call; every call merges its runs into
 ``benchmarks/results/hyfdca_lambda.json`` and rewrites ``hyfdca_lambda.md`` and
 ``hyfdca_lambda.png`` from the whole file::
 
-    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_lambda.py --data adult --lam 1e-5 --rounds 300
-    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_lambda.py --data mnist --lam 5e-5 \\
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_lambda --data adult --lam 1e-5 --rounds 300
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_lambda --data mnist --lam 5e-5 \\
         --rounds 120 --segment-rounds 240
-    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_lambda.py --data adult --lam 1e-5 --rounds 300 \\
+    OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_lambda --data adult --lam 1e-5 --rounds 300 \\
         --mode segment --average-last 0.5
 
 The exact commands of the committed results are listed at the end of ``hyfdca_lambda.md``.
@@ -43,15 +43,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks import harness
+from benchmarks.harness import dispatch
+from benchmarks.hyfdca import DATA, OUT, dataset
 from hybridfl.algorithms.convex.losses import primal
 from hybridfl.algorithms.convex.monitor import build_problem
 from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
@@ -59,7 +59,6 @@ from hybridfl.data import load_adult
 from hybridfl.data.dataset import DatasetSplit, HybridDataset
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.simulation import single_threaded
-from hyfdca_bench import DATA, OUT, dataset
 
 RESULT = OUT / "hyfdca_lambda.json"
 TOLS = ((1e-4, 1000), (1e-6, 10000), (1e-8, 20000))
@@ -72,7 +71,7 @@ def adult_sparse() -> DatasetSplit:
     so that zeros stay zeros."""
     from sklearn.preprocessing import MaxAbsScaler
 
-    s = load_adult(DATA / "adult")
+    s = harness.shrink(load_adult(DATA / "adult"))
     tr, te = {}, {}
     for b, x in s.train.blocks.items():
         m = MaxAbsScaler().fit(x.astype(np.float64))
@@ -256,7 +255,7 @@ def write_md(res: dict) -> None:
     lines = [
         "## HyFDCA at the paper's small lambda (issue 16)",
         "",
-        "Written by `benchmarks/hyfdca_lambda.py` (see its docstring). Hinge loss, 3 x 3 grid (3 sample",
+        "Written by `python -m benchmarks.hyfdca_lambda` (see its docstring). Hinge loss, 3 x 3 grid (3 sample",
         "groups x 3 block groups = 9 clients), plaintext (`encryption: none`, `alignment: plaintext`,",
         "`secure_aggregation: false`: encryption does not change the iterates, it only costs time),",
         "last iterate (`average_last: 0`) unless the mode ends in `_avg<x>` (`average_last: x`: the output",
@@ -374,7 +373,7 @@ def save(res: dict, cmd: str) -> None:
     plot(res)
 
 
-def main() -> None:
+def run_main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", required=True, choices=["mnist", "adult"])
     ap.add_argument("--lam", type=float, required=True, help="lambda (paper: 1e-5 News20, 5e-5 Covtype)")
@@ -421,7 +420,7 @@ def main() -> None:
             finish(entry)
             save(
                 res,
-                f".venv/bin/python benchmarks/hyfdca_lambda.py --data {a.data} --lam {a.lam:g} --reference-only --cert-epochs {a.cert_epochs}",
+                f".venv/bin/python -m benchmarks.hyfdca_lambda --data {a.data} --lam {a.lam:g} --reference-only --cert-epochs {a.cert_epochs}",
             )
             return
         for mode in a.mode:
@@ -433,13 +432,23 @@ def main() -> None:
             res["problems"][key] = entry
             finish(entry)
             cmd = (
-                f".venv/bin/python benchmarks/hyfdca_lambda.py --data {a.data} --lam {a.lam:g} --rounds {a.rounds}"
+                f".venv/bin/python -m benchmarks.hyfdca_lambda --data {a.data} --lam {a.lam:g} --rounds {a.rounds}"
                 + (f" --segment-rounds {a.segment_rounds}" if a.segment_rounds else "")
                 + f" --mode {' '.join(a.mode)} --eval-every {a.eval_every} --cert-epochs {a.cert_epochs}"
                 + (f" --average-last {a.average_last:g}" if a.average_last else "")
             )
             save(res, cmd)
             print(json.dumps(entry["modes"][label]["final"]), flush=True)
+
+
+PARTS = {
+    "": (run_main, "--data adult --lam 5e-5 --rounds 2 --mode block --eval-every 1 --cert-epochs 2".split()),
+}
+
+
+def main() -> None:
+    """``python -m benchmarks.hyfdca_lambda [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("hyfdca_lambda", PARTS, globals())
 
 
 if __name__ == "__main__":

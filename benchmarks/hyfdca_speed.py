@@ -13,7 +13,7 @@ the settings of ``examples/configs/hyfdca_mnist.yaml``):
    process), so the evaluation (the monitor) is excluded; the ratio is given for the rounds alone
    and with the setup. ``alignment: plaintext`` (the paper's setting): the PSI alignment that the
    example uses by default gives the same segments and rounds and costs setup time only
-   (``benchmarks/hyfdca_psi.py``). The example's ``average_last: 0.5`` of 400 rounds averages
+   (``python -m benchmarks.privacy_cost hyfdca-psi``). The example's ``average_last: 0.5`` of 400 rounds averages
    from round 201 on, so up to round 200 its output model is the last iterate, as here
    (``average_last: 0``). Then the same with ``step_average: true`` (our option, each round's
    output model the mean of its iterates, SDCA's averaged output; ``--step-average-rounds``
@@ -28,7 +28,7 @@ the settings of ``examples/configs/hyfdca_mnist.yaml``):
 Run (single-threaded; about 3 minutes on an idle core at batch 128, longer at larger batches,
 whose CKKS setup encrypts ``n_s (b + 1) / 2`` Gram values per holder)::
 
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_speed.py \
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_speed \
         --rounds 60 --step-average-rounds 25 --target 0.001 --ckks-rounds 3 [--batch-size 512]
 
 Writes ``benchmarks/results/hyfdca_speed.json`` and ``.md`` (``hyfdca_speed_b<size>.*`` at another
@@ -38,7 +38,7 @@ before (``earlier_runs``, with the commit that last wrote it).
 
 Profile a round instead (cProfile, CPU clock; ``hyfdca_speed_profile[_<scheme>][_b<size>].*``)::
 
-    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_speed.py \
+    OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_speed \
         --profile 2 --profile-scheme ckks_secret_key [--batch-size 512]
 """
 
@@ -53,6 +53,8 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks import harness
+from benchmarks.harness import dispatch
 from hybridfl.algorithms.convex.losses import primal
 from hybridfl.algorithms.convex.monitor import build_problem
 from hybridfl.algorithms.convex.reference import liblinear_solve
@@ -75,7 +77,7 @@ def clocks() -> tuple[float, float]:
 @contextmanager
 def timed_server(times: dict, cpu=time.process_time):
     """Time ``HyFDCAServer.setup`` and each ``run_round`` (wall, and CPU by the clock ``cpu``;
-    ``hyfdca_grid.py`` passes one that counts child processes too) into ``times``."""
+    ``benchmarks.hyfdca_grid`` passes one that counts child processes too) into ``times``."""
     setup, run_round = HyFDCAServer.setup, HyFDCAServer.run_round
 
     def timed_setup(self, *a, **k):
@@ -294,7 +296,7 @@ def load() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
-def main() -> None:
+def run_main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=60, help="plaintext rounds (evaluated every round)")
     ap.add_argument("--target", type=float, default=1e-3)
@@ -335,11 +337,11 @@ def main() -> None:
         return
     if a.profile:
         with single_threaded():
-            split = load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True)
+            split = harness.shrink(load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True))
             part = GridPartitioner(3, 3, 1, 0).partition(split.train)
             prof = profile(split, part, a.profile, a.batch_size, a.profile_scheme)
         prof["command"] = (
-            "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_speed.py "
+            "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_speed "
             f"--profile {a.profile}"
             + ("" if a.batch_size == 128 else f" --batch-size {a.batch_size}")
             + ("" if a.profile_scheme == "none" else f" --profile-scheme {a.profile_scheme}")
@@ -357,7 +359,7 @@ def main() -> None:
         return
     out: dict = {
         "dataset": "MNIST binary (0-4 vs 5-9), 60,000 x 784, 49 tiles of 4 x 4, 3 x 3 grid = 9 clients",
-        "command": "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python benchmarks/hyfdca_speed.py"
+        "command": "OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_speed"
         + f" --rounds {a.rounds} --step-average-rounds {a.step_average_rounds} --target {a.target:g} --ckks-rounds {a.ckks_rounds} --liblinear-repeats {a.liblinear_repeats}"
         + ("" if a.batch_size == 128 else f" --batch-size {a.batch_size}"),
         "batch_size": a.batch_size,
@@ -365,7 +367,7 @@ def main() -> None:
         "load_average_start": load(),
     }
     with single_threaded():
-        split = load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True)
+        split = harness.shrink(load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True))
         part = GridPartitioner(3, 3, 1, 0).partition(split.train)
         prob = build_problem(split, part, "hinge", LAM, POSITIVE)
 
@@ -446,7 +448,7 @@ def summary() -> str:
     lines = [
         "# HyFDCA speed by batch size (issue 17): MNIST binary, 3 x 3 grid, segment mode",
         "",
-        "Tabulated by `.venv/bin/python benchmarks/hyfdca_speed.py --summary` from the files named in the first "
+        "Tabulated by `.venv/bin/python -m benchmarks.hyfdca_speed --summary` from the files named in the first "
         "column (each its latest run; commands, loads and earlier runs there). CKKS degree 8192 (4,096 slots); "
         "one exchange = one ciphertext per holder of `b` values, summed by the server, decrypted by each holder "
         "(masked: `b` uint64 words per holder, the duals still under CKKS). "
@@ -717,6 +719,16 @@ def report(o: dict) -> str:
             )
         lines.append("")
     return "\n".join(lines)
+
+
+PARTS = {
+    "": (run_main, "--rounds 2 --ckks-rounds 1 --liblinear-repeats 1".split()),
+}
+
+
+def main() -> None:
+    """``python -m benchmarks.hyfdca_speed [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("hyfdca_speed", PARTS, globals())
 
 
 if __name__ == "__main__":

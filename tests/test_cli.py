@@ -101,7 +101,7 @@ def test_bad_config_fields(tmp_path, text, needle):
 def test_main_job_writes_results(tmp_path):
     """`hybridfl run --config` on digits: results.json with the documented keys, metrics.csv,
     the plots; accuracies are sane (server and clients beat chance by far)."""
-    cfg = write(tmp_path, "c.yaml", "algorithm: {name: hyfem, rounds: 4, local_steps: 10, lr: 0.1}\n")
+    cfg = write(tmp_path, "c.yaml", "algorithm: {name: hyfem, rounds: 4, local_steps: 10, lr: 0.1, baselines: true}\n")
     p = cli("run", "--config", str(cfg), "--out", str(tmp_path / "out"), "--quiet")
     assert p.returncode == 0, p.stderr
     out = tmp_path / "out"
@@ -171,7 +171,7 @@ def test_algorithms_describe_prints_every_option():
     assert heads["momentum"] == "momentum: number; in [0, 1); default 0.0"
     assert heads["variant"] == "variant: one of avg, prox; default avg"
     assert heads["matching.new_penalty"] == "matching.new_penalty: number or null; > 0; default null"
-    assert heads["baselines"] == "baselines: true/false; default true"
+    assert heads["baselines"] == "baselines: true/false; default false"
     assert heads["matching"] == "matching: section"
     i = lines.index(heads["rounds"])
     assert lines[i + 1] == "    communication rounds T"

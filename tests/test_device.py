@@ -1,4 +1,4 @@
-"""The ``device`` setting of HyFEM (issue 17): ``cpu`` (default), ``cuda``, ``auto``.
+"""The ``device`` setting of HyFEM and FedBCD: ``auto`` (default), ``cpu``, ``cuda``.
 
 On this machine (no GPU) the CUDA run is skipped with a printed reason; ``auto`` must then give
 exactly the CPU results, and ``cuda`` must be refused by config validation before anything runs.
@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
 
+from hybridfl.algorithms.fedbcd import FedBCDConfig
 from hybridfl.algorithms.hyfem import HyFEMConfig, run_hyfem
 from hybridfl.data import load_digits
 from hybridfl.data.partitioners import ClassBlockPartitioner
@@ -42,7 +43,7 @@ def _metrics(res) -> list[dict]:
 def test_device_names_are_checked_before_anything_runs():
     with pytest.raises(ValidationError, match="device"):
         HyFEMConfig(device="tpu")
-    assert HyFEMConfig().device == "cpu"  # the default: the same results as before on any machine
+    assert HyFEMConfig().device == "auto" and FedBCDConfig().device == "auto"  # a GPU when there is one
     if HAS_CUDA:
         assert HyFEMConfig(device="cuda").device == "cuda"
     else:
@@ -57,6 +58,16 @@ def test_auto_without_a_gpu_is_the_cpu_run(tiny_hyfem):
     assert _metrics(cpu) == _metrics(auto)
     for k in ("server_accuracy", "client_accuracy_local_mean", "centralized_accuracy", "standalone_accuracy_mean"):
         assert cpu.summary[k] == auto.summary[k], k
+    assert cpu.summary["device"] == auto.summary["device"] == "cpu"  # the results record the device that ran
+
+
+def test_auto_resolves_to_the_gpu_torch_sees_else_the_cpu():
+    from hybridfl.models.device import device_name
+
+    want = "cuda" if HAS_CUDA else "cpu"  # no GPU in CI: cpu
+    assert device_name(HyFEMConfig()) == device_name(FedBCDConfig()) == want
+    assert device_name(HyFEMConfig(device="cpu")) == "cpu"
+    assert device_name(object()) is None  # a config without torch models records no device
 
 
 def test_hyfem_on_cuda_matches_the_cpu_run(tiny_hyfem, capsys):

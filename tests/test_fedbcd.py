@@ -368,6 +368,9 @@ def test_no_raw_feature_or_label_in_any_message(credit_dir):
             "setup",
             "response",
             "dh",
+            "run",  # the alignment's run label (random) and the label party's set size
+            "n",
+            "sig",  # peer signatures (with a roster)
             "tags",
             "blocks",
             "out_dim",
@@ -386,7 +389,7 @@ def test_no_raw_feature_or_label_in_any_message(credit_dir):
             "l2",
             "next_batch",
             "return_current",
-        } | {k for k in m.payload if k.startswith(("h.", "grad.", "setup.", "response.", "dh.", "tags."))}
+        } | {k for k in m.payload if k.startswith(("h.", "grad.", "setup.", "response.", "dh.", "tags.", "sig."))}
 
 
 # ------------------------------------------------------------------ state round trip

@@ -19,12 +19,19 @@ import pytest
 
 from hybridfl.algorithms.hyfem import HyFEMConfig, run_hyfem
 from hybridfl.algorithms.spec import deployable
-from hybridfl.config import parse_config
+from hybridfl.config import client_settings_json, parse_config, simulation_fields
 from hybridfl.data.export import export_clients
 from hybridfl.errors import ConfigError, HybridFLError
 from hybridfl.experiment import prepare
 from hybridfl.privacy.credentials import verify_hello
-from hybridfl.runtime.flower.node import HELLO, algorithm_from, assign_clients, client_credentials, client_step
+from hybridfl.runtime.flower.node import (
+    HELLO,
+    SETUP,
+    algorithm_from,
+    assign_clients,
+    client_credentials,
+    client_step,
+)
 from hybridfl.runtime.loop import RoundLoop
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 from hybridfl.runtime.simulation import build_federation, single_threaded
@@ -93,13 +100,13 @@ class StepTransport:
 
 
 def hello_all(t, server_dir):
-    """The hello of :func:`run_server` to every node of ``t``: the server data, config, seed and
-    each client's hello payload."""
+    """The hello and the setup of :func:`run_server` to every node of ``t``: the server data,
+    config, seed and each client's setup reply."""
     sd, cfg, seed = algorithm_from(server_dir)
     keys = client_credentials(sd, server_dir)
     hello = {
         "algorithm": cfg.name,
-        "config": cfg.model_dump_json(),
+        "config": client_settings_json(cfg),
         "seed": seed,
         "layout": json.dumps(sd.layout),
         "session": "s1",
@@ -107,12 +114,16 @@ def hello_all(t, server_dir):
     payloads = {}
     for c in t.client_ids:
         nonce = os.urandom(32)
-        payloads[c] = decode(
-            client_step(encode(Message(HELLO, SERVER, "node-x", 0, {**hello, "nonce": nonce})), t.dirs[c], t.stores[c])
+        proved = decode(
+            client_step(
+                encode(Message(HELLO, SERVER, "node-x", 0, {"session": "s1", "nonce": nonce})), t.dirs[c], t.stores[c]
+            )
         ).payload
+        assert proved["client_id"] == c and proved["ready"] is False and t.stores[c] == {}  # a hello stores nothing
+        assert verify_hello(keys[c], "s1", nonce, c, proved["proof"])
+        assert not verify_hello(keys[c], "s1", os.urandom(32), c, proved["proof"])  # bound to its nonce
+        payloads[c] = decode(client_step(encode(Message(SETUP, SERVER, c, 0, hello)), t.dirs[c], t.stores[c])).payload
         assert payloads[c]["client_id"] == c
-        assert verify_hello(keys[c], "s1", nonce, c, payloads[c]["proof"])
-        assert not verify_hello(keys[c], "s1", os.urandom(32), c, payloads[c]["proof"])  # bound to its nonce
     return sd, cfg, seed, payloads
 
 
@@ -178,22 +189,73 @@ def test_client_step_errors_are_one_sentence(tmp_path):
         client_step(fit, None, {})
     with pytest.raises(HybridFLError, match="does not exist"):
         client_step(fit, str(tmp_path / "missing"), {})
-    with pytest.raises(RuntimeError, match="before the 'deploy.hello'"):
+    with pytest.raises(RuntimeError, match="before the 'deploy.setup'"):
         client_step(fit, str(dirs[0]), {})
     _, cfg, _ = algorithm_from(server_dir)
     store: dict = {}
     hello = {"algorithm": "hyfem", "config": cfg.model_dump_json(), "seed": 0, "session": "s"}
     for bad in ({}, {"nonce": b"short"}, {"nonce": "x" * 32}, {"nonce": os.urandom(32), "session": 5}):
         with pytest.raises(ValueError, match="the hello's (nonce|session) is not"):  # a hostile hello: nothing stored
-            client_step(encode(Message(HELLO, SERVER, "n", 0, {**hello, **bad})), str(dirs[0]), store)
+            client_step(encode(Message(HELLO, SERVER, "n", 0, {"session": "s", **bad})), str(dirs[0]), store)
         assert store == {}
-    client_step(encode(Message(HELLO, SERVER, "n", 0, {**hello, "nonce": os.urandom(32)})), str(dirs[0]), store)
+    client_step(encode(Message(HELLO, SERVER, "n", 0, {"session": "s", "nonce": os.urandom(32)})), str(dirs[0]), store)
+    assert store == {}
+    with pytest.raises(ValueError, match="the setup's session is not"):
+        client_step(encode(Message(SETUP, SERVER, "client-0", 0, {**hello, "session": 5})), str(dirs[0]), store)
+    client_step(encode(Message(SETUP, SERVER, "client-0", 0, hello)), str(dirs[0]), store)
     with pytest.raises(HybridFLError, match="reached the node holding client 'client-0'"):
         client_step(encode(Message("hyfem.fit", SERVER, "client-1", 1, {})), str(dirs[0]), store)
     with pytest.raises(ConfigError, match="unknown algorithm 'nope'"):
         client_step(
-            encode(Message(HELLO, SERVER, "n", 0, {"algorithm": "nope", "config": "{}", "seed": 0})), str(dirs[0]), {}
+            encode(Message(SETUP, SERVER, "n", 0, {"algorithm": "nope", "config": "{}", "seed": 0, "session": "s"})),
+            str(dirs[0]),
+            {},
         )
+
+
+def test_the_hello_carries_no_simulation_setting(tmp_path, monkeypatch):
+    """The hello that :func:`run_server` sends to every node holds the method, its hyperparameters
+    and the protocol settings, none of the settings only the simulation and the server use; the
+    client fills their defaults and builds the same client."""
+    from hybridfl.runtime.flower import bridge
+    from hybridfl.runtime.flower.node import run_server
+
+    algo = {**HYFEM, "eval_every": 2, "test_subsample": 50, "failure_rate": 0.1, "device": "cpu"}
+    prep, dirs, server_dir = _setup(tmp_path, algo)
+    sent = []
+
+    class Captured(Exception):
+        pass
+
+    class HelloOnly:  # stands in for the Flower transport: keeps the hello, sends nothing
+        def __init__(self, *a, **k):
+            pass
+
+        def hello_all(self, hello, *a, **k):
+            sent.append(hello)
+            raise Captured
+
+    monkeypatch.setattr(bridge, "FlowerTransport", HelloOnly)
+    with pytest.raises(Captured):
+        run_server(None, server_dir)
+    got = json.loads(sent[0]["config"])
+    hidden = simulation_fields(HyFEMConfig)
+    assert hidden >= {"eval_every", "test_subsample", "failure_rate", "baselines", "device"}
+    assert not hidden & set(got), hidden & set(got)
+    assert got["local_steps"] == 5 and got["lr"] == 0.05 and got["secure_aggregation"] is False  # the method's
+    # the client's view: the same method, the simulation settings at their defaults
+    client_cfg = HyFEMConfig.model_validate_json(sent[0]["config"])
+    assert client_cfg.model_dump(exclude=hidden) == prep.algorithm.model_dump(exclude=hidden)
+    assert client_cfg.eval_every == 1 and prep.algorithm.eval_every == 2
+
+
+def test_every_simulation_only_setting_is_a_setting():
+    from hybridfl.algorithms.spec import get_algorithm
+
+    for name in ("hyfem", "fedbcd", "hyfdca", "hybrid_fedavg"):
+        model = get_algorithm(name).config_model
+        assert model.simulation_only and model.simulation_only <= set(model.model_fields), name
+        assert "failure_rate" in simulation_fields(model) and "eval_every" in simulation_fields(model), name
 
 
 def test_assign_clients_checks_nodes():
@@ -453,8 +515,14 @@ def _fedbcd_setup(tmp_path, algo):
     return split, part, dirs, cfg
 
 
-def _fedbcd_reference(split, part, cfg, fail_at=()):
+def _fedbcd_reference(split, part, cfg, fail_at=(), dirs=()):
+    """The simulation's run; with the export's ``dirs``, its parties hold the roster the exported
+    directories hold (signed PSI, as the deployment), so the bytes match too."""
+    from hybridfl.privacy.roster import peer_auth_of
+
     fed = build_federation("fedbcd", split, part, cfg, seed=2, fail_at=fail_at)
+    for d in dirs:
+        fed.clients[d.name].peer_auth = peer_auth_of(d.name, d)
     fed.setup()
     with single_threaded():
         hist = fed.loop().run()
@@ -468,7 +536,7 @@ def test_fedbcd_rebuilt_parties_equal_simulation(tmp_path, variant, model):
     per-round test AUC included (evaluated through the protocol on both sides)."""
     algo = {**FEDBCD, "variant": variant, "model": model}
     split, part, dirs, cfg = _fedbcd_setup(tmp_path, algo)
-    ref, fed = _fedbcd_reference(split, part, cfg)
+    ref, fed = _fedbcd_reference(split, part, cfg, dirs=dirs)
     t = StepTransport(dirs)
     _, hist, _ = run_steps(t, tmp_path / "export" / "server")
     assert all("auc" in r for r in hist) and _strip(hist) == _strip(ref)

@@ -26,7 +26,7 @@ import pytest
 
 from hybridfl.algorithms.hyfem import HyFEMConfig, run_hyfem
 from hybridfl.algorithms.spec import deployable
-from hybridfl.runtime.flower.clientapp import FileStore, read_state, state_path
+from hybridfl.runtime.flower.clientapp import FileStore, read_state, state_key, state_path
 from hybridfl.runtime.flower.executor import CLIENTAPP_REF, FLOWER_NAMES, Executor
 from hybridfl.runtime.flower.node import WarmClient, serve
 from hybridfl.runtime.messages import decode, encode
@@ -129,7 +129,8 @@ class WarmStepTransport(StepTransport):
         super().__init__(dirs)
         ctx = {c: {"data-dir": d} for c, d in self.dirs.items()}
         self.paths = {c: state_path(ctx[c], run_id) for c in self.dirs}
-        self.stores = {c: FileStore(self.paths[c]) for c in self.dirs}
+        self.keys = {c: state_key(ctx[c]) for c in self.dirs}
+        self.stores = {c: FileStore(self.paths[c], self.keys[c]) for c in self.dirs}
         self.warm = {c: WarmClient() for c in self.dirs}
 
     def step(self, c, raw, seq=None):
@@ -170,7 +171,7 @@ def test_warm_steps_equal_simulation_build_once_and_save_state(tmp_path, monkeyp
     assert t.log.bytes_total == ref.summary["bytes_total"]
     assert sorted(built) == ["client-0", "client-1", "client-2"]  # once per client, not once per message
     for c, p in t.paths.items():  # the file holds what the executor holds: a restart continues from it
-        assert read_state(p) == dict(t.stores[c]) and (p.stat().st_mode & 0o777) == 0o600
+        assert read_state(p, t.keys[c]) == dict(t.stores[c]) and (p.stat().st_mode & 0o777) == 0o600
     # the cold path (a process per message) builds the client for every message, with the same results
     monkeypatch.setattr(tf, "client_step", node.client_step)
     built.clear()
@@ -186,12 +187,14 @@ def test_warm_client_is_dropped_when_its_state_changes_or_handle_fails(tmp_path)
     assert w.get(b"setup", b"other") is None and w.get(b"other", b"state") is None and w.get(b"setup", None) is None
     w.forget()
     assert w.get(b"setup", b"state") is None
-    s = FileStore(tmp_path / "run-1.state")
+    key = bytes(range(32))
+    s = FileStore(tmp_path / "run-1.state", key)
     s.save()
     assert not (tmp_path / "run-1.state").exists()  # nothing changed: nothing written
     s["seq"] = b"1"
     s.save()
-    assert read_state(tmp_path / "run-1.state") == {"seq": b"1"} and FileStore(tmp_path / "run-1.state") == s
+    assert read_state(tmp_path / "run-1.state", key) == {"seq": b"1"}
+    assert FileStore(tmp_path / "run-1.state", key) == s
 
 
 @pytest.mark.parametrize(
@@ -219,7 +222,7 @@ def test_warm_node_killed_with_its_executor_rejoins(tmp_path, monkeypatch, kill_
     def warm_query(m, ctx):
         run = executors.get(ctx.node_id)
         if run is None:
-            run = executors[ctx.node_id] = _Run(state_path(ctx.node_config, ctx.run_id))
+            run = executors[ctx.node_id] = _Run(state_path(ctx.node_config, ctx.run_id), state_key(ctx.node_config))
         return answer(m, ctx, run.store, run.warm)
 
     monkeypatch.setattr(tr, "query", warm_query)

@@ -28,7 +28,7 @@ from hybridfl.algorithms.hyfem import HyFEMConfig, run_hyfem
 from hybridfl.errors import HybridFLError
 from hybridfl.runtime.flower.bridge import NODE_UNAVAILABLE, unpack_seq
 from hybridfl.runtime.flower.clientapp import STATE_DIR, query
-from hybridfl.runtime.flower.node import HELLO, StaleMessage, run_server, serve
+from hybridfl.runtime.flower.node import HELLO, SETUP, StaleMessage, run_server, serve
 from hybridfl.runtime.messages import SERVER, decode, encode
 from hybridfl.runtime.messages import Message as HMessage
 from hybridfl.runtime.simulation import single_threaded
@@ -249,7 +249,8 @@ def test_impostor_nodes_are_refused_and_the_run_goes_on(tmp_path, run_id, hyfdca
     """Adversary: nodes that reach the SuperLink and claim client-1's name with a copy of its data
     but not its ``client_key.pem`` (one from the start, one appearing mid-run as if client-1's node
     had restarted), and a node whose ClientApp fails on the hello. None is mapped to a client, none
-    receives an algorithm message, and ``w`` equals the simulation's."""
+    receives the run's setup (config, layout, seed) or an algorithm message, and ``w`` equals the
+    simulation's."""
     import shutil
 
     from hybridfl.privacy.credentials import CLIENT_KEY_FILE, new_client_key
@@ -275,7 +276,15 @@ def test_impostor_nodes_are_refused_and_the_run_goes_on(tmp_path, run_id, hyfdca
         assert "claims client 'client-1' without a valid proof" in refused[n]
     assert "ClientApp failed" in refused[grid.started[5]]
     got = {m.metadata.dst_node_id for m in grid.msgs.values() if decode(unpack_seq(m.content)[0]).kind != HELLO}
-    assert got == set(grid.started[:3])  # no algorithm message ever went to a refused node
+    assert got == set(grid.started[:3])  # no algorithm message (and no setup) ever went to a refused node
+    # what an unproven node learns: the session and its nonce, not the config, layout or seed
+    # (before: the hello carried all of them to every node that connected)
+    for m in grid.msgs.values():
+        h = decode(unpack_seq(m.content)[0])
+        if h.kind == HELLO:
+            assert set(h.payload) == {"session", "nonce"}, sorted(h.payload)
+        elif h.kind == SETUP:
+            assert m.metadata.dst_node_id in grid.started[:3] and {"config", "layout", "seed"} <= set(h.payload)
 
 
 def _rows(history):
@@ -294,7 +303,7 @@ def test_fedbcd_over_the_flower_transport_reports_auc_and_stops_at_target(tmp_pa
     assert 1 < first < 30
     algo = {**FEDBCD, "rounds": 30, "target_auc": target, "stop_at_target": True}
     split, part, dirs, cfg = _fedbcd_setup(tmp_path, algo)
-    ref, _ = _fedbcd_reference(split, part, cfg)
+    ref, _ = _fedbcd_reference(split, part, cfg, dirs=dirs)  # the export's roster: the same signed setup bytes
     summary = run_server(
         FakeGrid(dirs),
         tmp_path / "export" / "server",
@@ -316,7 +325,7 @@ def test_fedbcd_skip_and_undo_over_the_flower_transport_equal_simulation(tmp_pat
     coordinator skips the round and every party undoes it, exactly as in the simulation with the
     same failure."""
     split, part, dirs, cfg = _fedbcd_setup(tmp_path, FEDBCD)
-    ref, fed = _fedbcd_reference(split, part, cfg, fail_at=[(2, part.clients[2].client_id)])
+    ref, fed = _fedbcd_reference(split, part, cfg, fail_at=[(2, part.clients[2].client_id)], dirs=dirs)
     assert fed.server.skipped == [(2, [part.clients[2].client_id])]
     summary = run_server(
         FakeGrid(dirs, lose={(2, 2)}),
@@ -371,18 +380,37 @@ def test_node_back_without_its_state_stops_the_run(tmp_path, run_id, hyfdca_setu
         run_server(grid, server_dir, None, poll_interval=0, reply_timeout=30, node_check=0)
 
 
+def test_node_back_without_its_state_before_any_reply_gets_the_setup_again(tmp_path, run_id, hyfdca_setup):
+    """A node that dies on its first algorithm message and comes back without its state directory
+    has answered nothing yet: the server sends the proven node the setup again, re-sends the
+    message, and ``w`` equals the simulation."""
+    dirs, server_dir, w_ref, _ = hyfdca_setup
+    _clean_state(dirs)
+    grid = FakeGrid(dirs, (0, 1, "before"), stale=2, restart_after=2)
+    grid.on_restart = lambda i: _clean_state([dirs[i]])
+    summary = run_server(grid, server_dir, tmp_path / "res", poll_interval=0, reply_timeout=30, node_check=0)
+    np.testing.assert_allclose(np.load(tmp_path / "res" / "final.npz")["w"], w_ref, rtol=1e-9, atol=1e-12)
+    (rj,) = summary["rejoins"]
+    assert rj["client"] == "client-0" and rj["state_seq"] == 0 and rj["node"] == grid.started[-1]
+    setups = [m for m in grid.msgs.values() if decode(unpack_seq(m.content)[0]).kind == SETUP]
+    assert [m.metadata.dst_node_id for m in setups].count(grid.started[-1]) == 1
+
+
 def test_serve_answers_a_resent_message_once(tmp_path, hyfdca_setup):
     """The ClientApp side without Flower: a message re-sent with the same number gets the saved
     reply and leaves the state alone; a number out of sequence is refused; the hello of the same
-    run keeps the state (and says how far it got), another run's hello starts afresh."""
+    run says how far it got, another run's hello changes nothing, and its setup starts afresh."""
     dirs, server_dir, _, _ = hyfdca_setup
     from hybridfl.runtime.flower.node import algorithm_from
 
     _, cfg, seed = algorithm_from(server_dir)
     d = str(dirs[0])
-    hello = {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": seed, "session": "s1", "nonce": b"n" * 32}
+    setup = {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": seed, "session": "s1"}
+    hello = {"session": "s1", "nonce": b"n" * 32}
     store: dict = {}
     r = decode(serve(encode(HMessage(HELLO, SERVER, "node-1", 0, hello)), None, d, store))
+    assert r.payload["client_id"] == "client-0" and r.payload["seq"] == 0 and not r.payload["ready"]
+    r = decode(serve(encode(HMessage(SETUP, SERVER, "client-0", 0, setup)), None, d, store))
     assert r.payload["client_id"] == "client-0" and r.payload["seq"] == 0
     m1 = encode(HMessage("hyfdca.hello", SERVER, "client-0", 0, {}))
     first = serve(m1, 1, d, store)
@@ -396,9 +424,13 @@ def test_serve_answers_a_resent_message_once(tmp_path, hyfdca_setup):
         serve(encode(HMessage("hyfdca.x", SERVER, "client-0", 1, {})), 0, d, store, acked=0)
     assert dict(store) == state
     r = decode(serve(encode(HMessage(HELLO, SERVER, "node-2", 0, hello)), None, d, store))
-    assert r.payload["seq"] == 1 and dict(store) == state  # the same run: resumed
+    assert r.payload["seq"] == 1 and r.payload["ready"] and dict(store) == state  # the same run: resumed
+    r = decode(serve(encode(HMessage(SETUP, SERVER, "client-0", 0, setup)), None, d, store))
+    assert r.payload["seq"] == 1 and dict(store) == state  # its setup again: still resumed
     r = decode(serve(encode(HMessage(HELLO, SERVER, "node-2", 0, {**hello, "session": "s2"})), None, d, store))
-    assert r.payload["seq"] == 0 and "reply" not in store  # another run: afresh
+    assert r.payload["seq"] == 0 and not r.payload["ready"] and dict(store) == state  # a hello changes nothing
+    r = decode(serve(encode(HMessage(SETUP, SERVER, "client-0", 0, {**setup, "session": "s2"})), None, d, store))
+    assert r.payload["seq"] == 0 and "reply" not in store  # another run's setup: afresh
 
 
 def test_clientapp_state_file_survives_the_supernode(tmp_path, run_id, hyfdca_setup):
@@ -410,7 +442,8 @@ def test_clientapp_state_file_survives_the_supernode(tmp_path, run_id, hyfdca_se
     from hybridfl.runtime.flower.node import algorithm_from
 
     _, cfg, seed = algorithm_from(server_dir)
-    hello = {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": seed, "session": "s1", "nonce": b"n" * 32}
+    hello = {"session": "s1", "nonce": b"n" * 32}
+    setup = {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": seed, "session": "s1"}
     from hybridfl.runtime.flower.bridge import pack
 
     def send(nid, raw, seq=None):
@@ -421,6 +454,7 @@ def test_clientapp_state_file_survives_the_supernode(tmp_path, run_id, hyfdca_se
 
     nid = grid.started[0]
     send(nid, encode(HMessage(HELLO, SERVER, "n", 0, hello)))
+    send(nid, encode(HMessage(SETUP, SERVER, "client-0", 0, setup)))
     send(nid, encode(HMessage("hyfdca.hello", SERVER, "client-0", 0, {})), 1)
     f = dirs[0] / STATE_DIR / "run-7.state"
     assert f.is_file() and (f.stat().st_mode & 0o777) == 0o600
@@ -430,6 +464,56 @@ def test_clientapp_state_file_survives_the_supernode(tmp_path, run_id, hyfdca_se
     nid2 = grid.start(0)
     assert send(nid2, encode(HMessage(HELLO, SERVER, "n", 0, hello))).payload["seq"] == 1
     assert not stale.exists()
+
+
+def test_the_state_file_is_encrypted_at_rest(tmp_path, run_id, hyfdca_setup):
+    """Adversary: someone who reads (or copies, or edits) the node's state directory but not its
+    client directory. The file holds none of the state in the clear (before: the setup, the
+    session and the client's state, secrets included, were readable in it); it decrypts only with
+    the key in ``<data-dir>/node_state.key`` (mode 0600), only under its own name, and not after a
+    byte changed."""
+    from hybridfl.runtime.flower.clientapp import STATE_KEY_FILE, read_state, state_key
+    from hybridfl.runtime.flower.node import algorithm_from
+
+    dirs, server_dir, _, _ = hyfdca_setup
+    _clean_state(dirs)
+    (dirs[0] / STATE_KEY_FILE).unlink(missing_ok=True)
+    grid = FakeGrid(dirs[:1])
+    _, cfg, seed = algorithm_from(server_dir)
+    session = "session-" + "7" * 24
+    setup = {"algorithm": "hyfdca", "config": cfg.model_dump_json(), "seed": seed, "session": session}
+    from hybridfl.runtime.flower.bridge import pack
+
+    for raw, seq in (
+        (encode(HMessage(HELLO, SERVER, "n", 0, {"session": session, "nonce": b"n" * 32})), None),
+        (encode(HMessage(SETUP, SERVER, "client-0", 0, setup)), None),
+        (encode(HMessage("hyfdca.hello", SERVER, "client-0", 0, {})), 1),
+    ):
+        (mid,) = grid.push_messages(
+            [Message(pack(raw, seq), dst_node_id=grid.started[0], message_type="query.hybridfl", group_id="0")]
+        )
+        grid.pull_messages([mid])
+    f = dirs[0] / STATE_DIR / "run-7.state"
+    raw = f.read_bytes()
+    key_file = dirs[0] / STATE_KEY_FILE
+    assert key_file.is_file() and (key_file.stat().st_mode & 0o777) == 0o600
+    key = state_key({"data-dir": str(dirs[0])})
+    state = read_state(f, key)
+    assert session.encode() in state["setup"] and "state" in state  # what the file holds, decrypted
+    for secret in (session.encode(), cfg.model_dump_json().encode()[:40], state["state"][-64:], b"hyfdca"):
+        assert secret not in raw
+    moved = f.with_name("run-8.state")
+    moved.write_bytes(raw)
+    with pytest.raises(ValueError, match="does not decrypt"):
+        read_state(moved, key)
+    flipped = bytearray(raw)
+    flipped[-20] ^= 1
+    f.write_bytes(bytes(flipped))
+    with pytest.raises(ValueError, match="does not decrypt"):
+        read_state(f, key)
+    with pytest.raises(ValueError, match="does not decrypt"):
+        read_state(moved, bytes(32))
+    _clean_state(dirs)
 
 
 # -------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ import pytest
 from hybridfl.errors import HybridFLError, ProtocolError
 from hybridfl.inference.modeldir import MANIFEST, WEIGHTS
 from hybridfl.inference.parts import load_org_part
-from hybridfl.runtime.flower.node import HELLO, WarmClient, client_step
+from hybridfl.runtime.flower.node import HELLO, SETUP, WarmClient, client_step
 from hybridfl.runtime.flower.tasks import MAX_REQUESTS, MODEL_PART
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 from tests.test_federated_evaluation import _prepare
@@ -55,8 +55,12 @@ class _Capture:
 
 
 def _hello(d, store, warm, cfg: str, layout) -> None:
-    hello = {"algorithm": "hyfdca", "config": cfg, "seed": 0, "layout": json.dumps(layout), "session": "s1"}
-    client_step(encode(Message(HELLO, SERVER, "node", 0, {**hello, "nonce": os.urandom(32)})), str(d), store, warm)
+    """The run's start as a proven node sees it: the hello (session and nonce), then the setup."""
+    setup = {"algorithm": "hyfdca", "config": cfg, "seed": 0, "layout": json.dumps(layout), "session": "s1"}
+    client_step(
+        encode(Message(HELLO, SERVER, "node", 0, {"session": "s1", "nonce": os.urandom(32)})), str(d), store, warm
+    )
+    client_step(encode(Message(SETUP, SERVER, "node", 0, setup)), str(d), store, warm)
 
 
 def _files(d) -> dict[str, bytes]:

@@ -126,7 +126,7 @@ def test_hyfdca_ckks_on_unscaled_features_fails_with_the_range_error(credit_dir)
     """The reported case: HyFDCA, encryption ckks, credit default without standardisation: the
     first encrypted message (the clients' squared norms) is refused with the one-sentence error."""
     from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
-    from hybridfl.config import PartitionConfig
+    from hybridfl.config import GridPartitionConfig
     from hybridfl.data import load_credit_default
     from hybridfl.data.dataset import DatasetSplit
     from hybridfl.data.from_config import build_partition
@@ -134,7 +134,7 @@ def test_hyfdca_ckks_on_unscaled_features_fails_with_the_range_error(credit_dir)
     raw = load_credit_default(credit_dir)
     small = DatasetSplit(raw.train.take(np.arange(300)), raw.test.take(np.arange(100)))
     assert np.max(np.abs(small.train.blocks["bill"])) > 1e4  # not standardised
-    part = build_partition(PartitionConfig(kind="grid", sample_groups=2, block_groups=2), small.train, 0)
+    part = build_partition(GridPartitionConfig(kind="grid", sample_groups=2, block_groups=2), small.train, 0)
     cfg = HyFDCAConfig(lam=1e-2, rounds=2, eval_every=0, reference_sdca_epochs=5, encryption="ckks")
     with pytest.raises(DataError) as e:
         run_hyfdca(small, part, cfg)

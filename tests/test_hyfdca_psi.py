@@ -312,7 +312,13 @@ def test_the_server_refuses_inconsistent_counts_and_malformed_blobs(monkeypatch)
     hello = [c.handle(Message("hyfdca.hello", SERVER, n, 0, s3.psi_hello_payload())) for n, c in (("a", a3), ("b", b3))]
     hp = {r.sender: r.payload for r in hello}
     served = b3.handle(
-        Message("hyfdca.psi_serve", SERVER, "b", 0, {"request.a": hp["a"]["psi_request"], "dh.a": hp["a"]["psi_dh"]})
+        Message(
+            "hyfdca.psi_serve",
+            SERVER,
+            "b",
+            0,
+            {"request.a": hp["a"]["psi_request"], "dh.a": hp["a"]["psi_dh"], "n.a": hp["a"]["n_samples"]},
+        )
     )
     assert served.payload["response.a"]
     with pytest.raises(PayloadError, match="tags.a"):

@@ -22,7 +22,7 @@ from hybridfl.privacy.he import (
     key_size,
 )
 from hybridfl.privacy.keys import SECRET_FILE, write_secret
-from hybridfl.runtime.flower.bridge import HELLO
+from hybridfl.runtime.flower.bridge import SETUP
 from hybridfl.runtime.flower.node import client_step
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 from hybridfl.runtime.simulation import build_federation, client_data
@@ -42,7 +42,7 @@ def _cfg(**kw) -> HyFDCAConfig:
 def _hello(cfg: HyFDCAConfig) -> bytes:
     return encode(
         Message(
-            HELLO,
+            SETUP,
             SERVER,
             "node-1",
             0,

@@ -1,5 +1,5 @@
 """HyFDCA speed work (issue 17): the faster paths compute exactly what the plain ones do, and the
-secret-key CKKS option gives the plaintext ``w`` to 1e-6 (``benchmarks/hyfdca_speed.py`` measures
+secret-key CKKS option gives the plaintext ``w`` to 1e-6 (``python -m benchmarks.hyfdca_speed`` measures
 the times)."""
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """End-to-end HyFEM runs on the real data in ../shared/data (small budgets; the full must-show
-runs are benchmarks/hyfem_accuracy.py and the tests marked slow)."""
+runs are python -m benchmarks.hyfem accuracy and the tests marked slow)."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def mfeat_partition(train, seed=0):
 def test_mfeat_hyfem_learns_and_beats_standalone(mfeat_split):
     part = mfeat_partition(mfeat_split.train)
     assert all(len(c.blocks) == 3 for c in part.clients)
-    cfg = HyFEMConfig(rounds=8, local_steps=20, lr=0.05, momentum=0.9, eval_every=4)
+    cfg = HyFEMConfig(rounds=8, local_steps=20, lr=0.05, momentum=0.9, eval_every=4, baselines=True)
     res = run_hyfem(mfeat_split, part, cfg, seed=0)
     s = res.summary
     assert s["server_accuracy"] > 0.9

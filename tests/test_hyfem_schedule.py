@@ -31,7 +31,7 @@ def _run(digits_split, **algo):
         num_clients=3, classes_per_client=[6, 8], blocks_per_client=3, min_cell_coverage=1, seed=0
     ).partition(digits_split.train)
     raw: list[bytes] = []
-    cfg = HyFEMConfig(rounds=4, local_steps=3, hidden=8, extractor_dim=4, batch_size=16, **algo)
+    cfg = HyFEMConfig(rounds=4, local_steps=3, hidden=8, extractor_dim=4, batch_size=16, baselines=True, **algo)
     res = run_hyfem(digits_split, part, cfg, seed=0, recorder=raw.append)
     return res, [decode(r) for r in raw]
 

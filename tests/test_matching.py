@@ -212,7 +212,7 @@ def test_width_cap_holds_when_absent_clients_fill_it(cost):
     """Partial participation with ``max_width``: the absent clients' reserved neurons already fill
     the cap and a new client (no previous assignment) must place all its neurons. It shares
     reserved ones instead of growing the server past the cap (this raised 'server width exceeds
-    max_width' with fraction_fit < 1, found by benchmarks/scale.py)."""
+    max_width' with fraction_fit < 1, found by python -m benchmarks.simulation scale)."""
     rng = np.random.default_rng(4)
     prev = _server(4, 6, 2, rng)
     newcomer = ClientClassifier(

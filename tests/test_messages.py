@@ -366,3 +366,48 @@ def test_one_exception_type_for_every_user_facing_caller(tmp_path):
         assert type(e.value) is HybridFLError
         with pytest.raises(DataError, match="is not a hybridfl HE secret key file"):
             backend_from_secret(raw, "the test key")
+
+
+def test_a_header_of_many_small_values_is_refused_before_it_is_parsed(monkeypatch):
+    """The inflation attack: a 2.7 MB header holding 450,000 two-letter strings in one list
+    decoded to 29 MB of Python objects (peak, tracemalloc) before any check; now it is refused on
+    its comma count before the JSON is parsed (json.loads is never called)."""
+    hostile = frame(header([], v={"peers": ["ab"] * 450_000}))
+    assert len(hostile) < 3 * 2**20
+
+    def no_parse(*a, **k):
+        raise AssertionError("the header was parsed")
+
+    monkeypatch.setattr(messages.json, "loads", no_parse)
+    with pytest.raises(MessageError, match="over the limit of 300000"):
+        decode(hostile)
+
+
+def test_a_header_over_its_byte_limit_is_refused_and_not_written():
+    big = "x" * (messages.MAX_HEADER_BYTES + 1)
+    with pytest.raises(MessageError, match="bytes, over the limit"):
+        decode(frame(header([], v={"s": big})))
+    with pytest.raises(MessageError, match="header is .* bytes, over the limit"):
+        encode(Message("k", "a", "b", 0, {"s": big}))
+    with pytest.raises(MessageError, match="long lists go in the body"):
+        encode(Message("k", "a", "b", 0, {"ids": list(range(messages.MAX_HEADER_ITEMS + 5))}))
+
+
+def test_the_largest_accepted_header_stays_small_in_memory():
+    """The worst header within both bounds (as many two-letter strings as the comma limit allows)
+    takes at most 40 MB while decoded, and an array of the same count travels in the body at its
+    byte size."""
+    import tracemalloc
+
+    n = messages.MAX_HEADER_ITEMS - 10
+    ok = frame(header([], v={"peers": ["ab"] * n}))
+    tracemalloc.start()
+    try:
+        m = decode(ok)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(m.payload["peers"]) == n
+    assert peak < 40 * 2**20, peak
+    arr = decode(encode(Message("k", "a", "b", 0, {"x": np.arange(n, dtype=np.int32)})))
+    assert arr.payload["x"].nbytes == 4 * n

@@ -314,6 +314,32 @@ def test_non_empty_out_is_refused_and_left_alone(tmp_path, schema_file, monkeypa
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
 
 
+@pytest.mark.parametrize("target", ["empty dir", "missing", "file"])
+def test_out_onto_a_symlink_is_one_sentence_and_nothing_is_written(tmp_path, schema_file, monkeypatch, capsys, target):
+    """``--out`` naming a symbolic link (to an empty directory, to nothing, to a file) is refused
+    with one sentence and exit 2, and nothing is written through the link (before: a traceback,
+    exit 1)."""
+    t = tmp_path / "shop.csv"
+    t.write_text(SHOP)
+    dest = tmp_path / "elsewhere"
+    if target == "empty dir":
+        dest.mkdir()
+    elif target == "file":
+        dest.write_text("x")
+    out = tmp_path / "org"
+    out.symlink_to(dest)
+    code, _, err = run_cli(
+        monkeypatch, capsys, "client", "prepare", "--table", str(t), "--schema", str(schema_file), "--out", str(out)
+    )
+    assert code == 2 and "symbolic link" in err and "Traceback" not in err, err
+    assert len([ln for ln in err.strip().splitlines() if ln.strip()]) == 1, err
+    assert out.is_symlink()
+    if target == "empty dir":
+        assert list(dest.iterdir()) == []
+    elif target == "missing":
+        assert not dest.exists()
+
+
 def test_bad_schema_file_is_one_sentence(tmp_path, monkeypatch, capsys):
     s = tmp_path / "f.toml"
     s.write_text(

@@ -65,3 +65,25 @@ def test_adding_vectors_of_different_lengths_fails():
 def test_unknown_scheme_is_one_sentence():
     with pytest.raises(ConfigError, match="unknown encryption scheme 'rsa'"):
         KeyDealer("rsa")
+
+
+def test_a_ciphertext_is_parsed_before_use(dealer):
+    """The server's check of an untrusted ciphertext: a good one passes; one with a correct length
+    header and a garbage body (before: only the header was read, and CKKS failed later inside
+    ``add`` with "failed to parse CKKS stream", stopping the run) is refused with one sentence."""
+    import struct
+
+    server = server_backend(dealer.scheme, dealer.public_material())
+    good = dealer.client_backend().encrypt(np.arange(5.0))
+    server.check(good)
+    garbage = struct.pack(">I", 5) + b"\xff" * (len(good) - 4)
+    for bad in (garbage, good[:-3], good[:3], good + b"\x00"):
+        with pytest.raises(ValueError) as e:
+            server.check(bad)
+        assert str(e.value).count(". ") == 0
+    if dealer.scheme == "ckks":  # the body as before: length-framed parts, each a garbage stream
+        framed = struct.pack(">I", 5) + struct.pack(">I", 64) + b"\xab" * 64
+        with pytest.raises(ValueError, match="does not parse"):
+            server.check(framed)
+        with pytest.raises(Exception, match="parse"):  # the failure the check now prevents
+            server.add([good, framed])

@@ -248,15 +248,19 @@ def test_fedbcd_parties_refuse_malformed_or_misdirected_alignment_messages():
     with pytest.raises(ProtocolError, match="before fedbcd.psi_serve"):
         passive.handle(Message("fedbcd.align", SERVER, "p1", 0, {"tags": b"\x00" * 16}))
     req = label.handle(Message("fedbcd.psi_request", SERVER, "p0", 0)).payload
+    n = req["n"]
     bad = [
-        ({"request": b"garbage!", "dh": req["dh"]}, "request"),
-        ({"request": req["request"], "dh": b"\x00" * 5}, "dh"),
-        ({"request": "text", "dh": req["dh"]}, "request"),
-        ({"request": req["request"], "dh": req["dh"], "extra": 1}, "extra"),
+        ({"request": b"garbage!", "dh": req["dh"], "n": n}, "request"),
+        ({"request": req["request"], "dh": b"\x00" * 5, "n": n}, "dh"),
+        ({"request": "text", "dh": req["dh"], "n": n}, "request"),
+        ({"request": req["request"], "dh": req["dh"], "n": n, "extra": 1}, "extra"),
+        ({"request": req["request"], "dh": req["dh"], "n": n + 1}, "request"),
     ]
-    for payload, field in bad:
+    for payload, field in bad:  # a fresh party each time: a party answers one request per run
         with pytest.raises(PayloadError) as e:
-            passive.handle(Message("fedbcd.psi_serve", SERVER, "p1", 0, payload))
+            _parties([["a", "b", "c"], ["b", "c", "d"]])["p1"].handle(
+                Message("fedbcd.psi_serve", SERVER, "p1", 0, payload)
+            )
         assert e.value.field == field and one_sentence(e.value), str(e.value)
     served = passive.handle(Message("fedbcd.psi_serve", SERVER, "p1", 0, req)).payload
     # state kept between two messages survives a rebuild (Flower rebuilds a party per message)

@@ -105,6 +105,38 @@ def federation_assemble_cmd(
             raise ConfigError(f"{str(p)!r} is not a readable client.json.") from None
     path = assemble_server(schema, infos, out)
     console.print(f"server directory written to {path} ({len(infos)} clients)", markup=False, highlight=False)
+    from hybridfl.privacy.roster import ROSTER_FILE, roster_of_dir
+
+    roster = roster_of_dir(path)
+    if roster is not None:
+        console.print(
+            f"roster: {path / ROSTER_FILE}; every organisation installs it (hybridfl client roster) and compares "
+            "these fingerprints with the others out of band:",
+            markup=False,
+            highlight=False,
+        )
+        for line in roster.fingerprints():
+            console.print(f"  {line}", markup=False, highlight=False)
+
+
+@client_app.command("roster")
+def client_roster_cmd(
+    client: Path = typer.Option(..., "--client", "-c", help="The organisation's own client directory."),
+    roster: Path = typer.Option(..., "--roster", "-r", help="The roster.json federation assemble wrote."),
+) -> None:
+    """Install the federation's roster (every organisation's credential key) in a client directory,
+    after checking it lists this client's own key; prints the fingerprints to compare out of band."""
+    from hybridfl.privacy.roster import install_roster
+
+    r = install_roster(client, roster)
+    console.print(
+        f"roster installed in {client} ({len(r.keys)} clients); compare these fingerprints with every other "
+        "organisation before training:",
+        markup=False,
+        highlight=False,
+    )
+    for line in r.fingerprints():
+        console.print(f"  {line}", markup=False, highlight=False)
 
 
 @client_app.command("prepare")

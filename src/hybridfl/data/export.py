@@ -282,6 +282,11 @@ def export_clients(
         "client_labels": {c.client_id: bool(c.has_labels) for c in partition.clients},
         "client_keys": keys,  # public Ed25519 keys: the server checks each node's hello against them
     }
+    from hybridfl.privacy.roster import ROSTER_FILE, roster_from_server_meta
+
+    roster = roster_from_server_meta(smeta)  # every client's key, in every client directory (signed PSI keys)
+    for d in dirs:
+        atomic_write(d / ROSTER_FILE, roster.to_json(), mode=FILE_MODE)
     if run_config is not None:
         smeta["run_config"] = run_config
     if split.encoding is not None:  # so the server can leave a model directory (hybridfl.inference)

@@ -61,6 +61,7 @@ from hybridfl.config import read_config_file
 from hybridfl.errors import ConfigError
 from hybridfl.files import atomic_write
 from hybridfl.privacy.credentials import PUBLIC_KEY_FIELD, public_key_hex
+from hybridfl.privacy.roster import write_roster
 
 SCHEMA_FORMAT = 1
 """Version of the federation schema file."""
@@ -554,7 +555,8 @@ def assemble_server(
 def write_server_dir(meta: Mapping[str, Any], out_dir: str | Path) -> Path:
     """Create the server directory ``out_dir`` (mode 0700) holding ``server.json`` = ``meta`` (the
     content :func:`federation_server_meta` makes; :func:`load_federation` returns it as the
-    server data's ``meta``).
+    server data's ``meta``) and, when every client registered a credential key, ``roster.json``
+    (:mod:`hybridfl.privacy.roster`: each organisation installs it with ``hybridfl client roster``).
 
     Raises:
         ConfigError: ``out_dir`` exists.
@@ -568,6 +570,7 @@ def write_server_dir(meta: Mapping[str, Any], out_dir: str | Path) -> Path:
         raise ConfigError(f"{str(out)!r} exists: write the server directory into a new path.")
     out.mkdir(mode=DIR_MODE, parents=True)
     atomic_write(out / "server.json", json.dumps(meta, indent=1), mode=FILE_MODE)
+    write_roster(out, meta)  # public: each organisation installs it (hybridfl client roster) after comparing
     return out
 
 

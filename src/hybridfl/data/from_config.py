@@ -67,10 +67,13 @@ def load_dataset(cfg: DatasetConfig, seed: int = 0) -> DatasetSplit:
 
 
 def build_partition(cfg: PartitionConfig, train: HybridDataset, seed: int = 0) -> Partition:
-    """The partition of ``train`` a :class:`PartitionConfig` describes (validated)."""
+    """The partition of ``train`` that a partition config (one model per kind) describes, validated.
+
+    Raises:
+        PartitionError: the settings do not fit ``train`` (e.g. more block groups than blocks) or
+            the partition file is missing or malformed.
+    """
     if cfg.kind == "file":
-        if not cfg.path:
-            raise ConfigError("partition kind 'file' needs 'partition.path'.")
         part = Partition.load(cfg.path)
     elif cfg.kind == "class_block":
         clients = [ClientSpec(c.classes, c.blocks) for c in cfg.clients] if cfg.clients else None
@@ -90,8 +93,7 @@ def build_partition(cfg: PartitionConfig, train: HybridDataset, seed: int = 0) -
     elif cfg.kind == "dirichlet":
         part = DirichletPartitioner(cfg.num_clients, cfg.alpha, seed).partition(train)
     elif cfg.kind == "by_class":
-        cpc = cfg.classes_per_client if isinstance(cfg.classes_per_client, int) else cfg.classes_per_client[0]
-        part = ClassPartitioner(cfg.num_clients, cpc, seed).partition(train)
+        part = ClassPartitioner(cfg.num_clients, cfg.classes_per_client, seed).partition(train)
     else:
         part = VerticalPartitioner(cfg.num_clients, cfg.parties, cfg.label_party).partition(train)
     part.validate(train)

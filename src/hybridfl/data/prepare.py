@@ -44,7 +44,7 @@ import numpy as np
 
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.data.encoding import encoding_meta, schema_encoding
-from hybridfl.data.export import _CLIENT_NAME, DIR_MODE, FILE_MODE, FORMAT_VERSION, _write_dataset_dir
+from hybridfl.data.export import DIR_MODE, FILE_MODE, FORMAT_VERSION, _check_client_names, _write_dataset_dir
 from hybridfl.data.federation import FederationSchema, load_schema, schema_digest
 from hybridfl.errors import DataError
 from hybridfl.files import atomic_write
@@ -407,22 +407,22 @@ def prepare_client(
     Raises:
         ConfigError: a missing or invalid schema.
         DataError: the table does not match the schema (see :func:`table_to_client_dataset`), an
-            unreadable table, a non-empty ``out_dir``, or a client name that is not a safe
+            unreadable table, a non-empty or symbolic-link ``out_dir``, or a client name that is not a safe
             directory name.
     """
     schema = load_schema(schema_path)
     table = Path(table).expanduser()
     out = Path(out_dir).expanduser()
     cid = client_id if client_id is not None else out.resolve().name
-    if not _CLIENT_NAME.fullmatch(cid) or cid.lower() == "server":
-        raise DataError(
-            f"client name {cid!r} cannot be a directory name (use letters, digits, '_', '.', '-', at most 128, "
-            "not starting with '.'; not 'server')."
-        )
+    _check_client_names([cid])  # a safe directory name, not 'server'
     if index < 0:
         raise DataError(f"client index {index} must be 0 or more.")
     if sep is not None and not sep:
         raise DataError("--sep must not be empty.")
+    if out.is_symlink():  # the rename below would fail on it (a traceback) or write through it
+        raise DataError(
+            f"client directory {str(out)!r} is a symbolic link: give the path of a new or empty directory itself."
+        )
     if out.exists() and not (out.is_dir() and not any(out.iterdir())):
         raise DataError(f"client directory {str(out)!r} exists and is not an empty directory: prepare into a new one.")
     frame = read_client_table(table, sep if sep is not None else schema.sep)

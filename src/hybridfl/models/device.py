@@ -3,7 +3,8 @@
 Every algorithm config that trains torch models (HyFEM, FedBCD towers, the baselines) has a
 ``device`` field; :func:`check_device` validates it before anything runs and :func:`resolve_device`
 turns it into a :class:`torch.device` on which the models and every tensor made from client data
-are created. ``cpu`` is the default, so results are the same as before on any machine.
+are created. ``auto`` is the default: a machine with a GPU uses it, one without runs on the CPU
+(the run's summary records which, :func:`device_name`).
 """
 
 from __future__ import annotations
@@ -45,3 +46,14 @@ def resolve_device(name: str = "cpu") -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
+
+
+def device_name(config: object) -> str | None:
+    """The device a run of ``config`` uses (``"cpu"``, ``"cuda"``), or ``None`` for a config without
+    a ``device`` setting (an algorithm without torch models).
+
+    Raises:
+        ConfigError: as :func:`check_device`.
+    """
+    name = getattr(config, "device", None)
+    return None if name is None else resolve_device(str(name)).type

@@ -163,7 +163,23 @@ class HEBackend:
         """Number of values in a ciphertext (public header)."""
         return int(struct.unpack(">I", data[:4])[0])
 
+    def check(self, data: bytes) -> None:
+        """Parse an untrusted ciphertext before any use: its length header and a body that is a
+        well-formed ciphertext of that many values under this backend's parameters (Plain: ``8 n``
+        bytes of finite floats; Paillier: ``n`` integers in ``[1, n^2)``; CKKS: one parsed TenSEAL
+        vector per ``slots`` values, of the right sizes). Costs about one parse of each part.
+
+        Raises:
+            ValueError: the ciphertext does not parse (one sentence, without the data).
+        """
+        if len(data) < 4:
+            raise ValueError(f"a {self.name} ciphertext of {len(data)} bytes is shorter than its length header")
+        self._check(bytes(data[4:]), self.length(data))
+
     # -- subclass hooks
+    def _check(self, body: bytes, n: int) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
     def _encrypt(self, v: np.ndarray) -> bytes:  # pragma: no cover - abstract
         raise NotImplementedError
 
@@ -194,6 +210,12 @@ class PlainBackend(HEBackend):
 
     def _decrypt(self, data: bytes, n: int) -> np.ndarray:
         return np.frombuffer(data, dtype="<f8").astype(np.float64)
+
+    def _check(self, body: bytes, n: int) -> None:
+        if len(body) != 8 * n:
+            raise ValueError(f"a plaintext vector of {n} values has {len(body)} bytes, not {8 * n}")
+        if not np.isfinite(np.frombuffer(body, dtype="<f8")).all():
+            raise ValueError("a plaintext vector holds NaN or infinite values")
 
 
 class PaillierBackend(HEBackend):
@@ -244,6 +266,12 @@ class PaillierBackend(HEBackend):
             for j, c in enumerate(self._split(it, n)):
                 acc[j] = gmpy2.f_mod(acc[j] * c, nsq)
         return b"".join(int(c).to_bytes(self.width, "big") for c in acc)
+
+    def _check(self, body: bytes, n: int) -> None:
+        if len(body) != n * self.width:
+            raise ValueError(f"a Paillier ciphertext of {n} values has {len(body)} bytes, not {n * self.width}")
+        if not all(0 < c < self.nsq for c in self._split(body, n)):
+            raise ValueError("a Paillier ciphertext holds a value outside [1, n^2)")
 
     def _decrypt(self, data: bytes, n: int) -> np.ndarray:
         half = self.pk.n // 2
@@ -353,6 +381,29 @@ class CKKSBackend(HEBackend):
                 acc += ts.ckks_vector_from(self.ctx, p[j])
             out.append(acc.serialize())
         return _pack(out)
+
+    def _check(self, body: bytes, n: int) -> None:
+        import tenseal as ts
+
+        parts, pos = [], 0
+        while pos < len(body):
+            if len(body) - pos < 4:
+                raise ValueError("a CKKS ciphertext ends inside a part's length header")
+            (k,) = struct.unpack(">I", body[pos : pos + 4])
+            if k > len(body) - pos - 4:
+                raise ValueError("a CKKS ciphertext part runs past the end of the ciphertext")
+            parts.append(body[pos + 4 : pos + 4 + k])
+            pos += 4 + k
+        want = -(-n // self.slots)
+        if len(parts) != want:
+            raise ValueError(f"a CKKS ciphertext of {n} values has {len(parts)} parts, not {want}")
+        for j, c in enumerate(parts):
+            try:
+                size = ts.ckks_vector_from(self.ctx, c).size()
+            except Exception:  # TenSEAL/SEAL raise ValueError or RuntimeError for a stream that does not parse
+                raise ValueError(f"part {j} of a CKKS ciphertext does not parse under this context") from None
+            if size != min(self.slots, n - j * self.slots):
+                raise ValueError(f"part {j} of a CKKS ciphertext holds {size} values, not the header's share of {n}")
 
     def _decrypt(self, data: bytes, n: int) -> np.ndarray:
         import tenseal as ts

@@ -204,7 +204,8 @@ def _points(kind: str, elements: Sequence[bytes], max_ids: int) -> bytes:
 def check_request(blob: bytes, max_ids: int = MAX_IDS) -> int:
     """The number of IDs in a PSI request, after checking it: bytes of at most the size
     :data:`MAX_IDS`-style cap allows, a protobuf ``Request`` with only its own fields, at most
-    ``max_ids`` elements, each a compressed point (:data:`POINT_BYTES` bytes, prefix 2 or 3).
+    ``max_ids`` elements, each a compressed point (:data:`POINT_BYTES` bytes, prefix 2 or 3), no
+    point twice (a requester's IDs are distinct, so are their blinded points).
 
     Raises:
         PSIError: the first problem found.
@@ -219,6 +220,11 @@ def _checked_request(blob: bytes, max_ids: int) -> bytes:
     clean = psi.Request(reveal_intersection=req.reveal_intersection, encrypted_elements=req.encrypted_elements)
     if len(clean.SerializeToString()) != len(blob):
         raise PSIError("the PSI request holds fields a PSI request does not have.", "request")
+    n = len(joined) // POINT_BYTES
+    if n > 1 and np.unique(np.frombuffer(joined, dtype=f"S{POINT_BYTES}")).size != n:
+        # distinct IDs blind to distinct points: a repeat is an amplification (one exponentiation
+        # for the sender, one per copy for the responder) or a probe, refused before any work
+        raise PSIError("the PSI request repeats a point.", "request")
     return joined
 
 
@@ -466,3 +472,51 @@ def match_tags(key: bytes, ids: Sequence[str], tags: bytes, max_tags: int | None
     if -1 in rows:
         raise PSIError("the order tags name a sample that is not held here.", "tags")
     return np.asarray(rows, dtype=np.int64)
+
+
+# ---------------------------------------------------------------------- signed offers (with a roster)
+def offer_fields(n: int, dh: bytes, blob: bytes) -> list[bytes]:
+    """What its owner's signature over a PSI request or setup covers
+    (:class:`~hybridfl.privacy.roster.PeerAuth`, purposes ``psi-request`` / ``psi-setup``): the
+    owner's set size ``n`` (8 bytes), its X25519 public key ``dh`` and the blob's SHA-256. A
+    relay can then neither append a point, nor swap the key, nor claim another size."""
+    return [int(n).to_bytes(8, "big"), bytes(dh), hashlib.sha256(bytes(blob)).digest()]
+
+
+def response_fields(requester: str, request_sha256: bytes, response: bytes) -> list[bytes]:
+    """What the responder's signature over a PSI response covers (purpose ``psi-response``): the
+    requester's name, the SHA-256 of the request it answers (``offer_fields(...)[2]``) and of the
+    response."""
+    return [requester.encode(), bytes(request_sha256), hashlib.sha256(bytes(response)).digest()]
+
+
+def sign_offer(auth: Any, run: bytes, purpose: str, n: int, dh: bytes, blob: bytes) -> dict[str, Any]:
+    """The fields that go with a PSI request or setup: ``n`` (its owner's set size) and, with a
+    roster (``auth``, a :class:`~hybridfl.privacy.roster.PeerAuth`; ``None``: none), ``sig``,
+    its signature over :func:`offer_fields` for ``run`` and ``purpose``."""
+    out: dict[str, Any] = {"n": int(n)}
+    if auth is not None:
+        out["sig"] = auth.sign(run, purpose, offer_fields(n, dh, blob))
+    return out
+
+
+def verify_offer(auth: Any, run: bytes, sender: str, purpose: str, n: int, dh: bytes, blob: bytes, sig: Any) -> None:
+    """With a roster (``auth``; ``None``: nothing checked), ``sig`` must be ``sender``'s
+    signature over :func:`offer_fields` (``n``, ``dh``, ``blob``) for ``run`` and ``purpose``.
+
+    Raises:
+        PeerAuthError: it is missing or does not verify against the roster.
+    """
+    if auth is not None:
+        auth.verify(run, sender, purpose, offer_fields(n, dh, blob), sig)
+
+
+def check_request_size(request: bytes, n: int) -> None:
+    """A PSI request must hold exactly ``n`` points (its sender's, signed, set size) and no point
+    twice; checked before any exponentiation.
+
+    Raises:
+        PSIError: it does not (or it is malformed: :func:`check_request`).
+    """
+    if check_request(request, max_ids=n) != n:
+        raise PSIError(f"the PSI request does not hold the {n} IDs its sender has.", "request")

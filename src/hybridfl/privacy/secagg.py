@@ -338,7 +338,7 @@ class SecAggClient:
         self.last_tag, self.last_peers, self.last_width = tag, list(peers), width
         out = fixed.view(np.uint64) + self._mask_sum(tag, peers, width)
         self.last_shares = []
-        if self.double_masking:
+        if self.double_masking and peers:  # an exchange of one has no masks at all (nobody to share with)
             out = out + self._self_mask(tag, peers, out.size)
         return out
 
@@ -352,7 +352,7 @@ class SecAggClient:
 
         seed = os.urandom(16)
         k = share_threshold(self.threshold, len(self.peers) + 1, len(peers) + 1)
-        shares = Shamir.split(k, len(peers), seed) if peers else []
+        shares = Shamir.split(k, len(peers), seed)
         out = []
         for cid, (idx, share) in zip(peers, shares):
             nonce = os.urandom(12)

@@ -140,6 +140,10 @@ class RoundLoop:
             "train_seconds": float(sum(float(r.get("seconds", 0.0)) for r in history)),
             **(baselines or {}),
         }
+        if hasattr(self.config, "device"):  # the device that ran (device: auto resolved)
+            from hybridfl.models.device import device_name
+
+            s["device"] = device_name(self.config)
         if self.spec.report is not None:
             ctx = ReportContext(
                 self.server,

@@ -10,6 +10,11 @@ Payload values may be NumPy arrays, ``bytes`` (e.g. ciphertexts), ``int``, ``flo
 ``str``, or lists of ``str``/numbers (sent in the JSON header).
 
 Wire format: ``[4-byte big-endian header length][UTF-8 JSON header][raw array/bytes bodies]``.
+
+The header is bounded before it is parsed: at most :data:`MAX_HEADER_BYTES` bytes and at most
+:data:`MAX_HEADER_ITEMS` JSON values (counted by its commas), so a hostile header cannot make the
+receiver build millions of Python objects (6-9x its size in memory) before any check; arrays and
+byte strings travel in the body, whose decoded size equals its byte size.
 """
 
 from __future__ import annotations
@@ -24,13 +29,32 @@ import numpy as np
 
 from hybridfl.errors import MessageError
 
-__all__ = ["MAX_MESSAGE_BYTES", "SERVER", "Message", "MessageError", "decode", "encode", "pack_arrays", "unpack_arrays"]
+__all__ = [
+    "MAX_HEADER_BYTES",
+    "MAX_HEADER_ITEMS",
+    "MAX_MESSAGE_BYTES",
+    "SERVER",
+    "Message",
+    "MessageError",
+    "decode",
+    "encode",
+    "pack_arrays",
+    "unpack_arrays",
+]
 
 SERVER = "server"
 """The name of the server (the coordinator, in FedBCD) as a message sender or receiver."""
 
 MAX_MESSAGE_BYTES = 2 * 1024**3
 """The largest message :func:`encode` writes and :func:`decode` reads (2 GiB), in bytes."""
+
+MAX_HEADER_BYTES = 8 * 1024**2
+"""The largest JSON header :func:`encode` writes and :func:`decode` parses (8 MiB), in bytes."""
+
+MAX_HEADER_ITEMS = 300_000
+"""The most commas a header may hold (so at most about as many JSON values: list items, payload
+values and body entries together); checked on the raw bytes before parsing. Long vectors belong in
+the body as arrays; a list of sample IDs (plain alignment) of up to about 290,000 IDs fits."""
 
 _HEADER_KEYS = frozenset({"kind", "from", "to", "round", "v", "e"})
 _ENTRY_KEYS = {
@@ -63,7 +87,8 @@ def encode(msg: Message) -> bytes:
     Raises:
         TypeError: for a payload value of an unsupported type or an array of a dtype other than
             numeric or bool (names the key).
-        MessageError: the message would be larger than :data:`MAX_MESSAGE_BYTES`.
+        MessageError: the message would be larger than :data:`MAX_MESSAGE_BYTES`, or its header over
+            :data:`MAX_HEADER_BYTES` or :data:`MAX_HEADER_ITEMS` (send long vectors as arrays).
     """
     entries: list[dict[str, Any]] = []
     values: dict[str, Any] = {}
@@ -105,6 +130,7 @@ def encode(msg: Message) -> bytes:
         {"kind": msg.kind, "from": msg.sender, "to": msg.receiver, "round": msg.round, "v": values, "e": entries},
         separators=(",", ":"),
     ).encode()
+    _check_header_size(len(header), header.count(b","), msg.kind)
     size = 4 + len(header) + offset
     if size > MAX_MESSAGE_BYTES:
         raise MessageError(f"message {msg.kind!r} would be {size} bytes, over the limit of {MAX_MESSAGE_BYTES} bytes.")
@@ -115,7 +141,8 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
     """Inverse of :func:`encode` (arrays are returned as writable copies).
 
     The bytes are checked before anything is built from them: the size limit
-    (:data:`MAX_MESSAGE_BYTES`), a JSON object header with exactly the keys and types
+    (:data:`MAX_MESSAGE_BYTES`), the header's size and item count (:data:`MAX_HEADER_BYTES`,
+    :data:`MAX_HEADER_ITEMS`, before the JSON is parsed), a JSON object header with exactly the keys and types
     :func:`encode` writes, entries that tile the body exactly in order (no negative offset, no
     overlap, nothing past the end, no trailing bytes), numeric or bool array dtypes whose byte size
     is ``prod(shape) * itemsize``. The decoded values therefore never take more memory than the
@@ -138,7 +165,10 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
     (hlen,) = struct.unpack(">I", mv[:4])
     if hlen > size - 4:
         raise MessageError(f"the message is truncated: its header says {hlen} bytes but only {size - 4} follow.")
-    h = _header(mv[4 : 4 + hlen])
+    _check_header_size(hlen, None, None)
+    raw_header = mv[4 : 4 + hlen]
+    _check_header_size(hlen, bytes(raw_header).count(b","), None)
+    h = _header(raw_header)
     base = 4 + hlen
     body_len = size - base
     payload: dict[str, Any] = dict(h["v"])
@@ -174,6 +204,19 @@ def decode(data: bytes | bytearray | memoryview) -> Message:
     if cursor != body_len:
         raise MessageError(f"the message has {body_len - cursor} trailing bytes after its last entry.")
     return Message(h["kind"], h["from"], h["to"], h["round"], payload)
+
+
+def _check_header_size(nbytes: int, commas: int | None, kind: str | None) -> None:
+    """Refuse a header over :data:`MAX_HEADER_BYTES` bytes or with more than
+    :data:`MAX_HEADER_ITEMS` commas (``commas`` None: the size only)."""
+    what = f"message {kind!r}'s header" if kind is not None else "the message header"
+    if nbytes > MAX_HEADER_BYTES:
+        raise MessageError(f"{what} is {nbytes} bytes, over the limit of {MAX_HEADER_BYTES} bytes.")
+    if commas is not None and commas > MAX_HEADER_ITEMS:
+        raise MessageError(
+            f"{what} holds about {commas + 1} values, over the limit of {MAX_HEADER_ITEMS} (long lists go in the "
+            "body as arrays)."
+        )
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

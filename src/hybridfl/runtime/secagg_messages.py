@@ -210,9 +210,7 @@ def unmask_exchange(
         total[:, positions[j]] -= r.payload["correction"].reshape(width, -1)
     for s in got:
         shares = [
-            (peers_of[s].index(j) + 1, fixes[j].payload["revealed"][survivors_of[j].index(s)])
-            for j in got
-            if j != s
+            (peers_of[s].index(j) + 1, fixes[j].payload["revealed"][survivors_of[j].index(s)]) for j in got if j != s
         ][:k]
         try:
             seed = rebuild_seed(shares)

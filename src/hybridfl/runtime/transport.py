@@ -12,10 +12,17 @@ transports implement the :class:`Transport` contract:
 Both return **the replies that arrived by the deadline** and never raise for a missing one, so an
 algorithm's missing-reply policy (HyFEM: the client is absent this round; HyFDCA: its dual changes
 are not committed; FedBCD: skip and undo the round, or stop) runs the same way on both.
+
+A reply that arrives but cannot be a client's answer (under another client's name, bytes that do
+not decode, over Flower an error reply) is a *bad reply*: both transports leave it out (a missing
+reply), log it with the client and the reason, and count it in :class:`Strikes`; a client with
+:data:`MAX_STRIKES` bad replies is dropped for the run (no further message is sent to it, its
+replies count as missing). One client's bad reply therefore never stops a run.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +30,51 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from hybridfl.errors import HybridFLError
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
+
+MAX_STRIKES = 3
+"""Bad replies after which a client is dropped for the run (:class:`Strikes`)."""
+
+log = logging.getLogger("hybridfl.transport")
+
+
+class Strikes:
+    """The bad replies of each client in a run; a client with ``limit`` of them is dropped.
+
+    Args:
+        limit: bad replies that drop a client (None: :data:`MAX_STRIKES`).
+
+    Attributes:
+        events: one dict per bad reply (``round``, ``kind``, ``client``, ``why``), JSON-able.
+        dropped: client -> the reason of its last bad reply, for the clients dropped for the run.
+    """
+
+    def __init__(self, limit: int | None = None):
+        self.limit = int(MAX_STRIKES if limit is None else limit)
+        self.events: list[dict] = []
+        self.dropped: dict[str, str] = {}
+
+    def add(self, client: str, rnd: int, kind: str, why: str) -> None:
+        """Record a bad reply of ``client`` to its ``kind`` message of round ``rnd`` (logged as a
+        warning); at the ``limit``-th, drop the client (logged once)."""
+        self.events.append({"round": int(rnd), "kind": str(kind), "client": str(client), "why": str(why)[:500]})
+        log.warning(
+            "hybridfl: client %s: its reply to %r (round %d) counts as missing: %s", client, kind, rnd, str(why)[:500]
+        )
+        n = sum(1 for e in self.events if e["client"] == client)
+        if n >= self.limit and client not in self.dropped:
+            self.dropped[client] = str(why)[:500]
+            log.warning("hybridfl: client %s is dropped for the rest of the run after %d bad replies", client, n)
+
+    def get_state(self) -> dict:
+        """JSON-able state (for checkpoints)."""
+        return {"events": list(self.events), "dropped": dict(self.dropped)}
+
+    def set_state(self, state: dict) -> None:
+        """Restore :meth:`get_state`."""
+        self.events = [dict(e) for e in state.get("events", [])]
+        self.dropped = {str(c): str(w) for c, w in state.get("dropped", {}).items()}
 
 
 class ClientEndpoint(Protocol):
@@ -138,6 +189,7 @@ class InProcessTransport:
         self._failed: dict[tuple[int, str], bool] = {}
         self.failures: list[tuple[int, str]] = []
         self.fail_at = {(int(r), str(c)) for r, c in fail_at}
+        self.strikes = Strikes()
 
     def get_state(self) -> dict:
         """JSON-able state for checkpoints: the log and the failure draws so far."""
@@ -146,6 +198,7 @@ class InProcessTransport:
             "failed": [[r, c, v] for (r, c), v in self._failed.items()],
             "failures": [list(f) for f in self.failures],
             "failure_rng": self._failure_rng.bit_generator.state,
+            "strikes": self.strikes.get_state(),
         }
 
     def set_state(self, state: dict) -> None:
@@ -154,6 +207,7 @@ class InProcessTransport:
         self._failed = {(int(r), str(c)): bool(v) for r, c, v in state["failed"]}
         self.failures = [(int(r), str(c)) for r, c in state["failures"]]
         self._failure_rng.bit_generator.state = state["failure_rng"]
+        self.strikes.set_state(state.get("strikes", {}))
 
     def fails(self, rnd: int, client_id: str) -> bool:
         """Whether ``client_id`` fails in round ``rnd`` (drawn once, then remembered)."""
@@ -188,7 +242,9 @@ class InProcessTransport:
     def send_and_receive(self, messages: Iterable[Message]) -> list[Message]:
         """Deliver each message to its client's :meth:`~ClientEndpoint.handle` (both directions
         encoded, logged and decoded) and return the replies, in order, without those of the clients
-        that fail this round (:meth:`fails`).
+        that fail this round (:meth:`fails`), of the clients dropped for the run, and the bad ones
+        (a reply under another client's name or one that does not encode: :class:`Strikes`). An
+        exception a client raises propagates (the clients here are this process's own objects).
 
         Raises:
             KeyError: a message names a client that is not in ``clients``.
@@ -197,8 +253,31 @@ class InProcessTransport:
         for msg in messages:
             if msg.receiver not in self.clients:
                 raise KeyError(f"no client named {msg.receiver!r}")
+            if msg.receiver in self.strikes.dropped:
+                continue  # dropped for the run: not asked again, its reply is missing
             reply = self.clients[msg.receiver].handle(self._cross(msg))
             if self.fails(msg.round, msg.receiver):
                 continue  # the client crashed before its reply left: nothing arrives
-            replies.append(self._cross(reply))
+            why = _misaddressed(reply, msg)
+            if not why:
+                try:
+                    reply = self._cross(reply)
+                except (HybridFLError, TypeError) as e:  # MessageError, or a value the codec cannot carry
+                    why = f"its reply does not encode ({e})"
+            if why:
+                self.strikes.add(msg.receiver, msg.round, msg.kind, why)
+                continue
+            replies.append(reply)
         return replies
+
+
+def _misaddressed(reply: object, msg: Message) -> str:
+    """Why ``reply`` cannot be ``msg.receiver``'s answer to ``msg`` ("" if it can): not a message,
+    or sent under another name or to someone other than the sender of ``msg``."""
+    if not isinstance(reply, Message):
+        return f"its reply is a {type(reply).__name__}, not a message"
+    if reply.sender != msg.receiver:
+        return f"its reply is signed {str(reply.sender)[:64]!r}, not {msg.receiver!r}"
+    if reply.receiver != msg.sender:
+        return f"its reply is addressed to {str(reply.receiver)[:64]!r}, not {msg.sender!r}"
+    return ""

@@ -58,6 +58,12 @@ coordinator, which only relays it, and checked by the party that receives it):
 4. ``fedbcd.align`` (every ``k``, with its ``tags``): ``k`` maps the tags to its rows and replies
    ``n_aligned``, which must equal ``L``'s.
 
+Against an active coordinator: ``psi_request`` carries a fresh ``run`` label and ``L`` replies its
+set size ``n``; ``k`` answers one request per run, of exactly ``n`` distinct points. With a roster
+in the parties' directories (:mod:`hybridfl.privacy.roster`) ``L`` also signs ``n``, ``dh`` and
+its request (``sig``), ``k`` answers only a request the roster's label party signed and signs its
+``setup``, ``dh`` and ``response`` (``sig``, relayed as ``sig.<k>``), which ``L`` checks.
+
 The coordinator learns the aligned count ``n`` (and, from the blobs' lengths, each party's number
 of IDs), never an ID; a passive party learns the intersection (and ``L``'s number of IDs); ``L``
 learns the intersection with each passive party (for two parties: the intersection). This holds

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -58,7 +58,8 @@ class FedBCDConfig(BaseModel):
     parameter. With ``adam`` the coordinator adds ``optimizer`` to the step settings it sends.
 
     ``device``: where the torch models and the tensors made from a party's data live
-    (:mod:`hybridfl.models.device`; ``cpu`` default, ``cuda``, ``auto``).
+    (:mod:`hybridfl.models.device`; ``auto`` default: ``cuda`` when torch sees a GPU, else ``cpu``;
+    ``cpu``; ``cuda``). The run's summary records the device under ``device``.
 
     Raises:
         pydantic.ValidationError: ``sgd`` with ``local_steps`` != 1, ``prox`` with ``mu`` = 0,
@@ -67,6 +68,11 @@ class FedBCDConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
+    simulation_only: ClassVar[frozenset[str]] = frozenset(
+        {"failure_rate", "device", "target_auc", "stop_at_target", "eval_every", "eval_subset", "eval_dense_from"}
+    )
+    """Settings of the simulation and the server's schedule, never sent to a client
+    (:func:`hybridfl.config.client_settings_json`)."""
     name: Literal["fedbcd"] = Field("fedbcd", description="the algorithm (FedBCD, vertical FL)")
     variant: Literal["sgd", "p", "s", "prox"] = Field(
         "p",
@@ -109,7 +115,9 @@ class FedBCDConfig(BaseModel):
         description="each party's local update: sgd = theta - eta_t g (paper Alg. 1-3); adam = torch.optim.Adam with "
         "step size eta_t, its moments kept by the party across rounds (the reference code's MNIST-CNN towers)",
     )
-    device: Literal["cpu", "cuda", "auto"] = Field("cpu", description="where the torch models run")
+    device: Literal["cpu", "cuda", "auto"] = Field(
+        "auto", description="where the torch models run: auto (cuda when torch sees a GPU, else cpu), cpu or cuda"
+    )
     hidden: int = Field(128, ge=1, description="mlp tower hidden width")
     channels: int = Field(64, ge=1, description="cnn tower channels")
     target_auc: float | None = Field(

@@ -17,6 +17,7 @@ produces, and the evaluation reports them (``diverged``).
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
@@ -25,6 +26,9 @@ from hybridfl.algorithms.fedbcd.config import FedBCDConfig, PartyMissingError
 from hybridfl.algorithms.fedbcd.kinds import ALIGN, EVALUATE, FORWARD, LABEL, PARTY_STEP, UNDO
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy import psi
+from hybridfl.privacy.credentials import SIGNATURE_BYTES
+from hybridfl.privacy.roster import RUN_BYTES
+from hybridfl.runtime.exchange import answers
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
 from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys, strings
@@ -127,14 +131,8 @@ class FedBCDCoordinator:
             if m.receiver in self.undo:
                 m.payload["undo"] = self.undo[m.receiver]
             self._touched.add(m.receiver)
-        sent = {m.receiver: m for m in messages}
         replies, invalid = [], False
-        for r in transport.send_and_receive(messages):
-            m = sent.get(r.sender)
-            if m is None or r.kind != m.kind or r.sender in {q.sender for q in replies}:
-                raise ProtocolError(
-                    f"the FedBCD coordinator got an unexpected {r.kind!r} reply from {r.sender!r} in round {r.round}."
-                )
+        for r in answers(messages, transport.send_and_receive(messages), "FedBCD"):
             try:
                 self.check_reply(r, expect or {})
             except PayloadError as e:
@@ -206,14 +204,10 @@ class FedBCDCoordinator:
         return bytes(v)
 
     def _setup_exchange(self, transport: Transport, messages: list[Message]) -> dict[str, Message]:
-        """Send setup messages; every reply must arrive, once, of the same kind (else
-        :class:`ProtocolError`)."""
+        """Send setup messages; every party must answer (:func:`~hybridfl.runtime.exchange.answers`),
+        else :class:`ProtocolError`."""
         sent = {m.receiver: m for m in messages}
-        got: dict[str, Message] = {}
-        for r in transport.send_and_receive(messages):
-            if r.sender not in sent or r.kind != sent[r.sender].kind or r.sender in got:
-                raise ProtocolError(f"the FedBCD coordinator got an unexpected {r.kind!r} reply from {r.sender!r}.")
-            got[r.sender] = r
+        got = {r.sender: r for r in answers(messages, transport.send_and_receive(messages), "FedBCD setup")}
         missing = [p for p in sent if p not in got]
         if missing:
             raise ProtocolError(
@@ -239,19 +233,22 @@ class FedBCDCoordinator:
                 wrong length, an ``n_aligned`` other than the label party's).
         """
         L = self.label_party
-        req = self._setup_exchange(transport, [Message("fedbcd.psi_request", SERVER, L, 0)])[L]
-        only_keys(req, ("request", "dh"))
-        request = self.check_blob(req, "request")
-        dh = self.check_blob(req, "dh", size=psi.DH_BYTES)
-        served = self._setup_exchange(
-            transport, [Message("fedbcd.psi_serve", SERVER, k, 0, {"request": request, "dh": dh}) for k in self.passive]
-        )
+        run = os.urandom(RUN_BYTES)  # the run label the parties' signatures name
+        req = self._setup_exchange(transport, [Message("fedbcd.psi_request", SERVER, L, 0, {"run": run})])[L]
+        only_keys(req, ("request", "dh", "n", "sig"))
+        ask = {"request": self.check_blob(req, "request"), "dh": self.check_blob(req, "dh", size=psi.DH_BYTES)}
+        ask.update(run=run, n=integer(req, "n", low=1, high=psi.MAX_IDS))
+        if "sig" in req.payload:  # the label party's signature (the passive parties check it)
+            ask["sig"] = self.check_blob(req, "sig", size=SIGNATURE_BYTES)
+        served = self._setup_exchange(transport, [Message("fedbcd.psi_serve", SERVER, k, 0, ask) for k in self.passive])
         relay: dict = {}
         for k, r in served.items():
-            only_keys(r, ("setup", "response", "dh"))
+            only_keys(r, ("setup", "response", "dh", "sig"))
             relay[f"setup.{k}"] = self.check_blob(r, "setup")
             relay[f"response.{k}"] = self.check_blob(r, "response")
             relay[f"dh.{k}"] = self.check_blob(r, "dh", size=psi.DH_BYTES)
+            if "sig" in r.payload:
+                relay[f"sig.{k}"] = self.check_blob(r, "sig", size=SIGNATURE_BYTES)
         res = self._setup_exchange(transport, [Message("fedbcd.psi_result", SERVER, L, 0, relay)])[L]
         n = integer(res, "n_aligned", low=0, high=psi.MAX_IDS)
         if n == 0:
@@ -278,11 +275,9 @@ class FedBCDCoordinator:
                 asked.
             PayloadError: a malformed reply (:meth:`check_properties`, :meth:`align`).
         """
-        replies = transport.send_and_receive([Message("fedbcd.properties", SERVER, cid, 0) for cid in client_ids])
-        asked = set(client_ids)
+        asked = [Message("fedbcd.properties", SERVER, cid, 0) for cid in client_ids]
+        replies = answers(asked, transport.send_and_receive(asked), "FedBCD setup")
         for r in replies:
-            if r.kind != "fedbcd.properties" or r.sender not in asked:
-                raise ProtocolError(f"the FedBCD coordinator got an unexpected {r.kind!r} reply from {r.sender!r}.")
             self.check_properties(r)
         self.out_dim = {r.sender: int(r.payload["out_dim"]) for r in replies}
         self.parties = [r.sender for r in replies]

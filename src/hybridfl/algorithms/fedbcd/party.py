@@ -37,6 +37,7 @@ from hybridfl.algorithms.fedbcd.kinds import (
 from hybridfl.algorithms.fedbcd.steps import PartyStepsMixin
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy import psi
+from hybridfl.privacy.roster import RUN_BYTES, PeerAuth, digest
 from hybridfl.runtime.handlers import Handler, handler
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError, array, integer, only_keys
@@ -88,6 +89,10 @@ class FedBCDParty(PartyStepsMixin):
         in_dims: (label party) the width ``r_j`` of ``H_j`` its top model takes from every party
             (from the public layout, :func:`~hybridfl.algorithms.fedbcd.spec.build_client`); every
             ``h.<j>`` must have exactly that width. ``None``: only ``(B, *)`` is checked.
+        peer_auth: its credential and the federation's roster
+            (:class:`~hybridfl.privacy.roster.PeerAuth`): the label party signs its PSI request,
+            a passive party answers only a request the roster's label party signed (and signs its
+            answer); ``None``: nothing signed or checked.
 
     State (plain arrays, see :meth:`get_state`): model parameters, the aligned positions, the
     current batch, (label party) the last ``H_j`` received for it, and (``optimizer: adam``) the
@@ -114,8 +119,11 @@ class FedBCDParty(PartyStepsMixin):
         test_y: np.ndarray | None = None,
         device: torch.device | str = "cpu",
         in_dims: Mapping[str, int] | None = None,
+        peer_auth: PeerAuth | None = None,
     ):
         self.party_id = party_id
+        self.peer_auth = peer_auth
+        self._psi_served = False  # passive party: it answers one PSI request per run
         self.device = torch.device(device)
         self.ids = np.asarray(ids).astype(str)
         self.x = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(self.device)
@@ -276,31 +284,55 @@ class FedBCDParty(PartyStepsMixin):
         party's state, never sent); reply ``request`` (its IDs blinded, :class:`~hybridfl.privacy.psi.PSIClient`)
         and ``dh`` (its X25519 public key).
 
+        It also replies ``n`` (its set size) and, with a roster, ``sig``: its signature over them
+        for the message's ``run`` (:func:`~hybridfl.privacy.psi.sign_offer`).
+
         Raises:
-            PayloadError: the message carries a payload (it has none).
+            PayloadError: a key other than ``run``, or (with a roster) no 32-byte ``run``.
         """
-        only_keys(msg, ())
+        only_keys(msg, ("run",))
+        run = self._run(msg)
         client = psi.PSIClient(self.ids)
         dh = psi.KeyAgreement()
-        self._align = {"psi": client.secret_key(), "dh": dh.private_bytes()}
+        request = client.request()
+        self._align = {"psi": client.secret_key(), "dh": dh.private_bytes(), "run": run, "req": digest(request)}
         self.rows = None
-        return msg.reply(request=client.request(), dh=dh.public())
+        signed = psi.sign_offer(self.peer_auth, run, "psi-request", len(self.ids), dh.public(), request)
+        return msg.reply(request=request, dh=dh.public(), **signed)
+
+    def _run(self, msg: Message) -> bytes:
+        """The run label ``msg.payload["run"]`` (required with a roster; ``b""`` without one)."""
+        return _bytes(msg, "run", RUN_BYTES) if self.peer_auth is not None or "run" in msg.payload else b""
 
     def psi_serve(self, msg: Message) -> Message:
         """Passive party: answer the label party's PSI ``request`` as a PSI server with a fresh key
         (reply ``setup``, ``response``) and agree on the tag key with its X25519 public key ``dh``
         (reply its own ``dh``; the tag key stays in the party's state until :meth:`align`).
 
+        It answers one request per run; the request must hold exactly ``n`` distinct points and,
+        with a roster, carry the roster's label party's signature ``sig`` over ``n``, ``dh`` and
+        the request for ``run`` (checked before any work); it then signs its answer (``sig``).
+
         Raises:
-            PayloadError: a missing or malformed ``request`` or ``dh``, or another key.
+            ProtocolError: a second request in the run.
+            PeerAuthError: (with a roster) an unsigned request or one not signed by the label party.
+            PayloadError: a missing or malformed ``request``, ``dh`` or ``n``, or another key.
         """
-        only_keys(msg, ("request", "dh"))
+        if self._psi_served:
+            raise ProtocolError(f"FedBCD party {self.party_id!r} answers one PSI request per run and refuses another.")
+        self._psi_served = True  # a refused request uses the run's one answer up too
+        only_keys(msg, ("request", "dh", "n", "run", "sig"))
         request = _bytes(msg, "request")
         peer = _bytes(msg, "dh", psi.DH_BYTES)
+        n, run = integer(msg, "n", low=1, high=psi.MAX_IDS), self._run(msg)
+        label = self.peer_auth.roster.labels if self.peer_auth is not None else ("",)
+        if len(label) != 1:
+            raise ProtocolError(f"FedBCD party {self.party_id!r}: its roster does not name one label party.")
+        psi.verify_offer(self.peer_auth, run, label[0], "psi-request", n, peer, request, msg.payload.get("sig"))
         server = psi.PSIServer(self.ids)
         try:
-            n = psi.check_request(request)
-            response = server.respond(request)
+            psi.check_request_size(request, n)
+            response = server.respond(request, max_ids=n)
         except psi.PSIError as e:
             raise _refuse(msg, "request", e) from None
         dh = psi.KeyAgreement()
@@ -310,7 +342,13 @@ class FedBCDParty(PartyStepsMixin):
             raise _refuse(msg, "dh", e) from None
         self._align = {"tag_key": key}
         self.rows = None
-        return msg.reply(setup=server.setup(n), response=response, dh=dh.public())
+        setup = server.setup(n)
+        out = {"setup": setup, "response": response, "dh": dh.public()}
+        if self.peer_auth is not None:  # its set size, key and setup, and the response to this request
+            fields = psi.offer_fields(len(self.ids), dh.public(), setup)
+            fields += psi.response_fields(label[0], digest(request), response)
+            out["sig"] = self.peer_auth.sign(run, "psi-serve", fields)
+        return msg.reply(**out)
 
     def psi_result(self, msg: Message) -> Message:
         """Label party: from every passive party ``k``'s ``setup.<k>``, ``response.<k>`` and
@@ -328,13 +366,20 @@ class FedBCDParty(PartyStepsMixin):
                 f"FedBCD label party {self.party_id!r} got fedbcd.psi_result before fedbcd.psi_request."
             )
         others = self._others()
-        only_keys(msg, [f"{f}.{k}" for k in others for f in ("setup", "response", "dh")])
+        only_keys(msg, [f"{f}.{k}" for k in others for f in ("setup", "response", "dh", "sig")])
         client = psi.PSIClient(self.ids, key=self._align["psi"])
         dh = psi.KeyAgreement(self._align["dh"])
         common = np.arange(len(self.ids), dtype=np.int64)
         keys = {}
         for k in others:
             setup, response = _bytes(msg, f"setup.{k}"), _bytes(msg, f"response.{k}")
+            if self.peer_auth is not None:  # passive party k's own setup, key and response to this request
+                try:
+                    fields = psi.offer_fields(psi.check_setup(setup), _bytes(msg, f"dh.{k}"), setup)
+                except psi.PSIError as e:
+                    raise _refuse(msg, f"setup.{k}", e) from None
+                fields += psi.response_fields(self.party_id, self._align.get("req", b""), response)
+                self.peer_auth.verify(self._align.get("run", b""), k, "psi-serve", fields, msg.payload.get(f"sig.{k}"))
             try:
                 keys[k] = dh.shared_key(_bytes(msg, f"dh.{k}", psi.DH_BYTES), ALIGN_CONTEXT, initiator=True)
             except psi.PSIError as e:
@@ -449,6 +494,8 @@ class FedBCDParty(PartyStepsMixin):
         if self.rows is not None:
             sd["rows"] = self.rows.copy()
         sd.update({f"align.{k}": np.frombuffer(v, dtype=np.uint8).copy() for k, v in self._align.items()})
+        if self._psi_served:
+            sd["psi_served"] = np.ones(1, dtype=np.uint8)
         if snapshot:
             sd.update({f"snap.{k}": v.copy() for k, v in (self._snap or {}).items()})
             sd["snap_round"] = np.array([-1 if self._snap_round is None else self._snap_round], dtype=np.int64)
@@ -460,6 +507,7 @@ class FedBCDParty(PartyStepsMixin):
         self._load_core({k: v for k, v in sd.items() if not k.startswith(("snap", "align."))})
         self.rows = np.asarray(sd["rows"]) if "rows" in sd else None
         self._align = {k[6:]: np.asarray(v, dtype=np.uint8).tobytes() for k, v in sd.items() if k.startswith("align.")}
+        self._psi_served = "psi_served" in sd
         if "snap_round" in sd:
             r = int(np.asarray(sd["snap_round"]).reshape(-1)[0])
             self._snap = {k[5:]: np.asarray(v) for k, v in sd.items() if k.startswith("snap.")} if r >= 0 else None

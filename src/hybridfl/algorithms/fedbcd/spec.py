@@ -51,6 +51,7 @@ from hybridfl.errors import PartitionError, UnknownBlockError
 from hybridfl.inference.modeldir import ModelParts
 from hybridfl.models.device import resolve_device
 from hybridfl.models.towers import SlicedTower, TowerFactory, bottom_factory, make_top
+from hybridfl.privacy.roster import peer_auth_of
 from hybridfl.runtime.loop import finite
 
 TopFactory = Callable[[list[int]], torch.nn.Module]
@@ -147,8 +148,11 @@ def build_client(
             f"client {cd.client_id!r} holds input of shape {tuple(x.shape[1:])}, the schema says {shapes[cd.client_id]}."
         )
     test_x = party_input(cd.test, own) if cd.test is not None else None
+    auth = peer_auth_of(cd.client_id, cd.path)  # a roster in its directory: signed PSI request and answers
     if not cd.has_labels:
-        return FedBCDParty(cd.client_id, cd.data.ids, x, bottoms[cd.client_id], own, test_x=test_x, device=device)
+        return FedBCDParty(
+            cd.client_id, cd.data.ids, x, bottoms[cd.client_id], own, test_x=test_x, device=device, peer_auth=auth
+        )
     with torch.no_grad():
         dims = [int(bottoms[c](torch.zeros((1, *shapes[c]))).shape[1]) for c in order]
     top = top_factory(dims) if top_factory is not None else make_top(cfg.model, dims, cfg.top, cfg.fit_intercept)
@@ -163,6 +167,7 @@ def build_client(
         party_order=order,
         test_x=test_x,
         test_y=cd.test.y if cd.test is not None else None,
+        peer_auth=auth,
         device=device,
         in_dims=dict(zip(order, dims)),
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field
 
@@ -13,6 +13,11 @@ class HybridFedAvgConfig(BaseModel):
     """Hybrid FedAvg settings (``algorithm:`` section with ``name: hybrid_fedavg``)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    simulation_only: ClassVar[frozenset[str]] = frozenset(
+        {"failure_rate", "latency", "eval_every", "reference", "reference_sdca_epochs"}
+    )
+    """Settings of the simulation and the server's schedule, never sent to a client
+    (:func:`hybridfl.config.client_settings_json`)."""
     name: Literal["hybrid_fedavg"] = Field(
         "hybrid_fedavg", description="the algorithm (hybrid FedAvg on the convex problem)"
     )

@@ -21,6 +21,7 @@ from hybridfl.algorithms.hybrid_fedavg.config import HybridFedAvgConfig
 from hybridfl.algorithms.hybrid_fedavg.kinds import FIT
 from hybridfl.algorithms.participation import select_participants
 from hybridfl.errors import ProtocolError, TrainingDiverged, UnknownBlockError
+from hybridfl.runtime.exchange import answers
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
 from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys, strings
@@ -54,14 +55,13 @@ class HybridFedAvgServer:
 
         Raises:
             UnknownBlockError: a client holds a block that is not in the schema.
-            ProtocolError: a client did not answer, or a reply from a client that was not asked.
+            ProtocolError: a client did not answer (a stray reply is not an answer:
+                :func:`~hybridfl.runtime.exchange.answers`).
             PayloadError: a malformed reply (repeated block names, ``n_samples`` not an integer >= 1).
         """
         self.client_ids = list(client_ids)
-        replies = transport.send_and_receive([Message("fedavg.hello", SERVER, c, 0) for c in self.client_ids])
-        for r in replies:
-            if r.kind != "fedavg.hello" or r.sender not in self.client_ids:
-                raise ProtocolError(f"hybrid FedAvg server got an unexpected {r.kind!r} reply from {r.sender!r}.")
+        hello = [Message("fedavg.hello", SERVER, c, 0) for c in self.client_ids]
+        for r in answers(hello, transport.send_and_receive(hello), "hybrid FedAvg setup"):
             only_keys(r, ("blocks", "n_samples", "client_seconds"))
             blocks = strings(r, "blocks")
             unknown = [b for b in blocks if b not in self.offsets]
@@ -103,7 +103,6 @@ class HybridFedAvgServer:
         logged and treated as missing (counted in ``failed``).
 
         Raises:
-            ProtocolError: a reply of another kind, from a client that was not asked, or twice.
             TrainingDiverged: a reply's ``w`` holds NaN or infinity (nothing of the round is used).
         """
         cfg = self.config
@@ -127,13 +126,7 @@ class HybridFedAvgServer:
         ]
         t0 = time.perf_counter()
         replies = []
-        seen: set[str] = set()
-        for r in transport.send_and_receive(msgs):
-            if r.kind != "fedavg.fit" or r.sender not in K or r.sender in seen:
-                raise ProtocolError(
-                    f"hybrid FedAvg server got an unexpected {r.kind!r} reply from {r.sender!r} in round {rnd}."
-                )
-            seen.add(r.sender)
+        for r in answers(msgs, transport.send_and_receive(msgs), f"hybrid FedAvg round {rnd}"):
             try:
                 self.check_fit_reply(r)
             except PayloadError as e:

@@ -14,7 +14,7 @@ Alg. 1-2 sum over the holders ``B_i`` of each sample). Two ways to find the hold
 The ``psi`` protocol, for clients ordered by name (a pair ``a < b``: ``a`` is the PSI client,
 ``b`` the PSI server), in four exchanges before ``hyfdca.init``:
 
-1. ``hyfdca.hello`` (payload ``alignment: psi``, ``clients``: every client's name): each client
+1. ``hyfdca.hello`` (payload ``alignment: psi``, ``clients``: every client's name, ``run``): each client
    makes a fresh PSI client key, PSI server key and X25519 key (:class:`~hybridfl.privacy.psi.KeyAgreement`;
    a key of its own, not the secure-aggregation key: it exists without secure aggregation and
    serves one purpose) and replies ``psi_dh`` (its X25519 public key), ``psi_request`` (its IDs
@@ -45,9 +45,18 @@ What each party learns (docs/privacy.md, "HyFDCA alignment"): the server, the nu
 of each client, the size of every pairwise intersection and of every segment (holder set); a
 client, which of its samples each other client holds (and, from the request/setup sizes relayed to
 it, nothing more: the PSI hides the IDs outside the intersection). The relay sees the X25519
-public keys, blinded points and HMAC tags it cannot invert (a server that replaced the public
-keys, an *active* attack, could learn the tags' key: the clients would need authenticated keys
-for that).
+public keys, blinded points and HMAC tags it cannot invert.
+
+Against an *active* server (one that appends its own blinded guesses to a relayed request, sends
+a request or setup of its own, or replaces a public key) the clients need a roster
+(:mod:`hybridfl.privacy.roster`, ``roster.json`` in each client directory): the hello carries a
+fresh ``run`` label; each client signs its X25519 key, set size and request (``psi_request_sig``)
+or setup (``psi_setup_sig``), and each response (``response_sig.<a>``, binding the requester's
+name and the request's SHA-256) with its Ed25519 credential; the server relays the signatures
+with the blobs and every set size (``n.<peer>``), and a peer refuses a blob whose signature does
+not verify. Roster or not, a responder answers each request once (the alignment's order) and only
+if it holds exactly the sender's set size of distinct points (:func:`~hybridfl.privacy.psi.check_request_size`),
+before any exponentiation.
 
 Both alignments give the same segments in the same order (:func:`segment_order` of the holder
 sets, not of arrival order), so a run's results do not depend on the alignment (tested to 1e-12).
@@ -56,6 +65,7 @@ sets, not of arrival order), so a run's results do not depend on the alignment (
 from __future__ import annotations
 
 import json
+import os
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -64,6 +74,8 @@ import numpy as np
 
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy import psi
+from hybridfl.privacy.credentials import SIGNATURE_BYTES
+from hybridfl.privacy.roster import RUN_BYTES, PeerAuth, PeerAuthError, digest
 from hybridfl.runtime import validate
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.validate import PayloadError
@@ -163,6 +175,24 @@ class AlignClientMixin:
         self.align_secret: dict[str, bytes] = {}
         self.align_keys: dict[str, bytes] = {}
         self.align_held: np.ndarray | None = None
+        self.align_run = b""  # the run label of the hello (signed statements name it)
+
+    def _auth(self) -> PeerAuth | None:
+        """Its roster and credential (signs and checks the peers' PSI blobs), or ``None``."""
+        return getattr(self, "peer_auth", None)
+
+    def _verify(self, msg: Message, key: str, sender: str, purpose: str, fields: list[bytes]) -> None:
+        """With a roster: ``msg.payload[key]`` must be ``sender``'s signature over ``fields``.
+
+        Raises:
+            PeerAuthError: it is missing or does not verify (named by the field).
+        """
+        auth = self._auth()
+        if auth is not None:
+            try:
+                auth.verify(self.align_run, sender, purpose, fields, msg.payload.get(key))
+            except PeerAuthError as e:
+                raise PeerAuthError(f"{str(e).rstrip('.')} (field {key!r}).") from None
 
     def _align_peers(self, lower: bool) -> list[str]:
         """The peers named below (``lower``) or above it, in client order."""
@@ -185,10 +215,12 @@ class AlignClientMixin:
         Raises:
             PayloadError: ``clients`` missing, not a list of distinct names, or without its own name.
         """
-        validate.only_keys(msg, ("alignment", "clients"))
+        validate.only_keys(msg, ("alignment", "clients", "run"))
         clients = validate.strings(msg, "clients")
         if self.client_id not in clients:
             raise PayloadError(msg, "clients", "without this client's name")
+        auth = self._auth()
+        run = _bytes(msg, "run", RUN_BYTES) if auth is not None or "run" in msg.payload else b""
         self.align_clients = clients
         held = np.zeros((self.ids.size, len(clients)), dtype=np.uint8)
         held[:, clients.index(self.client_id)] = 1
@@ -196,12 +228,16 @@ class AlignClientMixin:
         c, s, dh = psi.PSIClient(self.ids), psi.PSIServer(self.ids), psi.KeyAgreement()
         self.align_secret = {"psi_c": c.secret_key(), "psi_s": s.secret_key(), "dh": dh.private_bytes()}
         self.align_keys = {}
-        self.align_step = 1
+        self.align_step, self.align_run = 1, run
         out: dict[str, Any] = {"psi_dh": dh.public()}
-        if self._align_peers(lower=False):
-            out["psi_request"] = c.request()
-        if self._align_peers(lower=True):
-            out["psi_setup"] = s.setup(self.ids.size)
+        n = int(self.ids.size)
+        for key, want, make in (("request", False, c.request), ("setup", True, lambda: s.setup(n))):
+            if self._align_peers(lower=want):
+                out[f"psi_{key}"] = blob = make()
+                if auth is not None:  # its key, size and blob, under its credential (a relay cannot append)
+                    out[f"psi_{key}_sig"] = auth.sign(run, f"psi-{key}", psi.offer_fields(n, dh.public(), blob))
+                if key == "request":
+                    self.align_secret["req"] = digest(blob)  # to check the responses are to this request
         return out
 
     def align_serve(self, msg: Message) -> dict[str, Any]:
@@ -215,19 +251,27 @@ class AlignClientMixin:
         """
         self._align_expect(msg, 1)
         lower = self._align_peers(lower=True)
-        validate.only_keys(msg, [f"{f}.{a}" for a in lower for f in ("request", "dh")])
+        auth = self._auth()  # without a roster a signature is let through unchecked (a peer with one sent it)
+        validate.only_keys(msg, [f"{f}.{a}" for a in lower for f in ("request", "dh", "n", "request_sig")])
         server = psi.PSIServer(self.ids, key=self.align_secret["psi_s"])
         dh = psi.KeyAgreement(self.align_secret["dh"])
         out, keys = {}, {}
         for a in lower:
+            peer, request = _bytes(msg, f"dh.{a}", psi.DH_BYTES), _bytes(msg, f"request.{a}")
+            n = validate.integer(msg, f"n.{a}", low=1, high=psi.MAX_IDS)
+            self._verify(msg, f"request_sig.{a}", a, "psi-request", psi.offer_fields(n, peer, request))
             try:
-                keys[a] = dh.shared_key(_bytes(msg, f"dh.{a}", psi.DH_BYTES), CONTEXT, initiator=False)
+                keys[a] = dh.shared_key(peer, CONTEXT, initiator=False)
             except psi.PSIError as e:
                 raise _refuse(msg, f"dh.{a}", e) from None
-            try:
-                out[f"response.{a}"] = server.respond(_bytes(msg, f"request.{a}"))
+            try:  # at most the peer's (signed) set size, no repeated point: checked before any work
+                psi.check_request_size(request, n)
+                out[f"response.{a}"] = server.respond(request, max_ids=n)
             except psi.PSIError as e:
                 raise _refuse(msg, f"request.{a}", e) from None
+            if auth is not None:
+                fields_r = psi.response_fields(a, digest(request), out[f"response.{a}"])
+                out[f"response_sig.{a}"] = auth.sign(self.align_run, "psi-response", fields_r)
         self.align_keys = keys
         self.align_step = 2
         return out
@@ -244,18 +288,24 @@ class AlignClientMixin:
         """
         self._align_expect(msg, 2 if self._align_peers(lower=True) else 1)
         higher = self._align_peers(lower=False)
-        validate.only_keys(msg, [f"{f}.{b}" for b in higher for f in ("setup", "response", "dh")])
+        fields = ("setup", "response", "dh", "n", "setup_sig", "response_sig")
+        validate.only_keys(msg, [f"{f}.{b}" for b in higher for f in fields])
         client = psi.PSIClient(self.ids, key=self.align_secret["psi_c"])
         dh = psi.KeyAgreement(self.align_secret["dh"])
         held = self.align_held.copy()
         out = {}
         for b in higher:
+            peer, setup, response = (_bytes(msg, f"{f}.{b}") for f in ("dh", "setup", "response"))
+            n = validate.integer(msg, f"n.{b}", low=1, high=psi.MAX_IDS)
+            self._verify(msg, f"setup_sig.{b}", b, "psi-setup", psi.offer_fields(n, peer, setup))
+            mine = psi.response_fields(self.client_id, self.align_secret.get("req", b""), response)
+            self._verify(msg, f"response_sig.{b}", b, "psi-response", mine)
             try:
                 key = dh.shared_key(_bytes(msg, f"dh.{b}", psi.DH_BYTES), CONTEXT, initiator=True)
             except psi.PSIError as e:
                 raise _refuse(msg, f"dh.{b}", e) from None
             try:
-                rows = client.intersect(_bytes(msg, f"setup.{b}"), _bytes(msg, f"response.{b}"))
+                rows = client.intersect(setup, response, max_ids=n)
             except psi.PSIError as e:
                 raise _refuse(msg, f"{e.part if e.part in ('setup', 'response') else 'response'}.{b}", e) from None
             held[rows, self.align_clients.index(b)] = 1
@@ -319,7 +369,11 @@ class AlignClientMixin:
         """The alignment's part of ``get_state`` (codec values; ``{}`` before a ``psi`` hello)."""
         if not self.align_clients:
             return {}
-        st: dict[str, Any] = {"align_clients": json.dumps(self.align_clients), "align_step": int(self.align_step)}
+        st: dict[str, Any] = {
+            "align_clients": json.dumps(self.align_clients),
+            "align_step": int(self.align_step),
+            "align_run": self.align_run,
+        }
         if self.align_held is not None:
             st["align_held"] = self.align_held.copy()
         for k, v in self.align_secret.items():
@@ -336,7 +390,10 @@ class AlignClientMixin:
         self.align_step = int(state["align_step"])
         held = state.get("align_held")
         self.align_held = None if held is None else np.asarray(held, dtype=np.uint8).copy()
-        self.align_secret = {k: bytes(state[f"align_{k}"]) for k in ("psi_c", "psi_s", "dh") if f"align_{k}" in state}
+        self.align_run = bytes(state.get("align_run", b""))
+        self.align_secret = {
+            k: bytes(state[f"align_{k}"]) for k in ("psi_c", "psi_s", "dh", "req") if f"align_{k}" in state
+        }
         self.align_keys = {k.split(".", 1)[1]: bytes(v) for k, v in state.items() if k.startswith("align_key.")}
 
 
@@ -344,7 +401,9 @@ class AlignClientMixin:
 def check_psi_hello(r: Message, lower: bool, higher: bool) -> int:
     """A hello reply under ``alignment: psi``: no ``ids``; ``n_samples`` >= 1; ``psi_dh`` an X25519
     public key; ``psi_request`` (iff the client has a higher-named peer) and ``psi_setup`` (iff
-    it has a lower-named one) well-formed PSI messages of ``n_samples`` points. Returns ``n_samples``.
+    it has a lower-named one) well-formed PSI messages of ``n_samples`` points (a request without
+    a repeated point); ``psi_request_sig`` / ``psi_setup_sig``, if sent, 64-byte signatures (the
+    peers check them against their roster; the server relays them). Returns ``n_samples``.
 
     Raises:
         PayloadError: any of these fails.
@@ -356,8 +415,9 @@ def check_psi_hello(r: Message, lower: bool, higher: bool) -> int:
     _bytes(r, "psi_dh", psi.DH_BYTES)
     for key, want, check in (("psi_request", higher, psi.check_request), ("psi_setup", lower, psi.check_setup)):
         if not want:
-            if key in r.payload:
-                raise PayloadError(r, key, "not expected (no peer needs it)")
+            for k in (key, f"{key}_sig"):
+                if k in r.payload:
+                    raise PayloadError(r, k, "not expected (no peer needs it)")
             continue
         try:
             got = check(_bytes(r, key), max_ids=n)
@@ -365,7 +425,57 @@ def check_psi_hello(r: Message, lower: bool, higher: bool) -> int:
             raise _refuse(r, key, e) from None
         if got != n:
             raise PayloadError(r, key, f"holding {got} IDs, not the {n} samples it reported")
+        if f"{key}_sig" in r.payload:
+            _bytes(r, f"{key}_sig", SIGNATURE_BYTES)
     return n
+
+
+def _signed(by: Mapping[str, Mapping[str, Any]], c: str, key: str, name: str) -> dict[str, Any]:
+    """``{name: by[c][key]}`` if client ``c``'s hello carried ``key`` (a signature), else ``{}``."""
+    return {name: by[c][key]} if key in by[c] else {}
+
+
+def _serve_payload(by: Mapping[str, Mapping[str, Any]], lower: Sequence[str]) -> dict[str, Any]:
+    """``hyfdca.psi_serve``'s payload: each lower peer ``a``'s request, key, size and signature."""
+    out: dict[str, Any] = {}
+    for a in lower:
+        out.update({f"request.{a}": by[a]["psi_request"], f"dh.{a}": by[a]["psi_dh"], f"n.{a}": by[a]["n_samples"]})
+        out.update(_signed(by, a, "psi_request_sig", f"request_sig.{a}"))
+    return out
+
+
+def _result_payload(
+    by: Mapping[str, Mapping[str, Any]], served: Mapping[str, Mapping[str, Any]], a: str, higher: Sequence[str]
+) -> dict[str, Any]:
+    """``hyfdca.psi_result``'s payload to ``a``: each higher peer ``b``'s setup, response to
+    ``a``, key, size and signatures."""
+    out: dict[str, Any] = {}
+    for b in higher:
+        out.update({f"setup.{b}": by[b]["psi_setup"], f"response.{b}": served[b][f"response.{a}"]})
+        out.update({f"dh.{b}": by[b]["psi_dh"], f"n.{b}": by[b]["n_samples"]})
+        out.update(_signed(by, b, "psi_setup_sig", f"setup_sig.{b}"))
+        out.update(_signed(served, b, f"response_sig.{a}", f"response_sig.{b}"))
+    return out
+
+
+def _check_tags_reply(r: Message, order: Sequence[str], n: int) -> None:
+    """A ``hyfdca.psi_tags`` reply of a client with ``n`` samples: ``sets`` distinct 0/1 rows over
+    ``order`` that all include the client; ``counts`` positive, one per set, adding up to ``n``.
+
+    Raises:
+        PayloadError: any of these fails.
+    """
+    validate.only_keys(r, ("client_seconds", "he_seconds", "sets", "counts"))
+    sets = validate.array(r, "sets", (None, len(order)), kinds="iu")
+    counts = validate.array(r, "counts", (sets.shape[0],), kinds="iu")
+    if sets.shape[0] == 0:
+        raise PayloadError(r, "sets", "empty")
+    if sets.min() < 0 or sets.max() > 1 or not (sets[:, list(order).index(r.sender)] == 1).all():
+        raise PayloadError(r, "sets", "not 0/1 rows that all include the client itself")
+    if np.unique(sets, axis=0).shape[0] != sets.shape[0]:
+        raise PayloadError(r, "sets", "holding a set twice")
+    if counts.min() < 1 or int(counts.sum()) != n:
+        raise PayloadError(r, "counts", f"not positive counts adding up to its {n} samples")
 
 
 class AlignServerMixin:
@@ -378,8 +488,9 @@ class AlignServerMixin:
         return self._setup_exchange(transport, msgs, stats, check) if msgs else []
 
     def psi_hello_payload(self) -> dict[str, Any]:
-        """The ``hyfdca.hello`` payload under ``alignment: psi``: ``alignment`` and ``clients``."""
-        return {"alignment": "psi", "clients": list(self.client_ids)}
+        """The ``hyfdca.hello`` payload under ``alignment: psi``: ``alignment``, ``clients`` and
+        ``run`` (a fresh random run label that the clients' signatures name)."""
+        return {"alignment": "psi", "clients": list(self.client_ids), "run": os.urandom(RUN_BYTES)}
 
     def psi_align(self, transport: Any, stats: dict, hello: list[Message]) -> list[tuple[Holders, int]]:
         """Exchanges 2-4 of the module docstring from the checked hello replies; returns each
@@ -400,53 +511,34 @@ class AlignServerMixin:
         def higher(c: str) -> list[str]:
             return [b for b in names if b > c]
 
-        # 2. serve: each client answers its lower peers' requests
-        msgs = [
-            Message(
-                "hyfdca.psi_serve",
-                SERVER,
-                c,
-                0,
-                {
-                    **{f"request.{a}": by[a]["psi_request"] for a in lower(c)},
-                    **{f"dh.{a}": by[a]["psi_dh"] for a in lower(c)},
-                },
-            )
-            for c in names
-            if lower(c)
-        ]
-
         def check_serve(r: Message) -> None:
-            validate.only_keys(r, ["client_seconds", "he_seconds", *(f"response.{a}" for a in lower(r.sender))])
+            signed = [f"response_sig.{a}" for a in lower(r.sender) if "psi_request_sig" in by[a]]
+            validate.only_keys(
+                r, ["client_seconds", "he_seconds", *(f"response.{a}" for a in lower(r.sender)), *signed]
+            )
             for a in lower(r.sender):
                 try:
                     psi.check_response(_bytes(r, f"response.{a}"), n[a])
                 except psi.PSIError as e:
                     raise _refuse(r, f"response.{a}", e) from None
+            for k in signed:
+                _bytes(r, k, SIGNATURE_BYTES)
 
+        # 2. serve: each client answers its lower peers' requests
+        msgs = [Message("hyfdca.psi_serve", SERVER, c, 0, _serve_payload(by, lower(c))) for c in names if lower(c)]
         served = {r.sender: r.payload for r in self._align_exchange(transport, msgs, stats, check_serve)}
-        # 3. result: each client intersects with its higher peers and tags the common IDs
-        msgs = [
-            Message(
-                "hyfdca.psi_result",
-                SERVER,
-                a,
-                0,
-                {
-                    **{f"setup.{b}": by[b]["psi_setup"] for b in higher(a)},
-                    **{f"response.{b}": served[b][f"response.{a}"] for b in higher(a)},
-                    **{f"dh.{b}": by[b]["psi_dh"] for b in higher(a)},
-                },
-            )
-            for a in names
-            if higher(a)
-        ]
 
         def check_result(r: Message) -> None:
             validate.only_keys(r, ["client_seconds", "he_seconds", *(f"tags.{b}" for b in higher(r.sender))])
             for b in higher(r.sender):
                 _tag_count(r, f"tags.{b}", min(n[r.sender], n[b]))
 
+        # 3. result: each client intersects with its higher peers and tags the common IDs
+        msgs = [
+            Message("hyfdca.psi_result", SERVER, a, 0, _result_payload(by, served, a, higher(a)))
+            for a in names
+            if higher(a)
+        ]
         results = {r.sender: r.payload for r in self._align_exchange(transport, msgs, stats, check_result)}
         common = {
             (a, b): len(results[a][f"tags.{b}"]) // psi.TAG_BYTES for a in names for b in higher(a)
@@ -457,22 +549,8 @@ class AlignServerMixin:
             for b in names
         ]
         order = list(self.client_ids)
-
-        def check_tags(r: Message) -> None:
-            validate.only_keys(r, ("client_seconds", "he_seconds", "sets", "counts"))
-            sets = validate.array(r, "sets", (None, len(order)), kinds="iu")
-            counts = validate.array(r, "counts", (sets.shape[0],), kinds="iu")
-            if sets.shape[0] == 0:
-                raise PayloadError(r, "sets", "empty")
-            if sets.min() < 0 or sets.max() > 1 or not (sets[:, order.index(r.sender)] == 1).all():
-                raise PayloadError(r, "sets", "not 0/1 rows that all include the client itself")
-            if np.unique(sets, axis=0).shape[0] != sets.shape[0]:
-                raise PayloadError(r, "sets", "holding a set twice")
-            if counts.min() < 1 or int(counts.sum()) != n[r.sender]:
-                raise PayloadError(r, "counts", f"not positive counts adding up to its {n[r.sender]} samples")
-
         reported: dict[str, dict[Holders, int]] = {}
-        for r in self._setup_exchange(transport, msgs, stats, check_tags):
+        for r in self._setup_exchange(transport, msgs, stats, lambda r: _check_tags_reply(r, order, n[r.sender])):
             sets = np.asarray(r.payload["sets"])
             reported[r.sender] = {
                 tuple(sorted(order[i] for i in np.flatnonzero(row))): int(k)

@@ -30,12 +30,17 @@ class ReplyChecksMixin:
         the ``j``-th holding ``sizes[j]`` values (its public header).
 
         Raises:
-            PayloadError: another count, an empty item or another length.
+            PayloadError: another count, an empty item, another length, or a body that does not
+                parse (:meth:`hybridfl.privacy.he.HEBackend.check`).
         """
         cts = validate.blobs(r, key, len(sizes))
         for j, (c, n) in enumerate(zip(cts, sizes)):
             if len(c) < 4 or self.he.length(c) != int(n):
                 raise PayloadError(r, key, f"holding a ciphertext of another length than item {j}")
+            try:
+                self.he.check(c)  # parse before use: a garbage body must not reach he.add
+            except ValueError as e:
+                raise PayloadError(r, key, f"holding item {j}, which does not parse ({e})") from None
         return cts
 
     def seg_sizes(self, cid: str, segs: Sequence[int] | None = None) -> list[int]:

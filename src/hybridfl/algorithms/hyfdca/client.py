@@ -87,6 +87,7 @@ from hybridfl.algorithms.hyfdca.segment import SegmentClientMixin
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import HEBackend
+from hybridfl.privacy.roster import PeerAuth
 from hybridfl.privacy.segmask import SegmentMasks
 from hybridfl.runtime import validate
 from hybridfl.runtime.handlers import handler
@@ -111,6 +112,9 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             policy: set when it holds an HE key pair; :mod:`.secure`).
         secagg_threshold: ``t``, the fewest clients of a masked exchange it answers in
             (:func:`~hybridfl.privacy.secagg.mask_quorum`; at least 2).
+        peer_auth: its credential and the federation's roster
+            (:class:`~hybridfl.privacy.roster.PeerAuth`): it signs its PSI blobs and keys and
+            refuses a peer's that do not verify (:mod:`.align`); ``None``: nothing signed.
 
     State kept between messages (:meth:`get_state`): ``alpha`` ``(n_k,)`` its copy of the dual
     variables, ``u`` ``(n_k,)`` the last decrypted inner products, ``q`` ``(n_k,)`` full squared
@@ -132,8 +136,10 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         sparse: str = "auto",
         require_secagg: bool = False,
         secagg_threshold: int = 2,
+        peer_auth: PeerAuth | None = None,
     ):
         self.client_id = client_id
+        self.peer_auth = peer_auth
         self.protocol = ClientProtocol(client_id)  # its own view of the protocol (fail closed)
         self.secagg_threshold = max(2, int(secagg_threshold))
         self.ids = np.asarray(data.ids).astype(str)
@@ -308,7 +314,8 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
                         f"HyFDCA client {self.client_id!r} got {msg.kind!r} before its setup (hyfdca.init)."
                     )
             self.protocol.admit(msg, self.params.get("dual_mode") if self.params else None)
-            reply = self._answer(msg, steps[msg.kind])
+            t0, he0 = time.perf_counter(), self.he.seconds  # the reply carries the step's compute and HE time
+            reply = self._reply(msg, t0, he0, **steps[msg.kind](msg))
         except Exception as e:
             self.protocol.stop(msg, e)
             raise
@@ -336,12 +343,6 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             kinds.UNMASK: self._on_unmask,
             kinds.PRIMAL: self._on_primal,
         }
-
-    def _answer(self, msg: Message, step: Callable[[Message], dict[str, Any]]) -> Message:
-        """:meth:`handle` once the message is admitted: the reply of ``step`` (its entries, plus
-        ``client_seconds`` and ``he_seconds``)."""
-        t0, he0 = time.perf_counter(), self.he.seconds
-        return self._reply(msg, t0, he0, **step(msg))
 
     def _on_hello(self, msg: Message) -> dict[str, Any]:
         """``hyfdca.hello``: its IDs (``alignment: plaintext``, the paper's setting: the server

@@ -9,7 +9,7 @@ evaluation (centralised reference optimum).
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
 
@@ -23,6 +23,11 @@ class HyFDCAConfig(BaseModel):
     """HyFDCA settings (``algorithm:`` section with ``name: hyfdca``)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    simulation_only: ClassVar[frozenset[str]] = frozenset(
+        {"failure_rate", "latency", "bandwidth_mbps", "eval_every", "reference", "reference_sdca_epochs"}
+    )
+    """Settings of the simulation and the server's schedule, never sent to a client
+    (:func:`hybridfl.config.client_settings_json`)."""
     name: Literal["hyfdca"] = Field(
         "hyfdca", description="the algorithm (HyFDCA, hybrid federated dual coordinate ascent)"
     )

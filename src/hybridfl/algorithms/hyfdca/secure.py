@@ -16,11 +16,15 @@ Protocol (every ``hyfdca.primal`` exchange, PrimalAggregation, Alg. 1 lines 7 an
    exchange) and ``acked`` (whether the server counted the client's previous change). The client
    keeps ``base``, the fixed-point share the server has counted for it; it sends
    ``masked = (fixed(share) - base) + masks`` (``uint64`` ``(d_k,)``).
-3. The server adds the masked changes per feature (the masks cancel). If a client's reply is
-   missing, ``hyfdca.unmask`` asks the others for their masks with it (``correction``); if one of
-   them fails too, or fewer than the clients' unmasking quorum replied
-   (:func:`~hybridfl.privacy.secagg.unmask_quorum`: they would refuse), the whole exchange is
-   dropped (no change counted; every client resends its change next time, ``acked`` false).
+   With it goes ``self_shares``: the encrypted Shamir shares of its self-mask seed, one per peer
+   (double masking, :mod:`hybridfl.privacy.secagg`).
+3. The server adds the masked changes per feature (the pair masks cancel), then ``hyfdca.unmask``
+   asks every survivor once for its pair masks with the missing clients (``correction``) and the
+   self-mask shares the other survivors sent it (``revealed``)
+   (:func:`~hybridfl.runtime.secagg_messages.unmask_exchange`); if one of them fails too, or fewer
+   than the clients' unmasking quorum replied (:func:`~hybridfl.privacy.secagg.unmask_quorum`:
+   they would refuse), the whole exchange is dropped (no change counted; every client resends its
+   change next time, ``acked`` false).
 
 Each client checks the exchange itself (the server is not trusted): ``peers`` from its
 roster, at least ``secagg_threshold`` clients (segment mode: at most the holders of its pass's

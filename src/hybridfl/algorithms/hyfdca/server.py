@@ -60,6 +60,7 @@ from hybridfl.errors import ConfigError, PartitionError, ProtocolError, UnknownB
 from hybridfl.privacy.he import HEBackend
 from hybridfl.privacy.secagg import mask_quorum
 from hybridfl.runtime import validate
+from hybridfl.runtime.exchange import answers
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
 from hybridfl.runtime.validate import PayloadError
@@ -125,16 +126,16 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         """Send ``msgs`` and return the good replies that arrived: each checked (its timings and
         ``check``); a bad one is logged and dropped, and its sender's later replies this round are
         dropped too (:attr:`bad`), as a client that failed there. A reply from a client not asked,
-        of another kind than its message, or a second one is not an answer and is ignored.
+        of another kind than its message, or a second one is not an answer
+        (:func:`~hybridfl.runtime.exchange.answers`).
 
         Raises:
             PayloadError: with ``strict`` (setup), the first bad reply.
         """
-        sent = {m.receiver: m.kind for m in msgs}
         replies = []
-        for r in transport.send_and_receive(msgs):
-            if sent.get(r.sender) != r.kind or r.sender in self.bad:
-                continue  # not asked, already answered, or not an answer to this message
+        for r in answers(msgs, transport.send_and_receive(msgs), "HyFDCA"):
+            if r.sender in self.bad:
+                continue  # its reply failed a check earlier this round
             try:
                 validate.number(r, "client_seconds", low=0.0)
                 validate.number(r, "he_seconds", low=0.0)
@@ -146,7 +147,6 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 log.warning("HyFDCA: the reply of %r is treated as missing: %s", r.sender, e)
                 self.bad.add(r.sender)
                 continue
-            del sent[r.sender]
             replies.append(r)
         if replies:
             stats["client_max"] += max(float(r.payload.get("client_seconds", 0.0)) for r in replies)

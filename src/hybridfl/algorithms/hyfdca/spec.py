@@ -56,6 +56,7 @@ from hybridfl.errors import DataError, EncryptionPolicyError
 from hybridfl.inference.modeldir import ModelParts
 from hybridfl.privacy.he import CKKSBackend, HEBackend, KeyDealer, PlainBackend, check_key_size, server_backend
 from hybridfl.privacy.keys import backend_from_secret
+from hybridfl.privacy.roster import peer_auth_of
 
 SECRET = "he_secret"
 """The name of the clients' shared key pair in ``ClientData.secrets`` (and in checkpoints)."""
@@ -136,7 +137,9 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
     Raises:
         PartitionError: the client has no labels.
         DataError: labels not binary for the loss; the run uses encryption and its key is missing
-            or unreadable; a block already named ``intercept`` with ``fit_intercept``.
+            or unreadable; a block already named ``intercept`` with ``fit_intercept``; an
+            unreadable ``roster.json`` or credential key.
+        ConfigError: a roster that does not list this client with its own credential key.
         EncryptionPolicyError: it holds a key pair and the run asks for no or another encryption;
             its key is below the minimum size.
     """
@@ -155,6 +158,7 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
         cfg.sparse,
         require_secagg=SECRET in cd.secrets,
         secagg_threshold=cfg.secagg_threshold,
+        peer_auth=peer_auth_of(cd.client_id, cd.path),  # a roster in its directory: signed PSI keys and blobs
     )
 
 

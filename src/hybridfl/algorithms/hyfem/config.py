@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -65,9 +65,10 @@ class HyFEMConfig(BaseModel):
     ``variant: avg`` (HyFEM-Avg) forces ``mu1 = mu2 = 0``; ``variant: prox`` (HyFEM-Prox) uses the
     given proximal weights ``mu1`` (extractors) and ``mu2`` (classifier) in the local steps.
 
-    ``device`` (``cpu`` default, ``cuda``, ``auto``): where the server's, the clients' and the
-    baselines' models and every tensor made from client data live
-    (:func:`hybridfl.models.device.resolve_device`); messages stay NumPy arrays.
+    ``device`` (``auto`` default: ``cuda`` when torch sees a GPU, else ``cpu``; ``cpu``; ``cuda``):
+    where the server's, the clients' and the baselines' models and every tensor made from client
+    data live (:func:`hybridfl.models.device.resolve_device`; the run's summary records the device
+    under ``device``); messages stay NumPy arrays.
 
     Raises:
         pydantic.ValidationError: ``variant: avg`` with a proximal weight, ``matching.max_width``
@@ -75,6 +76,11 @@ class HyFEMConfig(BaseModel):
     """
 
     model_config = ConfigDict(extra="forbid")
+    simulation_only: ClassVar[frozenset[str]] = frozenset(
+        {"eval_every", "test_subsample", "failure_rate", "baselines", "batched_clients", "device"}
+    )
+    """Settings of the simulation and the server's schedule, never sent to a client
+    (:func:`hybridfl.config.client_settings_json`)."""
     name: Literal["hyfem"] = Field("hyfem", description="the algorithm (HyFEM, hybrid federated matching)")
     variant: Literal["avg", "prox"] = Field(
         "avg",
@@ -130,14 +136,17 @@ class HyFEMConfig(BaseModel):
         ge=2,
         description="secure aggregation threshold t (each client's own rule, against a malicious server): a client masks only in an exchange of at least t clients of its roster, itself included (at most the run's clients; HyFDCA segment mode: at most the holders of its pass's segments), and unmasks a dropped peer only if at least t of the exchange's clients survive (never itself, once per exchange); the server selects at least t clients a round and drops an exchange it could not unmask: hybridfl.privacy.secagg",
     )
-    baselines: bool = Field(True, description="also train centralised and stand-alone baselines")
+    baselines: bool = Field(
+        False,
+        description="also train the centralised and stand-alone baselines with the same T*Q budget (each client alone: about the federation's training time again)",
+    )
     batched_clients: bool = Field(
         False,
         description="simulation only: the clients of a round train as one batched model (each block's extractors and each classifier shape vmap-ed; hybridfl.algorithms.hyfem.batched); equal to the sequential run up to float rounding",
     )
     device: Literal["cpu", "cuda", "auto"] = Field(
-        "cpu",
-        description="where the torch models and the tensors made from client data live: cpu, cuda or auto (hybridfl.models.device)",
+        "auto",
+        description="where the torch models and the tensors made from client data live: auto (cuda when torch sees a GPU, else cpu), cpu or cuda (hybridfl.models.device)",
     )
 
     @model_validator(mode="after")

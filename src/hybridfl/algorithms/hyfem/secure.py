@@ -10,8 +10,11 @@ Protocol: the ``hyfem.properties`` reply carries ``secagg_public``; a setup exch
 ``hyfem.keys`` relays the other clients' keys and blocks; each ``hyfem.fit`` carries a fresh
 ``tag`` and the round's other clients (``peers``); the reply carries ``ext_masked`` (``uint64``,
 the client's blocks' extractor parameters times ``p_m``, flattened in its block order) instead of
-the ``ext.*`` arrays. If a reply is missing, ``hyfem.unmask`` asks the others for their masks with
-it; if one of them fails too, the round keeps its extractors (the classifiers are still matched).
+the ``ext.*`` arrays, and ``self_shares`` (its self-mask seed's encrypted Shamir shares, one per
+peer: double masking). After every masked round ``hyfem.unmask`` asks each survivor once for its
+masks with the missing clients and the self-mask shares of the others
+(:func:`~hybridfl.runtime.secagg_messages.unmask_exchange`); if one of them fails, the round keeps
+its extractors (the classifiers are still matched).
 """
 
 from __future__ import annotations

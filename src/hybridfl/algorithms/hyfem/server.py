@@ -37,10 +37,11 @@ from hybridfl.algorithms.hyfem.client import model_payload
 from hybridfl.algorithms.hyfem.config import HyFEMConfig
 from hybridfl.algorithms.hyfem.kinds import FIT
 from hybridfl.algorithms.hyfem.secure import SecureExtractorsServerMixin
-from hybridfl.errors import ProtocolError, TrainingDiverged, UnknownBlockError
+from hybridfl.errors import TrainingDiverged, UnknownBlockError
 from hybridfl.matching.classifier import ClientClassifier, ServerClassifier, match_classifiers
 from hybridfl.models.device import resolve_device
 from hybridfl.models.hybrid import ExtractorFactory, HybridModel, block_columns, default_extractor
+from hybridfl.runtime.exchange import answers
 from hybridfl.runtime.messages import SERVER, Message, pack_arrays, unpack_arrays
 from hybridfl.runtime.transport import Transport
 from hybridfl.runtime.validate import PayloadError, array, integer, only_keys, strings
@@ -106,14 +107,11 @@ class HyFEMServer(SecureExtractorsServerMixin):
 
         Raises:
             UnknownBlockError: a client reports a block that is not in the schema.
-            ProtocolError: a reply of another kind, or from a client that was not asked.
             PayloadError: a malformed reply (:meth:`check_properties`).
         """
-        asked = set(client_ids)
-        replies = transport.send_and_receive([Message("hyfem.properties", SERVER, cid, 0) for cid in client_ids])
+        asked = [Message("hyfem.properties", SERVER, cid, 0) for cid in client_ids]
+        replies = answers(asked, transport.send_and_receive(asked), "HyFEM setup")
         for r in replies:
-            if r.kind != "hyfem.properties" or r.sender not in asked:
-                raise ProtocolError(f"HyFEM server got an unexpected {r.kind!r} reply from {r.sender!r} at setup.")
             blocks, n_samples, class_counts = self.check_properties(r)
             self.clients[r.sender] = {
                 "blocks": blocks,
@@ -207,7 +205,6 @@ class HyFEMServer(SecureExtractorsServerMixin):
         train as one batched model first (:func:`~hybridfl.algorithms.hyfem.batched.prefit`).
 
         Raises:
-            ProtocolError: a reply of another kind, from a client that was not asked, or twice.
             TrainingDiverged: a reply holds a non-finite weight or loss (nothing of the round is used).
         """
         ids = self.sampled(rnd)
@@ -215,14 +212,8 @@ class HyFEMServer(SecureExtractorsServerMixin):
         if self.config.batched_clients and isinstance(getattr(transport, "clients", None), Mapping):
             prefit(transport.clients, list(sent.values()))  # in process: train same-shape clients together
         arrived = transport.send_and_receive(list(sent.values()))
-        seen: set[str] = set()
         replies = []
-        for r in arrived:
-            if r.kind != "hyfem.fit" or r.sender not in self.clients or r.sender in seen:
-                raise ProtocolError(
-                    f"HyFEM server got an unexpected {r.kind!r} reply from {r.sender!r} in round {rnd}."
-                )
-            seen.add(r.sender)
+        for r in answers(list(sent.values()), arrived, f"HyFEM round {rnd}"):
             try:
                 self.check_fit_reply(r, sent[r.sender])
             except PayloadError as e:

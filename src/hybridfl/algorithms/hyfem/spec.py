@@ -7,7 +7,8 @@ unchanged. Metrics (HyFEM Sec. 4, "In the testing phase"):
 - ``client_accuracy_mean`` (local accuracy): each client's model, i.e. what it receives from the
   server (``P_m Theta_0``, ``Pi_m w_0``), on all test samples with only its own blocks, averaged
   over clients (``client_accuracy[<client>]`` each); ``client_accuracy_local_mean`` (simulation
-  only) is the same for the clients' models right after their ``Q`` local steps;
+  only, after the last round) is the same for the clients' models right after their ``Q`` local
+  steps;
 - ``centralized_accuracy``: the server-shaped model trained on all training data for ``T * Q``
   steps; ``centralized_held_accuracy``: the same on only the (sample, block) cells the clients
   hold (unheld blocks zero-padded, HyFEM Appendix A), the best these holdings allow;
@@ -193,10 +194,12 @@ def _received_accuracies(server: HyFEMServer, feats: dict[str, Any], y: np.ndarr
 def evaluate(ctx: EvalContext) -> dict[str, float]:
     """Test accuracies in ``[0, 1]`` after a round on the server's test set (``{}`` without one):
     ``server_accuracy``, ``client_accuracy_mean`` and ``client_accuracy[<client>]`` of the models
-    the clients receive and, when ``ctx.monitor`` (client ID -> :class:`HyFEMClient`) is given,
-    ``client_accuracy_local_mean`` of the clients' models after their ``Q`` local steps, over the
-    clients asked in this round (all of them with ``fraction_fit: 1``; with sampling, the others'
-    models are those of an earlier round).
+    the clients receive and, after the last round when ``ctx.monitor`` (client ID ->
+    :class:`HyFEMClient`) is given, ``client_accuracy_local_mean`` of the clients' models after
+    their ``Q`` local steps, over the clients asked in that round (all of them with
+    ``fraction_fit: 1``; with sampling, the others' models are those of an earlier round). Each
+    local model is a whole model of its own (its own extractors): scoring them every round costs
+    several times the training with many clients, so they are scored once, at the end.
 
     Every block's server extractor runs once on the test set; each distinct received model is then
     only its classifier on those features (the same predictions as the whole model, batch for
@@ -225,10 +228,9 @@ def evaluate(ctx: EvalContext) -> dict[str, float]:
         sub = test if rows is None else test.take(rows)
         local = {cid: accuracy(server.client_model(cid), sub) for cid in server.clients}
     row["client_accuracy_mean"] = float(np.mean(list(local.values()))) if local else float("nan")
-    if ctx.monitor is not None:
-        sub = test if rows is None else test.take(rows)
+    if ctx.monitor is not None and final:  # the clients' own models: once, at the end (see above)
         trained = set(server.sampled(int(ctx.round))) if hasattr(server, "sampled") else set(ctx.monitor)
-        after = {cid: accuracy(c.model, sub) for cid, c in ctx.monitor.items() if cid in trained}
+        after = {cid: accuracy(c.model, test) for cid, c in ctx.monitor.items() if cid in trained}
         row["client_accuracy_local_mean"] = float(np.mean(list(after.values()))) if after else float("nan")
     for cid, v in local.items():
         row[f"{_ACC}{cid}]"] = v

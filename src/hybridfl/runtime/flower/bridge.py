@@ -16,8 +16,10 @@ again with the same ``data-dir`` comes back under a *new* Flower node ID (Flower
 fresh key pair per SuperNode process) while the SuperLink keeps reporting the old ID online until
 its heartbeat expires (up to 2 x 30 s), after which replies to it are Flower ``NODE_UNAVAILABLE``
 errors. :class:`FlowerTransport` therefore maps our client IDs to node IDs by asking every node it
-has not seen yet which client it holds (the hello, answered with a signature under the client's own
-key from ``client prepare``/``export-clients``: :mod:`hybridfl.privacy.credentials`), remaps a
+has not seen yet which client it holds (the hello, carrying only the run's session and a nonce,
+answered with a signature under the client's own key from ``client prepare``/``export-clients``:
+:mod:`hybridfl.privacy.credentials`; the run's setup, with the config, the layout of client names,
+blocks and label holders, and the seed, goes only to a node that proved its client), remaps a
 client to the new node that proves it holds it, and re-sends the messages that node's
 predecessor did not answer, with the same per-client sequence number, so the ClientApp (whose
 state survives on the node's disk) answers it exactly once.
@@ -29,109 +31,34 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import Message
 
 from hybridfl.errors import HybridFLError
 from hybridfl.privacy.credentials import NONCE_BYTES
+from hybridfl.runtime.flower.wire import (  # noqa: F401 (re-exported: the bridge's public names)
+    ACKED,
+    HELLO,
+    KEY,
+    MESSAGE_TYPE,
+    NODE_UNAVAILABLE,
+    RECORD,
+    SEQ,
+    SETUP,
+    WireEntry,
+    WireLog,
+    flower_nbytes,
+    pack,
+    unpack,
+    unpack_meta,
+    unpack_seq,
+)
 from hybridfl.runtime.messages import SERVER, decode, encode
 from hybridfl.runtime.messages import Message as HMessage
-from hybridfl.runtime.transport import CommLog
+from hybridfl.runtime.transport import CommLog, Strikes
 
-MESSAGE_TYPE = "query.hybridfl"
-RECORD = "hybridfl"
-KEY = "msg"
-SEQ = "seq"
-ACKED = "acked"
-HELLO = "deploy.hello"
-NODE_UNAVAILABLE = 5  # flwr.common.constant.ErrorCode.NODE_UNAVAILABLE
 log = logging.getLogger("hybridfl.flower")
-
-
-def pack(raw: bytes, seq: int | None = None, acked: int | None = None) -> RecordDict:
-    """Our encoded message bytes -> the content of a Flower Message. An algorithm message also
-    carries, outside our counted bytes, the client's sequence number ``seq`` and ``acked``: the
-    highest number whose reply the server received (messages between were given up)."""
-    rec = ConfigRecord({KEY: raw})
-    if seq is not None:
-        rec[SEQ] = int(seq)
-    if acked is not None:
-        rec[ACKED] = int(acked)
-    return RecordDict({RECORD: rec})
-
-
-def unpack_seq(content: RecordDict) -> tuple[bytes, int | None]:
-    """Inverse of :func:`pack`: ``(our bytes, sequence number or None)``."""
-    raw, seq, _ = unpack_meta(content)
-    return raw, seq
-
-
-def unpack_meta(content: RecordDict) -> tuple[bytes, int | None, int | None]:
-    """Inverse of :func:`pack`: ``(our bytes, sequence number or None, acked or None)``.
-
-    Raises:
-        ValueError: no hybridfl message, or a ``seq``/``acked`` that is not a non-negative integer
-            (one sentence; an untrusted sender's record is never cast blindly).
-    """
-    raw = unpack(content)
-    return raw, _count(content[RECORD].get(SEQ), SEQ), _count(content[RECORD].get(ACKED), ACKED)
-
-
-def _count(v: object, name: str) -> int | None:
-    if v is None:
-        return None
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ValueError(f"the hybridfl record's {name!r} is {type(v).__name__} {v!r:.40}, not a non-negative integer.")
-    return int(v)
-
-
-def unpack(content: RecordDict) -> bytes:
-    """Inverse of :func:`pack`.
-
-    Raises:
-        ValueError: the Flower message does not carry a hybridfl message.
-    """
-    if RECORD not in content or KEY not in content[RECORD]:
-        raise ValueError(
-            f"the Flower message carries no {RECORD!r} record; it was not sent by a hybridfl ServerApp/ClientApp."
-        )
-    raw = content[RECORD][KEY]
-    if not isinstance(raw, bytes):
-        raise ValueError("the hybridfl record of the Flower message does not hold bytes.")
-    return raw
-
-
-def flower_nbytes(msg: Message) -> int:
-    """Bytes of Flower's serialized form of ``msg``: the deflated objects of its object tree
-    (Message, RecordDict, ConfigRecord), i.e. what Flower pushes/pulls, without RPC framing."""
-    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
-
-    return sum(len(o.deflate()) for o in get_all_nested_objects(msg).values())
-
-
-@dataclass
-class WireEntry:
-    round: int
-    kind: str
-    sender: str
-    receiver: str
-    counted: int
-    wire: int
-    retry: bool = False
-
-
-@dataclass
-class WireLog:
-    """Per message: our counted bytes and Flower's serialized bytes; per exchange: seconds."""
-
-    entries: list[WireEntry] = field(default_factory=list)
-    exchanges: list[dict] = field(default_factory=list)
-
-    @property
-    def wire_total(self) -> int:
-        """Bytes of Flower's serialized objects over all messages (without RPC framing and TLS)."""
-        return sum(e.wire for e in self.entries)
 
 
 @dataclass
@@ -178,9 +105,14 @@ class FlowerTransport:
     algorithm's missing-reply policy runs exactly as for a failure in the simulation. The next
     message to that client carries ``acked`` so its ClientApp accepts the gap in the numbers.
 
+    A reply that arrives but is no answer (a Flower error reply, e.g. a ClientApp that failed or
+    refused the message; bytes that do not decode; a message under another client's name) counts as
+    missing too, logged with the client and the reason (:attr:`strikes`); a client with
+    :data:`~hybridfl.runtime.transport.MAX_STRIKES` of them is dropped for the run: no message is
+    sent to it any more and its replies count as missing.
+
     Raises (from :meth:`send_and_receive`):
         KeyError: a message for a client that is not connected.
-        RuntimeError: a ClientApp failed (carries Flower's error reason).
         HybridFLError: a client came back without the state of the messages it had answered.
     """
 
@@ -223,6 +155,7 @@ class FlowerTransport:
         # exchange that ends sooner costs no request for it
         self._next_check = time.monotonic() + self.node_check
         self.abandoned: list[dict] = []
+        self.strikes = Strikes()
         self.eval_log = CommLog()
         self.attach(nodes or {})
 
@@ -242,9 +175,12 @@ class FlowerTransport:
     def hello_all(
         self, hello: Mapping, expected: Iterable[str], wait: float, credentials: Mapping[str, str]
     ) -> dict[int, HMessage]:
-        """Send the hello (``deploy.hello``, payload ``hello`` plus a fresh 32-byte ``nonce`` per
-        node) to every connected node and to every node that connects later, until nodes holding
-        all ``expected`` clients have answered with a valid proof.
+        """Send the hello (``deploy.hello``: the ``session`` of ``hello`` and a fresh 32-byte
+        ``nonce`` per node, nothing else) to every connected node and to every node that connects
+        later, until nodes holding all ``expected`` clients have answered with a valid proof; then
+        send the setup (``deploy.setup``, payload ``hello``) to the proven nodes only
+        (:meth:`send_setup`). A node that has not proved a client never receives the config,
+        the layout or the seed.
 
         A node is mapped to the client it names only if its ``proof`` is that client's Ed25519
         signature over the hello's ``session`` and its nonce, checked against ``credentials``
@@ -262,11 +198,13 @@ class FlowerTransport:
             credentials: client ID -> its registered public key (64 hex characters).
 
         Returns:
-            Node ID -> hello reply of every node that answered with a valid proof.
+            Node ID -> setup reply of every node that answered the hello with a valid proof (its
+            payload with the proven ``client_id``).
 
         Raises:
             TimeoutError: no node proving some expected client answered within ``wait`` seconds
                 (the message names the refused nodes and why).
+            HybridFLError: a proven node refused the setup or answered it wrongly (:meth:`send_setup`).
         """
         self.hello = dict(hello)
         self.credentials = {str(c): str(k) for c, k in credentials.items()}
@@ -293,7 +231,53 @@ class FlowerTransport:
                 time.sleep(self.poll_interval)
         finally:
             self._found = None
-        return found
+        return self.send_setup({nid: str(r.payload["client_id"]) for nid, r in found.items()})
+
+    def send_setup(self, nodes: Mapping[int, str]) -> dict[int, HMessage]:
+        """Send the run's setup (``deploy.setup``, the payload given to :meth:`hello_all`) to
+        ``nodes`` (node ID -> the client it proved) and wait for every reply.
+
+        Returns:
+            Node ID -> its setup reply (``client_id`` set to the proven client).
+
+        Raises:
+            HybridFLError: a node's ClientApp failed on the setup (e.g. its client's own policy
+                refused the config), or its reply does not parse or names another client; the
+                setup needs every client (one sentence naming the client).
+            TimeoutError: a node did not answer within the transport's ``timeout``.
+        """
+        if self.hello is None:
+            raise RuntimeError("no setup to send: call hello_all first.")
+        nodes = dict(nodes)
+        fms = [
+            Message(
+                pack(encode(HMessage(SETUP, SERVER, cid, 0, dict(self.hello)))),
+                dst_node_id=nid,
+                message_type=MESSAGE_TYPE,
+                group_id="0",
+            )
+            for nid, cid in nodes.items()
+        ]
+        ids = list(self.grid.push_messages(fms)) if fms else []
+        want = {str(mid): nid for mid, nid in zip(ids, nodes) if mid}
+        gone = [nid for nid in nodes if nid not in want.values()]
+        if gone:
+            raise HybridFLError(f"client {nodes[gone[0]]!r} (node {gone[0]}) left before it got the run's setup.")
+        out: dict[int, HMessage] = {}
+        deadline = time.monotonic() + self.timeout
+        while want:
+            for r in self.grid.pull_messages(list(want)):
+                nid = want.pop(str(r.metadata.reply_to_message_id), None)
+                if nid is not None:
+                    out[nid] = _setup_reply(nid, nodes[nid], r)
+            if want and time.monotonic() > deadline:
+                nid = next(iter(want.values()))
+                raise TimeoutError(
+                    f"client {nodes[nid]!r} (node {nid}) did not answer the run's setup in {self.timeout:g} s."
+                )
+            if want:
+                time.sleep(self.poll_interval)
+        return out
 
     def wait_interval(self, elapsed: float) -> float:
         """Seconds to wait before the next pull, ``elapsed`` seconds into an exchange: ``poll_interval``
@@ -306,7 +290,7 @@ class FlowerTransport:
             raise RuntimeError("no hello to send: call hello_all first.")
         nonce = os.urandom(NONCE_BYTES)  # fresh per node: a recorded proof never verifies again
         self._nonces[nid] = nonce
-        raw = encode(HMessage(HELLO, SERVER, f"node-{nid}", 0, {**self.hello, "nonce": nonce}))
+        raw = encode(HMessage(HELLO, SERVER, f"node-{nid}", 0, {"session": self.hello.get("session"), "nonce": nonce}))
         ids = list(
             self.grid.push_messages([Message(pack(raw), dst_node_id=nid, message_type=MESSAGE_TYPE, group_id="0")])
         )
@@ -378,12 +362,17 @@ class FlowerTransport:
         if isinstance(state, bool) or not isinstance(state, int):
             self._refuse(nid, f"its hello for client {cid!r} carries no integer 'seq'")
             return
+        ready = h.payload.get("ready") is True  # it holds this run's setup (its state survived)
+        if not ready:
+            state = 0
         if not self.acked[cid] <= state <= self.seq[cid]:
             raise HybridFLError(
                 f"client {cid!r} came back as node {nid} with its saved state after message #{state}, but the server "
                 f"already has its reply to message #{self.acked[cid]}: the node's state directory was lost or replaced, "
                 "so the run cannot continue exactly."
             )
+        if not ready:  # nothing of this run on the node yet (and nothing answered): the setup first
+            self.send_setup({nid: cid})
         self.nodes[cid] = nid
         resend = [o for o in self._inflight if o.msg.receiver == cid and o.reply is None and not o.gave_up]
         self.rejoins.append(
@@ -500,6 +489,8 @@ class FlowerTransport:
             )
         outs = []
         for m in msgs:
+            if m.receiver in self.strikes.dropped:
+                continue  # dropped for the run after repeated bad replies: its reply is missing
             raw = encode(m)
             seq = None
             if self.sequenced:
@@ -529,12 +520,10 @@ class FlowerTransport:
             r, m = o.reply, o.msg
             if r is None:  # given up: the algorithm's missing-reply policy decides
                 continue
-            if r.has_error():
-                raise RuntimeError(f"the ClientApp of client {m.receiver!r} failed on {m.kind!r}: {r.error.reason}")
-            raw = unpack(r.content)
-            h = decode(raw)
-            if check_sender and h.sender != m.receiver:
-                raise RuntimeError(f"node {o.node} answered as {h.sender!r}, expected {m.receiver!r}.")
+            h, raw, why = _answer(o, r, check_sender)
+            if h is None:  # a bad reply: missing, under the same policy
+                self.strikes.add(m.receiver, m.round, m.kind, why)
+                continue
             self.log.add(h, len(raw))
             self.wire.entries.append(WireEntry(h.round, h.kind, h.sender, h.receiver, len(raw), flower_nbytes(r)))
             result.append(h)
@@ -547,3 +536,43 @@ class FlowerTransport:
             }
         )
         return result
+
+
+def _setup_reply(nid: int, cid: str, r: Message) -> HMessage:
+    """The checked reply of node ``nid`` (proven to hold ``cid``) to the setup.
+
+    Raises:
+        HybridFLError: an error reply, bytes that do not parse, or another kind or client.
+    """
+    if r.has_error():
+        raise HybridFLError(f"client {cid!r} (node {nid}) refused the run's setup: {str(r.error.reason)[:500]}")
+    try:
+        h = decode(unpack(r.content))
+    except (ValueError, HybridFLError) as e:
+        raise HybridFLError(
+            f"client {cid!r} (node {nid}) answered the run's setup with bytes that do not parse ({e})"
+        ) from None
+    if h.kind != SETUP or h.payload.get("client_id") != cid:
+        raise HybridFLError(f"node {nid} answered the setup of client {cid!r} with another kind or client.")
+    return h
+
+
+def _answer(o: _Out, r: Message, check_sender: bool) -> tuple[HMessage | None, bytes, str]:
+    """``(our reply, its bytes, "")`` if the Flower reply ``r`` to ``o`` is an answer from its
+    client, else ``(None, b"", why)``: an error reply, bytes that do not decode, or a message
+    under another client's name or to someone other than the server."""
+    m = o.msg
+    if r.has_error():
+        return (
+            None,
+            b"",
+            f"its ClientApp failed on {m.kind!r} (Flower error {r.error.code}: {str(r.error.reason)[:300]})",
+        )
+    try:
+        raw = unpack(r.content)
+        h = decode(raw)
+    except (ValueError, HybridFLError) as e:
+        return None, b"", f"its reply does not decode ({str(e)[:200]})"
+    if check_sender and (h.sender != m.receiver or h.receiver != m.sender):
+        return None, b"", f"node {o.node} answered as {h.sender[:64]!r} to {h.receiver[:64]!r}"
+    return h, raw, ""

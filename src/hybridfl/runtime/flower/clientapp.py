@@ -12,7 +12,17 @@ config ``data-dir``, and keeps the client's state between messages in two places
   same node config continues from it (:func:`hybridfl.runtime.flower.node.serve` makes a re-sent
   message safe). A hello of a new run removes the files of earlier runs.
 
-The state never leaves the node (no secret key is in it: HE keys are read from ``data-dir``).
+What the state holds: the run's setup (algorithm, config, seed, layout, session), the client's
+algorithm state between messages (its model or dual variables and its **secrets**: the X25519
+secret key of secure aggregation ``secagg_sk``, the PSI secrets and the pairwise keys derived from
+them), and the last message's number, digest and reply. It never leaves the node. The HE key pair
+is not in it (read from ``data-dir`` for every message). The state file is encrypted at rest with
+ChaCha20-Poly1305 (RFC 8439, from ``cryptography``) under a 32-byte key kept in the client
+directory, ``<data-dir>/node_state.key`` (created with mode 0600 on first use); the file's name is
+authenticated with it, so a copied or renamed file does not load. Adversary: someone who reads or
+copies the state directory (e.g. a backup, or a ``state-dir`` on shared storage) but not the client
+directory learns nothing of the state and cannot change it undetected; whoever reads the client
+directory holds the data and its keys anyway.
 
 The warm executor (:mod:`hybridfl.runtime.flower.executor`) answers the same messages with
 :func:`answer` in one long-lived process: it keeps the state in a :class:`FileStore` (memory,
@@ -22,6 +32,7 @@ backed by the same state file) and the client object in a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator, MutableMapping
 from pathlib import Path
 
@@ -34,7 +45,42 @@ from hybridfl.runtime.flower.bridge import HELLO, pack, unpack_meta
 STATE = "hybridfl.state"
 STATE_DIR = ".hybridfl-state"
 FILE_KIND = "hybridfl.node-state"
+STATE_KEY_FILE = "node_state.key"
+_MAGIC = b"hybridfl-node-state\x00v2\x00"  # encrypted format: magic, 12-byte nonce, ciphertext + tag
 app = ClientApp()
+
+
+def state_key(node_config) -> bytes | None:
+    """The node's state-file key: 32 bytes in ``<data-dir>/node_state.key``, created (mode 0600,
+    exclusively, so concurrent ClientApp processes agree) on first use; None without ``data-dir``.
+
+    Raises:
+        HybridFLError: the key file cannot be created or read, or is not 32 bytes (one sentence).
+    """
+    from hybridfl.errors import HybridFLError
+
+    data = str(node_config.get("data-dir", "") or "")
+    if not data:
+        return None
+    path = Path(data) / STATE_KEY_FILE
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise HybridFLError(f"cannot create the node's state key {str(path)!r} ({e.strerror}).") from None
+    else:
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32))
+            f.flush()
+            os.fsync(f.fileno())
+    try:
+        key = path.read_bytes()
+    except OSError as e:
+        raise HybridFLError(f"cannot read the node's state key {str(path)!r} ({e.strerror}).") from None
+    if len(key) != 32:
+        raise HybridFLError(f"the node's state key {str(path)!r} is not 32 bytes: remove it (and the state directory).")
+    return key
 
 
 def state_path(node_config, run_id: int) -> Path | None:
@@ -48,12 +94,31 @@ def state_path(node_config, run_id: int) -> Path | None:
     return Path(d) / f"run-{int(run_id)}.state"
 
 
-def read_state(path: Path) -> dict[str, bytes]:
-    """The saved state of one run (the bytes the store held after the last message)."""
+def read_state(path: Path, key: bytes) -> dict[str, bytes]:
+    """The saved state of one run (the bytes the store held after the last message), decrypted
+    with the node's ``key`` (:func:`state_key`).
+
+    Raises:
+        ValueError: the file is not an encrypted hybridfl node state file, or does not decrypt
+            with ``key`` under its name (another node's file, renamed, or changed).
+    """
+    from cryptography.exceptions import InvalidTag
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
     from hybridfl.runtime.messages import MessageError, decode
 
+    raw = path.read_bytes()
+    if not raw.startswith(_MAGIC) or len(raw) < len(_MAGIC) + 12 + 16:
+        raise ValueError(f"{str(path)!r} is not an encrypted hybridfl node state file.")
+    nonce, body = raw[len(_MAGIC) : len(_MAGIC) + 12], raw[len(_MAGIC) + 12 :]
     try:
-        m = decode(path.read_bytes())
+        plain = ChaCha20Poly1305(key).decrypt(nonce, body, path.name.encode())
+    except InvalidTag:
+        raise ValueError(
+            f"{str(path)!r} does not decrypt with this node's state key: it was written by another node, renamed or changed."
+        ) from None
+    try:
+        m = decode(plain)
     except MessageError:
         raise ValueError(f"{str(path)!r} is not a hybridfl node state file.") from None
     if m.kind != FILE_KIND or not all(isinstance(v, bytes) for v in m.payload.values()):
@@ -61,28 +126,35 @@ def read_state(path: Path) -> dict[str, bytes]:
     return {str(k): bytes(v) for k, v in m.payload.items()}
 
 
-def write_state(path: Path, state: dict[str, bytes]) -> None:
-    """Write ``state`` atomically (temporary file, fsync, rename), readable by the owner only."""
+def write_state(path: Path, state: dict[str, bytes], key: bytes) -> None:
+    """Write ``state`` encrypted under ``key`` (ChaCha20-Poly1305, a fresh 12-byte nonce, the file
+    name as associated data) atomically (temporary file, fsync, rename), readable by the owner only."""
+    from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
     from hybridfl.runtime.messages import Message as HMessage
     from hybridfl.runtime.messages import encode
 
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    atomic_write(path, encode(HMessage(FILE_KIND, "node", "node", 0, dict(state))), mode=0o600)
+    nonce = os.urandom(12)
+    plain = encode(HMessage(FILE_KIND, "node", "node", 0, dict(state)))
+    atomic_write(path, _MAGIC + nonce + ChaCha20Poly1305(key).encrypt(nonce, plain, path.name.encode()), mode=0o600)
 
 
 class _StateStore(MutableMapping[str, bytes]):
     """``context.state[STATE]`` (a ConfigRecord of bytes) as a mutable mapping, backed by the run's
     state file: loaded from it when it exists (it is written last, so it is never behind
-    ``context.state``; after a SuperNode restart ``context.state`` is empty), saved by :meth:`save`."""
+    ``context.state``; after a SuperNode restart ``context.state`` is empty), saved by :meth:`save`
+    (encrypted under ``key``; no key: no file)."""
 
-    def __init__(self, context: Context, path: Path | None):
+    def __init__(self, context: Context, path: Path | None, key: bytes | None):
         if STATE not in context.state:
             context.state[STATE] = ConfigRecord()
         self.rec = context.state[STATE]
-        self.path = path
+        self.path = path if key is not None else None
+        self.key = key
         self.dirty = False
-        if path is not None and path.is_file():
-            disk = read_state(path)
+        if self.path is not None and self.path.is_file():
+            disk = read_state(self.path, key)
             for k in list(self.rec):
                 del self.rec[k]
             for k, v in disk.items():
@@ -107,27 +179,30 @@ class _StateStore(MutableMapping[str, bytes]):
 
     def save(self) -> None:
         if self.dirty and self.path is not None:
-            write_state(self.path, {k: bytes(v) for k, v in self.rec.items()})  # type: ignore[arg-type]
+            write_state(self.path, {k: bytes(v) for k, v in self.rec.items()}, self.key)  # type: ignore[arg-type]
             self.dirty = False
 
 
 class FileStore(dict):
-    """A node's state for one run in memory (the warm executor's store), backed by its state file:
-    loaded from ``path`` when it exists, written back by :meth:`save` after a message changed it.
+    """A node's state for one run in memory (the warm executor's store), backed by its state file
+    (encrypted under ``key``, :func:`state_key`; no key: no file): loaded from ``path`` when it
+    exists, written back by :meth:`save` after a message changed it.
 
     Raises:
-        ValueError: the file at ``path`` is not a hybridfl node state file.
+        ValueError: the file at ``path`` is not a hybridfl node state file or does not decrypt.
     """
 
-    def __init__(self, path: Path | None):
-        super().__init__(read_state(path) if path is not None and path.is_file() else {})
+    def __init__(self, path: Path | None, key: bytes | None):
+        path = path if key is not None else None
+        super().__init__(read_state(path, key) if path is not None and path.is_file() else {})
         self.path = path
+        self.key = key
         self.saved = dict(self)
 
     def save(self) -> None:
         """Write the state file if the state changed since it was loaded or last saved."""
         if self.path is not None and self != self.saved:
-            write_state(self.path, {k: bytes(v) for k, v in self.items()})
+            write_state(self.path, {k: bytes(v) for k, v in self.items()}, self.key)
             self.saved = dict(self)
 
 
@@ -172,4 +247,5 @@ def query(msg: Message, context: Context) -> Message:
         StaleMessage: a message the server had given up, delivered late (not applied).
         RuntimeError: the node's saved state does not belong with the message.
     """
-    return answer(msg, context, _StateStore(context, state_path(context.node_config, context.run_id)))
+    path = state_path(context.node_config, context.run_id)
+    return answer(msg, context, _StateStore(context, path, state_key(context.node_config)))

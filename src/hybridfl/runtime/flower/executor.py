@@ -209,12 +209,12 @@ class _Heartbeat:
 class _Run:
     """What the executor keeps for one Flower run: its state store and its client object."""
 
-    def __init__(self, path: Path | None):
+    def __init__(self, path: Path | None, key: bytes | None):
         from hybridfl.runtime.flower.clientapp import FileStore
         from hybridfl.runtime.flower.node import WarmClient
 
         self.path = path
-        self.store = FileStore(path)
+        self.store = FileStore(path, key)
         self.warm = WarmClient()
 
 
@@ -444,7 +444,7 @@ class Executor:
 
     def _answer(self, message, context):
         from hybridfl.runtime.flower.bridge import MESSAGE_TYPE
-        from hybridfl.runtime.flower.clientapp import answer, state_path
+        from hybridfl.runtime.flower.clientapp import answer, state_key, state_path
 
         if message.metadata.message_type != MESSAGE_TYPE:
             raise ValueError(
@@ -454,7 +454,8 @@ class Executor:
         key = (int(context.run_id), str(path))
         run = self.runs.get(key)
         if run is None:
-            run = self.runs[key] = _Run(path)  # a run new to this process: its state file, if any
+            # a run new to this process: its state file, if any
+            run = self.runs[key] = _Run(path, state_key(context.node_config))
         try:
             reply = answer(message, context, run.store, run.warm)
         except BaseException:

@@ -38,12 +38,12 @@ from hybridfl.algorithms.spec import deployable
 from hybridfl.data.export import ClientData, load_client_dir, load_server_dir
 from hybridfl.errors import ConfigError, HybridFLError
 from hybridfl.files import atomic_write
-from hybridfl.runtime.flower.bridge import HELLO
+from hybridfl.runtime.flower.bridge import HELLO, SETUP
+from hybridfl.runtime.flower.hello import answer_hello, answer_setup
 from hybridfl.runtime.flower.tasks import MODEL_PART, part_step
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
 
 PING = "deploy.ping"
-SETUP_KEYS = ("algorithm", "config", "seed", "layout", "session")
 log = logging.getLogger("hybridfl.flower")
 
 
@@ -140,50 +140,27 @@ def client_step(
     Returns:
         The encoded reply.
 
+    The run starts with two unsequenced exchanges: the hello (``deploy.hello``: the run's
+    ``session`` and a fresh ``nonce`` only), answered with the client's name and its proof (and how
+    far this node got in this session: ``seq``, ``ready``), and, only to a node whose proof the
+    server verified, the setup (``deploy.setup``: algorithm, config, seed, layout, session),
+    answered with the client's public structure and its algorithm's hello payload.
+
     Raises:
         HybridFLError: no or a bad data directory; a message for another client.
-        RuntimeError: an algorithm message before the hello.
+        RuntimeError: an algorithm message before the setup.
+        ValueError: a hello without a proper nonce and session, a setup without a session.
     """
     msg = decode(raw)
     cd = warm.load(data_dir) if warm is not None else _load(data_dir)
     if msg.kind == PING:  # no algorithm: measures Flower's own cost of one exchange
         return encode(msg.reply(client_id=cd.client_id, echo=msg.payload.get("echo", b"")))
     if msg.kind == HELLO:
-        p = msg.payload
-        spec = deployable(str(p["algorithm"]))
-        cfg = spec.config_model.model_validate_json(str(p["config"]))  # fail here, not at the first round
-        extra = spec.hello_payload(cd, cfg) if spec.hello_payload else {}
-        # the proof that this node is the organisation that prepared the client (its own key, from
-        # data-dir): the server maps the client to this node only if it verifies. Made before the
-        # store changes: a hello without a proper nonce and session changes nothing here
-        from hybridfl.privacy.credentials import hello_proof, load_client_key
-
-        proof = hello_proof(load_client_key(cd.path), p.get("session"), p.get("nonce"), cd.client_id)
-        setup = {k: p[k] for k in SETUP_KEYS if k in p}
-        # the same run's hello again (a restarted SuperNode whose state survived on disk): keep the
-        # state and tell the server how far it got; otherwise a new run starts here
-        resumed = "session" in setup and "setup" in store and "seq" in store and decode(store["setup"]).payload == setup
-        if not resumed:
-            store["setup"] = encode(Message("setup", cd.client_id, cd.client_id, 0, setup))
-            for k in ("state", "request", "reply"):
-                store.pop(k, None)
-            store["seq"] = b"0"
-            if warm is not None:
-                warm.forget()
-                warm.tasks.reset()  # a new run: no request of an earlier one counts
-        return encode(
-            msg.reply(
-                client_id=cd.client_id,
-                proof=proof,
-                n_samples=cd.data.n_samples,
-                blocks=cd.data.block_names,
-                has_labels=cd.has_labels,
-                seq=int(store["seq"]),
-                **extra,
-            )
-        )
+        return answer_hello(msg, cd, store)
+    if msg.kind == SETUP:
+        return answer_setup(msg, cd, store, warm)
     if "setup" not in store:
-        raise RuntimeError(f"client {cd.client_id!r} got {msg.kind!r} before the {HELLO!r} exchange of its run.")
+        raise RuntimeError(f"client {cd.client_id!r} got {msg.kind!r} before the {SETUP!r} exchange of its run.")
     if msg.receiver != cd.client_id:
         raise HybridFLError(f"a message for client {msg.receiver!r} reached the node holding client {cd.client_id!r}.")
     setup_raw = bytes(store["setup"])
@@ -389,6 +366,7 @@ def run_server(
     Raises:
         ConfigError: an unknown task.
     """
+    from hybridfl.config import client_settings_json
     from hybridfl.runtime.flower.bridge import FlowerTransport
 
     if task not in ("train", "predict"):
@@ -398,11 +376,12 @@ def run_server(
     spec = deployable(cfg.name)
     if spec.labels is not None and task == "train":  # who must hold labels, from the public layout
         spec.labels.check(sd.layout)
-    # hello: every node says which client it holds and learns the algorithm settings; "session"
-    # tells a restarted node of this run (its state kept on disk) from a node of another run
+    # hello: every node proves which client it holds; only then does it learn the algorithm
+    # settings (the setup); "session" tells a restarted node of this run (its state kept on disk)
+    # from a node of another run
     hello = {
         "algorithm": cfg.name,
-        "config": cfg.model_dump_json(),
+        "config": client_settings_json(cfg),  # the simulation-only settings stay here
         "seed": seed,
         "layout": json.dumps(sd.layout),
         "session": os.urandom(12).hex(),
@@ -425,12 +404,15 @@ def run_server(
     server = spec.build_server(sd, cfg, seed, {c: found[n].payload for c, n in nodes.items()})
     out = Path(out_dir) if out_dir is not None else None
     history, summary = _train(transport, spec, cfg, sd, server, out)
+    trained_wire, trained_exchanges = transport.wire.wire_total, len(transport.wire.exchanges)
     after = _after_training(transport, spec, server, cfg, sd, summary, history)
-    ex = transport.wire.exchanges
+    summary["after_training_wire_bytes"] = transport.wire.wire_total - trained_wire  # parts and evaluation
+    summary["after_training_exchanges"] = len(transport.wire.exchanges) - trained_exchanges
+    ex = transport.wire.exchanges[:trained_exchanges]
     summary.update(
         {
             "nodes": {c: int(v) for c, v in transport.nodes.items()},  # at the end (after any rejoin)
-            "wire_bytes_total": transport.wire.wire_total,
+            "wire_bytes_total": trained_wire,  # training (the summary's bytes_total and messages_total)
             "setup_exchange_seconds": hello_seconds,
             "ping_seconds": ping_seconds,
             "exchanges": len(ex),
@@ -442,6 +424,8 @@ def run_server(
             "rejoins": transport.rejoins,
             "refused_nodes": {str(n): why for n, why in transport.refused.items()},
             "abandoned_messages": transport.abandoned,
+            "bad_replies": transport.strikes.events,
+            "dropped_clients": transport.strikes.dropped,
             "retried_messages": sum(1 for e in transport.wire.entries if e.retry),
             "final": dict(history[-1]),
         }
