@@ -23,7 +23,18 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from hybridfl.algorithms.fedbcd.config import FedBCDConfig, PartyMissingError
-from hybridfl.algorithms.fedbcd.kinds import ALIGN, EVALUATE, FORWARD, LABEL, PARTY_STEP, UNDO
+from hybridfl.algorithms.fedbcd.kinds import (
+    ALIGN,
+    EVALUATE,
+    FORWARD,
+    LABEL,
+    PARTY_STEP,
+    PROPERTIES,
+    PSI_REQUEST,
+    PSI_RESULT,
+    PSI_SERVE,
+    UNDO,
+)
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy import psi
 from hybridfl.privacy.credentials import SIGNATURE_BYTES
@@ -234,13 +245,13 @@ class FedBCDCoordinator:
         """
         L = self.label_party
         run = os.urandom(RUN_BYTES)  # the run label the parties' signatures name
-        req = self._setup_exchange(transport, [Message("fedbcd.psi_request", SERVER, L, 0, {"run": run})])[L]
+        req = self._setup_exchange(transport, [Message(PSI_REQUEST, SERVER, L, 0, {"run": run})])[L]
         only_keys(req, ("request", "dh", "n", "sig"))
         ask = {"request": self.check_blob(req, "request"), "dh": self.check_blob(req, "dh", size=psi.DH_BYTES)}
         ask.update(run=run, n=integer(req, "n", low=1, high=psi.MAX_IDS))
         if "sig" in req.payload:  # the label party's signature (the passive parties check it)
             ask["sig"] = self.check_blob(req, "sig", size=SIGNATURE_BYTES)
-        served = self._setup_exchange(transport, [Message("fedbcd.psi_serve", SERVER, k, 0, ask) for k in self.passive])
+        served = self._setup_exchange(transport, [Message(PSI_SERVE, SERVER, k, 0, ask) for k in self.passive])
         relay: dict = {}
         for k, r in served.items():
             only_keys(r, ("setup", "response", "dh", "sig"))
@@ -249,7 +260,7 @@ class FedBCDCoordinator:
             relay[f"dh.{k}"] = self.check_blob(r, "dh", size=psi.DH_BYTES)
             if "sig" in r.payload:
                 relay[f"sig.{k}"] = self.check_blob(r, "sig", size=SIGNATURE_BYTES)
-        res = self._setup_exchange(transport, [Message("fedbcd.psi_result", SERVER, L, 0, relay)])[L]
+        res = self._setup_exchange(transport, [Message(PSI_RESULT, SERVER, L, 0, relay)])[L]
         n = integer(res, "n_aligned", low=0, high=psi.MAX_IDS)
         if n == 0:
             only_keys(res, ("n_aligned",))
@@ -275,7 +286,7 @@ class FedBCDCoordinator:
                 asked.
             PayloadError: a malformed reply (:meth:`check_properties`, :meth:`align`).
         """
-        asked = [Message("fedbcd.properties", SERVER, cid, 0) for cid in client_ids]
+        asked = [Message(PROPERTIES, SERVER, cid, 0) for cid in client_ids]
         replies = answers(asked, transport.send_and_receive(asked), "FedBCD setup")
         for r in replies:
             self.check_properties(r)

@@ -35,7 +35,7 @@ import torch
 from hybridfl.algorithms.hyfem.batched import prefit
 from hybridfl.algorithms.hyfem.client import model_payload
 from hybridfl.algorithms.hyfem.config import HyFEMConfig
-from hybridfl.algorithms.hyfem.kinds import FIT
+from hybridfl.algorithms.hyfem.kinds import FIT, PROPERTIES
 from hybridfl.algorithms.hyfem.secure import SecureExtractorsServerMixin
 from hybridfl.errors import TrainingDiverged, UnknownBlockError
 from hybridfl.matching.classifier import ClientClassifier, ServerClassifier, match_classifiers
@@ -109,7 +109,7 @@ class HyFEMServer(SecureExtractorsServerMixin):
             UnknownBlockError: a client reports a block that is not in the schema.
             PayloadError: a malformed reply (:meth:`check_properties`).
         """
-        asked = [Message("hyfem.properties", SERVER, cid, 0) for cid in client_ids]
+        asked = [Message(PROPERTIES, SERVER, cid, 0) for cid in client_ids]
         replies = answers(asked, transport.send_and_receive(asked), "HyFEM setup")
         for r in replies:
             blocks, n_samples, class_counts = self.check_properties(r)
