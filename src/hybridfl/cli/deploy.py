@@ -170,8 +170,47 @@ def deploy_local_cmd(
     assembled from their public client.json into OUT/server). With ``--predict-tables`` the run
     is a federated prediction instead of training (``task: predict``).
     """
-    from hybridfl.errors import ConfigError
     from hybridfl.runtime.flower.local import LocalFederation
+
+    executor, tables = _deploy_options(executor, config, federation, clients, stock, predict_tables, to)
+    dirs, server_dir = _deploy_dirs(out, config, federation, clients, rounds, seed, tables)
+    if insecure:
+        console.print("[yellow]--insecure: no TLS and no SuperNode authentication; for local experiments only[/]")
+    (out / "flower").mkdir(parents=True, exist_ok=True)
+    fed = LocalFederation(
+        dirs,
+        fast=not stock,
+        poll_interval=poll_interval,
+        work_dir=out / "flower",
+        warm=executor != "flower",
+        inline=executor == "inline",
+        tls=not insecure,
+        auth=not insecure,
+        node_configs=[{"predict-table": str(t)} for t in tables] if tables else None,
+    )
+    run_config = _flower_run_config(server_dir, out, tables, to, rounds if config is None else None)
+    security = "insecure" if insecure else "TLS, SuperNode authentication"
+    _run_local(fed, run_config, out, security, executor, timeout)
+
+
+def _deploy_options(
+    executor: str,
+    config: Optional[Path],
+    federation: Optional[Path],
+    clients: Optional[list[str]],
+    stock: bool,
+    predict_tables: Optional[list[str]],
+    to: Optional[str],
+) -> tuple[str, list[Path]]:
+    """The checked options of :func:`deploy_local_cmd`: the executor (``flower`` with ``--stock``)
+    and the ``--predict-tables`` files.
+
+    Raises:
+        ConfigError: an unknown executor, both or neither of ``--config`` and ``--federation``,
+            ``--clients`` without ``--federation``, prediction options that do not fit, or a table
+            that is not a file.
+    """
+    from hybridfl.errors import ConfigError
 
     if executor not in ("inline", "warm", "flower"):
         raise ConfigError(f"--executor must be inline, warm or flower, got {executor!r}.")
@@ -192,6 +231,28 @@ def deploy_local_cmd(
     missing = [str(t) for t in tables if not t.is_file()]
     if missing:
         raise ConfigError(f"--predict-tables names {missing[0]!r}, which is not a file.")
+    return executor, tables
+
+
+def _deploy_dirs(
+    out: Path,
+    config: Optional[Path],
+    federation: Optional[Path],
+    clients: Optional[list[str]],
+    rounds: Optional[int],
+    seed: Optional[int],
+    tables: list[Path],
+) -> tuple[list[Path], Path]:
+    """The client directories (in the federation's order) and the server directory of
+    :func:`deploy_local_cmd`: ``--config`` exported into OUT/export, or ``--federation``'s
+    client directories checked as ``run --federation`` checks them and the server directory
+    assembled from their public client.json into OUT/server.
+
+    Raises:
+        ConfigError: ``--seed`` or no ``--clients`` with ``--federation``, OUT/server exists, or
+            not one prediction table per client directory.
+    """
+    from hybridfl.errors import ConfigError
 
     if config is not None:
         export_clients_cmd(config, out / "export", rounds, seed, False)
@@ -199,42 +260,35 @@ def deploy_local_cmd(
         dirs = [d for d in sorted((out / "export").iterdir()) if (d / "client.json").is_file()]
         order = json.loads((out / "export" / "manifest.json").read_text())["client_ids"]
         dirs.sort(key=lambda d: order.index(d.name))
-    else:
-        from hybridfl.cli.federation import split_client_dirs
-        from hybridfl.data.federation import write_server_dir
-        from hybridfl.experiment import prepare_federation
+        return dirs, server_dir
+    from hybridfl.cli.federation import split_client_dirs
+    from hybridfl.data.federation import write_server_dir
+    from hybridfl.experiment import prepare_federation
 
-        if seed is not None:
-            raise ConfigError("--seed is the federation schema's with --federation (it seeds every organisation).")
-        given = split_client_dirs(clients)
-        if not given:
-            raise ConfigError("--federation needs the client directories: --clients DIR,DIR,...")
-        if (out / "server").exists():
-            raise ConfigError(f"{str(out / 'server')!r} exists: deploy into a new --out directory.")
-        # every check of `run --federation` before anything starts (directories against the schema,
-        # who holds labels, every client and the server built once: HE keys); the server directory
-        # is the one `federation assemble` would write from the clients' public client.json
-        prep = prepare_federation(federation, given, None, rounds)
-        for w in prep.warnings:
-            console.print(f"[yellow]warning:[/] {w}")
-        dirs = [Path(c.path) for c in prep.client_data]
-        if tables and len(tables) != len(dirs):
-            raise ConfigError(f"--predict-tables names {len(tables)} tables for {len(dirs)} --clients: one each.")
-        server_dir = write_server_dir(prep.server_data.meta, out / "server")
-    if insecure:
-        console.print("[yellow]--insecure: no TLS and no SuperNode authentication; for local experiments only[/]")
-    (out / "flower").mkdir(parents=True, exist_ok=True)
-    fed = LocalFederation(
-        dirs,
-        fast=not stock,
-        poll_interval=poll_interval,
-        work_dir=out / "flower",
-        warm=executor != "flower",
-        inline=executor == "inline",
-        tls=not insecure,
-        auth=not insecure,
-        node_configs=[{"predict-table": str(t)} for t in tables] if tables else None,
-    )
+    if seed is not None:
+        raise ConfigError("--seed is the federation schema's with --federation (it seeds every organisation).")
+    given = split_client_dirs(clients)
+    if not given:
+        raise ConfigError("--federation needs the client directories: --clients DIR,DIR,...")
+    if (out / "server").exists():
+        raise ConfigError(f"{str(out / 'server')!r} exists: deploy into a new --out directory.")
+    # every check of `run --federation` before anything starts (directories against the schema,
+    # who holds labels, every client and the server built once: HE keys); the server directory
+    # is the one `federation assemble` would write from the clients' public client.json
+    prep = prepare_federation(federation, given, None, rounds)
+    for w in prep.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    dirs = [Path(c.path) for c in prep.client_data]
+    if tables and len(tables) != len(dirs):
+        raise ConfigError(f"--predict-tables names {len(tables)} tables for {len(dirs)} --clients: one each.")
+    return dirs, write_server_dir(prep.server_data.meta, out / "server")
+
+
+def _flower_run_config(
+    server_dir: Path, out: Path, tables: list[Path], to: Optional[str], rounds: Optional[int]
+) -> dict[str, object]:
+    """The ``flwr run`` config of :func:`deploy_local_cmd`: the server and results directories, a
+    prediction task (with its receiver) and the rounds (``--federation`` only)."""
     run_config: dict[str, object] = {
         "server-dir": str(Path(server_dir).resolve()),
         "out-dir": str((out / "results").resolve()),
@@ -243,13 +297,23 @@ def deploy_local_cmd(
         run_config["task"] = "predict"
         if to:
             run_config["to"] = to
-    if rounds is not None and config is None:
+    if rounds is not None:
         run_config["rounds"] = int(rounds)
+    return run_config
+
+
+def _run_local(fed, run_config: dict, out: Path, security: str, executor: str, timeout: float) -> None:
+    """Start ``fed`` (a :class:`~hybridfl.runtime.flower.local.LocalFederation`), run
+    ``run_config`` on it, stop it (always) and print the run's summary.
+
+    Raises:
+        HybridFLError: start-up or the run failed or timed out (one sentence; the logs say more).
+    """
     try:
         fed.start()
         console.print(
-            f"SuperLink on 127.0.0.1:{fed.port} ({'insecure' if insecure else 'TLS, SuperNode authentication'}), "
-            f"{len(dirs)} SuperNodes ({executor} executor); running (logs in {out / 'flower'})"
+            f"SuperLink on 127.0.0.1:{fed.port} ({security}), "
+            f"{len(fed.client_dirs)} SuperNodes ({executor} executor); running (logs in {out / 'flower'})"
         )
         fed.run(run_config, timeout=timeout)
     except (RuntimeError, TimeoutError, subprocess.TimeoutExpired) as e:  # one sentence; the logs say more

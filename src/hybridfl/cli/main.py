@@ -149,7 +149,6 @@ def run(
     A checkpoint is written after the last round and, between, as the config's ``checkpoint``
     section allows (by default within 10 % of the run time); Ctrl-C stops after the current round
     with a checkpoint, which ``--resume`` continues."""
-    from hybridfl.config import config_with_overrides, run_dir_config
     from hybridfl.experiment import prepare
 
     if federation is not None or clients or (resume is not None and _is_federation_run(resume)):
@@ -162,16 +161,9 @@ def run(
             federation, clients or [], out, rounds, quiet, resume, force, checkpoint_every, checkpoint_seconds
         )
         return
-    if resume is not None:
-        if force or any(v is not None for v in (config, out, dataset, data_dir, rounds, seed)):
-            raise HybridFLError("--resume takes the run directory only: its config.json fixes every setting.")
-        cfg = run_dir_config(resume)
-        out = resume
-    else:
-        cfg = config_with_overrides(config, dataset, data_dir, rounds, seed)
-    ck_update = {k: v for k, v in (("every", checkpoint_every), ("seconds", checkpoint_seconds)) if v is not None}
-    if ck_update:  # when to checkpoint never changes the results, so a resumed run may change it too
-        cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update=ck_update)})
+    cfg, out = _run_config(
+        config, out, dataset, data_dir, rounds, seed, resume, force, checkpoint_every, checkpoint_seconds
+    )
     algo_name = cfg.algorithm.get("name", "hyfem")
     out_dir = out or Path("runs") / f"{cfg.dataset.name}-{algo_name}-{time.strftime('%Y%m%d-%H%M%S')}"
     prep = prepare(cfg, out_dir, strict=strict, resume=resume is not None, force=force)
@@ -187,6 +179,39 @@ def run(
     except KeyboardInterrupt:
         _interrupted(out_dir)
     _print_final(result.summary, f"{algo_name} on {prep.split.name}", out_dir)
+
+
+def _run_config(
+    config: Optional[Path],
+    out: Optional[Path],
+    dataset: Optional[str],
+    data_dir: Optional[Path],
+    rounds: Optional[int],
+    seed: Optional[int],
+    resume: Optional[Path],
+    force: bool,
+    checkpoint_every: Optional[int],
+    checkpoint_seconds: Optional[float],
+):
+    """The run config of :func:`run` (``--resume``: the run directory's, else the config file with
+    the command line's overrides; the checkpoint options either way) and its output directory.
+
+    Raises:
+        HybridFLError: ``--resume`` with another setting than the checkpoint options.
+    """
+    from hybridfl.config import config_with_overrides, run_dir_config
+
+    if resume is not None:
+        if force or any(v is not None for v in (config, out, dataset, data_dir, rounds, seed)):
+            raise HybridFLError("--resume takes the run directory only: its config.json fixes every setting.")
+        cfg = run_dir_config(resume)
+        out = resume
+    else:
+        cfg = config_with_overrides(config, dataset, data_dir, rounds, seed)
+    ck_update = {k: v for k, v in (("every", checkpoint_every), ("seconds", checkpoint_seconds)) if v is not None}
+    if ck_update:  # when to checkpoint never changes the results, so a resumed run may change it too
+        cfg = cfg.model_copy(update={"checkpoint": cfg.checkpoint.model_copy(update=ck_update)})
+    return cfg, out
 
 
 def _interrupted(out_dir: Path) -> None:

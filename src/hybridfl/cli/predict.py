@@ -135,121 +135,124 @@ def _federated(model_dir: Path | None, schema: Path | None, clients: list[str], 
     return preds, {**stats, "to": receiver, "organisations": len(names)}
 
 
+def predict_cmd(
+    out: Path = typer.Option(..., "--out", "-o", help="Predictions file to write (CSV)."),
+    model: Optional[Path] = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="A run's model directory (RUN/model); with --federation optional: each organisation's part "
+        "from its client directory's model/.",
+    ),
+    table: Optional[Path] = typer.Option(None, "--table", "-t", help="The rows to score: CSV or Parquet."),
+    sep: Optional[str] = typer.Option(
+        None, "--sep", help="CSV delimiter of the tables (default: the model's, or ',')."
+    ),
+    client: Optional[str] = typer.Option(None, "--client", help="HyFEM: score with this client's own model."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
+    federation: Optional[Path] = typer.Option(
+        None, "--federation", help="Federated prediction: the federation schema the organisations prepared with."
+    ),
+    clients: Optional[list[str]] = typer.Option(
+        None,
+        "--clients",
+        help="With --federation: the organisations' client directories (comma-separated or repeated).",
+    ),
+    tables: Optional[list[str]] = typer.Option(
+        None, "--tables", help="With --federation: each organisation's new rows, in --clients order."
+    ),
+    to: Optional[str] = typer.Option(
+        None,
+        "--to",
+        help="With --federation: the organisation that receives the predictions (default: a label holder).",
+    ),
+) -> None:
+    """Score every row of one table with a trained model and write predictions.csv; with
+    --federation, the organisations score the receiver's rows together (federated prediction)."""
+    from hybridfl.errors import HybridFLError
+    from hybridfl.files import atomic_write
+    from hybridfl.inference import load_model
+
+    if federation is not None or clients or tables or to is not None:
+        if table is not None or client is not None:
+            raise HybridFLError("--federation scores the organisations' --tables: drop --table and --client.")
+        _check_out(out, force)
+        preds, stats = _federated(model, federation, clients or [], tables or [], to, sep)
+        atomic_write(out, preds.to_csv(index=False))
+        console.print(
+            f"{stats['scored']} of {stats['scored'] + stats['unscored']} rows of {stats['to']!r} scored by "
+            f"{stats['organisations']} organisations ({stats['unscored']} lack a block nobody holds): {out}; "
+            f"{stats['messages']} messages, {stats['bytes'] / 1e6:.2f} MB, {stats['seconds']:.1f} s",
+            markup=False,
+            highlight=False,
+        )
+        return
+    if table is None or model is None:
+        raise HybridFLError("predict needs --model and --table (or --federation with --clients and --tables).")
+    _check_out(out, force)
+    m = load_model(model)
+    frame = read_table(table, sep if sep is not None else m.encoding.sep)
+    preds, metrics = predict_frame(m, frame, table.name, client)
+    atomic_write(out, preds.to_csv(index=False))
+    console.print(f"{len(preds)} predictions written to {out}", markup=False, highlight=False)
+    if metrics:
+        parts = [f"{k} {v:.4f}" for k, v in metrics.items() if k != "n_labelled"]
+        console.print(
+            f"on the {metrics['n_labelled']} labelled rows: {', '.join(parts)}", markup=False, highlight=False
+        )
+
+
+def export_table_cmd(
+    config: Optional[Path] = typer.Option(
+        None, "--config", "-c", help="Run config (its dataset section is read; default: the main job's)."
+    ),
+    out: Path = typer.Option(..., "--out", "-o", help="CSV file to write."),
+    part: str = typer.Option("test", "--part", help="test or train."),
+    data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Override dataset.data_dir."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
+) -> None:
+    """Write a run config's train or test rows as a raw table (the columns a model of it reads)."""
+    from hybridfl.config import config_with_overrides
+    from hybridfl.data.export_table import raw_table
+    from hybridfl.errors import HybridFLError
+    from hybridfl.files import atomic_write
+
+    if part not in ("test", "train"):
+        raise HybridFLError(f"--part must be test or train, not {part!r}.")
+    _check_out(out, force)
+    cfg = config_with_overrides(config, None, data_dir, None, None)
+    frame = raw_table(cfg.dataset, cfg.seed, part)
+    atomic_write(out, frame.to_csv(index=False))
+    console.print(f"{len(frame)} {part} rows written to {out}", markup=False, highlight=False)
+
+
+def export_onnx_cmd(
+    model: Path = typer.Option(..., "--model", "-m", help="A run's model directory (RUN/model)."),
+    out: Path = typer.Option(..., "--out", "-o", help="ONNX file to write."),
+    client: Optional[str] = typer.Option(None, "--client", help="HyFEM: export this client's own model."),
+    blocks: Optional[str] = typer.Option(
+        None, "--blocks", help="HyFEM: the server model cut to these blocks (comma-separated)."
+    ),
+    force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
+) -> None:
+    """Export a trained model as an ONNX graph (inputs: the blocks' encoded features; the
+    standardisation is part of the graph)."""
+    from hybridfl.inference import load_model
+    from hybridfl.inference.onnx import export_onnx, require_onnx
+
+    require_onnx()  # before anything else: the one sentence naming the extra
+    _check_out(out, force)
+    m = load_model(model)
+    names = [b.strip() for b in blocks.split(",") if b.strip()] if blocks is not None else None
+    export_onnx(m, out, blocks=names, client=client)
+    which = f"client {client}'s model" if client is not None else "global model"
+    if names is not None:
+        which = f"server model on blocks {', '.join(names)}"
+    console.print(f"{m.kind} {which} written to {out} (ONNX)", markup=False, highlight=False)
+
+
 def register(app: typer.Typer) -> None:
     """Add ``predict``, ``export-table`` and ``export-onnx`` to the ``hybridfl`` app."""
-
-    @app.command("predict")
-    def predict_cmd(
-        out: Path = typer.Option(..., "--out", "-o", help="Predictions file to write (CSV)."),
-        model: Optional[Path] = typer.Option(
-            None,
-            "--model",
-            "-m",
-            help="A run's model directory (RUN/model); with --federation optional: each organisation's part "
-            "from its client directory's model/.",
-        ),
-        table: Optional[Path] = typer.Option(None, "--table", "-t", help="The rows to score: CSV or Parquet."),
-        sep: Optional[str] = typer.Option(
-            None, "--sep", help="CSV delimiter of the tables (default: the model's, or ',')."
-        ),
-        client: Optional[str] = typer.Option(None, "--client", help="HyFEM: score with this client's own model."),
-        force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
-        federation: Optional[Path] = typer.Option(
-            None, "--federation", help="Federated prediction: the federation schema the organisations prepared with."
-        ),
-        clients: Optional[list[str]] = typer.Option(
-            None,
-            "--clients",
-            help="With --federation: the organisations' client directories (comma-separated or repeated).",
-        ),
-        tables: Optional[list[str]] = typer.Option(
-            None, "--tables", help="With --federation: each organisation's new rows, in --clients order."
-        ),
-        to: Optional[str] = typer.Option(
-            None,
-            "--to",
-            help="With --federation: the organisation that receives the predictions (default: a label holder).",
-        ),
-    ) -> None:
-        """Score every row of one table with a trained model and write predictions.csv; with
-        --federation, the organisations score the receiver's rows together (federated prediction)."""
-        from hybridfl.errors import HybridFLError
-        from hybridfl.files import atomic_write
-        from hybridfl.inference import load_model
-
-        if federation is not None or clients or tables or to is not None:
-            if table is not None or client is not None:
-                raise HybridFLError("--federation scores the organisations' --tables: drop --table and --client.")
-            _check_out(out, force)
-            preds, stats = _federated(model, federation, clients or [], tables or [], to, sep)
-            atomic_write(out, preds.to_csv(index=False))
-            console.print(
-                f"{stats['scored']} of {stats['scored'] + stats['unscored']} rows of {stats['to']!r} scored by "
-                f"{stats['organisations']} organisations ({stats['unscored']} lack a block nobody holds): {out}; "
-                f"{stats['messages']} messages, {stats['bytes'] / 1e6:.2f} MB, {stats['seconds']:.1f} s",
-                markup=False,
-                highlight=False,
-            )
-            return
-        if table is None or model is None:
-            raise HybridFLError("predict needs --model and --table (or --federation with --clients and --tables).")
-        _check_out(out, force)
-        m = load_model(model)
-        frame = read_table(table, sep if sep is not None else m.encoding.sep)
-        preds, metrics = predict_frame(m, frame, table.name, client)
-        atomic_write(out, preds.to_csv(index=False))
-        console.print(f"{len(preds)} predictions written to {out}", markup=False, highlight=False)
-        if metrics:
-            parts = [f"{k} {v:.4f}" for k, v in metrics.items() if k != "n_labelled"]
-            console.print(
-                f"on the {metrics['n_labelled']} labelled rows: {', '.join(parts)}", markup=False, highlight=False
-            )
-
-    @app.command("export-table")
-    def export_table_cmd(
-        config: Optional[Path] = typer.Option(
-            None, "--config", "-c", help="Run config (its dataset section is read; default: the main job's)."
-        ),
-        out: Path = typer.Option(..., "--out", "-o", help="CSV file to write."),
-        part: str = typer.Option("test", "--part", help="test or train."),
-        data_dir: Optional[Path] = typer.Option(None, "--data-dir", help="Override dataset.data_dir."),
-        force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
-    ) -> None:
-        """Write a run config's train or test rows as a raw table (the columns a model of it reads)."""
-        from hybridfl.config import config_with_overrides
-        from hybridfl.data.export_table import raw_table
-        from hybridfl.errors import HybridFLError
-        from hybridfl.files import atomic_write
-
-        if part not in ("test", "train"):
-            raise HybridFLError(f"--part must be test or train, not {part!r}.")
-        _check_out(out, force)
-        cfg = config_with_overrides(config, None, data_dir, None, None)
-        frame = raw_table(cfg.dataset, cfg.seed, part)
-        atomic_write(out, frame.to_csv(index=False))
-        console.print(f"{len(frame)} {part} rows written to {out}", markup=False, highlight=False)
-
-    @app.command("export-onnx")
-    def export_onnx_cmd(
-        model: Path = typer.Option(..., "--model", "-m", help="A run's model directory (RUN/model)."),
-        out: Path = typer.Option(..., "--out", "-o", help="ONNX file to write."),
-        client: Optional[str] = typer.Option(None, "--client", help="HyFEM: export this client's own model."),
-        blocks: Optional[str] = typer.Option(
-            None, "--blocks", help="HyFEM: the server model cut to these blocks (comma-separated)."
-        ),
-        force: bool = typer.Option(False, "--force", help="Replace an existing --out file."),
-    ) -> None:
-        """Export a trained model as an ONNX graph (inputs: the blocks' encoded features; the
-        standardisation is part of the graph)."""
-        from hybridfl.inference import load_model
-        from hybridfl.inference.onnx import export_onnx, require_onnx
-
-        require_onnx()  # before anything else: the one sentence naming the extra
-        _check_out(out, force)
-        m = load_model(model)
-        names = [b.strip() for b in blocks.split(",") if b.strip()] if blocks is not None else None
-        export_onnx(m, out, blocks=names, client=client)
-        which = f"client {client}'s model" if client is not None else "global model"
-        if names is not None:
-            which = f"server model on blocks {', '.join(names)}"
-        console.print(f"{m.kind} {which} written to {out} (ONNX)", markup=False, highlight=False)
+    app.command("predict")(predict_cmd)
+    app.command("export-table")(export_table_cmd)
+    app.command("export-onnx")(export_onnx_cmd)

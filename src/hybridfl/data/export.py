@@ -31,13 +31,14 @@ from __future__ import annotations
 import io
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from hybridfl.data.dataset import DatasetSplit, HybridDataset
-from hybridfl.data.partition import Partition
+from hybridfl.data.partition import ClientShard, Partition
 from hybridfl.errors import DataError
 from hybridfl.files import atomic_write
 
@@ -183,6 +184,44 @@ def _read_dataset_dir(path: Path, name: str, classes: list[str], with_labels: bo
     return HybridDataset(name=name, ids=ids, y=y, blocks=blocks, classes=classes), 0
 
 
+def _check_client_names(ids: Sequence[str]) -> None:
+    """Every client name is a safe directory name, not ``server``, and differs from the others in
+    more than case.
+
+    Raises:
+        DataError: the first name that is not.
+    """
+    bad = [c for c in ids if not _CLIENT_NAME.fullmatch(c) or c.lower() == "server"]
+    if bad:
+        raise DataError(
+            f"client name {bad[0]!r} cannot be a directory name (use letters, digits, '_', '.', '-', at most 128, "
+            "not starting with '.'; not 'server')."
+        )
+    folded = [c.lower() for c in ids]
+    same = [c for i, c in enumerate(ids) if folded.index(c.lower()) != i]
+    if same:
+        raise DataError(f"client name {same[0]!r} differs from another client's name only in case.")
+
+
+def _write_client(d: Path, i: int, c: ClientShard, split: DatasetSplit, common: dict, client_test: bool) -> str:
+    """Client ``c``'s directory ``d`` (:func:`export_clients`, the ``i``-th client): its data, a new
+    credential, its test blocks (``client_test``) and ``client.json``; returns its public key."""
+    from hybridfl.privacy.credentials import PUBLIC_KEY_FIELD, new_client_key
+
+    local = split.train.subset(c.sample_ids, c.blocks)
+    info = _write_dataset_dir(d, local, with_labels=c.has_labels)
+    meta = {**common, "client_id": c.client_id, "index": i, "has_labels": bool(c.has_labels), **info}
+    if split.encoding is not None:  # its own copy of the public encoding, for its part of a model
+        from hybridfl.data.encoding import encoding_meta
+
+        meta["encoding"] = encoding_meta(split.encoding, split.scale, "float32")
+    key = meta[PUBLIC_KEY_FIELD] = new_client_key(d)  # its proof of identity at the hello
+    if client_test:
+        _write_dataset_dir(d / "test", split.test.subset(None, c.blocks), with_labels=c.has_labels)
+    atomic_write(d / "client.json", json.dumps(meta, indent=1), mode=FILE_MODE)
+    return key
+
+
 def export_clients(
     split: DatasetSplit,
     partition: Partition,
@@ -219,38 +258,17 @@ def export_clients(
     train = split.train
     schema = {b: list(s) for b, s in train.block_shapes.items()}
     ids = [c.client_id for c in partition.clients]
-    bad = [c for c in ids if not _CLIENT_NAME.fullmatch(c) or c.lower() == "server"]
-    if bad:
-        raise DataError(
-            f"client name {bad[0]!r} cannot be a directory name (use letters, digits, '_', '.', '-', at most 128, "
-            "not starting with '.'; not 'server')."
-        )
-    folded = [c.lower() for c in ids]
-    same = [c for i, c in enumerate(ids) if folded.index(c.lower()) != i]
-    if same:
-        raise DataError(f"client name {same[0]!r} differs from another client's name only in case.")
+    _check_client_names(ids)
     if out.is_dir() and any(out.iterdir()):
         raise DataError(
             f"export directory {str(out)!r} is not empty: export into a new or empty directory so two exports never mix."
         )
     out.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
     common = {"format": FORMAT_VERSION, "dataset": train.name, "classes": list(train.classes), "block_shapes": schema}
-    from hybridfl.privacy.credentials import PUBLIC_KEY_FIELD, new_client_key
-
     dirs, keys = [], {}
     for i, c in enumerate(partition.clients):
         d = out / c.client_id
-        local = train.subset(c.sample_ids, c.blocks)
-        info = _write_dataset_dir(d, local, with_labels=c.has_labels)
-        meta = {**common, "client_id": c.client_id, "index": i, "has_labels": bool(c.has_labels), **info}
-        if split.encoding is not None:  # its own copy of the public encoding, for its part of a model
-            from hybridfl.data.encoding import encoding_meta
-
-            meta["encoding"] = encoding_meta(split.encoding, split.scale, "float32")
-        keys[c.client_id] = meta[PUBLIC_KEY_FIELD] = new_client_key(d)  # its proof of identity at the hello
-        if client_test:
-            _write_dataset_dir(d / "test", split.test.subset(None, c.blocks), with_labels=c.has_labels)
-        atomic_write(d / "client.json", json.dumps(meta, indent=1), mode=FILE_MODE)
+        keys[c.client_id] = _write_client(d, i, c, split, common, client_test)
         dirs.append(d)
     srv = out / "server"
     srv.mkdir(mode=DIR_MODE)

@@ -275,6 +275,84 @@ def table_columns(
     return out
 
 
+def _check_table_columns(
+    frame, label_column: str, blocks: Mapping[str, Sequence[str]], id_column: str | None, where: str
+) -> None:
+    """The checks of :func:`table_to_dataset` on the table's shape: data rows, the label and ID
+    columns, every block's columns present, none in two blocks or the label/ID column.
+
+    Raises:
+        DataError: the first problem found.
+    """
+    cols = list(frame.columns)
+    if len(frame) == 0:
+        raise DataError(f"{where} has a header but no data rows.")
+    if label_column not in cols:
+        raise DataError(
+            f"label column {label_column!r} is not in {where} (columns: {', '.join(repr(str(c)) for c in cols[:12])}{', ...' if len(cols) > 12 else ''})."
+        )
+    if id_column is not None and id_column not in cols:
+        raise DataError(f"ID column {id_column!r} is not in {where}.")
+    if not blocks:
+        raise DataError(f"no feature blocks are given for {where}.")
+    seen: dict[str, str] = {}
+    for b, bcols in blocks.items():
+        if not bcols:
+            raise DataError(f"block {b!r} of {where} has no columns.")
+        for c in bcols:
+            if c not in cols:
+                raise DataError(f"column {c!r} of block {b!r} is not in {where}.")
+            if c in (label_column, id_column):
+                raise DataError(f"column {c!r} of block {b!r} is the label or ID column of {where}.")
+            if c in seen:
+                raise DataError(f"column {c!r} is in both block {seen[c]!r} and block {b!r} of {where}.")
+            seen[c] = b
+
+
+def _table_labels(labels, label_column: str, classes: Sequence[str] | None, where: str) -> tuple[np.ndarray, list[str]]:
+    """Class indices ``(n,)`` int64 of the label column and the class list (``classes``, or the
+    labels' sorted distinct values).
+
+    Raises:
+        DataError: an empty label, or a label not in ``classes``.
+    """
+    if labels.isna().any():
+        row = int(np.flatnonzero(labels.isna().to_numpy())[0])
+        raise DataError(f"label column {label_column!r} of {where} is empty at row {row + 1}.")
+    lab = labels.astype(str).str.strip().to_numpy()
+    class_list = [str(c) for c in classes] if classes is not None else sorted(set(lab))
+    lookup = {c: i for i, c in enumerate(class_list)}
+    unknown = [v for v in lab if v not in lookup]
+    if unknown:
+        raise DataError(f"label {unknown[0]!r} in {where} is not one of the classes {class_list}.")
+    return np.array([lookup[v] for v in lab], dtype=np.int64), class_list
+
+
+def _encode_block(frame, bspecs: Sequence[ColumnSpec], where: str) -> np.ndarray:
+    """One block's columns encoded (:func:`table_to_dataset`): numbers as they are, a categorical
+    column one-hot over its levels; ``(n, width)``.
+
+    Raises:
+        DataError: a missing (NaN) or infinite value.
+    """
+    parts = []
+    for spec in bspecs:
+        col = frame[spec.name]
+        if col.isna().any():
+            row = int(np.flatnonzero(col.isna().to_numpy())[0])
+            raise DataError(f"column {spec.name!r} of {where} has a missing (NaN) value at row {row + 1}.")
+        if spec.kind == "categorical":
+            values = col.astype(str).str.strip()
+            parts.append(np.stack([(values == v).to_numpy(np.float32) for v in spec.levels or []], axis=1))
+        else:
+            v = col.to_numpy(np.float64)
+            if not np.isfinite(v).all():
+                row = int(np.flatnonzero(~np.isfinite(v))[0])
+                raise DataError(f"column {spec.name!r} of {where} has an infinite value at row {row + 1}.")
+            parts.append(v[:, None])
+    return np.concatenate(parts, axis=1)
+
+
 def table_to_dataset(
     frame,
     *,
@@ -307,60 +385,10 @@ def table_to_dataset(
         DataError: missing label/ID/block column, a column in two blocks, NaN or empty cells,
             a non-numeric value in a numeric column, a label not in ``classes``.
     """
-
-    cols = list(frame.columns)
-    if len(frame) == 0:
-        raise DataError(f"{where} has a header but no data rows.")
-    if label_column not in cols:
-        raise DataError(
-            f"label column {label_column!r} is not in {where} (columns: {', '.join(repr(str(c)) for c in cols[:12])}{', ...' if len(cols) > 12 else ''})."
-        )
-    if id_column is not None and id_column not in cols:
-        raise DataError(f"ID column {id_column!r} is not in {where}.")
-    if not blocks:
-        raise DataError(f"no feature blocks are given for {where}.")
-    seen: dict[str, str] = {}
-    for b, bcols in blocks.items():
-        if not bcols:
-            raise DataError(f"block {b!r} of {where} has no columns.")
-        for c in bcols:
-            if c not in cols:
-                raise DataError(f"column {c!r} of block {b!r} is not in {where}.")
-            if c in (label_column, id_column):
-                raise DataError(f"column {c!r} of block {b!r} is the label or ID column of {where}.")
-            if c in seen:
-                raise DataError(f"column {c!r} is in both block {seen[c]!r} and block {b!r} of {where}.")
-            seen[c] = b
-    labels = frame[label_column]
-    if labels.isna().any():
-        row = int(np.flatnonzero(labels.isna().to_numpy())[0])
-        raise DataError(f"label column {label_column!r} of {where} is empty at row {row + 1}.")
-    lab = labels.astype(str).str.strip().to_numpy()
-    class_list = [str(c) for c in classes] if classes is not None else sorted(set(lab))
-    lookup = {c: i for i, c in enumerate(class_list)}
-    unknown = [v for v in lab if v not in lookup]
-    if unknown:
-        raise DataError(f"label {unknown[0]!r} in {where} is not one of the classes {class_list}.")
-    y = np.array([lookup[v] for v in lab], dtype=np.int64)
+    _check_table_columns(frame, label_column, blocks, id_column, where)
+    y, class_list = _table_labels(frame[label_column], label_column, classes, where)
     specs = columns if columns is not None else table_columns(frame, blocks, categorical, where)
-    out: dict[str, np.ndarray] = {}
-    for b, bspecs in specs.items():
-        parts = []
-        for spec in bspecs:
-            col = frame[spec.name]
-            if col.isna().any():
-                row = int(np.flatnonzero(col.isna().to_numpy())[0])
-                raise DataError(f"column {spec.name!r} of {where} has a missing (NaN) value at row {row + 1}.")
-            if spec.kind == "categorical":
-                values = col.astype(str).str.strip()
-                parts.append(np.stack([(values == v).to_numpy(np.float32) for v in spec.levels or []], axis=1))
-            else:
-                v = col.to_numpy(np.float64)
-                if not np.isfinite(v).all():
-                    row = int(np.flatnonzero(~np.isfinite(v))[0])
-                    raise DataError(f"column {spec.name!r} of {where} has an infinite value at row {row + 1}.")
-                parts.append(v[:, None])
-        out[b] = np.concatenate(parts, axis=1)
+    out = {b: _encode_block(frame, bspecs, where) for b, bspecs in specs.items()}
     ids = frame[id_column].astype(str).to_numpy() if id_column else np.array([f"{name}-{i}" for i in range(len(frame))])
     return HybridDataset(name, ids, y, out, class_list)
 

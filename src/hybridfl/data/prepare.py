@@ -44,7 +44,7 @@ import numpy as np
 
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.data.encoding import encoding_meta, schema_encoding
-from hybridfl.data.export import _CLIENT_NAME, DIR_MODE, FILE_MODE, FORMAT_VERSION, _write_dataset_dir
+from hybridfl.data.export import DIR_MODE, FILE_MODE, FORMAT_VERSION, _check_client_names, _write_dataset_dir
 from hybridfl.data.federation import FederationSchema, load_schema, schema_digest
 from hybridfl.errors import DataError
 from hybridfl.files import atomic_write
@@ -414,11 +414,7 @@ def prepare_client(
     table = Path(table).expanduser()
     out = Path(out_dir).expanduser()
     cid = client_id if client_id is not None else out.resolve().name
-    if not _CLIENT_NAME.fullmatch(cid) or cid.lower() == "server":
-        raise DataError(
-            f"client name {cid!r} cannot be a directory name (use letters, digits, '_', '.', '-', at most 128, "
-            "not starting with '.'; not 'server')."
-        )
+    _check_client_names([cid])  # a safe directory name, not 'server'
     if index < 0:
         raise DataError(f"client index {index} must be 0 or more.")
     if sep is not None and not sep:
@@ -433,63 +429,9 @@ def prepare_client(
     ct = table_to_client_dataset(frame, schema, id_column=id_column, label_column=label_column, where=table.name)
     stats = block_stats(ct.blocks) if schema.standardize or schema.missing == "impute_mean" else None
     ds, labels, imputed, unfilled, standardized = _encoded(ct, schema)
-    n_labelled = int((labels >= 0).sum()) if labels is not None else 0
-    test = None
-    if test_table is not None:  # the organisation's own evaluation rows: same checks, same encoding
-        test_table = Path(test_table).expanduser()
-        tframe = read_client_table(test_table, sep if sep is not None else schema.sep)
-        tct = table_to_client_dataset(
-            tframe, schema, id_column=id_column, label_column=label_column, where=test_table.name
-        )
-        if list(tct.blocks) != list(ct.blocks):
-            raise DataError(
-                f"{test_table.name} holds blocks {', '.join(tct.blocks)}, the training table {', '.join(ct.blocks)}: "
-                "an organisation's test rows have the blocks of its training rows."
-            )
-        if (tct.labels is None) != (ct.labels is None):
-            raise DataError(f"{test_table.name} and {table.name} must both have the label column, or neither.")
-        both = np.intersect1d(tct.ids, ct.ids)
-        if both.size:
-            raise DataError(
-                f"{test_table.name} repeats {both.size} IDs of {table.name}: test rows must be other samples."
-            )
-        test = _encoded(tct, schema)
-        unfilled += test[3]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.prepare-", dir=out.parent))
-    try:
-        stage = tmp / "client"
-        info = _write_dataset_dir(stage, ds, with_labels=labels is not None, labels=labels)
-        if test is not None:
-            _write_dataset_dir(stage / EVAL_DIR, test[0], with_labels=test[1] is not None, labels=test[1])
-        public_key = new_client_key(stage)  # client_key.pem: the node's proof of identity at the hello
-        meta = {
-            "format": FORMAT_VERSION,
-            "dataset": schema.name,
-            "classes": list(schema.classes),
-            "block_shapes": {b: list(s) for b, s in schema.block_shapes.items()},
-            "client_id": cid,
-            "index": int(index),
-            "has_labels": labels is not None,
-            "n_labelled": n_labelled,
-            "n_test": 0 if test is None else int(test[0].n_samples),
-            **info,
-            "prepared": True,
-            "schema_sha256": schema_digest(schema),
-            "standardized": standardized,
-            "imputed": imputed,
-            "unfilled": unfilled,
-            PUBLIC_KEY_FIELD: public_key,
-            # the schema's public encoding: the organisation's own copy, for its part of a model
-            "encoding": encoding_meta(*schema_encoding(schema), "float64"),
-        }
-        if stats is not None:
-            atomic_write(stage / STATS_FILE, json.dumps({"blocks": stats}, indent=1), mode=FILE_MODE)
-        atomic_write(stage / "client.json", json.dumps(meta, indent=1), mode=FILE_MODE)
-        os.chmod(stage, DIR_MODE)
-        os.rename(stage, out)  # an existing out is empty (checked above): the rename replaces it
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    test = _test_rows(test_table, table, ct, schema, id_column, label_column, sep)  # its own evaluation rows
+    meta, tail = _client_meta(schema, cid, index, labels, test, standardized, imputed, unfilled)
+    _write_client_dir(out, ds, labels, test, stats, meta, tail)
     return PreparedClient(
         out,
         cid,
@@ -499,7 +441,111 @@ def prepare_client(
         ct.ignored,
         standardized,
         stats is not None,
-        n_labelled,
+        meta["n_labelled"],
         imputed,
-        unfilled,
+        tail["unfilled"],
     )
+
+
+def _test_rows(
+    test_table: str | Path | None,
+    table: Path,
+    ct: ClientTable,
+    schema: FederationSchema,
+    id_column: str | None,
+    label_column: str | None,
+    sep: str | None,
+) -> tuple[HybridDataset, np.ndarray | None, int, int, bool] | None:
+    """An organisation's own test rows (:func:`prepare_client`'s ``test_table``), checked and
+    encoded like its training table ``ct``: :func:`_encoded` of them (``None`` without a test table).
+
+    Raises:
+        DataError: other blocks than the training table, the label column in only one of them,
+            an ID of the training table, or what :func:`table_to_client_dataset` refuses.
+    """
+    if test_table is None:
+        return None
+    test_table = Path(test_table).expanduser()
+    tframe = read_client_table(test_table, sep if sep is not None else schema.sep)
+    tct = table_to_client_dataset(tframe, schema, id_column=id_column, label_column=label_column, where=test_table.name)
+    if list(tct.blocks) != list(ct.blocks):
+        raise DataError(
+            f"{test_table.name} holds blocks {', '.join(tct.blocks)}, the training table {', '.join(ct.blocks)}: "
+            "an organisation's test rows have the blocks of its training rows."
+        )
+    if (tct.labels is None) != (ct.labels is None):
+        raise DataError(f"{test_table.name} and {table.name} must both have the label column, or neither.")
+    both = np.intersect1d(tct.ids, ct.ids)
+    if both.size:
+        raise DataError(f"{test_table.name} repeats {both.size} IDs of {table.name}: test rows must be other samples.")
+    return _encoded(tct, schema)
+
+
+def _write_client_dir(
+    out: Path,
+    ds: HybridDataset,
+    labels: np.ndarray | None,
+    test: tuple | None,
+    stats: dict | None,
+    head: dict,
+    tail: dict,
+) -> None:
+    """Write the client directory ``out`` (:func:`prepare_client`) in a temporary directory next to
+    it and rename it at the end (nothing is left on an error): the data files, the evaluation
+    rows, a new credential (``client_key.pem``), ``stats.json`` and ``client.json`` (``head``, the
+    data files' entries, ``tail`` and the public key before ``tail``'s last entry, ``encoding``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.prepare-", dir=out.parent))
+    try:
+        stage = tmp / "client"
+        info = _write_dataset_dir(stage, ds, with_labels=labels is not None, labels=labels)
+        if test is not None:
+            _write_dataset_dir(stage / EVAL_DIR, test[0], with_labels=test[1] is not None, labels=test[1])
+        public_key = new_client_key(stage)  # client_key.pem: the node's proof of identity at the hello
+        rest = dict(tail)
+        encoding = rest.pop("encoding")
+        meta = {**head, **info, **rest, PUBLIC_KEY_FIELD: public_key, "encoding": encoding}
+        if stats is not None:
+            atomic_write(stage / STATS_FILE, json.dumps({"blocks": stats}, indent=1), mode=FILE_MODE)
+        atomic_write(stage / "client.json", json.dumps(meta, indent=1), mode=FILE_MODE)
+        os.chmod(stage, DIR_MODE)
+        os.rename(stage, out)  # an existing out is empty (checked by the caller): the rename replaces it
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _client_meta(
+    schema: FederationSchema,
+    cid: str,
+    index: int,
+    labels: np.ndarray | None,
+    test: tuple | None,
+    standardized: bool,
+    imputed: int,
+    unfilled: int,
+) -> tuple[dict, dict]:
+    """The entries of ``client.json`` (:func:`prepare_client`) before the data files' entries and
+    after them (:func:`_write_client_dir` adds those and the public key); ``unfilled`` counts the
+    training table's unfilled cells, the test rows' are added."""
+    n_labelled = int((labels >= 0).sum()) if labels is not None else 0
+    meta = {
+        "format": FORMAT_VERSION,
+        "dataset": schema.name,
+        "classes": list(schema.classes),
+        "block_shapes": {b: list(s) for b, s in schema.block_shapes.items()},
+        "client_id": cid,
+        "index": int(index),
+        "has_labels": labels is not None,
+        "n_labelled": n_labelled,
+        "n_test": 0 if test is None else int(test[0].n_samples),
+    }
+    tail = {
+        "prepared": True,
+        "schema_sha256": schema_digest(schema),
+        "standardized": standardized,
+        "imputed": imputed,
+        "unfilled": unfilled + (0 if test is None else test[3]),
+        # the schema's public encoding: the organisation's own copy, for its part of a model
+        "encoding": encoding_meta(*schema_encoding(schema), "float64"),
+    }
+    return meta, tail

@@ -106,6 +106,61 @@ def _finite(v: Any) -> Any:
     return v if isinstance(v, (str, type(None))) else str(v)
 
 
+def _tensors(
+    parts: ModelParts, encoding: Encoding, scale: Mapping[str, tuple[np.ndarray, np.ndarray]], scale_dtype: str
+) -> tuple[dict[str, np.ndarray], list]:
+    """The model's tensors plus ``scale.<block>.mean``/``.std`` of the standardised blocks, and
+    the encoding's blocks with their ``scale`` set (:func:`write_model_dir`).
+
+    Raises:
+        ModelError: a tensor that is not finite.
+    """
+    tensors: dict[str, np.ndarray] = {}
+    for k, v in parts.tensors.items():
+        a = np.ascontiguousarray(v)
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ModelError(f"the model's tensor {k!r} holds a value that is not finite: the run diverged.")
+        tensors[k] = a
+    blocks = []
+    for b in encoding.blocks:
+        if b.name in scale:
+            mean, std = scale[b.name]
+            tensors[f"scale.{b.name}.mean"] = np.ascontiguousarray(
+                mean, dtype=np.float32 if scale_dtype == "float32" else np.float64
+            )
+            tensors[f"scale.{b.name}.std"] = np.ascontiguousarray(std, dtype=tensors[f"scale.{b.name}.mean"].dtype)
+            blocks.append(b.model_copy(update={"scale": scale_dtype}))
+        else:
+            blocks.append(b.model_copy(update={"scale": "none"}))
+    return tensors, blocks
+
+
+def _replace_dir(out: Path, weights: bytes, manifest: Manifest) -> None:
+    """Write ``out`` (the weights and the manifest) in a temporary directory next to it, then put
+    it in place of an earlier one as a whole.
+
+    Raises:
+        ModelError: ``out`` is a file or a symbolic link (nothing is written).
+    """
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        atomic_write(stage / WEIGHTS, weights)
+        atomic_write(stage / MANIFEST, json.dumps(manifest.model_dump(mode="json", exclude_none=True), indent=1))
+        os.chmod(stage, 0o755)
+        if out.is_symlink() or out.is_file():
+            raise ModelError(f"model path {str(out)!r} exists and is not a directory: nothing was written.")
+        if out.exists():
+            old = out.with_name(f".{out.name}.old-{os.getpid()}")
+            os.rename(out, old)
+            os.rename(stage, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(stage, out)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
 def write_model_dir(
     out: str | Path,
     parts: ModelParts,
@@ -140,23 +195,7 @@ def write_model_dir(
         raise ModelError(f"model kind {parts.kind!r} is not one of {', '.join(KINDS)}.")
     from safetensors.numpy import save
 
-    tensors: dict[str, np.ndarray] = {}
-    for k, v in parts.tensors.items():
-        a = np.ascontiguousarray(v)
-        if a.dtype.kind == "f" and not np.isfinite(a).all():
-            raise ModelError(f"the model's tensor {k!r} holds a value that is not finite: the run diverged.")
-        tensors[k] = a
-    blocks = []
-    for b in encoding.blocks:
-        if b.name in scale:
-            mean, std = scale[b.name]
-            tensors[f"scale.{b.name}.mean"] = np.ascontiguousarray(
-                mean, dtype=np.float32 if scale_dtype == "float32" else np.float64
-            )
-            tensors[f"scale.{b.name}.std"] = np.ascontiguousarray(std, dtype=tensors[f"scale.{b.name}.mean"].dtype)
-            blocks.append(b.model_copy(update={"scale": scale_dtype}))
-        else:
-            blocks.append(b.model_copy(update={"scale": "none"}))
+    tensors, blocks = _tensors(parts, encoding, scale, scale_dtype)
     enc = encoding.model_copy(update={"blocks": blocks})
     weights = save(tensors, metadata={"format": MODEL_FORMAT})
     manifest = Manifest(
@@ -172,23 +211,7 @@ def write_model_dir(
         part=_finite(dict(part)) if part is not None else None,
     )
     out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        atomic_write(stage / WEIGHTS, weights)
-        atomic_write(stage / MANIFEST, json.dumps(manifest.model_dump(mode="json", exclude_none=True), indent=1))
-        os.chmod(stage, 0o755)
-        if out.is_symlink() or out.is_file():
-            raise ModelError(f"model path {str(out)!r} exists and is not a directory: nothing was written.")
-        if out.exists():
-            old = out.with_name(f".{out.name}.old-{os.getpid()}")
-            os.rename(out, old)
-            os.rename(stage, out)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.rename(stage, out)
-    finally:
-        shutil.rmtree(stage, ignore_errors=True)
+    _replace_dir(out, weights, manifest)
     return out
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 import io
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -171,6 +171,30 @@ def _graph(model: Any, blocks: Sequence[str] | None, client: str | None, standar
     return Graph().eval(), names, out_name
 
 
+def _trace(module: Any, names: Sequence[str], out_name: str, shapes: Mapping[str, Sequence[int]]) -> bytes:
+    """The ONNX bytes of ``module`` traced on a dummy batch of 2 (TorchScript exporter, opset
+    :data:`OPSET`, a dynamic batch axis on every input and the output)."""
+    import torch
+
+    dummy = tuple(torch.zeros((2, *shapes[b]), dtype=torch.float32) for b in names)
+    buf = io.BytesIO()
+    with warnings.catch_warnings(), torch.no_grad():
+        # the TorchScript exporter's deprecation notice, and tracer notes on the fixed image sizes
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module,
+            dummy,
+            buf,
+            dynamo=False,
+            opset_version=OPSET,
+            input_names=list(names),
+            output_names=[out_name],
+            dynamic_axes={n: {0: "batch"} for n in [*names, out_name]},
+            do_constant_folding=True,
+        )
+    return buf.getvalue()
+
+
 def export_onnx(
     model: Any,
     path: str | Path,
@@ -198,7 +222,6 @@ def export_onnx(
             without them, an unknown client or block (one sentence each).
     """
     onnx = require_onnx()
-    import torch
 
     from hybridfl.files import atomic_write
     from hybridfl.inference import load_model
@@ -207,23 +230,7 @@ def export_onnx(
         model = load_model(model)
     module, names, out_name = _graph(model, blocks, client, standardize)
     shapes = model.encoding.block_shapes
-    dummy = tuple(torch.zeros((2, *shapes[b]), dtype=torch.float32) for b in names)
-    buf = io.BytesIO()
-    with warnings.catch_warnings(), torch.no_grad():
-        # the TorchScript exporter's deprecation notice, and tracer notes on the fixed image sizes
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            module,
-            dummy,
-            buf,
-            dynamo=False,
-            opset_version=OPSET,
-            input_names=names,
-            output_names=[out_name],
-            dynamic_axes={n: {0: "batch"} for n in [*names, out_name]},
-            do_constant_folding=True,
-        )
-    graph = onnx.load_from_string(buf.getvalue())
+    graph = onnx.load_from_string(_trace(module, names, out_name, shapes))
     which = f"client:{client}" if client is not None else ("global" if names == model.blocks else "blocks")
     meta = {
         "format": ONNX_FORMAT,

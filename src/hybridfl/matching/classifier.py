@@ -202,39 +202,12 @@ def uncovered_share(width: int, n_inputs: int, views: list[tuple[np.ndarray, np.
     return float(1.0 - cov.mean())
 
 
-def match_classifiers(
-    clients: list[ClientClassifier],
-    previous: ServerClassifier,
-    config: MatchingConfig,
-    rng: np.random.Generator,
-    reserved: list[np.ndarray] | None = None,
-) -> MatchingResult:
-    """Match the clients' hidden neurons to server neurons and average (see module docstring).
-
-    Args:
-        clients: the client classifiers after their local steps, with previous assignments.
-        previous: the server classifier of the previous round (``w_0^t``).
-        config: matching hyperparameters.
-        rng: randomness for the sweep order.
-        reserved: assignments (previous server neuron indices) of clients that did not answer
-            this round: their neurons are kept (not matched, not updated) so they can continue.
-
-    Returns:
-        The new server classifier ``w_0^{t+1}`` and each client's assignment ``Pi_m^{t+1}``
-        (indices into the new server's hidden neurons).
-
-    Raises:
-        ValueError: if ``max_width`` is smaller than a client's hidden width.
-    """
-    D0 = previous.W1.shape[1]
-    C = previous.W2.shape[0]
-    D = D0 + 1 + C
-    M = len(clients)
-    cap = config.max_width
-    for c in clients:
-        if cap is not None and c.width > cap:
-            raise ValueError(f"max_width {cap} is smaller than a client's hidden width {c.width}")
-
+def _client_vectors(
+    clients: list[ClientClassifier], D0: int, C: int, config: MatchingConfig
+) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each client's neuron vectors ``(H_m, D)`` and precisions ``(D,)`` (``1 / sigma`` where it
+    covers; with ``cost="pfnm"`` and class counts, PFNM's output-layer precision: the client's
+    share of each class, as the reference code)."""
     vecs, precs = [], []
     total = sum(np.asarray(k.class_counts, dtype=float) for k in clients if k.class_counts is not None)
     for c in clients:
@@ -246,40 +219,48 @@ def match_classifiers(
             prec[D0 + 1 :] = share / config.sigma
         vecs.append(V)
         precs.append(prec)
+    return vecs, precs
 
-    kept = (
-        np.unique(np.concatenate([np.asarray(r, dtype=np.int64) for r in reserved]))
-        if reserved
-        else np.zeros(0, np.int64)
-    )
-    if kept.size and (kept.min() < 0 or kept.max() >= previous.width):
-        raise ValueError("a reserved assignment points outside the previous server classifier")
-    pool = _Pool(D)
-    pool.ensure(previous.width)
-    next_id = previous.width
-    assignments: list[np.ndarray | None] = []
-    for c in clients:
-        a = c.assignment
-        ok = (
-            a is not None
-            and a.shape == (c.width,)
-            and np.unique(a).size == a.size
-            and a.min() >= 0
-            and a.max() < previous.width
-        )
-        assignments.append(np.asarray(a, dtype=np.int64) if ok else None)
-    for m, a in enumerate(assignments):
-        if a is not None:
-            pool.add(a, vecs[m] * precs[m][None, :], precs[m], +1)
 
-    def rematch(m: int) -> bool:
-        """Re-assign client m against the others; return whether its assignment changed."""
-        nonlocal next_id
-        old = assignments[m]
-        if old is not None:
-            pool.add(old, vecs[m] * precs[m][None, :], precs[m], -1)
-        cand = np.flatnonzero(pool.count > 0)
-        J = clients[m].width
+def _valid_assignment(c: ClientClassifier, width: int) -> np.ndarray | None:
+    """``c.assignment`` as int64 if it is one distinct previous server neuron per hidden neuron
+    (in ``[0, width)``), else ``None`` (the client is matched afresh)."""
+    a = c.assignment
+    ok = a is not None and a.shape == (c.width,) and np.unique(a).size == a.size and a.min() >= 0 and a.max() < width
+    return np.asarray(a, dtype=np.int64) if ok else None
+
+
+class _Matcher:
+    """The state of the sweeps of :func:`match_classifiers` (steps 1-2 of the module docstring):
+    the pool of matched neurons, every client's assignment and the next new neuron id."""
+
+    def __init__(
+        self,
+        clients: list[ClientClassifier],
+        previous: ServerClassifier,
+        config: MatchingConfig,
+        kept: np.ndarray,
+    ):
+        D0, C = previous.W1.shape[1], previous.W2.shape[0]
+        self.clients, self.config, self.kept = clients, config, kept
+        self.D = D0 + 1 + C
+        self.vecs, self.precs = _client_vectors(clients, D0, C, config)
+        self.pool = _Pool(self.D)
+        self.pool.ensure(previous.width)
+        self.next_id = previous.width
+        self.assignments: list[np.ndarray | None] = [_valid_assignment(c, previous.width) for c in clients]
+        for m, a in enumerate(self.assignments):
+            if a is not None:
+                self.pool.add(a, self._natural(m), self.precs[m], +1)
+
+    def _natural(self, m: int) -> np.ndarray:
+        return self.vecs[m] * self.precs[m][None, :]
+
+    def _candidates(self, J: int) -> tuple[np.ndarray, int]:
+        """The server neurons a client of ``J`` hidden neurons may join and how many new ones it
+        may open (within ``max_width``)."""
+        cap, kept = self.config.max_width, self.kept
+        cand = np.flatnonzero(self.pool.count > 0)
         alive = np.union1d(cand, kept).size
         room = J if cap is None else max(cap - alive, 0)
         max_new = min(J, room)
@@ -291,70 +272,113 @@ def match_classifiers(
             cand = np.union1d(cand, extra)
         if cand.size + max_new < J:  # cannot happen when cap >= J, kept as a guard
             max_new = J - cand.size
+        return cand, max_new
+
+    def _cost(self, m: int, cand: np.ndarray, max_new: int) -> np.ndarray:
+        """Client ``m``'s cost against the candidates and ``max_new`` new neurons (PFNM or Euclidean)."""
+        config, pool = self.config, self.pool
         if config.cost == "pfnm":
-            cost = pfnm_cost(
-                vecs[m],
-                precs[m],
+            return pfnm_cost(
+                self.vecs[m],
+                self.precs[m],
                 pool.natural[cand],
                 pool.prec[cand] + 1.0 / config.sigma0,
                 np.maximum(pool.count[cand], 1),  # a shared reserved neuron counts its absent holder
-                M,
+                len(self.clients),
                 sigma0=config.sigma0,
                 gamma=config.gamma,
                 max_new=max_new,
             )
-        else:
-            mask = (precs[m] > 0).astype(float)
-            mean = np.divide(
-                pool.natural[cand], pool.prec[cand], out=np.zeros((cand.size, D)), where=pool.prec[cand] > 0
-            )
-            pen = config.new_penalty
-            if pen is None:
-                pen = float(np.median((vecs[m] ** 2).sum(1)))
-            cost = euclidean_cost(
-                vecs[m], mask, mean, new_penalty=pen, server_mask=pool.prec[cand] > 0, max_new=max_new
-            )
-        cols = assign(cost)
+        mask = (self.precs[m] > 0).astype(float)
+        mean = np.divide(
+            pool.natural[cand], pool.prec[cand], out=np.zeros((cand.size, self.D)), where=pool.prec[cand] > 0
+        )
+        pen = config.new_penalty
+        if pen is None:
+            pen = float(np.median((self.vecs[m] ** 2).sum(1)))
+        return euclidean_cost(
+            self.vecs[m], mask, mean, new_penalty=pen, server_mask=pool.prec[cand] > 0, max_new=max_new
+        )
+
+    def rematch(self, m: int) -> bool:
+        """Re-assign client m against the others; return whether its assignment changed."""
+        pool, old = self.pool, self.assignments[m]
+        if old is not None:
+            pool.add(old, self._natural(m), self.precs[m], -1)
+        J = self.clients[m].width
+        cand, max_new = self._candidates(J)
+        cols = assign(self._cost(m, cand, max_new))
         ids = np.empty(J, dtype=np.int64)
         for j, col in enumerate(cols):
             if col < cand.size:
                 ids[j] = cand[col]
-            elif old is not None and pool.count[old[j]] == 0 and old[j] not in kept:
+            elif old is not None and pool.count[old[j]] == 0 and old[j] not in self.kept:
                 ids[j] = old[j]  # its own neuron, which no other client holds: keep the id
             else:
-                ids[j] = next_id
-                next_id += 1
-        assignments[m] = ids
-        pool.add(ids, vecs[m] * precs[m][None, :], precs[m], +1)
+                ids[j] = self.next_id
+                self.next_id += 1
+        self.assignments[m] = ids
+        pool.add(ids, self._natural(m), self.precs[m], +1)
         return old is None or not np.array_equal(old, ids)
 
-    sweeps_done = 0
-    if config.cost == "index":
-        # no matching: keep the previous assignments; a client without one takes 0 .. H_m - 1
-        for m, a in enumerate(assignments):
-            if a is None:
-                assignments[m] = np.arange(clients[m].width, dtype=np.int64)
-                next_id = max(next_id, clients[m].width)
-        if cap is not None and next_id > cap:
-            raise ValueError(f"max_width {cap} is smaller than the index-wise server width {next_id}")
-    # clients without a valid previous assignment: largest first, as PFNM initialises
-    for m in sorted((m for m, a in enumerate(assignments) if a is None), key=lambda m: -clients[m].width):
-        rematch(m)
-    for _ in range(config.sweeps if config.cost != "index" else 0):
-        sweeps_done += 1
-        changed = [rematch(int(m)) for m in rng.permutation(M)]
-        if not any(changed):
-            # nobody moved: every client's assignment is optimal given the unchanged others, so
-            # further sweeps (in any order) return the same assignments
-            break
+    def run(self, rng: np.random.Generator) -> int:
+        """Assign every client (steps 1-2); returns the number of sweeps done.
 
-    # ---- closed form of (11): p_m-weighted average per covered entry
-    used = np.unique(np.concatenate([a for a in assignments if a is not None] + [kept]))
-    if cap is not None and used.size > cap:  # cannot happen: rematch keeps the width <= cap
-        raise AssertionError("server width exceeds max_width")
-    L = used.size
-    index = -np.ones(max(next_id, previous.width), dtype=np.int64)
-    index[used] = np.arange(L)
+        Raises:
+            ValueError: ``cost="index"`` needs a server wider than ``max_width``.
+        """
+        config, clients, cap = self.config, self.clients, self.config.max_width
+        if config.cost == "index":
+            # no matching: keep the previous assignments; a client without one takes 0 .. H_m - 1
+            for m, a in enumerate(self.assignments):
+                if a is None:
+                    self.assignments[m] = np.arange(clients[m].width, dtype=np.int64)
+                    self.next_id = max(self.next_id, clients[m].width)
+            if cap is not None and self.next_id > cap:
+                raise ValueError(f"max_width {cap} is smaller than the index-wise server width {self.next_id}")
+        # clients without a valid previous assignment: largest first, as PFNM initialises
+        for m in sorted((m for m, a in enumerate(self.assignments) if a is None), key=lambda m: -clients[m].width):
+            self.rematch(m)
+        sweeps_done = 0
+        for _ in range(config.sweeps if config.cost != "index" else 0):
+            sweeps_done += 1
+            changed = [self.rematch(int(m)) for m in rng.permutation(len(clients))]
+            if not any(changed):
+                # nobody moved: every client's assignment is optimal given the unchanged others, so
+                # further sweeps (in any order) return the same assignments
+                break
+        return sweeps_done
+
+
+def _kept_neurons(reserved: list[np.ndarray] | None, previous: ServerClassifier) -> np.ndarray:
+    """The previous server neurons held by absent clients (sorted, distinct).
+
+    Raises:
+        ValueError: one outside the previous server classifier.
+    """
+    kept = (
+        np.unique(np.concatenate([np.asarray(r, dtype=np.int64) for r in reserved]))
+        if reserved
+        else np.zeros(0, np.int64)
+    )
+    if kept.size and (kept.min() < 0 or kept.max() >= previous.width):
+        raise ValueError("a reserved assignment points outside the previous server classifier")
+    return kept
+
+
+def _average(
+    clients: list[ClientClassifier],
+    assignments: list[np.ndarray],
+    used: np.ndarray,
+    index: np.ndarray,
+    kept: np.ndarray,
+    previous: ServerClassifier,
+    config: MatchingConfig,
+) -> tuple[ServerClassifier, float]:
+    """Step 3, the closed form of (11): the ``p_m``-weighted average per covered entry of the
+    ``used`` server neurons (``index`` maps an id to its row); returns the server classifier and
+    the share of ``W1`` entries nobody covers (reserved neurons excluded)."""
+    D0, C, L = previous.W1.shape[1], previous.W2.shape[0], used.size
     old = used < previous.width
     W1 = np.zeros((L, D0))
     b1 = np.zeros(L)
@@ -383,7 +407,7 @@ def match_classifiers(
         sb2 += pc * c.b2
         nb2 += pc
     keep = np.isin(used, kept)  # neurons reserved for absent clients keep uncovered entries
-    uncovered_share = float(((nW1 == 0) & ~keep[:, None]).mean()) if nW1.size else 0.0
+    uncovered = float(((nW1 == 0) & ~keep[:, None]).mean()) if nW1.size else 0.0
     for s, n, out, held in (
         (sW1, nW1, W1, keep[:, None]),
         (sb1, nb1, b1, keep),
@@ -397,6 +421,49 @@ def match_classifiers(
     server = ServerClassifier(
         W1.astype(np.float32), b1.astype(np.float32), W2.astype(np.float32), b2.astype(np.float32)
     )
+    return server, uncovered
+
+
+def match_classifiers(
+    clients: list[ClientClassifier],
+    previous: ServerClassifier,
+    config: MatchingConfig,
+    rng: np.random.Generator,
+    reserved: list[np.ndarray] | None = None,
+) -> MatchingResult:
+    """Match the clients' hidden neurons to server neurons and average (see module docstring).
+
+    Args:
+        clients: the client classifiers after their local steps, with previous assignments.
+        previous: the server classifier of the previous round (``w_0^t``).
+        config: matching hyperparameters.
+        rng: randomness for the sweep order.
+        reserved: assignments (previous server neuron indices) of clients that did not answer
+            this round: their neurons are kept (not matched, not updated) so they can continue.
+
+    Returns:
+        The new server classifier ``w_0^{t+1}`` and each client's assignment ``Pi_m^{t+1}``
+        (indices into the new server's hidden neurons).
+
+    Raises:
+        ValueError: if ``max_width`` is smaller than a client's hidden width.
+    """
+    cap = config.max_width
+    for c in clients:
+        if cap is not None and c.width > cap:
+            raise ValueError(f"max_width {cap} is smaller than a client's hidden width {c.width}")
+    kept = _kept_neurons(reserved, previous)
+    matcher = _Matcher(clients, previous, config, kept)
+    sweeps_done = matcher.run(rng)
+    assignments = [a for a in matcher.assignments if a is not None]  # every client has one after run
+    used = np.unique(np.concatenate(assignments + [kept]))
+    if cap is not None and used.size > cap:  # cannot happen: rematch keeps the width <= cap
+        raise AssertionError("server width exceeds max_width")
+    L = used.size
+    index = -np.ones(max(matcher.next_id, previous.width), dtype=np.int64)
+    index[used] = np.arange(L)
+    old = used < previous.width
+    server, uncovered = _average(clients, assignments, used, index, kept, previous, config)
     new_assign = [index[a] for a in assignments]
     moved = 0
     for c, a in zip(clients, assignments):
@@ -408,6 +475,6 @@ def match_classifiers(
         "new_neurons": int((~old).sum()),
         "dropped_neurons": int(previous.width - old.sum()),
         "reassigned": moved,
-        "uncovered_share": uncovered_share,
+        "uncovered_share": uncovered,
     }
     return MatchingResult(server, new_assign, stats, index[: previous.width].copy())

@@ -23,7 +23,18 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from hybridfl.algorithms.fedbcd.config import FedBCDConfig, PartyMissingError
-from hybridfl.algorithms.fedbcd.party import EVALUATE
+from hybridfl.algorithms.fedbcd.kinds import (
+    ALIGN,
+    EVALUATE,
+    FORWARD,
+    LABEL,
+    PARTY_STEP,
+    PROPERTIES,
+    PSI_REQUEST,
+    PSI_RESULT,
+    PSI_SERVE,
+    UNDO,
+)
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy import psi
 from hybridfl.privacy.credentials import SIGNATURE_BYTES
@@ -234,13 +245,13 @@ class FedBCDCoordinator:
         """
         L = self.label_party
         run = os.urandom(RUN_BYTES)  # the run label the parties' signatures name
-        req = self._setup_exchange(transport, [Message("fedbcd.psi_request", SERVER, L, 0, {"run": run})])[L]
+        req = self._setup_exchange(transport, [Message(PSI_REQUEST, SERVER, L, 0, {"run": run})])[L]
         only_keys(req, ("request", "dh", "n", "sig"))
         ask = {"request": self.check_blob(req, "request"), "dh": self.check_blob(req, "dh", size=psi.DH_BYTES)}
         ask.update(run=run, n=integer(req, "n", low=1, high=psi.MAX_IDS))
         if "sig" in req.payload:  # the label party's signature (the passive parties check it)
             ask["sig"] = self.check_blob(req, "sig", size=SIGNATURE_BYTES)
-        served = self._setup_exchange(transport, [Message("fedbcd.psi_serve", SERVER, k, 0, ask) for k in self.passive])
+        served = self._setup_exchange(transport, [Message(PSI_SERVE, SERVER, k, 0, ask) for k in self.passive])
         relay: dict = {}
         for k, r in served.items():
             only_keys(r, ("setup", "response", "dh", "sig"))
@@ -249,7 +260,7 @@ class FedBCDCoordinator:
             relay[f"dh.{k}"] = self.check_blob(r, "dh", size=psi.DH_BYTES)
             if "sig" in r.payload:
                 relay[f"sig.{k}"] = self.check_blob(r, "sig", size=SIGNATURE_BYTES)
-        res = self._setup_exchange(transport, [Message("fedbcd.psi_result", SERVER, L, 0, relay)])[L]
+        res = self._setup_exchange(transport, [Message(PSI_RESULT, SERVER, L, 0, relay)])[L]
         n = integer(res, "n_aligned", low=0, high=psi.MAX_IDS)
         if n == 0:
             only_keys(res, ("n_aligned",))
@@ -257,7 +268,7 @@ class FedBCDCoordinator:
         only_keys(res, ("n_aligned", *(f"tags.{k}" for k in self.passive)))
         tags = {k: self.check_blob(res, f"tags.{k}", size=n * psi.TAG_BYTES) for k in self.passive}
         aligned = self._setup_exchange(
-            transport, [Message("fedbcd.align", SERVER, k, 0, {"tags": tags[k]}) for k in self.passive]
+            transport, [Message(ALIGN, SERVER, k, 0, {"tags": tags[k]}) for k in self.passive]
         )
         for r in aligned.values():
             only_keys(r, ("n_aligned",))
@@ -275,7 +286,7 @@ class FedBCDCoordinator:
                 asked.
             PayloadError: a malformed reply (:meth:`check_properties`, :meth:`align`).
         """
-        asked = [Message("fedbcd.properties", SERVER, cid, 0) for cid in client_ids]
+        asked = [Message(PROPERTIES, SERVER, cid, 0) for cid in client_ids]
         replies = answers(asked, transport.send_and_receive(asked), "FedBCD setup")
         for r in replies:
             self.check_properties(r)
@@ -340,7 +351,7 @@ class FedBCDCoordinator:
                 self.batch = self.sample_batch()
                 replies = self._exchange(
                     transport,
-                    [Message("fedbcd.forward", SERVER, k, rnd, {"batch": self.batch}) for k in self.passive],
+                    [Message(FORWARD, SERVER, k, rnd, {"batch": self.batch}) for k in self.passive],
                     {"h": (len(self.batch), -1)},
                 )
                 self.h = {r.sender: r.payload["h"] for r in replies}
@@ -369,9 +380,7 @@ class FedBCDCoordinator:
         touched = [p for p in self.parties if p in self._touched]
         for p in touched:  # the earliest unconfirmed skipped round: its undo also undoes the later ones
             self.undo[p] = min(self.undo.get(p, rnd), rnd)
-        replies = transport.send_and_receive(
-            [Message("fedbcd.undo", SERVER, p, rnd, {"round": self.undo[p]}) for p in touched]
-        )
+        replies = transport.send_and_receive([Message(UNDO, SERVER, p, rnd, {"round": self.undo[p]}) for p in touched])
         for r in replies:
             self.undo.pop(r.sender, None)
         self.skipped.append((rnd, list(missing)))
@@ -394,14 +403,12 @@ class FedBCDCoordinator:
         if self.taylor:
             payload["curvature"] = True
             expect.update({f"curv.{k}": (B, -1) for k in self.passive})
-        (lab,) = self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)], expect)
+        (lab,) = self._exchange(transport, [Message(LABEL, SERVER, self.label_party, rnd, payload)], expect)
         nxt = self.sample_batch()
         replies = self._exchange(
             transport,
             [
-                Message(
-                    "fedbcd.party_step", SERVER, k, rnd, {**self._grad_payload(lab, k), "next_batch": nxt, **common}
-                )
+                Message(PARTY_STEP, SERVER, k, rnd, {**self._grad_payload(lab, k), "next_batch": nxt, **common})
                 for k in self.passive
             ],
             {"h_next": (len(nxt), -1)},
@@ -428,16 +435,14 @@ class FedBCDCoordinator:
             if self.taylor:
                 payload["curvature"] = True
                 expect[f"curv.{k}"] = (len(batch), -1)
-            (lab,) = self._exchange(
-                transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)], expect
-            )
+            (lab,) = self._exchange(transport, [Message(LABEL, SERVER, self.label_party, rnd, payload)], expect)
             if first_loss is None:
                 first_loss = float(lab.payload["loss"])
             (rep,) = self._exchange(
                 transport,
                 [
                     Message(
-                        "fedbcd.party_step",
+                        PARTY_STEP,
                         SERVER,
                         k,
                         rnd,
@@ -450,7 +455,7 @@ class FedBCDCoordinator:
             new_h[k] = rep.payload["h_next"]
         payload = {"grads_for": [], **common}
         payload.update({f"h.{j}": v for j, v in fresh.items()})
-        self._exchange(transport, [Message("fedbcd.label", SERVER, self.label_party, rnd, payload)], {"loss": ()})
+        self._exchange(transport, [Message(LABEL, SERVER, self.label_party, rnd, payload)], {"loss": ()})
         self.batch = nxt
         self.h = new_h
         return float(first_loss if first_loss is not None else 0.0)

@@ -58,6 +58,56 @@ TopFactory = Callable[[list[int]], torch.nn.Module]
 """``top_factory(out_dims) -> nn.Module``: a top model over the parties' ``H_k`` widths, party order."""
 
 
+def _own_blocks(cd: ClientData, layout: Sequence[Sequence[Any]]) -> tuple[list[str], list[str]]:
+    """The layout's party order and the client's own blocks in the layout's order.
+
+    Raises:
+        PartitionError: the client is not in the layout or holds other blocks than it says.
+        UnknownBlockError: a block of the layout or of the client is not in the schema.
+    """
+    order = [str(e[0]) for e in layout]
+    if cd.client_id not in order:
+        raise PartitionError(f"client {cd.client_id!r} is not in the run's party layout ({', '.join(order)}).")
+    for cid, blocks, _ in layout:
+        for b in blocks:
+            if b not in cd.block_shapes:
+                raise UnknownBlockError(str(cid), str(b))
+    for b in cd.data.block_names:
+        if b not in cd.block_shapes:
+            raise UnknownBlockError(cd.client_id, b)
+    own = [str(b) for b in layout[order.index(cd.client_id)][1]]
+    if sorted(own) != sorted(cd.data.block_names):
+        raise PartitionError(
+            f"client {cd.client_id!r} holds blocks {', '.join(cd.data.block_names)}, the run's layout says {', '.join(own)}."
+        )
+    return order, own
+
+
+def _bottom_models(
+    cd: ClientData,
+    cfg: FedBCDConfig,
+    seed: int,
+    layout: Sequence[Sequence[Any]],
+    tower_factory: TowerFactory | None,
+    top_factory: TopFactory | None,
+) -> tuple[dict[str, torch.nn.Module], dict[str, tuple[int, ...]]]:
+    """Every party's bottom model and input shape, party -> ..., initialised in layout order after
+    ``torch.manual_seed(seed)`` (as :func:`build_client` describes)."""
+    layout_top = "concat" if top_factory is not None else cfg.top
+    factory = tower_factory or bottom_factory(cfg.model, cfg.representation_dim, cfg.hidden, cfg.channels, layout_top)
+    out_dim = 1 if cfg.model == "linear" else int(cfg.representation_dim)
+    torch.manual_seed(seed)
+    bottoms, shapes = {}, {}
+    for i, (cid, blocks, _) in enumerate(layout):
+        shapes[str(cid)] = party_shape(cd.block_shapes, [str(b) for b in blocks])
+        bottoms[str(cid)] = factory(i, shapes[str(cid)], out_dim)
+        if tower_factory is not None and layout_top == "party_slice" and cfg.model != "linear":
+            with torch.no_grad():
+                width = int(bottoms[str(cid)](torch.zeros((1, *shapes[str(cid)]))).shape[1])
+            bottoms[str(cid)] = SlicedTower(bottoms[str(cid)], width)
+    return bottoms, shapes
+
+
 def build_client(
     cd: ClientData,
     cfg: FedBCDConfig,
@@ -89,34 +139,9 @@ def build_client(
             says, or its input has another shape than the schema gives.
         UnknownBlockError: a block of the layout or of the client is not in the schema.
     """
-    order = [str(e[0]) for e in layout]
-    if cd.client_id not in order:
-        raise PartitionError(f"client {cd.client_id!r} is not in the run's party layout ({', '.join(order)}).")
-    for cid, blocks, _ in layout:
-        for b in blocks:
-            if b not in cd.block_shapes:
-                raise UnknownBlockError(str(cid), str(b))
-    for b in cd.data.block_names:
-        if b not in cd.block_shapes:
-            raise UnknownBlockError(cd.client_id, b)
-    own = [str(b) for b in layout[order.index(cd.client_id)][1]]
-    if sorted(own) != sorted(cd.data.block_names):
-        raise PartitionError(
-            f"client {cd.client_id!r} holds blocks {', '.join(cd.data.block_names)}, the run's layout says {', '.join(own)}."
-        )
+    order, own = _own_blocks(cd, layout)
     device = resolve_device(cfg.device)
-    layout_top = "concat" if top_factory is not None else cfg.top
-    factory = tower_factory or bottom_factory(cfg.model, cfg.representation_dim, cfg.hidden, cfg.channels, layout_top)
-    out_dim = 1 if cfg.model == "linear" else int(cfg.representation_dim)
-    torch.manual_seed(seed)
-    bottoms, shapes = {}, {}
-    for i, (cid, blocks, _) in enumerate(layout):
-        shapes[str(cid)] = party_shape(cd.block_shapes, [str(b) for b in blocks])
-        bottoms[str(cid)] = factory(i, shapes[str(cid)], out_dim)
-        if tower_factory is not None and layout_top == "party_slice" and cfg.model != "linear":
-            with torch.no_grad():
-                width = int(bottoms[str(cid)](torch.zeros((1, *shapes[str(cid)]))).shape[1])
-            bottoms[str(cid)] = SlicedTower(bottoms[str(cid)], width)
+    bottoms, shapes = _bottom_models(cd, cfg, seed, layout, tower_factory, top_factory)
     x = party_input(cd.data, own)
     if tuple(x.shape[1:]) != shapes[cd.client_id]:
         raise PartitionError(

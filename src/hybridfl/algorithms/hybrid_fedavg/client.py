@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 
 from hybridfl.algorithms.convex.problem import features, signed_labels
+from hybridfl.algorithms.hybrid_fedavg.kinds import FIT, HELLO
 from hybridfl.data.dataset import HybridDataset
-from hybridfl.errors import ProtocolError
+from hybridfl.runtime.handlers import Handler, dispatch
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys
 
@@ -61,12 +62,26 @@ class HybridFedAvgClient:
             ProtocolError: an unknown message kind.
             PayloadError: a malformed ``fedavg.fit`` message (:meth:`check_fit`).
         """
+        return dispatch(self.handlers(), msg, f"hybrid FedAvg client {self.client_id!r}", "unknown message kind")
+
+    def handlers(self) -> dict[str, Handler]:
+        """Message kind (:mod:`.kinds`) -> the step that answers it."""
+        return {HELLO: self.hello, FIT: self.fit}
+
+    def hello(self, msg: Message) -> Message:
+        """``fedavg.hello``: reply its ``blocks``, ``n_samples`` and ``client_seconds``."""
+        t0 = time.perf_counter()
+        return msg.reply(blocks=self.blocks, n_samples=int(self.y.size), client_seconds=time.perf_counter() - t0)
+
+    def fit(self, msg: Message) -> Message:
+        """``fedavg.fit``: the local SGD steps of :meth:`handle` from the server's ``w`` ``(d_k,)``;
+        reply ``w`` ``(d_k,)``, ``n_samples`` and ``client_seconds``.
+
+        Raises:
+            PayloadError: a malformed message (:meth:`check_fit`).
+        """
         t0 = time.perf_counter()
         p = msg.payload
-        if msg.kind == "fedavg.hello":
-            return msg.reply(blocks=self.blocks, n_samples=int(self.y.size), client_seconds=time.perf_counter() - t0)
-        if msg.kind != "fedavg.fit":
-            raise ProtocolError(f"hybrid FedAvg client {self.client_id!r} got unknown message kind {msg.kind!r}.")
         self.check_fit(msg)
         w = np.asarray(p["w"], dtype=np.float64).copy()
         lam, loss = float(p["lam"]), str(p["loss"])

@@ -18,6 +18,7 @@ import numpy as np
 
 from hybridfl.algorithms.convex.problem import block_offsets, feature_index
 from hybridfl.algorithms.hybrid_fedavg.config import HybridFedAvgConfig
+from hybridfl.algorithms.hybrid_fedavg.kinds import FIT, HELLO
 from hybridfl.algorithms.participation import select_participants
 from hybridfl.errors import ProtocolError, TrainingDiverged, UnknownBlockError
 from hybridfl.runtime.exchange import answers
@@ -59,7 +60,7 @@ class HybridFedAvgServer:
             PayloadError: a malformed reply (repeated block names, ``n_samples`` not an integer >= 1).
         """
         self.client_ids = list(client_ids)
-        hello = [Message("fedavg.hello", SERVER, c, 0) for c in self.client_ids]
+        hello = [Message(HELLO, SERVER, c, 0) for c in self.client_ids]
         for r in answers(hello, transport.send_and_receive(hello), "hybrid FedAvg setup"):
             only_keys(r, ("blocks", "n_samples", "client_seconds"))
             blocks = strings(r, "blocks")
@@ -108,7 +109,7 @@ class HybridFedAvgServer:
         K = self.select(rnd)
         msgs = [
             Message(
-                "fedavg.fit",
+                FIT,
                 SERVER,
                 c,
                 rnd,

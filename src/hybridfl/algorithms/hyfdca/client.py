@@ -68,7 +68,7 @@ from __future__ import annotations
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -76,8 +76,9 @@ import scipy.sparse as sp
 
 from hybridfl.algorithms.convex.losses import RowData
 from hybridfl.algorithms.convex.problem import features, signed_labels
-from hybridfl.algorithms.hyfdca.align import PSI_KINDS, AlignClientMixin
-from hybridfl.algorithms.hyfdca.protocol import SETUP, ClientProtocol
+from hybridfl.algorithms.hyfdca import kinds
+from hybridfl.algorithms.hyfdca.align import AlignClientMixin
+from hybridfl.algorithms.hyfdca.protocol import ClientProtocol
 from hybridfl.algorithms.hyfdca.secure import SecureSharesClientMixin
 from hybridfl.algorithms.hyfdca.segment_client import SegmentClientMixin
 from hybridfl.data.dataset import HybridDataset
@@ -86,6 +87,7 @@ from hybridfl.privacy.he import HEBackend
 from hybridfl.privacy.roster import PeerAuth
 from hybridfl.privacy.segmask import SegmentMasks
 from hybridfl.runtime import validate
+from hybridfl.runtime.handlers import handler
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError
 
@@ -300,16 +302,17 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
                 ``alpha`` the protocol cannot have produced; block mode: any ``alpha`` at all
                 (module docstring, "Threat model"). Nothing is computed or returned then.
         """
+        steps = self._steps()
         try:
             if not self.protocol.stopped:
-                if msg.kind not in _ROUND_KINDS and msg.kind not in SETUP:
-                    raise ProtocolError(f"HyFDCA client {self.client_id!r} got unknown message kind {msg.kind!r}.")
-                if msg.kind in _ROUND_KINDS and not self.params:
+                handler(steps, msg, f"HyFDCA client {self.client_id!r}", "unknown message kind")
+                if msg.kind in kinds.ROUND_KINDS and not self.params:
                     raise ProtocolError(
                         f"HyFDCA client {self.client_id!r} got {msg.kind!r} before its setup (hyfdca.init)."
                     )
             self.protocol.admit(msg, self.params.get("dual_mode") if self.params else None)
-            reply = self._answer(msg)
+            t0, he0 = time.perf_counter(), self.he.seconds  # the reply carries the step's compute and HE time
+            reply = self._reply(msg, t0, he0, **steps[msg.kind](msg))
         except Exception as e:
             self.protocol.stop(msg, e)
             raise
@@ -321,86 +324,101 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         node saves them although the message failed: :func:`hybridfl.runtime.flower.node.client_step`)."""
         return self.protocol.get_state()
 
-    def _answer(self, msg: Message) -> Message:
-        """:meth:`handle` once the message is admitted."""
-        t0, he0 = time.perf_counter(), self.he.seconds
+    def _steps(self) -> dict[str, Callable[[Message], dict[str, Any]]]:
+        """Message kind (:mod:`.kinds`) -> the step that computes its reply's entries."""
+        return {
+            kinds.HELLO: self._on_hello,
+            kinds.PSI_SERVE: self.align_serve,
+            kinds.PSI_RESULT: self.align_result,
+            kinds.PSI_TAGS: self.align_tags,
+            kinds.INIT: self._on_init,
+            kinds.NORMS: self._on_norms,
+            kinds.SEGSTART: self.segment_start,
+            kinds.SWEEP: self._on_sweep,
+            kinds.IP: lambda msg: {"ip": self.inner_product_shares(msg)},
+            kinds.DUAL: lambda msg: {"dalpha": self.local_dual_method(msg, msg.round)},
+            kinds.UNMASK: self._on_unmask,
+            kinds.PRIMAL: self._on_primal,
+        }
+
+    def _on_hello(self, msg: Message) -> dict[str, Any]:
+        """``hyfdca.hello``: its IDs (``alignment: plaintext``, the paper's setting: the server
+        learns them) or its PSI offer (:meth:`align_hello`), its blocks, sample count and
+        secure-aggregation public key."""
+        alignment = msg.payload.get("alignment", "plaintext")
+        if not isinstance(alignment, str) or alignment not in ("psi", "plaintext"):
+            raise PayloadError(msg, "alignment", "not 'psi' or 'plaintext'")
+        if alignment == "plaintext":  # the paper's setting: the server learns its IDs
+            validate.only_keys(msg, ("alignment",))
+        ids = self.align_hello(msg) if alignment == "psi" else {"ids": self.ids.tolist()}
+        return {
+            **ids,
+            "blocks": self.blocks,
+            "n_samples": int(self.ids.size),
+            "secagg_public": self.secagg.public_bytes(),
+        }
+
+    def _on_init(self, msg: Message) -> dict[str, Any]:
+        """``hyfdca.init``: the segment layout (given, or with ``alignment: psi`` found from the
+        holder sets) and the run's constants (:meth:`init`); replies ``norms`` and the segment
+        mode's entries."""
         p = msg.payload
-        if msg.kind == "hyfdca.hello":
-            alignment = p.get("alignment", "plaintext")
-            if not isinstance(alignment, str) or alignment not in ("psi", "plaintext"):
-                raise PayloadError(msg, "alignment", "not 'psi' or 'plaintext'")
-            if alignment == "plaintext":  # the paper's setting: the server learns its IDs
-                validate.only_keys(msg, ("alignment",))
-            ids = self.align_hello(msg) if alignment == "psi" else {"ids": self.ids.tolist()}
-            return self._reply(
-                msg,
-                t0,
-                he0,
-                **ids,
-                blocks=self.blocks,
-                n_samples=int(self.ids.size),
-                secagg_public=self.secagg.public_bytes(),
+        if "segment_sets" in p:  # alignment: psi: it finds its rows' segments from their holder sets
+            seg = self.align_segment(msg)
+            if validate.array(msg, "holders", (None,), kinds="iu").size != int(seg.max()) + 1:
+                raise PayloadError(msg, "holders", "not holding one count per segment of segment_sets")
+            p = {**{k: v for k, v in p.items() if k != "segment_sets"}, "segment": seg}
+        else:
+            validate.array(msg, "segment", (self.ids.size,), kinds="iu")
+        n_seg = validate.array(msg, "holders", (None,), kinds="iu").size
+        validate.array(msg, "block_weight", (n_seg * len(self.blocks),))
+        secure = self.secure_setup(msg)
+        if p.get("dual_mode") == "segment":
+            p = {**p, "seg_holder_names": self.check_segment_init(msg, secure)}
+        norms, seg = self.init(p)
+        self.params["secure_aggregation"] = secure
+        return {"norms": norms, **seg}
+
+    def _on_norms(self, msg: Message) -> dict[str, Any]:
+        """``hyfdca.norms``: the full squared norms ``q`` (and, segment mode, the Gram matrices)."""
+        segment = self.params["dual_mode"] == "segment"
+        keys = ("norms", "gram", "seg_keys") if self.params.get("seg_masked") else ("norms", "gram")
+        validate.only_keys(msg, keys if segment else ("norms",))
+        q = self.q.copy()
+        self._decrypt_segments(msg, "norms", q)
+        if segment:
+            self._store_gram(msg)
+        self.q = q
+        return {}
+
+    def _on_sweep(self, msg: Message) -> dict[str, Any]:
+        """``hyfdca.sweep`` (segment mode), checked first (:meth:`check_sweep`)."""
+        self.check_sweep(msg)
+        return self.segment_sweep(msg)
+
+    def _on_unmask(self, msg: Message) -> dict[str, Any]:
+        """``hyfdca.unmask``: its answer to the unmasking request (:meth:`unmask`; only in a run with
+        secure aggregation)."""
+        if not self.params.get("secure_aggregation"):
+            raise ProtocolError(
+                f"HyFDCA client {self.client_id!r} got 'hyfdca.unmask' in a run without secure aggregation."
             )
-        if msg.kind in PSI_KINDS:
-            step = {"hyfdca.psi_serve": self.align_serve, "hyfdca.psi_result": self.align_result}.get(
-                msg.kind, self.align_tags
-            )
-            return self._reply(msg, t0, he0, **step(msg))
-        if msg.kind == "hyfdca.init":
-            if "segment_sets" in p:  # alignment: psi: it finds its rows' segments from their holder sets
-                seg = self.align_segment(msg)
-                if validate.array(msg, "holders", (None,), kinds="iu").size != int(seg.max()) + 1:
-                    raise PayloadError(msg, "holders", "not holding one count per segment of segment_sets")
-                p = {**{k: v for k, v in p.items() if k != "segment_sets"}, "segment": seg}
-            else:
-                validate.array(msg, "segment", (self.ids.size,), kinds="iu")
-            n_seg = validate.array(msg, "holders", (None,), kinds="iu").size
-            validate.array(msg, "block_weight", (n_seg * len(self.blocks),))
-            secure = self.secure_setup(msg)
-            if p.get("dual_mode") == "segment":
-                p = {**p, "seg_holder_names": self.check_segment_init(msg, secure)}
-            norms, seg = self.init(p)
-            self.params["secure_aggregation"] = secure
-            return self._reply(msg, t0, he0, norms=norms, **seg)
-        if msg.kind not in _ROUND_KINDS:
-            raise ProtocolError(f"HyFDCA client {self.client_id!r} got unknown message kind {msg.kind!r}.")
-        if not self.params:
-            raise ProtocolError(f"HyFDCA client {self.client_id!r} got {msg.kind!r} before its setup (hyfdca.init).")
-        if msg.kind == "hyfdca.norms":
-            segment = self.params["dual_mode"] == "segment"
-            keys = ("norms", "gram", "seg_keys") if self.params.get("seg_masked") else ("norms", "gram")
-            validate.only_keys(msg, keys if segment else ("norms",))
-            q = self.q.copy()
-            self._decrypt_segments(msg, "norms", q)
-            if segment:
-                self._store_gram(msg)
-            self.q = q
-            return self._reply(msg, t0, he0)
-        if msg.kind == "hyfdca.segstart":
-            return self._reply(msg, t0, he0, **self.segment_start(msg))
-        if msg.kind == "hyfdca.sweep":
-            self.check_sweep(msg)
-            return self._reply(msg, t0, he0, **self.segment_sweep(msg))
-        if msg.kind == "hyfdca.ip":
-            return self._reply(msg, t0, he0, ip=self.inner_product_shares(msg))
-        if msg.kind == "hyfdca.dual":
-            return self._reply(msg, t0, he0, dalpha=self.local_dual_method(msg, msg.round))
-        if msg.kind == "hyfdca.unmask":
-            if not self.params.get("secure_aggregation"):
-                raise ProtocolError(
-                    f"HyFDCA client {self.client_id!r} got 'hyfdca.unmask' in a run without secure aggregation."
-                )
-            return self._reply(msg, t0, he0, **self.unmask(msg))
+        return self.unmask(msg)
+
+    def _on_primal(self, msg: Message) -> dict[str, Any]:
+        """``hyfdca.primal``: its share (masked with secure aggregation; with step averaging also
+        its position share)."""
         # step_average: the position share is checked (and computed) before anything changes
+        p = msg.payload
         extra = self.position_share(msg) if "avg_segs" in p and self.params.get("seg_step_average") else None
         share = self.primal_share(msg)
         if self.params.get("secure_aggregation"):
             masked = self.masked_share(msg, share, extra)
             shares = {"self_shares": self.secagg.last_shares} if self.secagg.last_shares else {}  # double masking
-            return self._reply(msg, t0, he0, masked=masked, **shares)
+            return {"masked": masked, **shares}
         if extra is not None:
-            return self._reply(msg, t0, he0, share=share, position_share=extra)
-        return self._reply(msg, t0, he0, share=share)
+            return {"share": share, "position_share": extra}
+        return {"share": share}
 
     def get_state(self) -> dict[str, Any]:
         """Everything the client keeps between two messages, as codec values (checkpoints and
@@ -569,8 +587,3 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             colw = self.seg_colw[s]
             share += v if colw is None else v * colw
         return share
-
-
-_ROUND_KINDS = frozenset(
-    {"hyfdca.norms", "hyfdca.segstart", "hyfdca.sweep", "hyfdca.ip", "hyfdca.dual", "hyfdca.primal", "hyfdca.unmask"}
-)

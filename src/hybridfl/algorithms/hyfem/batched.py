@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from torch.func import functional_call, stack_module_state, vmap
 
+from hybridfl.algorithms.hyfem.kinds import FIT
 from hybridfl.models.hybrid import Classifier, MLPExtractor
 from hybridfl.runtime.messages import Message, unpack_arrays
 from hybridfl.runtime.validate import PayloadError
@@ -70,7 +71,7 @@ def prefit(clients: Mapping[str, Any], messages: Sequence[Message]) -> int:
     groups: dict[tuple, list[tuple[HyFEMClient, Message]]] = {}
     for msg in messages:
         c = clients.get(msg.receiver)
-        if not isinstance(c, HyFEMClient) or msg.kind != "hyfem.fit" or any(True for _ in c.model.buffers()):
+        if not isinstance(c, HyFEMClient) or msg.kind != FIT or any(True for _ in c.model.buffers()):
             continue  # models with buffers (e.g. batch norm statistics) train on their own
         try:
             c.check_fit(msg)
@@ -131,96 +132,122 @@ def _train_group(members: list, steps: int, lr: float, mu1: float, mu2: float) -
             c.model.load_extractor_arrays(b, unpack_arrays(f"ext.{b}.", msg.payload))
         c.model.load_classifier_arrays(unpack_arrays("clf.", msg.payload))
         c.model.train()
-    trainers = [c.trainer for c, _ in members]
-    holders: dict[str, list[int]] = {}
-    for i, (c, _) in enumerate(members):
-        for b in c.blocks:
-            holders.setdefault(b, []).append(i)
-    widths: dict[int, list[int]] = {}
-    for i, (c, _) in enumerate(members):
-        widths.setdefault(len(c.blocks), []).append(i)
-    bases: dict[str, torch.nn.Module] = {}
-    params: dict[str, torch.Tensor] = {}  # "ext|<block>|<name>" and "clf|<width>|<name>", stacked
-    for b, idx in holders.items():
-        base, p = _stack([members[i][0].model.extractors[b] for i in idx])
-        bases[f"ext|{b}"] = base
-        params.update({f"ext|{b}|{k}": v for k, v in p.items()})
-    for w, idx in widths.items():
-        base, p = _stack([members[i][0].model.classifier for i in idx])
-        bases[f"clf|{w}"] = base
-        params.update({f"clf|{w}|{k}": v for k, v in p.items()})
-    anchors = {k: v.clone() for k, v in params.items()}
-    mus = {k: (mu1 if k.startswith("ext|") else mu2) for k in params}
+    group = _Group(members, mu1, mu2)
+    totals = group.train(int(steps), lr)
+    group.write_back()
+    for i, (c, msg) in enumerate(members):
+        c._prefit = (fit_digest(msg), totals[i] / max(int(steps), 1))
 
-    def sub(prefix: str, tensors: dict) -> dict:
-        n = len(prefix)
-        return {k[n:]: v for k, v in tensors.items() if k.startswith(prefix)}
 
-    def total(p: dict, xs: dict, ys: list) -> tuple[torch.Tensor, torch.Tensor]:
+def _sub(prefix: str, tensors: dict) -> dict:
+    """The entries of ``tensors`` under ``prefix``, without it."""
+    n = len(prefix)
+    return {k[n:]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+class _Group:
+    """Clients of one model shape trained as one batched model (:func:`_train_group`): their
+    stacked parameters (``ext|<block>|<name>`` over the holders of a block, ``clf|<width>|<name>``
+    over the clients with as many blocks), the anchors of the proximal terms and their ``mu``."""
+
+    def __init__(self, members: list, mu1: float, mu2: float):
+        self.members = members
+        self.trainers = [c.trainer for c, _ in members]
+        self.holders: dict[str, list[int]] = {}
+        for i, (c, _) in enumerate(members):
+            for b in c.blocks:
+                self.holders.setdefault(b, []).append(i)
+        self.widths: dict[int, list[int]] = {}
+        for i, (c, _) in enumerate(members):
+            self.widths.setdefault(len(c.blocks), []).append(i)
+        self.bases: dict[str, torch.nn.Module] = {}
+        self.params: dict[str, torch.Tensor] = {}  # "ext|<block>|<name>" and "clf|<width>|<name>", stacked
+        for b, idx in self.holders.items():
+            base, p = _stack([members[i][0].model.extractors[b] for i in idx])
+            self.bases[f"ext|{b}"] = base
+            self.params.update({f"ext|{b}|{k}": v for k, v in p.items()})
+        for w, idx in self.widths.items():
+            base, p = _stack([members[i][0].model.classifier for i in idx])
+            self.bases[f"clf|{w}"] = base
+            self.params.update({f"clf|{w}|{k}": v for k, v in p.items()})
+        self.anchors = {k: v.clone() for k, v in self.params.items()}
+        self.mus = {k: (mu1 if k.startswith("ext|") else mu2) for k in self.params}
+
+    def total(self, p: dict, xs: dict, ys: list) -> tuple[torch.Tensor, torch.Tensor]:
+        """The sum of the clients' objectives at parameters ``p`` on their batches ``xs`` (block
+        -> ``(holders, batch, ...)``) and labels ``ys``, and each client's mean cross-entropy."""
+        members = self.members
         feats: list[dict[str, torch.Tensor]] = [{} for _ in members]
-        for b, idx in holders.items():
-            base = bases[f"ext|{b}"]
-            out = _batched_forward(base, sub(f"ext|{b}|", p), xs[b])
+        for b, idx in self.holders.items():
+            out = _batched_forward(self.bases[f"ext|{b}"], _sub(f"ext|{b}|", p), xs[b])
             for j, i in enumerate(idx):
                 feats[i][b] = out[j]
         losses: list[Any] = [None] * len(members)
-        for w, idx in widths.items():
-            base = bases[f"clf|{w}"]
+        for w, idx in self.widths.items():
             v = torch.stack([torch.cat([feats[i][b] for b in members[i][0].blocks], dim=1) for i in idx])
-            logits = _batched_forward(base, sub(f"clf|{w}|", p), v)
+            logits = _batched_forward(self.bases[f"clf|{w}"], _sub(f"clf|{w}|", p), v)
             for j, i in enumerate(idx):
                 losses[i] = torch.nn.functional.cross_entropy(logits[j], ys[i])
         ce = torch.stack(losses)
         reg = 0.0
-        for k, mu in mus.items():  # HyFEM-Prox: (mu/2) ||p - anchor||^2 for every client's slice
+        for k, mu in self.mus.items():  # HyFEM-Prox: (mu/2) ||p - anchor||^2 for every client's slice
             if mu:
-                reg = reg + 0.5 * mu * ((p[k] - anchors[k]) ** 2).sum()
+                reg = reg + 0.5 * mu * ((p[k] - self.anchors[k]) ** 2).sum()
         return ce.sum() + reg, ce.detach()
 
-    def step(p: dict, xs: dict, ys: list) -> tuple[dict, tuple[torch.Tensor, torch.Tensor]]:
+    def step(self, p: dict, xs: dict, ys: list) -> tuple[dict, tuple[torch.Tensor, torch.Tensor]]:
         """Gradients (autograd through the batched forward) and ``(objective, losses)``."""
         leaves = {k: v.requires_grad_(True) for k, v in p.items()}
-        obj, losses = total(leaves, xs, ys)
+        obj, losses = self.total(leaves, xs, ys)
         grads = torch.autograd.grad(obj, list(leaves.values()))
         for v in leaves.values():
             v.requires_grad_(False)
         return dict(zip(leaves, grads)), (obj.detach(), losses)
 
-    momentum = trainers[0].momentum
-    bufs: dict[str, torch.Tensor] | None = None
-    totals = [0.0] * len(members)
-    for _ in range(int(steps)):
-        xs: dict[str, list[torch.Tensor]] = {b: [] for b in holders}
+    def batches(self) -> tuple[dict[str, torch.Tensor], list[torch.Tensor]]:
+        """Each client's own mini-batch, drawn as ``LocalTrainer.steps`` draws it: block ->
+        ``(holders, batch, ...)`` inputs and the clients' labels."""
+        xs: dict[str, list[torch.Tensor]] = {b: [] for b in self.holders}
         ys = []
-        for i, t in enumerate(trainers):  # each client's own mini-batch, drawn as LocalTrainer.steps draws it
+        for i, t in enumerate(self.trainers):
             idx = torch.randint(t.n, (t.batch_size,), generator=t.gen).to(t.device)
             at = idx if t.rows is None else t.rows[idx]
-            for b in members[i][0].blocks:
+            for b in self.members[i][0].blocks:
                 xs[b].append(t.x[b][at])
             ys.append(t.y[idx])
-        grads, (_, losses) = step(params, {b: torch.stack(v) for b, v in xs.items()}, ys)
-        for i, v in enumerate(losses.tolist()):
-            totals[i] += float(v)
-        with torch.no_grad():  # torch.optim.SGD's update (dampening 0, no Nesterov, no weight decay)
-            if momentum:
-                if bufs is None:
-                    bufs = {k: g.clone() for k, g in grads.items()}
+        return {b: torch.stack(v) for b, v in xs.items()}, ys
+
+    def train(self, steps: int, lr: float) -> list[float]:
+        """``steps`` SGD steps of step size ``lr`` (the clients' momentum); each client's summed loss."""
+        momentum = self.trainers[0].momentum
+        bufs: dict[str, torch.Tensor] | None = None
+        totals = [0.0] * len(self.members)
+        for _ in range(steps):
+            grads, (_, losses) = self.step(self.params, *self.batches())
+            for i, v in enumerate(losses.tolist()):
+                totals[i] += float(v)
+            with torch.no_grad():  # torch.optim.SGD's update (dampening 0, no Nesterov, no weight decay)
+                if momentum:
+                    if bufs is None:
+                        bufs = {k: g.clone() for k, g in grads.items()}
+                    else:
+                        for k, g in grads.items():
+                            bufs[k].mul_(momentum).add_(g)
+                    upd = bufs
                 else:
-                    for k, g in grads.items():
-                        bufs[k].mul_(momentum).add_(g)
-                upd = bufs
-            else:
-                upd = grads
-            for k in params:
-                params[k].add_(upd[k], alpha=-lr)
-    with torch.no_grad():  # each client's slices back into its model
-        for b, idx in holders.items():
+                    upd = grads
+                for k in self.params:
+                    self.params[k].add_(upd[k], alpha=-lr)
+        return totals
+
+    @torch.no_grad()
+    def write_back(self) -> None:
+        """Each client's slices back into its model."""
+        for b, idx in self.holders.items():
             for j, i in enumerate(idx):
-                for k, q in members[i][0].model.extractors[b].named_parameters():
-                    q.copy_(params[f"ext|{b}|{k}"][j])
-        for w, idx in widths.items():
+                for k, q in self.members[i][0].model.extractors[b].named_parameters():
+                    q.copy_(self.params[f"ext|{b}|{k}"][j])
+        for w, idx in self.widths.items():
             for j, i in enumerate(idx):
-                for k, q in members[i][0].model.classifier.named_parameters():
-                    q.copy_(params[f"clf|{w}|{k}"][j])
-    for i, (c, msg) in enumerate(members):
-        c._prefit = (fit_digest(msg), totals[i] / max(int(steps), 1))
+                for k, q in self.members[i][0].model.classifier.named_parameters():
+                    q.copy_(self.params[f"clf|{w}|{k}"][j])

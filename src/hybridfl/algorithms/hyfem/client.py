@@ -28,12 +28,13 @@ import torch
 
 from hybridfl.algorithms.hyfem.batched import fit_digest
 from hybridfl.algorithms.hyfem.config import HyFEMConfig
+from hybridfl.algorithms.hyfem.kinds import FIT, KEYS, PROPERTIES, UNMASK
 from hybridfl.algorithms.hyfem.secure import SECURE_FIT_KEYS, SecureExtractorsClientMixin
 from hybridfl.algorithms.training import LocalTrainer
 from hybridfl.data.dataset import HybridDataset
-from hybridfl.errors import ProtocolError
 from hybridfl.models.device import resolve_device
 from hybridfl.models.hybrid import ExtractorFactory, HybridModel, default_extractor
+from hybridfl.runtime.handlers import Handler, dispatch
 from hybridfl.runtime.messages import Message, pack_arrays, unpack_arrays
 from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys
 
@@ -89,25 +90,27 @@ class HyFEMClient(SecureExtractorsClientMixin):
         self._secure_init()  # secure aggregation of its extractors (:mod:`.secure`)
 
     def handle(self, msg: Message) -> Message:
-        """Answer one message from the server (``hyfem.properties`` or ``hyfem.fit``).
+        """Answer one message from the server with the step its kind names (:mod:`.kinds`:
+        ``hyfem.properties``, ``hyfem.fit``, ``hyfem.keys``, ``hyfem.unmask``).
 
         Raises:
-            ProtocolError: any other message kind.
+            ProtocolError: any other message kind (one sentence naming it), or what the step raises.
         """
-        if msg.kind == "hyfem.properties":
-            return msg.reply(
-                blocks=list(self.blocks),
-                n_samples=self.data.n_samples,
-                class_counts=np.bincount(self.data.y, minlength=self.n_classes).astype(np.int64),
-                secagg_public=self.secagg.public_bytes(),
-            )
-        if msg.kind == "hyfem.fit":
-            return self.fit(msg)
-        if msg.kind == "hyfem.keys":
-            return self.secure_keys(msg)
-        if msg.kind == "hyfem.unmask":
-            return self.unmask(msg)
-        raise ProtocolError(f"HyFEM client {self.client_id!r} got a message of unknown kind {msg.kind!r}.")
+        return dispatch(self.handlers(), msg, f"HyFEM client {self.client_id!r}")
+
+    def handlers(self) -> dict[str, Handler]:
+        """Message kind (:mod:`.kinds`) -> the step that answers it."""
+        return {PROPERTIES: self.properties, FIT: self.fit, KEYS: self.secure_keys, UNMASK: self.unmask}
+
+    def properties(self, msg: Message) -> Message:
+        """``hyfem.properties``: reply its ``blocks``, ``n_samples``, ``class_counts`` ``(C,)``
+        int64 and ``secagg_public`` (its secure-aggregation public key); no feature value or label."""
+        return msg.reply(
+            blocks=list(self.blocks),
+            n_samples=self.data.n_samples,
+            class_counts=np.bincount(self.data.y, minlength=self.n_classes).astype(np.int64),
+            secagg_public=self.secagg.public_bytes(),
+        )
 
     # ------------------------------------------------------------------ state between messages
     def get_state(self) -> dict[str, np.ndarray]:

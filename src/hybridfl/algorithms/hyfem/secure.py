@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
+from hybridfl.algorithms.hyfem.kinds import KEYS, UNMASK
 from hybridfl.errors import ProtocolError, TrainingDiverged
 from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed, unmask_quorum
 from hybridfl.runtime import secagg_messages as sm
@@ -128,8 +129,8 @@ class SecureExtractorsServerMixin:
         ids = list(self.clients)
         blocks = {c: self.clients[c]["blocks"] for c in ids}
         publics = {c: self.sa_publics[c] for c in ids}
-        msgs = [Message("hyfem.keys", SERVER, cid, 0, sm.peer_table(publics, blocks, cid)) for cid in ids]
-        got = {r.sender for r in transport.send_and_receive(msgs) if r.kind == "hyfem.keys"}
+        msgs = [Message(KEYS, SERVER, cid, 0, sm.peer_table(publics, blocks, cid)) for cid in ids]
+        got = {r.sender for r in transport.send_and_receive(msgs) if r.kind == KEYS}
         missing = [c for c in ids if c not in got]
         if missing:
             raise ProtocolError(f"client {missing[0]!r} did not answer 'hyfem.keys': HyFEM's setup needs every client.")
@@ -205,7 +206,7 @@ class SecureExtractorsServerMixin:
             return
         ok = sm.unmask_exchange(
             self._exchange_checked(rnd, transport),
-            "hyfem.unmask",
+            UNMASK,
             rnd,
             rnd,
             list(asked),

@@ -35,6 +35,7 @@ import torch
 from hybridfl.algorithms.hyfem.batched import prefit
 from hybridfl.algorithms.hyfem.client import model_payload
 from hybridfl.algorithms.hyfem.config import HyFEMConfig
+from hybridfl.algorithms.hyfem.kinds import FIT, PROPERTIES
 from hybridfl.algorithms.hyfem.secure import SecureExtractorsServerMixin
 from hybridfl.errors import TrainingDiverged, UnknownBlockError
 from hybridfl.matching.classifier import ClientClassifier, ServerClassifier, match_classifiers
@@ -108,7 +109,7 @@ class HyFEMServer(SecureExtractorsServerMixin):
             UnknownBlockError: a client reports a block that is not in the schema.
             PayloadError: a malformed reply (:meth:`check_properties`).
         """
-        asked = [Message("hyfem.properties", SERVER, cid, 0) for cid in client_ids]
+        asked = [Message(PROPERTIES, SERVER, cid, 0) for cid in client_ids]
         replies = answers(asked, transport.send_and_receive(asked), "HyFEM setup")
         for r in replies:
             blocks, n_samples, class_counts = self.check_properties(r)
@@ -187,7 +188,7 @@ class HyFEMServer(SecureExtractorsServerMixin):
         payload.update(model_payload("clf.", self.classifier.client_view(info["assignment"], info["columns"])))
         if self.config.secure_aggregation:
             payload.update(self.secure_fit_fields(cid, rnd, list(self.clients) if asked is None else asked))
-        return Message("hyfem.fit", SERVER, cid, rnd, payload)
+        return Message(FIT, SERVER, cid, rnd, payload)
 
     def run_round(self, rnd: int, transport: Transport) -> dict[str, float]:
         """One round of HyFEM Alg. 1 (lines 3-9): every client is asked (or the round's sample,

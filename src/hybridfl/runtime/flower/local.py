@@ -68,60 +68,16 @@ def make_certificates(
             san.append(f"IP:{h}")
         except ValueError:
             san.append(f"DNS:{h}")
-    cmds = [
-        [
-            "openssl",
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-days",
-            str(days),
-            "-subj",
-            "/CN=hybridfl-ca",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.crt",
-        ],
-        [
-            "openssl",
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-subj",
-            "/CN=hybridfl-superlink",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-        ],
-        [
-            "openssl",
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            str(days),
-            "-sha256",
-            "-out",
-            "server.pem",
-            "-extfile",
-            "san.cnf",
-        ],
+    cmds = [  # argv lists (no shell): a CA, the SuperLink's key and request, its certificate signed by the CA
+        f"openssl req -x509 -newkey rsa:2048 -nodes -days {days} -subj /CN=hybridfl-ca -keyout ca.key -out ca.crt",
+        "openssl req -newkey rsa:2048 -nodes -subj /CN=hybridfl-superlink -keyout server.key -out server.csr",
+        f"openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days {days} -sha256 "
+        "-out server.pem -extfile san.cnf",
     ]
     (d / "san.cnf").write_text("subjectAltName = " + ",".join(san) + "\n")
     for c in cmds:
         try:
-            r = subprocess.run(c, cwd=d, capture_output=True, text=True, timeout=120)
+            r = subprocess.run(c.split(), cwd=d, capture_output=True, text=True, timeout=120)
         except FileNotFoundError:
             raise RuntimeError("openssl is not installed; it is needed to make TLS certificates.") from None
         if r.returncode != 0:
