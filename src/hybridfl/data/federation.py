@@ -48,7 +48,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import re
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -58,6 +57,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hybridfl.config import read_config_file
+from hybridfl.data.toml_writer import toml_key as _key
+from hybridfl.data.toml_writer import toml_value as _value
 from hybridfl.errors import ConfigError
 from hybridfl.files import atomic_write
 from hybridfl.privacy.credentials import PUBLIC_KEY_FIELD, public_key_hex
@@ -205,32 +206,8 @@ def schema_from_config(path: str | Path) -> FederationSchema:
     for fld in ("blocks", "label_column", "id_column"):
         if not getattr(d, fld):
             raise ConfigError(f"config {p.name} is missing the field 'dataset.{fld}', which federation init needs.")
-    if classes is None:
-        raise ConfigError(
-            f"config {p.name} is missing the field 'dataset.classes' (the label values), which federation init needs."
-        )
-    if not isinstance(classes, list) or not classes or not all(isinstance(c, (str, int)) for c in classes):
-        raise ConfigError(f"config field 'dataset.classes' in {p.name} must be a non-empty list of label values.")
-    if any(isinstance(c, bool) for c in classes):
-        raise ConfigError(
-            f"config field 'dataset.classes' in {p.name} holds a boolean (YAML reads yes/no/true/false so): quote it."
-        )
-    levels = levels if levels is not None else {}
-    if not isinstance(levels, dict):
-        raise ConfigError(f"config field 'dataset.levels' in {p.name} must map columns to lists of levels.")
-    cat: dict[str, list[str]] = {}
-    for c in d.categorical or []:
-        lv = levels.get(c)
-        if not isinstance(lv, list) or not lv:
-            raise ConfigError(
-                f"config {p.name} is missing the field 'dataset.levels.{c}' (the levels of categorical column {c!r})."
-            )
-        cat[c] = [str(v) for v in lv]
-    extra = [c for c in levels if c not in cat]
-    if extra:
-        raise ConfigError(
-            f"config field 'dataset.levels.{extra[0]}' in {p.name} names a column not in 'dataset.categorical'."
-        )
+    _check_classes(classes, p.name)
+    cat = _categorical_levels(levels, d.categorical or [], p.name)
     algo = cfg.algorithm_config()
     spec = get_algorithm(cfg.algorithm.get("name", "hyfem"))
     algo_json = _drop_none(algo.model_dump(mode="json"))
@@ -255,6 +232,49 @@ def schema_from_config(path: str | Path) -> FederationSchema:
         raise ConfigError(f"config {p.name} does not give a valid federation schema: {_first(e)}.") from None
 
 
+def _check_classes(classes: Any, where: str) -> None:
+    """``dataset.classes`` of a federation config: a non-empty list of label values, no booleans.
+
+    Raises:
+        ConfigError: missing or malformed (one sentence).
+    """
+    if classes is None:
+        raise ConfigError(
+            f"config {where} is missing the field 'dataset.classes' (the label values), which federation init needs."
+        )
+    if not isinstance(classes, list) or not classes or not all(isinstance(c, (str, int)) for c in classes):
+        raise ConfigError(f"config field 'dataset.classes' in {where} must be a non-empty list of label values.")
+    if any(isinstance(c, bool) for c in classes):
+        raise ConfigError(
+            f"config field 'dataset.classes' in {where} holds a boolean (YAML reads yes/no/true/false so): quote it."
+        )
+
+
+def _categorical_levels(levels: Any, categorical: list[str], where: str) -> dict[str, list[str]]:
+    """``dataset.levels`` checked against ``dataset.categorical``: column -> its levels as strings.
+
+    Raises:
+        ConfigError: not a mapping, a categorical column without levels, or levels of another column.
+    """
+    levels = levels if levels is not None else {}
+    if not isinstance(levels, dict):
+        raise ConfigError(f"config field 'dataset.levels' in {where} must map columns to lists of levels.")
+    cat: dict[str, list[str]] = {}
+    for c in categorical:
+        lv = levels.get(c)
+        if not isinstance(lv, list) or not lv:
+            raise ConfigError(
+                f"config {where} is missing the field 'dataset.levels.{c}' (the levels of categorical column {c!r})."
+            )
+        cat[c] = [str(v) for v in lv]
+    extra = [c for c in levels if c not in cat]
+    if extra:
+        raise ConfigError(
+            f"config field 'dataset.levels.{extra[0]}' in {where} names a column not in 'dataset.categorical'."
+        )
+    return cat
+
+
 def _drop_none(v: Any) -> Any:
     """``v`` without ``None`` values in mappings, recursively (TOML has no null)."""
     if isinstance(v, dict):
@@ -272,48 +292,6 @@ def _first(e: ValidationError) -> str:
 
 
 # ------------------------------------------------------------------------------------ TOML file
-
-_BARE = re.compile(r"[A-Za-z0-9_-]+")
-
-
-def _key(k: str) -> str:
-    return k if _BARE.fullmatch(k) else _str(k)
-
-
-def _str(s: str) -> str:
-    out = []
-    for ch in s:
-        if ch == "\\":
-            out.append("\\\\")
-        elif ch == '"':
-            out.append('\\"')
-        elif ord(ch) < 0x20 or ord(ch) == 0x7F:
-            out.append(f"\\u{ord(ch):04x}")
-        else:
-            out.append(ch)
-    return '"' + "".join(out) + '"'
-
-
-def _value(v: Any) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, int):
-        return str(v)
-    if isinstance(v, float):
-        if math.isnan(v):
-            return "nan"
-        if math.isinf(v):
-            return "inf" if v > 0 else "-inf"
-        return repr(v)
-    if isinstance(v, str):
-        return _str(v)
-    if isinstance(v, (list, tuple)):
-        return "[" + ", ".join(_value(x) for x in v) + "]"
-    if isinstance(v, dict):
-        return "{" + ", ".join(f"{_key(str(k))} = {_value(x)}" for k, x in v.items() if x is not None) + "}"
-    raise ConfigError(f"a value of type {type(v).__name__} cannot be written to the federation schema.")
-
-
 def schema_to_toml(schema: FederationSchema) -> str:
     """The schema as TOML text (top-level keys, then one table per mapping); ``tomllib`` reads it back equal.
 

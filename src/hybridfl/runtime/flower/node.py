@@ -378,14 +378,9 @@ def run_server(
         spec.labels.check(sd.layout)
     # hello: every node proves which client it holds; only then does it learn the algorithm
     # settings (the setup); "session" tells a restarted node of this run (its state kept on disk)
-    # from a node of another run
-    hello = {
-        "algorithm": cfg.name,
-        "config": client_settings_json(cfg),  # the simulation-only settings stay here
-        "seed": seed,
-        "layout": json.dumps(sd.layout),
-        "session": os.urandom(12).hex(),
-    }
+    # from a node of another run; the simulation-only settings stay here
+    hello = {"algorithm": cfg.name, "config": client_settings_json(cfg), "seed": seed}
+    hello.update(layout=json.dumps(sd.layout), session=os.urandom(12).hex())
     transport = FlowerTransport(grid, None, poll_interval, reply_timeout, node_check=node_check)
     t0 = time.perf_counter()
     found = transport.hello_all(hello, sd.client_ids, node_wait, client_credentials(sd, server_dir))
@@ -395,44 +390,54 @@ def run_server(
     log.info("hybridfl: %d SuperNodes hold the %d clients; %s (%s)", len(found), len(nodes), cfg.name, task)
     if task == "predict":
         return _predict_run(transport, cfg, sd, out_dir, to, t_start)
-    ping_seconds = []
-    for _ in range(int(pings)):
-        pt = FlowerTransport(grid, nodes, poll_interval, reply_timeout, sequenced=False)
-        t0 = time.perf_counter()
-        pt.send_and_receive([Message(PING, SERVER, c, 0, {"echo": b""}) for c in nodes])
-        ping_seconds.append(time.perf_counter() - t0)
+    ping_seconds = _pings(grid, nodes, poll_interval, reply_timeout, pings)
     server = spec.build_server(sd, cfg, seed, {c: found[n].payload for c, n in nodes.items()})
     out = Path(out_dir) if out_dir is not None else None
     history, summary = _train(transport, spec, cfg, sd, server, out)
     trained_wire, trained_exchanges = transport.wire.wire_total, len(transport.wire.exchanges)
     after = _after_training(transport, spec, server, cfg, sd, summary, history)
-    summary["after_training_wire_bytes"] = transport.wire.wire_total - trained_wire  # parts and evaluation
-    summary["after_training_exchanges"] = len(transport.wire.exchanges) - trained_exchanges
-    ex = transport.wire.exchanges[:trained_exchanges]
-    summary.update(
-        {
-            "nodes": {c: int(v) for c, v in transport.nodes.items()},  # at the end (after any rejoin)
-            "wire_bytes_total": trained_wire,  # training (the summary's bytes_total and messages_total)
-            "setup_exchange_seconds": hello_seconds,
-            "ping_seconds": ping_seconds,
-            "exchanges": len(ex),
-            "exchange_seconds_mean": sum(e["seconds"] for e in ex) / max(len(ex), 1),
-            "exchange_seconds": [e["seconds"] for e in ex],
-            "round_seconds": [r["seconds"] for r in history],
-            "wall_seconds": time.perf_counter() - t_start,
-            "poll_interval": poll_interval,
-            "rejoins": transport.rejoins,
-            "refused_nodes": {str(n): why for n, why in transport.refused.items()},
-            "abandoned_messages": transport.abandoned,
-            "bad_replies": transport.strikes.events,
-            "dropped_clients": transport.strikes.dropped,
-            "retried_messages": sum(1 for e in transport.wire.entries if e.retry),
-            "final": dict(history[-1]),
-        }
-    )
+    summary.update(_deploy_summary(transport, history, trained_wire, trained_exchanges))
+    summary.update(setup_exchange_seconds=hello_seconds, ping_seconds=ping_seconds, poll_interval=poll_interval)
+    summary["wall_seconds"] = time.perf_counter() - t_start
     if out is not None:
         _write_outputs(out, spec, cfg, seed, server, sd, transport, history, summary, after)
     return summary
+
+
+def _pings(grid: Any, nodes: dict, poll_interval: float, reply_timeout: float, pings: int) -> list[float]:
+    """Seconds of ``pings`` empty exchanges with every client (``deploy.ping``: Flower's own cost)."""
+    from hybridfl.runtime.flower.bridge import FlowerTransport
+
+    out = []
+    for _ in range(int(pings)):
+        pt = FlowerTransport(grid, nodes, poll_interval, reply_timeout, sequenced=False)
+        t0 = time.perf_counter()
+        pt.send_and_receive([Message(PING, SERVER, c, 0, {"echo": b""}) for c in nodes])
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _deploy_summary(transport: Any, history: list, trained_wire: int, trained_exchanges: int) -> dict:
+    """What a deployed run adds to the loop's summary: nodes, wire bytes and exchanges of the
+    training, rejoins, refused nodes, bad replies, the last round's row."""
+    ex = transport.wire.exchanges[:trained_exchanges]
+    return {
+        "after_training_wire_bytes": transport.wire.wire_total - trained_wire,  # parts and evaluation
+        "after_training_exchanges": len(transport.wire.exchanges) - trained_exchanges,
+        "nodes": {c: int(v) for c, v in transport.nodes.items()},  # at the end (after any rejoin)
+        "wire_bytes_total": trained_wire,  # training (the summary's bytes_total and messages_total)
+        "exchanges": len(ex),
+        "exchange_seconds_mean": sum(e["seconds"] for e in ex) / max(len(ex), 1),
+        "exchange_seconds": [e["seconds"] for e in ex],
+        "round_seconds": [r["seconds"] for r in history],
+        "rejoins": transport.rejoins,
+        "refused_nodes": {str(n): why for n, why in transport.refused.items()},
+        "abandoned_messages": transport.abandoned,
+        "bad_replies": transport.strikes.events,
+        "dropped_clients": transport.strikes.dropped,
+        "retried_messages": sum(1 for e in transport.wire.entries if e.retry),
+        "final": dict(history[-1]),
+    }
 
 
 def _train(transport: Any, spec: Any, cfg: Any, sd: Any, server: Any, out: Path | None) -> tuple[list[dict], dict]:
