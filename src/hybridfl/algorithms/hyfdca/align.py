@@ -72,6 +72,7 @@ from typing import Any
 
 import numpy as np
 
+from hybridfl.algorithms.hyfdca import kinds
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy import psi
 from hybridfl.privacy.credentials import SIGNATURE_BYTES
@@ -83,7 +84,7 @@ from hybridfl.runtime.validate import PayloadError
 CONTEXT = b"hybridfl/hyfdca/align/v1"
 """Domain separation of the pair keys two clients agree on for the intersection tags."""
 
-PSI_KINDS = ("hyfdca.psi_serve", "hyfdca.psi_result", "hyfdca.psi_tags")
+PSI_KINDS = (kinds.PSI_SERVE, kinds.PSI_RESULT, kinds.PSI_TAGS)
 """The alignment exchanges between ``hyfdca.hello`` and ``hyfdca.init`` (``alignment: psi``)."""
 
 Holders = tuple[str, ...]
@@ -525,7 +526,7 @@ class AlignServerMixin:
                 _bytes(r, k, SIGNATURE_BYTES)
 
         # 2. serve: each client answers its lower peers' requests
-        msgs = [Message("hyfdca.psi_serve", SERVER, c, 0, _serve_payload(by, lower(c))) for c in names if lower(c)]
+        msgs = [Message(kinds.PSI_SERVE, SERVER, c, 0, _serve_payload(by, lower(c))) for c in names if lower(c)]
         served = {r.sender: r.payload for r in self._align_exchange(transport, msgs, stats, check_serve)}
 
         def check_result(r: Message) -> None:
@@ -535,7 +536,7 @@ class AlignServerMixin:
 
         # 3. result: each client intersects with its higher peers and tags the common IDs
         msgs = [
-            Message("hyfdca.psi_result", SERVER, a, 0, _result_payload(by, served, a, higher(a)))
+            Message(kinds.PSI_RESULT, SERVER, a, 0, _result_payload(by, served, a, higher(a)))
             for a in names
             if higher(a)
         ]
@@ -545,7 +546,7 @@ class AlignServerMixin:
         }  # pairwise intersection sizes (the server learns them)
         # 4. tags: each client learns its lower peers' intersections and reports its holder sets
         msgs = [
-            Message("hyfdca.psi_tags", SERVER, b, 0, {f"tags.{a}": results[a][f"tags.{b}"] for a in lower(b)})
+            Message(kinds.PSI_TAGS, SERVER, b, 0, {f"tags.{a}": results[a][f"tags.{b}"] for a in lower(b)})
             for b in names
         ]
         order = list(self.client_ids)

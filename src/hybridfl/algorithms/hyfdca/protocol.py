@@ -53,10 +53,11 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from hybridfl.algorithms.hyfdca import kinds
 from hybridfl.errors import ProtocolError
 from hybridfl.runtime.messages import Message
 
-SETUP = ("hyfdca.hello", "hyfdca.psi_serve", "hyfdca.psi_result", "hyfdca.psi_tags", "hyfdca.init", "hyfdca.norms")
+SETUP = (kinds.HELLO, kinds.PSI_SERVE, kinds.PSI_RESULT, kinds.PSI_TAGS, kinds.INIT, kinds.NORMS)
 """The setup messages, in the only order a client accepts them (the PSI ones only with ``alignment: psi``)."""
 
 START = {
@@ -149,9 +150,7 @@ class ClientProtocol:
                 raise self._refuse(msg, "a setup message outside round 0")
             if i <= self.setup:
                 raise self._refuse(msg, f"setup is past it (last {SETUP[self.setup]!r}): each setup step comes once")
-            if (i == 0) != (self.setup < 0) or (
-                msg.kind == "hyfdca.norms" and self.setup != SETUP.index("hyfdca.init")
-            ):
+            if (i == 0) != (self.setup < 0) or (msg.kind == kinds.NORMS and self.setup != SETUP.index(kinds.INIT)):
                 raise self._refuse(msg, "the setup steps come in the order hello, PSI, init, norms")
             return
         if self.setup != len(SETUP) - 1 or mode is None:

@@ -43,6 +43,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from hybridfl.algorithms.hyfdca import kinds
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.secagg import SecAggClient, from_fixed, to_fixed, unmask_quorum
 from hybridfl.runtime import secagg_messages as sm
@@ -226,7 +227,7 @@ class SecureSharesServerMixin:
             return set()
         ok = sm.unmask_exchange(
             lambda asks, check: self._exchange(transport, asks, stats, check),
-            "hyfdca.unmask",
+            kinds.UNMASK,
             msgs[0].round if msgs else 0,
             tag,
             names,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+from hybridfl.algorithms.hyfdca import kinds
 from hybridfl.algorithms.hyfdca.segment import concat_words
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
@@ -136,7 +137,7 @@ class SegmentPass:
             }
             if srv.last_round[cid] < self.rnd - 1:  # absent (or failed) last round: fresh alpha
                 payload["alpha"] = [srv.enc_alpha[g] for g in srv.client_segs[cid]]
-            msgs.append(Message("hyfdca.segstart", SERVER, cid, self.rnd, payload))
+            msgs.append(Message(kinds.SEGSTART, SERVER, cid, self.rnd, payload))
         shares: dict[int, list[Any]] = defaultdict(list)
 
         def check(r: Message) -> None:
@@ -165,7 +166,7 @@ class SegmentPass:
                     swept[cid] = [self.local[cid][g] for g in gs]
                     u = [running[g] for g in gs]
                     payload = {"segs": swept[cid], "u": concat_words(u) if srv.masked else u, **tag}
-                    msgs.append(Message("hyfdca.sweep", SERVER, cid, self.rnd, payload))
+                    msgs.append(Message(kinds.SWEEP, SERVER, cid, self.rnd, payload))
             nxt: dict[int, list[Any]] = defaultdict(list)
             dal: dict[int, list[bytes]] = defaultdict(list)
 
@@ -202,7 +203,7 @@ class SegmentPass:
             payload = {"alpha": [srv.enc_alpha[g] for g in srv.client_segs[cid]]}
             if average:
                 payload["avg_segs"] = [self.local[cid][g] for g in self._segs(cid, done)]
-            msgs.append(Message("hyfdca.primal", SERVER, cid, self.rnd, payload))
+            msgs.append(Message(kinds.PRIMAL, SERVER, cid, self.rnd, payload))
         w_before = srv.w.copy() if average else None
         answered = srv._primal_aggregation(self.rnd, transport, msgs, stats)
         if not average:

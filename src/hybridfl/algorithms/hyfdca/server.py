@@ -49,6 +49,7 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from hybridfl.algorithms.convex.problem import block_offsets, feature_index
+from hybridfl.algorithms.hyfdca import kinds
 from hybridfl.algorithms.hyfdca.align import AlignServerMixin, check_psi_hello, plaintext_segments
 from hybridfl.algorithms.hyfdca.checks import ReplyChecksMixin, check_hello
 from hybridfl.algorithms.hyfdca.config import PAPER_LATENCY, HyFDCAConfig
@@ -218,7 +219,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         norms_msgs = []
         for cid in self.client_ids:
             payload = {"norms": [enc_q[g] for g in self.client_segs[cid]], **seg_entries.get(cid, {})}
-            norms_msgs.append(Message("hyfdca.norms", SERVER, cid, 0, payload))
+            norms_msgs.append(Message(kinds.NORMS, SERVER, cid, 0, payload))
         self._setup_exchange(transport, norms_msgs, stats)
         self.enc_alpha = [self.he.encrypt(np.zeros(n)) for n in self.seg_n]
         self.last_round = {c: -10 for c in self.client_ids}
@@ -248,7 +249,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         hello_payload = self.psi_hello_payload() if psi_mode else {}
         hello = self._setup_exchange(
             transport,
-            [Message("hyfdca.hello", SERVER, c, 0, dict(hello_payload)) for c in self.client_ids],
+            [Message(kinds.HELLO, SERVER, c, 0, dict(hello_payload)) for c in self.client_ids],
             stats,
             check_reply,
         )
@@ -342,7 +343,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 **(self._segment_init_payload(segs, batch_seed) if cfg.dual_mode == "segment" else {}),
                 **(self.secure_init_payload(cid, blocks) if cfg.secure_aggregation else {}),
             }
-            msgs.append(Message("hyfdca.init", SERVER, cid, 0, payload))
+            msgs.append(Message(kinds.INIT, SERVER, cid, 0, payload))
         return msgs
 
     def _finish(self, stats: dict, t0: float, he0: float) -> dict:
@@ -400,7 +401,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         # whose reply is missing sits the round out (its alpha and share may be stale)
         K, line7, line7_failed = self._refresh_returning(rnd, transport, K, stats) if consensus else (K, [], 0)
         # 1. SecureInnerProduct (Alg. 2; lines 8 and 18 of Alg. 1 as one exchange at the round start)
-        msgs = [Message("hyfdca.ip", SERVER, cid, rnd, {"w": self.w[self.feat[cid]]}) for cid in K]
+        msgs = [Message(kinds.IP, SERVER, cid, rnd, {"w": self.w[self.feat[cid]]}) for cid in K]
         for r in self._exchange(transport, msgs, stats, self._check_ip):
             for j, c in enumerate(r.payload["ip"]):
                 self.ip_cache[(r.sender, self.client_segs[r.sender][j])] = c
@@ -414,9 +415,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 enc_ip[g] = self.he.add([self.ip_cache[(h, g)] for h in self.seg_holders[g]])
         K = [cid for cid in K if all(g in enc_ip for g in self.client_segs[cid])]
         # 2. LocalDualMethod at the clients; dual aggregation here
-        msgs = [
-            Message("hyfdca.dual", SERVER, cid, rnd, {"ip": [enc_ip[g] for g in self.client_segs[cid]]}) for cid in K
-        ]
+        msgs = [Message(kinds.DUAL, SERVER, cid, rnd, {"ip": [enc_ip[g] for g in self.client_segs[cid]]}) for cid in K]
         parts: dict[int, list[bytes]] = defaultdict(list)
         got_dual: set[str] = set()
         for r in self._exchange(transport, msgs, stats, self._check_dalpha):
@@ -438,7 +437,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 if consensus
                 else {"commit": cid in got_dual}
             )
-            msgs.append(Message("hyfdca.primal", SERVER, cid, rnd, payload))
+            msgs.append(Message(kinds.PRIMAL, SERVER, cid, rnd, payload))
         answered = self._primal_aggregation(rnd, transport, msgs, stats)
         self._accumulate_average(rnd)
         out = self._finish(stats, t0, he0)
@@ -463,7 +462,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         need = mask_quorum(cfg.secagg_threshold, len(self.client_ids)) if cfg.secure_aggregation else 0
         extra = [cid for cid in K if cid not in returning][: max(0, need - len(returning))]
         msgs = [
-            Message("hyfdca.primal", SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]})
+            Message(kinds.PRIMAL, SERVER, cid, rnd, {"alpha": [self.enc_alpha[g] for g in self.client_segs[cid]]})
             for cid in [c for c in K if c in returning or c in extra]
         ]
         fresh = self._collect_shares(transport, msgs, stats)
