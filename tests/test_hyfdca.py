@@ -214,11 +214,12 @@ def test_ckks_run_matches_plaintext_and_server_sees_only_ciphertexts(credit_smal
                 assert isinstance(c, bytes) and dealer.client_backend().decrypt(c).size > 0
         arrays = {k for k, v in m.payload.items() if isinstance(v, np.ndarray)}
         # the only arrays in the clear: the primal share's change, masked (secure aggregation, uint64),
-        # and the PSI alignment's holder sets and their sizes (public to the server by design)
+        # the unmasking round's pair masks with dropped clients (uint64 keystream words; zeros when
+        # none dropped), and the PSI alignment's holder sets and their sizes (public by design)
         if m.kind == "hyfdca.psi_tags":
             assert arrays == {"sets", "counts"}, (m.kind, arrays)
             continue
-        assert arrays <= {"masked"}, (m.kind, arrays)
+        assert arrays <= ({"correction"} if m.kind == "hyfdca.unmask" else {"masked"}), (m.kind, arrays)
         assert all(m.payload[k].dtype == np.uint64 for k in arrays)
     blob = b"".join(raw)
     c = next(iter(clients.values()))

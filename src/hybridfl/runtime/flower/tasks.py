@@ -107,6 +107,7 @@ def part_step(msg: Message, cd: Any, client: Any, setup: dict) -> Message:
     """
     from hybridfl.algorithms.spec import deployable
     from hybridfl.experiment import MODEL_DIR
+    from hybridfl.files import atomic_write
     from hybridfl.inference.modeldir import MANIFEST, WEIGHTS, ModelError
     from hybridfl.inference.parts import load_org_part, write_part
 
@@ -125,8 +126,8 @@ def part_step(msg: Message, cd: Any, client: Any, setup: dict) -> Message:
             if not all(isinstance(v, bytes) and 0 < len(v) <= MAX_PART_BYTES for v in files.values()):
                 raise ProtocolError(f"client {cd.client_id!r} got a model.part without its two files.")
             staged.mkdir()
-            (staged / MANIFEST).write_bytes(files["manifest"])
-            (staged / WEIGHTS).write_bytes(files["weights"])
+            atomic_write(staged / MANIFEST, files["manifest"])
+            atomic_write(staged / WEIGHTS, files["weights"])
         elif spec.export_part is not None:
             got = spec.export_part(client, cfg, layout)
             if got is None:
