@@ -315,7 +315,9 @@ def test_what_an_honest_but_curious_server_learns_of_the_position_shares(credit_
     fed.setup()
     fed.loop(monitor=False).run()
     replies = [m for m in map(decode, raw) if m.kind == "hyfdca.primal" and m.receiver == SERVER]
-    assert replies and all(set(m.payload) <= {"masked", "client_seconds", "he_seconds"} for m in replies)
+    # with the masked words only the encrypted shares of the self-mask seed (double masking)
+    keys = {"masked", "self_shares", "client_seconds", "he_seconds"}
+    assert replies and all(set(m.payload) <= keys for m in replies)
     words = np.concatenate([m.payload["masked"] for m in replies])
     assert words.dtype == np.uint64
     nonzero = [v for v in true if np.abs(v).max() > 0]
