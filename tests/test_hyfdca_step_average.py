@@ -296,7 +296,9 @@ def test_what_an_honest_but_curious_server_learns_of_the_position_shares(credit_
     exchange's clients. Parallel schedule on the 3 x 3 grid: three clients hold each feature, no
     client's true position share appears in any reply (float64 or fixed point). Sequential: one
     pass's exchange has one client per feature, so the sum *is* that client's position share
-    (pinned here; ``docs/privacy.md``), as its share change is today."""
+    (pinned here; ``docs/privacy.md``), as its share change is today: no longer in its masked
+    words (the self-mask of double masking covers every coordinate) but in the unmasked sum the
+    server computes."""
     from hybridfl.privacy.secagg import to_fixed
     from hybridfl.runtime.messages import decode
 
@@ -310,6 +312,18 @@ def test_what_an_honest_but_curious_server_learns_of_the_position_shares(credit_
         return v
 
     monkeypatch.setattr(SegmentClientMixin, "position_share", spy)
+    from hybridfl.algorithms.hyfdca.secure import SecureSharesServerMixin
+
+    sums: list[np.ndarray] = []  # the server's unmasked per-feature sums of the position shares
+    collect = SecureSharesServerMixin.collect_masked
+
+    def collect_spy(server, *a, **k):
+        got = collect(server, *a, **k)
+        if server.position_sum is not None:
+            sums.append(server.position_sum.copy())
+        return got
+
+    monkeypatch.setattr(SecureSharesServerMixin, "collect_masked", collect_spy)
     raw: list[bytes] = []
     fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=2, segment_schedule=schedule), recorder=raw.append)
     fed.setup()
@@ -323,11 +337,14 @@ def test_what_an_honest_but_curious_server_learns_of_the_position_shares(credit_
     nonzero = [v for v in true if np.abs(v).max() > 0]
     assert len(nonzero) >= 9  # every client sent a position share that is not zero
     seen = [np.isin(to_fixed(v, "p").view(np.uint64)[np.abs(v) > 1e-6], words).mean() for v in nonzero]
+    assert max(seen) < 0.01  # no masked reply holds a client's position share (double masking)
+    assert not any(np.isin(v[np.abs(v) > 1e-6], words.view(np.float64)).any() for v in nonzero)
+    in_sums = np.concatenate(sums) if sums else np.zeros(0)
+    found = [np.isin(np.round(v[np.abs(v) > 1e-6], 6), np.round(in_sums, 6)).mean() for v in nonzero]
     if schedule == "parallel":
-        assert max(seen) < 0.01
-        assert not any(np.isin(v[np.abs(v) > 1e-6], words.view(np.float64)).any() for v in nonzero)
+        assert max(found) < 0.01  # three holders per feature: the sum hides each one
     else:
-        assert min(seen) == 1.0
+        assert min(found) == 1.0  # one holder per feature in an exchange: the sum is its share
 
 
 def test_client_refuses_step_average_fields_it_was_not_set_up_for(credit_small):
