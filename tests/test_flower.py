@@ -444,6 +444,7 @@ def test_hyfdca_paillier_keys_stay_on_clients(tmp_path):
             assert p_bytes not in raw
 
 
+@pytest.mark.slow  # 60 s: real processes; the deployed HyFDCA path runs in CI in test_three_organisations
 def test_loopback_hyfdca_and_hyfem_equal_simulation(tmp_path):
     """The issue's CI test (about 2-3.6 min on the 2-core machine, so it runs in CI's default
     subset): one real SuperLink + 3 SuperNodes on 127.0.0.1 (TLS), then two runs on

@@ -289,7 +289,10 @@ def test_poll_intervals_back_off_while_no_message_comes(monkeypatch):
 
 
 # ------------------------------------------------------------------------------ real processes
-@pytest.mark.parametrize("inline", [True, False], ids=["inline", "executor-process"])
+# the executor as a process of its own (26 s) runs with -m slow; the inline default runs in CI
+@pytest.mark.parametrize(
+    "inline", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["inline", "executor-process"]
+)
 def test_loopback_warm_executor_equals_simulation(tmp_path, inline):
     """A real SuperLink + 2 SuperNodes (``--isolation process``) on 127.0.0.1 with the executor in
     the SuperNode's process (``--inline``, LocalFederation's default) or as a process of its own

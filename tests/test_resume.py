@@ -80,6 +80,7 @@ def test_stopped_run_resumes_to_the_same_result(tmp_path):
     assert res["client_failures"] > 0
 
 
+@pytest.mark.slow  # 42 s on credit default; test_stopped_run_resumes_to_the_same_result covers resume in CI
 def test_stopped_fedbcd_run_resumes_to_the_same_result(tmp_path, credit_dir):
     res, _ = stop_and_resume(tmp_path, FEDBCD_CONFIG.format(data_dir=credit_dir), rounds=60, stop_round=5)
     assert res["algorithm"] == "fedbcd" and res["rounds"] == 60
