@@ -56,12 +56,11 @@ class NodeTasks:
         self.task = ""
         self.id_name = "id"
         self.head: Any = None
-        self.written: str = ""
         self.node_config: dict = {}
 
     def reset(self) -> None:
         """Forget the requests of an earlier run (the node config stays)."""
-        self.org, self.requests, self.task, self.head, self.written = None, 0, "", None, ""
+        self.org, self.requests, self.task, self.head = None, 0, "", None
 
 
 def is_task(kind: str) -> bool:
@@ -208,7 +207,7 @@ def predict_step(msg: Message, cd: Any, setup: dict, warm: Any) -> Message:
             raise ProtocolError(f"client {cd.client_id!r} got {msg.kind!r} outside a prediction request.")
         reply = t.org.handle(msg)
         if msg.kind == "predict.combine" and t.task == "predict":
-            t.written = _write_predictions(t, cd, setup)
+            _write_predictions(t, cd, setup)
         return reply
     t.org, t.requests = None, t.requests + 1
     if t.requests > MAX_REQUESTS:
@@ -233,7 +232,7 @@ def predict_step(msg: Message, cd: Any, setup: dict, warm: Any) -> Message:
     return t.org.handle(msg)
 
 
-def _write_predictions(t: NodeTasks, cd: Any, setup: dict) -> str:
+def _write_predictions(t: NodeTasks, cd: Any, setup: dict) -> None:
     from hybridfl.files import atomic_write
     from hybridfl.inference.federated import prediction_frame
 
@@ -243,7 +242,6 @@ def _write_predictions(t: NodeTasks, cd: Any, setup: dict) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(path, frame.to_csv(index=False))
     log.info("hybridfl: %d predictions of %s written to %s", int(t.org.scored.sum()), cd.client_id, path)
-    return str(path)
 
 
 # ------------------------------------------------------------------------------------ server
