@@ -97,7 +97,6 @@ from benchmarks.hyfdca import OUT, dataset
 from hybridfl.algorithms.hyfdca import HyFDCAConfig
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.privacy import psi
-from hybridfl.privacy import roster as roster_mod
 from hybridfl.runtime.messages import decode
 from hybridfl.runtime.simulation import build_federation, single_threaded
 
@@ -626,6 +625,8 @@ def roster_run(name: str, signed: bool) -> tuple[dict, tuple]:
     raw: list[bytes] = []
     fed = build_federation("hyfdca", split, part, cfg, seed=0, recorder=raw.append)
     timed = _Timed()
+    from hybridfl.privacy import roster as roster_mod  # here: the secagg parts also measure older src
+
     if signed:
         for c, auth in roster_mod.in_memory_auths(list(fed.clients)).items():
             fed.clients[c].peer_auth = auth
