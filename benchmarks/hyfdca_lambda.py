@@ -289,7 +289,9 @@ def rows_of(res: dict) -> tuple[list[dict], list[dict]]:
             final = {k: v for k, v in r["final"].items() if k != "round"}
             row = {"config": f"{key} {mode}", "seed": 0, "problem": key, "data": e["data"], "lambda": e["lambda"]}
             run = {k: v for k, v in r.items() if k not in ("final", "config")}
-            runs.append({**row, "mode": mode, "final_round": r["final"]["round"], **final, **run, "hyfdca": r["config"]})
+            runs.append(
+                {**row, "mode": mode, "final_round": r["final"]["round"], **final, **run, "hyfdca": r["config"]}
+            )
     return runs, refs
 
 
