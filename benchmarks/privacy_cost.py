@@ -398,6 +398,7 @@ def main_secagg() -> None:
                 secure_aggregation=secure,
                 batch_size=128,
                 encryption="none",  # the committed numbers' settings (the defaults then)
+                alignment="plaintext",  # the one-off PSI setup is not part of a round (part hyfdca-psi)
                 output="last",
                 segment_inner_products="encrypted",
             )
@@ -428,6 +429,7 @@ def main_secagg() -> None:
             eval_every=0,
             reference=False,
             encryption="none",
+            alignment="plaintext",
         )
         measure(split, part, warm)  # first-use costs (imports, caches) outside the comparison
         base = {"dataset": args.dataset, "grid": "3x3", "dual_mode": args.dual_mode, "rounds": args.rounds}
