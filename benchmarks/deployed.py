@@ -294,7 +294,7 @@ def build(case: str, tmp: Path, cap: int) -> Built:
     else:
         raise SystemExit(f"unknown case {case!r}; the cases are {', '.join(CASES)}.")
     prep = prepare(cfg)
-    fed = build_federation(get_algorithm(cfg.algorithm.name), prep.split, prep.partition, prep.algorithm, cfg.seed)
+    fed = build_federation(get_algorithm(prep.algorithm.name), prep.split, prep.partition, prep.algorithm, cfg.seed)
     dirs, server = _export(prep, fed, tmp)
     if case == "hyfem_mfeat":
         return Built(fed, dirs, server, "server_accuracy", None, True)
@@ -639,6 +639,9 @@ def main() -> None:
         try:
             return measure(setting["case"], a.cap, not a.skip_deployed, a.deployed_rounds)
         except Exception as e:  # one case failing does not lose the others' rows
+            import traceback
+
+            traceback.print_exc()
             return {"error": f"{type(e).__name__}: {e}"[:500]}
 
     rows = harness.run_grid(
