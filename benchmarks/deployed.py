@@ -420,6 +420,7 @@ def in_process(b: Built, snap_round: int = 0) -> dict:
                 "train_exchanges": len(train),
                 "messages": sum(x["messages"] for x in mine),
                 "bytes": sum(x["bytes"] for x in mine),
+                "train_bytes": sum(x["bytes"] for x in train),
                 "crypto_s": float(r.get("encryption_seconds", 0.0)),
                 "server_s": server,
                 "client_max_s": sum(x["client_max"] for x in mine),
@@ -588,9 +589,12 @@ def _deployed_part(b: Built, ip: dict, n: int, rounds: list[dict], work: Path) -
         "final_w_rel_diff": w_diff,
         "exchanges_equal": aligned,
         "exchanges_deployed": len(ex_s),
+        # counted bytes of the setup and the rounds, evaluation excluded (the server's summary)
         "bytes_deployed": s.get("bytes_total"),
-        "bytes_in_process": ip["setup"]["bytes"] + sum(r["bytes"] for r in ip["rounds"][:n]),
-        "wire_over_counted": s["wire_bytes_total"] / max(s["bytes_total"], 1),
+        "bytes_in_process": ip["setup"]["bytes"] + sum(r.get("train_bytes", r["bytes"]) for r in rounds),
+        # Flower's serialized bytes of every exchange (evaluation included) against our count
+        "wire_bytes_deployed": s["wire_bytes_total"],
+        "wire_over_counted": s["wire_bytes_total"] / max(ip["setup"]["bytes"] + sum(r["bytes"] for r in rounds), 1),
         "tls": d["tls"],
         "auth": d["auth"],
         "deployed_rounds": per_round,

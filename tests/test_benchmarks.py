@@ -159,6 +159,7 @@ def test_the_deployed_smoke_run_trains_three_organisations_over_flower(tmp_path)
     assert row["config"] == "hyfdca_orgs600" and row["rounds"] == 3 and row["clients"] == 3
     assert row["tls"] and row["auth"] and row["exchanges_equal"] and row["exchanges_deployed"] > 3
     assert abs(row["bytes_deployed"] - row["bytes_in_process"]) <= 1e-3 * row["bytes_in_process"]
+    assert 1 <= row["wire_over_counted"] < 1.05  # Flower's serialized form: a little more than our count
     assert row["final_w_rel_diff"] < 1e-4 and row["evaluator_check"] < 1e-9
     assert row["deployed_s"] > 0 and row["wan_s"] > 0 and row["flower_s_per_round"] is not None
     assert {p: p.stat().st_mtime_ns for p in results.glob("deployed.*")} == before
