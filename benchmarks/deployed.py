@@ -648,26 +648,27 @@ def main() -> None:
             traceback.print_exc()
             return {"error": f"{type(e).__name__}: {e}"[:500]}
 
-    rows = harness.run_grid(
-        one, {c: {"case": c, "cap": a.cap, "deployed_rounds": a.deployed_rounds} for c in cases}, a.seeds
-    )
-    for r in rows:
-        r["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     out = OUT if a.out == harness.RESULTS else a.out  # OUT: redirected by --smoke
-    if (out / "deployed.json").is_file():
-        kept = [r for r in harness.read_report("deployed", out)["rows"] if r["config"] not in cases]
-        rows = sorted(kept + rows, key=lambda r: list(CASES).index(r["config"]))
-    command = "python -m benchmarks.deployed " + " ".join(sys.argv[1:])
-    harness.write_report(
-        "deployed",
-        rows,
-        title="Deployed training to target",
-        command=command.strip(),
-        columns=COLUMNS,
-        notes=NOTES,
-        out=out,
-    )
-    print(harness.markdown_table(rows, COLUMNS))
+    command = ("python -m benchmarks.deployed " + " ".join(sys.argv[1:])).strip()
+    rows: list[dict] = []
+    for case in cases:  # the report is written after every case (a long run keeps what it measured)
+        setting = {"case": case, "cap": a.cap, "deployed_rounds": a.deployed_rounds}
+        rows += harness.run_grid(one, {case: setting}, a.seeds)
+        rows[-1].update(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=command)
+        kept = []
+        if (out / "deployed.json").is_file():
+            kept = [r for r in harness.read_report("deployed", out)["rows"] if r["config"] not in cases]
+        every = sorted(kept + rows, key=lambda r: list(CASES).index(r["config"]))
+        harness.write_report(
+            "deployed",
+            every,
+            title="Deployed training to target",
+            command=command,
+            columns=COLUMNS,
+            notes=NOTES,
+            out=out,
+        )
+    print(harness.markdown_table(every, COLUMNS))
 
 
 PARTS = {"": (main, ["--cases", "hyfdca_orgs600", "--cap", "3"])}
