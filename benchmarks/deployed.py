@@ -77,7 +77,7 @@ DATA = ROOT.parent / "shared" / "data"
 RTT = 0.05  # seconds, the modelled WAN round trip
 BANDWIDTH = 1e8  # bit/s, the modelled WAN bandwidth
 TARGET_SUBOPT = 1e-3
-SUBNET = 200 + os.getpid() % 30  # 10.SUBNET.k.0/24: not the tests' 231, and two runs of this script apart
+SUBNET = 200 + os.getpid() % 30  # 10.SUBNET.k.0/24: not the tests' 231; two runs at once most likely apart
 CASES = {
     "hyfem_mfeat": "HyFEM, mfeat, 6 clients (examples/configs/hyfem_mfeat.yaml, baselines off)",
     "hyfdca_credit": "HyFDCA defaults, credit default 22,500 rows, 3 x 3 clients",
