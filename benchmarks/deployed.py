@@ -633,7 +633,29 @@ def main() -> None:
         default=0,
         help="deploy at most this many rounds and extrapolate the rest from them (default 0: all rounds to the target)",
     )
+    p.add_argument(
+        "--merge-from",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="write the rows of these folders' deployed.json (runs made at once into separate --out folders) into --out",
+    )
     a = p.parse_args()
+    out = OUT if a.out == harness.RESULTS else a.out  # OUT: redirected by --smoke
+    if a.merge_from:
+        rows = [r for d in a.merge_from for r in harness.read_report("deployed", d)["rows"]]
+        rows.sort(key=lambda r: list(CASES).index(r["config"]))
+        command = "; ".join(sorted({r.get("command", "?") for r in rows}))
+        harness.write_report(
+            "deployed",
+            rows,
+            title="Deployed training to target",
+            command=command,
+            columns=COLUMNS,
+            notes=NOTES,
+            out=out,
+        )
+        return
     cases = [c for c in a.cases.split(",") if c]
     unknown = [c for c in cases if c not in CASES]
     if unknown:
@@ -648,7 +670,6 @@ def main() -> None:
             traceback.print_exc()
             return {"error": f"{type(e).__name__}: {e}"[:500]}
 
-    out = OUT if a.out == harness.RESULTS else a.out  # OUT: redirected by --smoke
     command = ("python -m benchmarks.deployed " + " ".join(sys.argv[1:])).strip()
     rows: list[dict] = []
     for case in cases:  # the report is written after every case (a long run keeps what it measured)
