@@ -61,6 +61,7 @@ import dataclasses
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -641,6 +642,8 @@ def main() -> None:
         help="write the rows of these folders' deployed.json (runs made at once into separate --out folders) into --out",
     )
     a = p.parse_args()
+    # SIGTERM unwinds like an exception: the federation's processes and the namespaces are removed
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = OUT if a.out == harness.RESULTS else a.out  # OUT: redirected by --smoke
     if a.merge_from:
         rows = [r for d in a.merge_from for r in harness.read_report("deployed", d)["rows"]]
