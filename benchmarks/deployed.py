@@ -91,6 +91,7 @@ COLUMNS = [
     ("target", "target"),
     ("rounds", "rounds"),
     ("reached", "reached"),
+    ("metric_at_rounds", "in process at rounds"),
     ("in_process_s", "in process s"),
     ("deployed_s", "deployed s"),
     ("deployed_s_extrapolated_from_rounds", "deployed s extrapolated from rounds"),
@@ -498,6 +499,12 @@ def _target_text(b: Built) -> str:
     return f"{'test accuracy' if b.metric == 'server_accuracy' else 'test AUC'} >= {b.value:.4g}"
 
 
+def _metric_at(row: dict) -> float | None:
+    """The target's metric of the in-process run after its last round (a row's ``rounds``)."""
+    last = row["in_process_rounds"][-1] if row.get("in_process_rounds") else {}
+    return next((last[k] for k in ("relative_suboptimality", "auc", "server_accuracy") if k in last), None)
+
+
 def _mean(xs: list[float]) -> float | None:
     return float(np.mean(xs)) if xs else None
 
@@ -531,6 +538,7 @@ def measure(case: str, cap: int, with_deployed: bool, deployed_rounds: int = 0) 
             "in_process_rounds": rounds,
             "in_process_setup": setup,
         }
+        out["metric_at_rounds"] = _metric_at(out)
         if b.problem is not None and "w" in ip["final"] and b.metric in ip["history"][-1]:
             # the benchmark's own P(w) against the run's monitor (the same problem, built apart)
             mine = _relative_suboptimality(b.problem, ip["final"]["w"])
@@ -647,6 +655,8 @@ def main() -> None:
     out = OUT if a.out == harness.RESULTS else a.out  # OUT: redirected by --smoke
     if a.merge_from:
         rows = [r for d in a.merge_from for r in harness.read_report("deployed", d)["rows"]]
+        for r in rows:  # rows measured before the column existed
+            r.setdefault("metric_at_rounds", _metric_at(r))
         rows.sort(key=lambda r: list(CASES).index(r["config"]))
         command = "; ".join(sorted({r.get("command", "?") for r in rows}))
         harness.write_report(
