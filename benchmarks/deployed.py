@@ -51,8 +51,14 @@ way and reported separately; ``to target`` times include it. Deployed setup seco
 measured seconds plus the in-process setup's server seconds. The Flower federation's start-up (the
 processes, TLS, registration, the hello) is reported as ``start_s`` and not counted.
 
-Writes ``benchmarks/results/deployed.json`` and ``.md`` (``--cases`` replaces those cases'
-rows and keeps the others).
+Writes ``benchmarks/results/deployed.json`` and ``.md`` after every case (``--cases`` replaces
+those cases' rows and keeps the others). ``--deployed-rounds K`` deploys only the first K rounds
+and extrapolates the deployed time to target from them (the row says so);
+``--merge-from DIR ...`` writes the rows of runs made at once into separate ``--out`` folders
+into one report. The committed report: ``--cases hyfem_mfeat,fedbcd_credit``, ``--cases
+hyfdca_orgs600 --deployed-rounds 5 --cap 400``, ``--cases hyfdca_orgs5000 --cap 3`` and ``--cases
+hyfdca_credit --cap 2``, each into its own ``--out``, then ``--merge-from`` (each row keeps its
+command).
 """
 
 from __future__ import annotations
