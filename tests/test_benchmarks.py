@@ -109,3 +109,57 @@ def test_every_script_imports_from_the_root_and_names_a_smoke_setting_for_each_p
         assert "sys.path" not in text, name
         mod = importlib.import_module(f"benchmarks.{name}")
         assert mod.PARTS and all(callable(fn) and smoke for fn, smoke in mod.PARTS.values()), name
+
+
+def test_the_deployed_reports_times_follow_from_their_per_round_breakdown():
+    """benchmarks/results/deployed.json (``python -m benchmarks.deployed``): every measured case's
+    modelled WAN time is the setup's plus, per round, exchanges x 0.05 s + bytes x 8 / 1e8 + compute
+    seconds; the in-process time is setup + rounds; a deployed run to target had as many exchanges
+    as in process and reached the target by its own result, or says it was extrapolated."""
+    from benchmarks import deployed
+
+    rep = harness.read_report("deployed")
+    rows = [r for r in rep["rows"] if "error" not in r]
+    assert rows and {r["config"] for r in rows} <= set(deployed.CASES)
+    for r in rows:
+        rounds, s = r["in_process_rounds"], r["in_process_setup"]
+        assert len(rounds) == r["rounds"] > 0
+        want = deployed.wan(s["exchanges"], s["bytes"], s["compute_s"])
+        want += sum(x["exchanges"] * 0.05 + x["bytes"] * 8 / 1e8 + x["compute_s"] for x in rounds)
+        assert r["wan_s"] == pytest.approx(want, rel=1e-9)
+        assert r["in_process_s"] == pytest.approx(s["seconds"] + sum(x["seconds"] for x in rounds), rel=1e-9)
+        if "deployed_s" not in r:
+            continue
+        assert r["tls"] and r["auth"] and r["exchanges_equal"]
+        measured = r["deployed_rounds"]
+        assert all(x["flower_s"] == pytest.approx(x["seconds"] - y["compute_s"]) for x, y in zip(measured, rounds))
+        if r.get("deployed_s_extrapolated_from_rounds"):
+            k = r["deployed_s_extrapolated_from_rounds"]
+            assert len(measured) == k < r["rounds"] and r["deployed_reached"] is None
+        else:
+            assert len(measured) == r["rounds"] and r["deployed_reached"] is r["reached"]
+
+
+@pytest.mark.slow  # about 2-4 minutes on 2 shared cores: three SuperNodes in network namespaces (root)
+def test_the_deployed_smoke_run_trains_three_organisations_over_flower(tmp_path):
+    """``python -m benchmarks.deployed --smoke``: three organisations' CSVs (90 customers) through
+    ``client prepare``, ``federation stats`` and ``assemble``, HyFDCA's defaults for 3 rounds in
+    process and over Flower across network namespaces: the same exchanges and counted bytes (to
+    1e-3: the replies carry measured seconds as text), the same ``w`` up to CKKS noise, and the
+    committed results untouched."""
+    results = ROOT / "benchmarks" / "results"
+    before = {p: p.stat().st_mtime_ns for p in results.glob("deployed.*")}
+    p = subprocess.run(
+        [sys.executable, "-m", "benchmarks.deployed", "--smoke"], cwd=ROOT, capture_output=True, text=True, timeout=900
+    )
+    assert p.returncode == 0, p.stderr[-2000:]
+    where = p.stdout.split("results under ", 1)[1].split()[0]
+    (row,) = json.loads((harness.Path(where) / "deployed.json").read_text())["rows"]
+    assert "error" not in row, row.get("error")
+    assert row["config"] == "hyfdca_orgs600" and row["rounds"] == 3 and row["clients"] == 3
+    assert row["tls"] and row["auth"] and row["exchanges_equal"] and row["exchanges_deployed"] > 3
+    assert abs(row["bytes_deployed"] - row["bytes_in_process"]) <= 1e-3 * row["bytes_in_process"]
+    assert 1 <= row["wire_over_counted"] < 1.05  # Flower's serialized form: a little more than our count
+    assert row["final_w_rel_diff"] < 1e-4 and row["evaluator_check"] < 1e-9
+    assert row["deployed_s"] > 0 and row["wan_s"] > 0 and row["flower_s_per_round"] is not None
+    assert {p: p.stat().st_mtime_ns for p in results.glob("deployed.*")} == before
