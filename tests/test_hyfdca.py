@@ -310,9 +310,15 @@ def test_participation_modes(mode, p):
     from hybridfl.algorithms.hyfdca import HyFDCAServer
     from hybridfl.privacy import PlainBackend
 
-    srv = HyFDCAServer({"a": (2,)}, HyFDCAConfig(participation=p, participation_mode=mode), PlainBackend(), seed=1)
+    # t = 2: the paper's participation (the default threshold, a majority of 9, tops a round up to 5)
+    cfg = HyFDCAConfig(participation=p, participation_mode=mode, secagg_threshold=2)
+    srv = HyFDCAServer({"a": (2,)}, cfg, PlainBackend(), seed=1)
     srv.client_ids = [f"c{i}" for i in range(9)]
     picks = [srv.select(r) for r in range(1, 61)]
+    if mode == "fraction":
+        default = HyFDCAServer({"a": (2,)}, HyFDCAConfig(participation=p), PlainBackend(), seed=1)
+        default.client_ids = srv.client_ids
+        assert all(len(default.select(r)) == 5 for r in range(1, 11))
     assert all(picks)  # never an empty round
     if mode == "cyclic":  # Assumption 7: groups B_1, B_2, B_3, B_1, ...
         assert picks[0] == ["c0", "c3", "c6"] and picks[1] == ["c1", "c4", "c7"] and picks[3] == picks[0]

@@ -30,20 +30,28 @@ Privacy-Preserving Machine Learning" (CCS 2017, Sec. 4), on coordinates held by 
   received a vector and calls its sender dropped gets that sender's pair masks but no share of its
   self-mask, so the vector stays masked (the dropout lie).
 - **Threshold** (the client's own rule, never the server's: against a malicious server): an exchange has ``m``
-  clients (the client and the ``peers`` the server names, all from the roster it got at setup).
-  A client masks only in an exchange of at least :func:`mask_quorum` clients (``t``, at least 2),
-  so ``peers=[]`` never returns its vector in the clear; it answers an unmasking request only if
-  the survivors (the exchange's clients not named dropped, itself included) are at least
-  :func:`unmask_quorum` (``t``, at least 2), never for itself, once per exchange.
+  clients (the client and the ``peers`` the server names, all from the peer table it got at setup).
+  A client masks only in an exchange of at least :func:`mask_quorum` clients (``t``; by default
+  a majority of the run's clients and at least 2, :func:`majority`, Bonawitz et al. take
+  ``t > n / 2``), so ``peers=[]`` never returns its vector in the clear; it answers an unmasking
+  request only if the survivors (the exchange's clients not named dropped, itself included) are
+  at least :func:`unmask_quorum` (``t``; by default a majority of the exchange), never for itself,
+  once per exchange.
+- **Signed keys** (with a roster, :mod:`hybridfl.privacy.roster`): each client signs its public
+  key and blocks (:func:`key_fields`, purpose :data:`KEY_PURPOSE`, the run's label) with its
+  Ed25519 credential; a peer keeps a relayed key only if the signature verifies against its own
+  roster (:func:`hybridfl.runtime.secagg_messages.set_peers`), and then counts the roster's clients.
 
 Adversary: an honest-but-curious server (it follows the protocol and reads everything) learns,
 per coordinate, only the sum over the exchange's clients that hold it, plus the exchange's
-membership; a malicious server that lies about dropouts learns no more (double masking). Not
-covered (documented in ``docs/privacy.md``): a server that substitutes public keys (keys are not
-signed against a roster here); a coordinate held by one client of the exchange is that client's
-value; colluding clients learn their pair masks and, ``k`` of them, a peer's self-mask seed; a
-client that reveals a wrong share corrupts the sum (integrity, not privacy). A client never
-reuses a tag (keystream reuse would reveal differences of its vectors).
+membership; a malicious server that lies about dropouts learns no more (double masking); with
+rosters, one that substitutes its own public key for a peer's is refused (Ed25519 unforgeability;
+``tests/test_malicious_keys.py`` plays it). Not covered (documented in ``docs/privacy.md``):
+without a roster (the in-memory simulation) a server that substitutes public keys reads the
+victim's vector; a coordinate held by one client of the exchange is that client's value;
+colluding clients learn their pair masks and, ``k`` of them, a peer's self-mask seed; a client
+that reveals a wrong share corrupts the sum (integrity, not privacy). A client never reuses a tag
+(keystream reuse would reveal differences of its vectors).
 """
 
 from __future__ import annotations
@@ -214,7 +222,8 @@ class SecAggClient:
         block_sizes: coordinates per block (its vectors have ``sum(block_sizes)`` entries).
         private: its X25519 private key (32 raw bytes; a new one when ``None``).
 
-        threshold: ``t``, the fewest clients of an exchange it masks in (:func:`mask_quorum`).
+        threshold: ``t``, the fewest clients of an exchange it masks in (:func:`mask_quorum`;
+            ``0``: a majority, :func:`majority`).
         double_masking: add a self-mask to every masked vector and share its seed (module docs);
             ``False`` only where no vector is ever unmasked (a federated prediction's one-shot
             sum, which stops on any missing reply).

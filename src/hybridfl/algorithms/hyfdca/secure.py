@@ -10,8 +10,11 @@ it: ``lambda N`` times the change of ``w`` it computes anyway, and nothing else.
 
 Protocol (every ``hyfdca.primal`` exchange, PrimalAggregation, Alg. 1 lines 7 and 17):
 
-1. ``hyfdca.hello`` reply: ``secagg_public`` (the client's X25519 public key). ``hyfdca.init``
-   relays the others' keys and blocks (``secagg_peers``, ``secagg_keys``, ``secagg_blocks``).
+1. ``hyfdca.hello`` reply: ``secagg_public`` (the client's X25519 public key) and, with a roster,
+   ``secagg_sig`` (its credential's signature over the key and its blocks for the hello's ``run``).
+   ``hyfdca.init`` relays the others' keys, blocks and signatures (``secagg_peers``,
+   ``secagg_keys``, ``secagg_blocks``, ``secagg_sigs``); a client with a roster keeps a key only if
+   its signature verifies against its own roster.
 2. ``hyfdca.primal`` carries ``tag`` (a fresh exchange number), ``peers`` (the other clients of the
    exchange) and ``acked`` (whether the server counted the client's previous change). The client
    keeps ``base``, the fixed-point share the server has counted for it; it sends

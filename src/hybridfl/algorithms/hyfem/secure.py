@@ -6,8 +6,10 @@ that hold block ``b`` (``p_m`` their sample counts, which it knows), which is ex
 average needs (:mod:`hybridfl.privacy.secagg`: pairwise X25519/HKDF/ChaCha20 masks on fixed-point
 values). The classifiers still cross in the clear: the neuron matching (Alg. 3) needs each one.
 
-Protocol: the ``hyfem.properties`` reply carries ``secagg_public``; a setup exchange
-``hyfem.keys`` relays the other clients' keys and blocks; each ``hyfem.fit`` carries a fresh
+Protocol: ``hyfem.properties`` carries a fresh ``run`` label and its reply ``secagg_public``
+(and, with a roster, ``secagg_sig``: the client's credential signature over its key and blocks for
+that run); a setup exchange ``hyfem.keys`` relays the other clients' keys, blocks and signatures,
+and a client with a roster keeps a key only if its signature verifies against its own roster; each ``hyfem.fit`` carries a fresh
 ``tag`` and the round's other clients (``peers``); the reply carries ``ext_masked`` (``uint64``,
 the client's blocks' extractor parameters times ``p_m``, flattened in its block order) instead of
 the ``ext.*`` arrays, and ``self_shares`` (its self-mask seed's encrypted Shamir shares, one per
