@@ -87,6 +87,7 @@ class SecureSharesClientMixin:
             PayloadError: the three lists are not of equal length, a key is not an X25519 public
                 key, a blocks entry is not a JSON list of names, its own name or key among them.
             EncryptionPolicyError: the client requires secure aggregation and the run has none.
+            PeerAuthError: with a roster, a peer outside it or a key without its valid signature.
         """
         p = msg.payload
         if "secagg_peers" not in p:
