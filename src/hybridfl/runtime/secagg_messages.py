@@ -103,7 +103,7 @@ def set_peers(client: SecAggClient, msg: Message, auth: PeerAuth | None = None, 
     if not isinstance(blocks, list) or len(blocks) != len(peers) or not all(isinstance(b, str) for b in blocks):
         raise PayloadError(msg, "secagg_blocks", f"not a list of {len(peers)} strings")
     table = {}
-    for cid, pk, bl in zip(peers, keys, blocks):
+    for i, (cid, pk, bl) in enumerate(zip(peers, keys, blocks)):
         try:
             names = json.loads(bl)
         except ValueError:
@@ -113,7 +113,7 @@ def set_peers(client: SecAggClient, msg: Message, auth: PeerAuth | None = None, 
         table[cid] = (pk, names)
         if auth is not None:
             try:
-                auth.verify(run, cid, KEY_PURPOSE, key_fields(pk, names), sigs[len(table) - 1])
+                auth.verify(run, cid, KEY_PURPOSE, key_fields(pk, names), sigs[i])
             except PeerAuthError as e:
                 raise PeerAuthError(f"{str(e).rstrip('.')} (secure-aggregation key).") from None
     try:
