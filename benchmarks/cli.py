@@ -34,7 +34,7 @@ standardised numeric columns), writes a 100,000-row table of new customers, and 
 ``hybridfl predict`` process (start-up, reading, encoding, scoring, writing) with farm-bench-like
 repeats (``--repeats``, median quoted). Writes ``benchmarks/results/predict_speed.{json,md}``.
 
-    python -m benchmarks.predict_speed [--rows 100000] [--repeats 3]    (from the repository root)
+    python -m benchmarks.cli predict [--rows 100000] [--repeats 3]    (from the repository root)
 """
 
 from __future__ import annotations
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -52,7 +51,7 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.harness import dispatch
+from benchmarks.harness import commit, dispatch, write_report
 
 # ======================================== part examples
 
@@ -105,43 +104,45 @@ def run_one(config: Path, max_rounds: int, timeout: float) -> dict:
     }
 
 
-def _fmt_time(s: float) -> str:
-    return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+EXAMPLE_COLUMNS = [
+    "config",
+    ("rounds_run", "rounds run"),
+    ("config_rounds", "config rounds"),
+    ("wall_seconds", "wall s"),
+    ("round_seconds_median", "median round s"),
+    ("checkpoint_seconds", "checkpoint s"),
+    ("checkpoint_writes", "checkpoint writes"),
+    ("checkpoint_share", "checkpoint share"),
+    ("extrapolated_full_seconds", "full length s (extrapolated)"),
+    ("load_start", "load start"),
+    ("load_end", "load end"),
+    ("commit", "commit"),
+    "error",
+]
 
 
 def write(rows: list[dict]) -> None:
-    """Merge ``rows`` into ``examples_cli.json`` (by config) and rewrite ``examples_cli.md``."""
+    """Merge ``rows`` into ``examples_cli.json`` by config (earlier rows keep their own commit)
+    and rewrite ``examples_cli.json`` and ``.md`` through :func:`benchmarks.harness.write_report`."""
     path = OUT / "examples_cli.json"
     old = json.loads(path.read_text())["rows"] if path.is_file() else []
     keep = {r["config"]: r for r in old}
-    keep.update({r["config"]: r for r in rows})
-    merged = [keep[k] for k in sorted(keep)]
-    path.write_text(json.dumps({"cpus": os.cpu_count(), "rows": merged}, indent=1))
-    lines = [
-        "# Example configs through the CLI",
-        "",
-        "`hybridfl run --config examples/configs/NAME.yaml --out DIR --rounds R -q` in a fresh process; "
-        "`R` = the config's rounds or the cap given; the full length is extrapolated from the run "
-        "(`wall + (rounds - R) x median round`). Two cores shared with other jobs: see the load.",
-        "Command: `nice -n 5 .venv/bin/python -m benchmarks.cli examples` (HyFDCA capped at 20 rounds, the others full length; for capped runs the HyFDCA example has no baselines, so the extrapolation holds).",
-        "",
-        "| config | rounds run / config | wall s | median round s | checkpoint s (writes) | checkpoint share | full length (extrapolated) | load start-end |",
-        "|---|---|---:|---:|---|---:|---:|---|",
-    ]
-    for r in merged:
-        if "error" in r:
-            lines.append(f"| {r['config']} | failed: {r['error']} | | | | | | |")
-            continue
-        ck = r["checkpoint_seconds"]
-        share = r["checkpoint_share"]
-        lines.append(
-            f"| {r['config']} | {r['rounds_run']} / {r['config_rounds']} | {r['wall_seconds']:.1f} | "
-            f"{r['round_seconds_median']:.3f} | "
-            + (f"{ck:.2f} ({r['checkpoint_writes']})" if ck is not None else "-")
-            + f" | {'-' if share is None else f'{100 * share:.1f} %'} | {_fmt_time(r['extrapolated_full_seconds'])} | "
-            f"{r['load_start']:.1f}-{r['load_end']:.1f} |"
-        )
-    (OUT / "examples_cli.md").write_text("\n".join(lines) + "\n")
+    keep.update({r["config"]: {"commit": commit(), **r} for r in rows})
+    write_report(
+        "examples_cli",
+        [keep[k] for k in sorted(keep)],
+        title="Example configs through the CLI",
+        command="nice -n 5 .venv/bin/python -m benchmarks.cli examples",
+        columns=EXAMPLE_COLUMNS,
+        out=OUT,
+        notes=[
+            "`hybridfl run --config examples/configs/NAME.yaml --out DIR --rounds R -q` in a fresh process; "
+            "`R` = the config's rounds or the cap given (HyFDCA capped at 20 rounds by default, the others full "
+            "length; a capped HyFDCA example has no baselines, so the extrapolation holds); the full length is "
+            "extrapolated from the run (`wall + (rounds - R) x median round`). Two cores shared with other jobs: "
+            "see the load. Each row keeps the commit it was measured at."
+        ],
+    )
 
 
 def main_examples() -> None:
@@ -251,36 +252,31 @@ def main_predict() -> None:
                 {"algorithm": algo, "rows": args.rows, "seconds": times, "median_seconds": statistics.median(times)}
             )
         fed = federated(tmp, args.fed_rows, args.repeats)
-    res = {
-        "machine": f"{platform.machine()}, {os.cpu_count()} cores",
-        "python": platform.python_version(),
-        "rows": rows,
-        "federated": fed,
-    }
-    out = OUT
-    (out / "predict_speed.json").write_text(json.dumps(res, indent=1))
-    md = [
-        "# `hybridfl predict`: one table, whole CLI process",
-        "",
-        f"Machine: {res['machine']}.",
-        "",
-        "| model | rows | seconds (median of runs) |",
-        "|---|---|---|",
-    ]
-    md += [f"| {r['algorithm']} | {r['rows']:,} | {r['median_seconds']:.2f} |" for r in rows]
-    md += [
-        "",
-        "## Federated prediction: three organisations, in process, PSI included",
-        "",
-        "The receiver holds the profile block of all its new customers, a second organisation the money "
-        "block of 3/4 of them (in another order), a third both blocks of the last half; HyFDCA's model.",
-        "",
-        "| receiver rows | scored | messages | MB | seconds (median of runs) |",
-        "|---|---|---|---|---|",
-        f"| {fed['rows']:,} | {fed['scored']:,} | {fed['messages']} | {fed['bytes'] / 1e6:.2f} | {fed['median_seconds']:.2f} |",
-    ]
-    (out / "predict_speed.md").write_text("\n".join(md) + "\n")
-    print("\n".join(md))
+    fed_row = {"config": "federated", "algorithm": "hyfdca", **fed}
+    write_report(
+        "predict_speed",
+        [{"config": r["algorithm"], **r} for r in rows] + [fed_row],
+        title="`hybridfl predict` (one table, whole CLI process) and federated prediction",
+        command=f"python -m benchmarks.cli predict --rows {args.rows} --repeats {args.repeats} "
+        f"--fed-rows {args.fed_rows}",
+        columns=[
+            "config",
+            "algorithm",
+            "rows",
+            ("scored", "scored"),
+            ("messages", "messages"),
+            ("bytes", "bytes"),
+            ("median_seconds", "seconds (median of runs)"),
+        ],
+        out=OUT,
+        notes=[
+            "Rows `hyfdca` and `hyfem`: the whole `hybridfl predict` process (start-up, reading, encoding, "
+            "scoring, writing) on one table of new customers. Row `federated`: federated prediction across "
+            "three organisations in process, PSI included: the receiver holds the profile block of all its "
+            "new customers, a second organisation the money block of 3/4 of them (in another order), a third "
+            "both blocks of the last half; HyFDCA's model."
+        ],
+    )
 
 
 PARTS = {

@@ -44,9 +44,9 @@ Parts:
   the final ``w`` against the in-process run, counted and Flower bytes, load average before and
   after every run. Reads the data from ``../shared/data`` (the project's copy).
 
-Writes ``benchmarks/results/flower_overhead.json`` and ``.md`` (the parts run are replaced, the
-others kept, and the json's ``notes``, markdown sections written by hand from measurements such as
-``python -m benchmarks.flower trace``'s, are printed after the ping part; the ``real`` part is saved after every run, marked ``partial`` until it ends).
+Writes the report ``benchmarks/results/flower_overhead.json`` and ``.md``: a row per run (the parts
+run are replaced, the others kept; the ``real`` part is saved after every run, marked ``partial``
+until it ends). What ``python -m benchmarks.flower trace`` found is told in docs/results.md.
 Usage: ``python -m benchmarks.flower overhead [--part ping,hyfem,hyfdca,real|all] [--pings 10]
 [--nodes 1,3] [--rounds 3] [--settings warm,tuned,default] [--real-settings warm,default]
 [--real-rounds 5] [--segment-rounds 5] [--default-rounds 5] [--merge] [--md-only]``. The
@@ -89,6 +89,7 @@ import time
 from importlib.metadata import version
 from pathlib import Path
 
+from benchmarks import harness
 from benchmarks.harness import dispatch
 from hybridfl.algorithms.hyfem import HyFEMConfig, run_hyfem
 from hybridfl.config import parse_config
@@ -628,14 +629,8 @@ def main_overhead() -> None:
     )
     ap.add_argument("--default-rounds", type=int, default=5, help="real part: rounds of the default-setting runs")
     args = ap.parse_args()
-    if args.md_only:  # also re-derives metrics_equal_in_process from the recorded differing keys (_not_compared)
-        r = json.loads((OUT / "flower_overhead.json").read_text())
-        for c in r.get("real", {}).get("cases", {}).values():
-            for x in c["runs"].values():
-                if "history_keys_differing" in x:
-                    x["metrics_equal_in_process"] = _equal(x) == "True"
-        (OUT / "flower_overhead.json").write_text(json.dumps(r, indent=1))
-        write_md(r)
+    if args.md_only:
+        write_overhead(read_overhead())
         return
     todo = parts if args.part == "all" else tuple(p for p in args.part.split(",") if p)
     if not todo or any(p not in parts for p in todo):
@@ -647,17 +642,11 @@ def main_overhead() -> None:
     cases = [c for c in args.real_cases.split(",") if c]
     if any(c not in REAL_CASES for c in cases):
         raise SystemExit(f"--real-cases must be a comma-separated subset of {','.join(REAL_CASES)}.")
-    path = OUT / "flower_overhead.json"
-    old = json.loads(path.read_text()) if path.is_file() else {}
-    if "ping" in old and "by_nodes" not in old.get("ping", {}):
-        old.pop("ping")
-    for stale in ("ping_1_client", "setup", "in_process", "tuned", "default", "load_average_start", "load_average_end"):
-        old.pop(stale, None)  # the layout of earlier versions of this benchmark (other code, other settings)
+    old = read_overhead()
 
     def save(key: str, value: dict) -> None:
         old[key] = value
-        path.write_text(json.dumps(old, indent=1))
-        write_md(old, quiet=True)
+        write_overhead(old)
 
     if "ping" in todo:
         save("ping", ping_part([int(n) for n in args.nodes.split(",") if n], max(args.pings, 2), settings))
@@ -674,272 +663,136 @@ def main_overhead() -> None:
             save("real", _merge_real(stored, r) | ({"partial": True} if partial else {}))
 
         save_real(real_part(cases, rounds, real_settings, defaults, args.default_rounds, save_real), partial=False)
-    write_md(old)
+    print((OUT / "flower_overhead.md").read_text())
 
 
-def _f(x: float | None, digits: int = 2) -> str:
-    return "-" if x is None else f"{x:.{digits}f}"
+def _equal(run: dict) -> bool | None:
+    """Whether a Flower run's metrics equal the in-process run's (keys :func:`_not_compared` leaves
+    out excepted), from the keys that differed; None when not compared."""
+    if "history_keys_differing" not in run:
+        return None
+    return not [k for k in run["history_keys_differing"] if not _not_compared(k)]
 
 
-def _table_row(label: str, first: str, cells: list[str]) -> str:
-    return f"| {label} | {first} | " + " | ".join(cells) + " |"
+DIGITS = ("hyfem", "hyfdca")  # the digits parts: one run per setting, and ``in_process``
+COLUMNS = [
+    "part",
+    "case",
+    "setting",
+    "nodes",
+    "rounds",
+    ("s_per_round", "s/round (median)"),
+    ("x_in_process", "x in process"),
+    ("s_per_exchange", "s/exchange (median)"),
+    ("s_per_exchange_p90", "p90"),
+    ("exchanges_per_round", "exchanges/round"),
+    ("metrics_equal", "metrics equal"),
+    ("w_rel_diff", "final w rel. diff"),
+    ("bytes", "counted bytes"),
+    ("wire_bytes", "Flower bytes"),
+    ("wall_s", "wall s"),
+    ("load_start", "load start"),
+    ("load_end", "load end"),
+    "tls",
+    "date",
+]
+NOTES = [
+    "Loopback, flwr and Python as each part's `machine` in the JSON, 2 cores shared with other sessions. Parts: "
+    "`real` = the example configs (HyFEM mfeat 6 clients; HyFDCA credit default 9 clients, `encryption: none`, "
+    "`alignment: plaintext`, `reference: false`) in process and over Flower; `ping` = empty exchanges "
+    "(`deploy.ping`: server -> every client -> server), `nodes` SuperNodes; `ping_before_this_change` = the same "
+    "with the code before the inline SuperNode; `hyfem` / `hyfdca` = digits, 3 clients (measured earlier, over "
+    "insecure gRPC when `tls` is `-`). Seconds per round: median over the rounds (in process: the simulation, one "
+    "thread); seconds per exchange: median and 90th percentile over the rounds' exchanges (setup excluded) or the "
+    "pings; x in process: against the in-process run of as many rounds; metrics equal: every metric of every round "
+    "but the measured seconds, the times modelled from them and the byte counts; final w rel. diff: HyFDCA's final "
+    "`w` against the in-process run; wall s: Flower's including start-up, in process setup + rounds. Every run's "
+    "raw record (each exchange's seconds, bytes, loads, settings) is its row's `run` in the JSON; each part's "
+    "metadata (date, machine, settings, cases) is under `parts`.",
+]
 
 
-def _earlier(part: dict) -> str:
-    """How a part's table is dated: its ``date``, or (no date recorded) the commit that wrote it."""
-    if "date" in part:
-        return f"measured {part['date']}"
-    return (
-        "measured earlier (committed 2026-11-23 with the warm executor, 30e9607), before TLS + SuperNode "
-        "authentication became LocalFederation's default, i.e. over insecure gRPC"
+def _row(part: str, x: dict, **ids) -> dict:
+    """A report row: a run's identifiers, the table's cells derived from it, the run under ``run``."""
+    load0, load1 = x.get("load_average_start") or [None], x.get("load_average_end") or [None]
+    ex = x.get("exchange_seconds_rounds", x.get("exchange_seconds", x.get("ping_exchange_seconds")))
+    wall = x.get("wall_seconds_incl_startup")
+    if wall is None and "setup_seconds" in x:
+        wall = x["setup_seconds"] + x["rounds_wall_seconds"]
+    diff = x.get("final_max_relative_difference") or {}
+    row = {"config": " ".join(str(v) for v in (part, *ids.values())), "part": part, **ids}
+    row.update(rounds=x.get("rounds"), s_per_round=median(x.get("round_seconds") or []))
+    row.update(s_per_exchange=x.get("median", median(ex or [])), s_per_exchange_p90=x.get("p90", p90(ex or [])))
+    row.update(exchanges_per_round=x.get("exchanges_per_round"), metrics_equal=x.get("metrics_equal_in_process"))
+    row.update(w_rel_diff=max(diff.values()) if diff else x.get("w_max_relative_difference"))
+    row.update(bytes=x.get("bytes_total"), wire_bytes=x.get("wire_bytes_total"), wall_s=wall)
+    row.update(load_start=load0[0], load_end=load1[0], tls=x.get("tls"), date=x.get("date"), run=x)
+    return row
+
+
+def overhead_rows(r: dict) -> list[dict]:
+    """The report's rows: every run of every part of ``r`` (the stored layout: ``real``, ``ping``,
+    ``ping_before_this_change``, ``hyfem``, ``hyfdca``)."""
+    rows = []
+    for case, c in r.get("real", {}).get("cases", {}).items():
+        ips = {x["rounds"]: x for x in c["runs"].values() if x["setting"] == "in process"}
+        for key, x in c["runs"].items():
+            row = _row("real", x, case=case, setting=key)
+            ip = ips.get(x["rounds"])
+            if x["setting"] != "in process" and ip is not None:
+                row["x_in_process"] = row["s_per_round"] / median(ip["round_seconds"])
+            row["metrics_equal"] = _equal(x)
+            rows.append(row)
+    for part in ("ping", "ping_before_this_change"):
+        for n, by in r.get(part, {}).get("by_nodes", {}).items():
+            rows += [_row(part, x, setting=s, nodes=int(n)) | {"date": r[part].get("date")} for s, x in by.items()]
+    for part in DIGITS:
+        d = r.get(part, {})
+        for s in ("in_process", *SETTINGS):
+            if s in d:
+                rows.append(_row(part, d[s], case="digits", setting=s))
+    return rows
+
+
+def write_overhead(r: dict) -> None:
+    """The report ``flower_overhead``: :func:`overhead_rows` of ``r``, each part's metadata under
+    ``parts`` (the trace analyses once kept under ``notes`` are sentences in docs/results.md)."""
+    meta = {}
+    for part, d in r.items():
+        if part == "notes":
+            continue
+        m = {k: v for k, v in d.items() if k not in ("by_nodes", "in_process", *SETTINGS)}
+        if part == "real":
+            m["cases"] = {c: {k: v for k, v in x.items() if k != "runs"} for c, x in d["cases"].items()}
+        meta[part] = m
+    harness.write_report(
+        "flower_overhead",
+        overhead_rows(r),
+        title="Flower's overhead on loopback: in process against over Flower",
+        command="OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.flower overhead --part ping,real "
+        "(the parts and options of every committed run: the module docstring)",
+        columns=COLUMNS,
+        notes=NOTES,
+        out=OUT,
+        extra={"parts": meta},
     )
 
 
-def _tls(runs) -> str:
-    flags = {(x.get("tls"), x.get("auth")) for x in runs}
-    if flags == {(True, True)}:
-        return "TLS + Flower SuperNode authentication on (LocalFederation's default, what users run)"
-    if flags == {(False, False)}:
-        return "insecure gRPC (no TLS, no authentication)"
-    return "TLS/authentication: " + ", ".join(f"tls={t} auth={a}" for t, a in sorted(flags, key=str))
-
-
-def _equal(run: dict) -> str:
-    """Whether a Flower run's metrics equal the in-process run's (keys :func:`_not_compared` leaves
-    out excepted), from the keys that differed."""
-    if "history_keys_differing" not in run:
-        return "-"
-    return str(not [k for k in run["history_keys_differing"] if not _not_compared(k)])
-
-
-def _real_md(real: dict) -> str:
-    """The ``real`` part's table and notes."""
-    m = real["machine"]
-    cases = real["cases"]
-    flower_runs = [x for c in cases.values() for x in c["runs"].values() if x["setting"] != "in process"]
-    lines = [
-        f"## HyFEM mfeat and HyFDCA credit default: in process vs over Flower ({'PARTIAL, ' if real.get('partial') else ''}"
-        f"measured {real['date']})",
-        "",
-        f"Loopback, flwr {m['flwr']}, Python {m['python']}, {m['cores']} cores shared with other sessions; "
-        f"{_tls(flower_runs)}. Load average (1, 5, 15 min) at the start of the part "
-        f"{', '.join(f'{x:.1f}' for x in real['load_average_start'])}"
-        + (
-            f", at its end {', '.join(f'{x:.1f}' for x in real['load_average_end'])}"
-            if "load_average_end" in real
-            else ""
-        )
-        + ". Seconds per round: median over the rounds (the in-process rounds are the simulation's, one thread); "
-        "seconds per exchange: median over the rounds' exchanges (setup exchanges excluded); exchanges per round "
-        "include the evaluation exchanges; x in process: against the first in-process run of as many rounds (in "
-        "process is timed once per invocation, and its seconds vary about 2x with the load); metrics equal: every metric of every round but the measured seconds, the "
-        "times modelled from them and the byte counts (listed below), and, for "
-        "HyFDCA, the relative max difference of the final `w` against the in-process run of the same config and rounds.",
-        "",
-        "| case | setting | rounds | s/round (median) | x in process | s/exchange (median, p90) | exchanges/round "
-        "| metrics equal | final w rel. diff | wall s (Flower: incl. start-up; in process: setup + rounds) "
-        "| load (1 min) start -> end |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for case, c in cases.items():
-        ips = {x["rounds"]: x for x in c["runs"].values() if x["setting"] == "in process"}
-        for x in c["runs"].values():
-            ip = ips.get(x["rounds"])
-            med = median(x["round_seconds"])
-            ratio = "-" if x["setting"] == "in process" or ip is None else f"{med / median(ip['round_seconds']):.0f}x"
-            ex = x.get("exchange_seconds_rounds")
-            diff = x.get("final_max_relative_difference") or {}
-            la = f"{x['load_average_start'][0]:.1f} -> {x['load_average_end'][0]:.1f}"
-            lines.append(
-                f"| {case} | {x['setting']} | {x['rounds']} | {_f(med, 3)} | {ratio} | "
-                + (f"{_f(median(ex), 3)}, {_f(p90(ex), 3)}" if ex else "-")
-                + f" | {x['exchanges_per_round']:.1f} | {_equal(x)} | "
-                + (", ".join(f"{v:.1e}" for v in diff.values()) if diff else "-")
-                + f" | {_f(x['wall_seconds_incl_startup'] if 'wall_seconds_incl_startup' in x else x['setup_seconds'] + x['rounds_wall_seconds'], 1)} | {la} |"
-            )
-    for mg in real.get("merged", []):
-        lines += [
-            "",
-            f"Runs added by a later invocation (`--merge`), started {mg['date']}, load average (1, 5, 15 min) "
-            f"{', '.join(f'{v:.1f}' for v in mg['load_average_start'])} at its start"
-            + (
-                f", {', '.join(f'{v:.1f}' for v in mg['load_average_end'])} at its end"
-                if "load_average_end" in mg
-                else ""
-            )
-            + ": "
-            + ", ".join(
-                f"{case} {x['setting']} ({x['rounds']} rounds)"
-                for case, c in cases.items()
-                for x in c["runs"].values()
-                if x.get("date", "") >= mg["date"] and x["setting"] != "in process"
-            )
-            + ".",
-        ]
-    lines += ["", "Bytes and exchanges of every Flower run against the in-process run of the same rounds:", ""]
-    for case, c in cases.items():
-        for x in c["runs"].values():
-            if x["setting"] == "in process":
-                continue
-            lines.append(
-                f"- {case}, {x['setting']}, {x['rounds']} rounds: counted bytes (our codec) {x['bytes_total']} vs "
-                f"{x['bytes_total_in_process']} in process, Flower serialized bytes {x['wire_bytes_total']}, messages "
-                f"{x['messages_total']} vs {x['messages_total_in_process']}, exchanges {x['exchanges']} (equal to in "
-                f"process: {x['exchanges_equal_in_process']}; setup exchanges "
-                f"{', '.join(f'{e:.2f}' for e in x['exchange_seconds_setup']) or 'none'} s, hello "
-                f"{x['hello_exchange_seconds']:.2f} s); history keys differing: "
-                f"{', '.join(x['history_keys_differing']) or 'none'}."
-            )
-    lines += ["", "Cases:", ""]
-    for case, c in cases.items():
-        a = c.get("algorithm", {})
-        lines.append(f"- `{case}`: {c['clients'] if 'clients' in c else '?'} clients, {c['description']}.")
-        if case.startswith("hyfdca") and a:
-            lines[-1] += (
-                f" HyFDCA settings: loss {a.get('loss')}, lambda {a.get('lam')}, eval_every {a.get('eval_every')}."
-            )
-    lines += [
-        "",
-        "Why these overrides: `encryption: none` keeps the runs affordable (HE cost is the same in process and over "
-        "Flower and is measured in benchmarks/results/hyfdca*.md; this table is about Flower's cost). "
-        "`alignment: plaintext`: with the default `alignment: psi` the one-off pairwise PSI of the 9 clients "
-        "took 126-142 s in process (measured here, load about 4) against about 0.5 s per plaintext-aligned round, so "
-        "it would dominate the wall time without telling anything about Flower's per-round cost. "
-        "`reference: false`: no centralised optimum (not part of a round). The default setting (a ClientApp "
-        "process per message) runs only for the cases listed in it; segment mode has hundreds of exchanges per "
-        "round and runs in the warm setting only.",
-        "",
-        "Settings: " + "; ".join(f"`{k}`: {v}" for k, v in real["settings"].items()) + ".",
-        "",
-        "CPU: in process (one thread) the rounds took "
-        + "; ".join(
-            f"{case} {x['rounds']} rounds {x['rounds_cpu_seconds']:.1f} CPU s ({x['rounds_wall_seconds']:.1f} wall s)"
-            for case, c in cases.items()
-            for x in c["runs"].values()
-            if x["setting"] == "in process"
-        )
-        + ". Over Flower, CPU seconds of the SuperLink, SuperNodes and `flwr run` (incl. start-up; the ServerApp, "
-        "the warm executors and the ClientApp processes count only as far as their parents reaped them): "
-        + "; ".join(
-            f"{case} {x['setting']} {x['rounds']} rounds {x['children_cpu_seconds']:.0f}"
-            for case, c in cases.items()
-            for x in c["runs"].values()
-            if "children_cpu_seconds" in x
-        )
-        + ".",
-    ]
-    return "\n".join(lines)
-
-
-def write_md(r: dict, quiet: bool = False) -> None:
-    """``flower_overhead.md``: the tables of whatever parts ``r`` holds."""
-    out = [
-        "# Flower's overhead on loopback (python -m benchmarks.flower overhead)",
-        "Reproduce: `OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.flower overhead --part ping,real "
-        "--settings warm,default --real-settings warm,default --real-rounds 5 --segment-rounds 2 --default-rounds 2` "
-        "(the ping and real parts in one invocation), then `--part real --merge --real-cases "
-        "hyfem_mfeat,hyfdca_credit_block --real-settings default --default-rounds 5` (Flower's default path at 5 "
-        "rounds) and `--md-only`; see the module docstring for the other parts and options.",
-    ]
-    if "real" in r:
-        out.append(_real_md(r["real"]))
-    if "ping" in r:
-        p = r["ping"]
-        m = p["machine"]
-        names = list(p["settings"])
-        head = "| SuperNodes | " + " | ".join(names) + " |\n|---|" + "---|" * len(names)
-        rows_med = []
-        for n, by in p["by_nodes"].items():
-            rows_med.append(
-                f"| {n}, median | " + " | ".join(_f(by[s]["median"], 3) if s in by else "-" for s in names) + " |"
-            )
-            rows_med.append(
-                f"| {n}, p90 | " + " | ".join(_f(by[s]["p90"], 3) if s in by else "-" for s in names) + " |"
-            )
-        loads = "; ".join(
-            f"{n} node(s) {s}: {by[s]['load_average_start'][0]:.1f}"
-            for n, by in p["by_nodes"].items()
-            for s in names
-            if s in by
-        )
-        allx = "\n".join(
-            f"- {n} node(s), {s}: " + ", ".join(f"{x:.3f}" for x in by[s]["ping_exchange_seconds"])
-            for n, by in p["by_nodes"].items()
-            for s in names
-            if s in by
-        )
-        runs = [x for by in p["by_nodes"].values() for x in by.values()]
-        ends = (
-            f"; part load average at start {p['load_average_start'][0]:.1f}, at end {p['load_average_end'][0]:.1f}"
-            if "load_average_end" in p
-            else ""
-        )
-        out.append(
-            f"## Empty exchanges ({_earlier(p)})\n\n"
-            f"Seconds per empty exchange (`deploy.ping`: server -> every client -> server), {p['pings']} per setting, "
-            f"loopback, flwr {m['flwr']}, {m['cores']} cores, {_tls(runs) if 'tls' in runs[0] else 'insecure gRPC'}; "
-            f"load average (1 min) at the start of each: {loads}{ends}.\n\n"
-            + head
-            + "\n"
-            + "\n".join(rows_med)
-            + "\n\n"
-            + "\n".join(f"- `{s}`: {d}" for s, d in p["settings"].items())
-            + "\n\nEvery exchange:\n\n"
-            + allx
-        )
-    for note in r.get("notes", []):  # measured analyses kept with the numbers (e.g. flower_trace.py's breakdown)
-        out.append(note.strip())
-    if "hyfem" in r:
-        h = r["hyfem"]
-        ip = h["in_process"]
-        names = [s for s in SETTINGS if s in h]
-        rows = ["| | in process | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-        for label, first, cell in (
-            ("seconds per round (median)", _f(median(ip["round_seconds"])), lambda x: _f(median(x["round_seconds"]))),
-            ("seconds per exchange (median)", "-", lambda x: _f(median(x["exchange_seconds"]))),
-            (
-                "seconds per empty exchange, 3 clients (median)",
-                "-",
-                lambda x: _f(median(x["ping_exchange_seconds"])),
-            ),
-            ("counted bytes (our codec)", str(ip["bytes_total"]), lambda x: str(x["bytes_total"])),
-            ("Flower serialized bytes", "-", lambda x: str(x["wire_bytes_total"])),
-            ("messages", str(ip["messages_total"]), lambda x: str(x["messages_total"])),
-            ("metrics equal to in process", "-", lambda x: str(x["metrics_equal_in_process"])),
-        ):
-            rows.append(_table_row(label, first, [cell(h[s]) for s in names]))
-        a = h["algorithm"]
-        out.append(
-            f"## HyFEM, digits ({_earlier(h)})\n\n"
-            f"HyFEM, digits, 3 clients, {a['rounds']} rounds x {a['local_steps']} local steps, seed 0; load average "
-            f"{h['load_average_start'][0]:.1f} at start, {h['load_average_end'][0]:.1f} at end, {h['machine']['cores']} cores.\n\n"
-            + "\n".join(rows)
-        )
-    if "hyfdca" in r:
-        d = r["hyfdca"]
-        ip = d["in_process"]
-        names = [s for s in SETTINGS if s in d]
-        rows = ["| | in process | " + " | ".join(names) + " |", "|---|---|" + "---|" * len(names)]
-        for label, first, cell in (
-            ("seconds per round (median)", _f(median(ip["round_seconds"])), lambda x: _f(median(x["round_seconds"]))),
-            ("seconds per exchange (median)", "-", lambda x: _f(median(x["exchange_seconds"]))),
-            (
-                f"counted bytes ({ip['messages_total']} messages)",
-                str(ip["bytes_total"]),
-                lambda x: str(x["bytes_total"]),
-            ),
-            ("Flower serialized bytes", "-", lambda x: str(x["wire_bytes_total"])),
-            ("max relative difference of w", "-", lambda x: f"{x['w_max_relative_difference']:.1e}"),
-        ):
-            rows.append(_table_row(label, first, [cell(d[s]) for s in names]))
-        out.append(
-            f"## HyFDCA, digits ({_earlier(d)})\n\n"
-            f"HyFDCA (plaintext), digits, 3 clients, {d['algorithm']['rounds']} rounds of 3 exchanges (+3 setup); load "
-            f"average {d['load_average_start'][0]:.1f} -> {d['load_average_end'][0]:.1f}.\n\n" + "\n".join(rows)
-        )
-    (OUT / "flower_overhead.md").write_text("\n\n".join(out) + "\n")
-    if not quiet:
-        print((OUT / "flower_overhead.md").read_text())
+def read_overhead() -> dict:
+    """The stored parts in the layout the parts write (the inverse of :func:`write_overhead`)."""
+    if not (OUT / "flower_overhead.json").is_file():
+        return {}
+    rep = harness.read_report("flower_overhead", OUT)
+    r = {k: json.loads(json.dumps(v)) for k, v in rep.get("parts", {}).items()}
+    for row in rep["rows"]:
+        part, x = row["part"], row["run"]
+        if part == "real":
+            r[part]["cases"][row["case"]].setdefault("runs", {})[row["setting"]] = x
+        elif part in DIGITS:
+            r[part][row["setting"]] = x
+        else:
+            r[part].setdefault("by_nodes", {}).setdefault(str(row["nodes"]), {})[row["setting"]] = x
+    return r
 
 
 # ======================================== part trace

@@ -62,9 +62,10 @@ others about 20 minutes together)::
         --only psi_10x10_n1000,psi_plain_10x10_n1000 --psi-samples 1000
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid \\
         --only psi_10x10_n3000 --psi-samples 3000 --timeout 2400
-    .venv/bin/python -m benchmarks.hyfdca_grid --report-only     # rewrite the .md from the .json
+    .venv/bin/python -m benchmarks.hyfdca_grid --report-only     # rewrite the report from its JSON
 
-Writes ``benchmarks/results/hyfdca_grid.json`` and ``hyfdca_grid.md``.
+Writes the report ``benchmarks/results/hyfdca_grid.json`` and ``.md`` (a row per setting, merged
+with the settings run before; what the rows show is read in docs/results.md).
 """
 
 from __future__ import annotations
@@ -415,15 +416,14 @@ def run_main() -> None:
     ap.add_argument("--psi-samples", type=int, default=1000, help="training rows of the psi_* settings")
     ap.add_argument("--only", type=str, default=None, help="comma-separated setting names (default: the default set)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per setting before it is stopped")
-    ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json, run nothing")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the report from its JSON, run nothing")
     ap.add_argument("--child", type=str, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--child-out", type=str, default=None, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.child is not None:
         Path(a.child_out).write_text(json.dumps(child(json.loads(a.child), a.eval_every, a.psi_samples), default=float))
         return
-    path = OUT / "hyfdca_grid.json"
-    results = json.loads(path.read_text()) if path.exists() else {"settings": {}}
+    results = read_grid()
     if not a.report_only:
         every = settings(a.sample_groups, a.block_groups, a.rounds, a.ckks_rounds, a.psi_samples, a.long_rounds)
         names = a.only.split(",") if a.only else [n for n, v in every.items() if v.get("default", True)]
@@ -447,366 +447,124 @@ def run_main() -> None:
                 json.dumps({k: v for k, v in r.items() if k not in ("history", "config", "round_wall_seconds")})[:1500],
                 flush=True,
             )
-            results["cpu_count"] = os.cpu_count()
-            OUT.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(results, indent=1, default=float))  # after every setting
-    (OUT / "hyfdca_grid.md").write_text(report(results))
-    print(report(results))
+            write_grid(results)  # after every setting
+    write_grid(results)
+    print((OUT / "hyfdca_grid.md").read_text())
 
 
 # ---------------------------------------------------------------- report
 
+ORDER = ("block", "block_long", "segment", "ckks_block", "ckks_segment", "ckks_segment_masked")
+COLUMNS = [
+    ("config", "setting"),
+    "status",
+    "clients",
+    ("samples", "samples"),
+    ("sigma", "sigma'"),
+    ("setup_cpu_seconds", "setup CPU s"),
+    ("setup_wall_seconds", "setup wall s"),
+    ("round_cpu_seconds_mean", "round CPU s"),
+    ("round_wall_seconds_mean", "round wall s"),
+    ("server_seconds_per_round", "server s / round"),
+    ("client_max_seconds_per_round", "slowest client s / round"),
+    ("messages_per_round", "messages / round"),
+    ("round_mb", "MB / round"),
+    ("exchanges_per_round", "exchanges / round"),
+    ("setup_mb", "setup MB"),
+    ("setup_messages", "setup messages"),
+    ("peak_rss_mb", "peak RSS MB"),
+    ("rel_1", "rel. subopt. round 1"),
+    ("rel_3", "round 3"),
+    ("rel_10", "round 10"),
+    ("rel_last", "last round"),
+    ("last_round", "(round)"),
+    ("median_rel_last10", "median rel. subopt. of the last 10 evaluations"),
+    ("median_gap_last10", "(duality gap)"),
+    ("load_start", "load before"),
+    ("load_end", "load after"),
+]
+DERIVED = ("seed", "round_mb", "setup_mb", "rel_1", "rel_3", "rel_10", "rel_last", "last_round")
+DERIVED += ("median_rel_last10", "median_gap_last10", "load_start", "load_end")
+NOTES = [
+    "MNIST 0-4 vs 5-9, 60,000 x 784, 49 tiles, hinge, lambda = 1e-3; `alignment: plaintext` (the paper's setting; "
+    "the `psi_*` settings time the PSI setup on a subsample of the rows instead), secure aggregation on (default), "
+    "full participation, last iterate. Each setting in its own single-threaded process, the clients simulated one "
+    "after another in it (a round's CPU is the sum over all clients and the server); its command, source state, "
+    "evaluated rounds and (`profile_*`) cProfile top functions are in its row of the JSON. 2 cores shared with "
+    "other sessions: wall times are inflated by the load (1-min load average before/after each run), CPU times much "
+    "less.",
+    "Round times are taken around `HyFDCAServer.run_round` (the evaluation excluded), means over the rounds run. "
+    "`server s / round`: the round's wall time minus the clients' own seconds (server work and the in-process "
+    "transport; load-sensitive). `slowest client s / round`: per exchange the slowest reply's own seconds, summed "
+    "over the exchanges (the clients' critical path if they ran in parallel). Relative suboptimality "
+    "`(P(w) - P*) / P*` of the server's model (last iterate), `P*` the liblinear optimum; `-`: not run or not "
+    "measured by that setting. `cli_*`: `hybridfl run` of `examples/configs/hyfdca_mnist.yaml` in a fresh process "
+    "(its `results.json` under `results`).",
+]
 
-def _rel(r: dict, rnd: int) -> str:
-    for h in r.get("history", []):
-        if h["round"] == rnd and "relative_suboptimality" in h:
-            return f"{h['relative_suboptimality']:.2e}"
-    return "-"
+
+def _rel(r: dict, rnd: int) -> float | None:
+    return next(
+        (
+            h["relative_suboptimality"]
+            for h in r.get("history", [])
+            if h["round"] == rnd and "relative_suboptimality" in h
+        ),
+        None,
+    )
 
 
-def _median_last(r: dict, key: str, n: int = 10) -> str:
+def _median_last(r: dict, key: str, n: int = 10) -> float | None:
     """Median of ``key`` over the last ``n`` evaluated rounds (the last iterate of SDCA on the
     hinge loss fluctuates from round to round; the median is steadier)."""
     import statistics
 
     v = [h[key] for h in r.get("history", []) if key in h][-n:]
-    return f"{statistics.median(v):.2e}" if len(v) >= n else "-"
+    return statistics.median(v) if len(v) >= n else None
 
 
-ORDER = ("block", "block_long", "segment", "ckks_block", "ckks_segment", "ckks_segment_masked")
-
-
-def report(res: dict) -> str:
+def grid_rows(res: dict) -> list[dict]:
+    """One report row per setting: everything it measured, and the table's derived cells."""
     st = res["settings"]
-    lines = [
-        "# HyFDCA on a 10 x 10 grid (100 clients), MNIST binary (issue 17)",
-        "",
-        "Written by `python -m benchmarks.hyfdca_grid` (commands per row in `hyfdca_grid.json`). MNIST 0-4 vs 5-9, "
-        "60,000 x 784, 49 tiles, hinge, lambda = 1e-3; `alignment: plaintext` (the paper's setting: "
-        "PSI alignment at 100 clients would dominate the setup, see below), secure aggregation on (default), "
-        "full participation, last iterate. Each setting in its own single-threaded process, the clients "
-        "simulated one after another in it (a round's CPU is the sum over all clients and the server). "
-        f"{res.get('cpu_count', 2)} cores shared with other sessions: wall times are inflated by the load "
-        "(1-min load average before/after each run in the table), CPU times much less.",
-        "",
-        "| setting | clients | sigma' | setup CPU s (wall) | round CPU s | round wall s | server s / round | "
-        "slowest client s / round | messages / round | MB / round | exchanges / round | setup MB | "
-        "peak RSS MB | rel. subopt. round 1 / 3 / 10 / last (round) | median rel. subopt. (duality gap) of the "
-        "last 10 evaluations | load |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
     names = [n for p in ORDER for n in sorted(st) if n.rsplit("_", 1)[0] == p]
-    for n in names:
-        r = st[n]
-        if r.get("status") != "ok":
-            lines.append(f"| {n} | **{r.get('status')}**: see `hyfdca_grid.json` |" + " |" * 14)
-            continue
-        last = r["history"][-1]["round"] if r["history"] else 0
-        lines.append(
-            f"| {n} | {r['clients']} | {r['sigma']:g} | {r['setup_cpu_seconds']:.2f} ({r['setup_wall_seconds']:.2f}) | "
-            f"{r['round_cpu_seconds_mean']:.3f} | {r['round_wall_seconds_mean']:.3f} | "
-            f"{r['server_seconds_per_round']:.3f} | {r['client_max_seconds_per_round']:.3f} | "
-            f"{r['messages_per_round']:.0f} | {r['bytes_per_round'] / 1e6:.2f} | {r['exchanges_per_round']:.0f} | "
-            f"{r['setup_bytes'] / 1e6:.1f} | {r['peak_rss_mb']:.0f} | "
-            f"{_rel(r, 1)} / {_rel(r, 3)} / {_rel(r, 10)} / {_rel(r, last)} ({last}) | "
-            f"{_median_last(r, 'relative_suboptimality')} ({_median_last(r, 'duality_gap')}) | "
-            f"{r['load_average_start'][0]:.1f}/{r['load_average_end'][0]:.1f} |"
-        )
-    lines += [
-        "",
-        "Round times are taken around `HyFDCAServer.run_round` (the evaluation excluded), means over the rounds "
-        "run (the last round in brackets in the suboptimality column). `server s / round`: the round's wall time minus the clients' own "
-        "seconds (server work and the in-process transport; load-sensitive). `slowest client s / round`: per "
-        "exchange the slowest reply's own seconds, summed over the exchanges (the clients' critical path if they "
-        "ran in parallel). Relative suboptimality `(P(w) - P*) / P*` of the server's model (last iterate), "
-        "`P*` the liblinear optimum; `-`: that round was not run.",
-    ]
-    psi = {n: st[n] for n in sorted(st) if n.startswith("psi_") and st[n].get("status") == "ok"}
-    if psi:
-        lines += [
-            "",
-            "**Setup with PSI alignment** (setup only, on a random subsample of the training rows, one core, "
-            "one PSI worker process; CPU includes the worker):",
-            "",
-            "| setting | clients | samples | setup CPU s | setup wall s | setup MB | setup messages | load |",
-            "|---|---|---|---|---|---|---|---|",
-        ]
-        for n, r in psi.items():
-            lines.append(
-                f"| {n} ({r['config']['alignment']}) | {r['clients']} | {r['samples']} | {r['setup_cpu_seconds']:.1f} | "
-                f"{r['setup_wall_seconds']:.1f} | {r['setup_bytes'] / 1e6:.1f} | {r['setup_messages']} | "
-                f"{r['load_average_start'][0]:.1f}/{r['load_average_end'][0]:.1f} |"
-            )
-    for n, r in sorted(st.items()):
-        if "profile" not in r or r.get("status") != "ok":
-            continue
-        pr = r["profile"]
-        lines += [
-            "",
-            f"**Profile of {n}** ({r['clients']} clients, {pr['rounds']} rounds under cProfile, "
-            f"{pr['profiled_seconds_per_round']:.2f} profiled s per round; profiling slows every Python call, "
-            "so read the shares): the functions with the most own time",
-            "",
-            "| function | calls / round | own s / round | share |",
-            "|---|---|---|---|",
-            *[
-                f"| `{t['function']}` | {t['calls_per_round']:.0f} | {t['seconds_per_round']:.3f} | "
-                f"{100 * t['share']:.1f} % |"
-                for t in pr["top_own_time"]
-            ],
-        ]
-    for n, r in sorted(st.items()):
-        if n.startswith("cli_") and r.get("status") == "ok":
-            res = r.get("results", {})
-            lines += [
-                "",
-                f"**Through the CLI** (`{n}`): `hybridfl run` of `examples/configs/hyfdca_mnist.yaml` (CKKS, segment "
-                f"mode, secure aggregation) with `partition: {{kind: grid, sample_groups: {r['config']['partition']['sample_groups']}, "
-                f"block_groups: {r['config']['partition']['block_groups']}}}`, `alignment: plaintext`, "
-                f"{r['config']['algorithm']['rounds']} rounds: exit status {r['returncode']}, "
-                f"{res.get('clients', '?')} clients, {r['wall_seconds']:.0f} s wall and {r['cpu_seconds']:.0f} s CPU for "
-                f"the whole process (start-up, data, setup, rounds, evaluation, checkpoint, files), mean round "
-                f"{res.get('round_seconds_mean', float('nan')):.1f} s wall, peak RSS {r['peak_rss_mb']:.0f} MB, "
-                f"relative suboptimality {res.get('relative_suboptimality', float('nan')):.2e} after the last round "
-                f"(load {r['load_average_start'][0]:.1f}/{r['load_average_end'][0]:.1f}).",
-            ]
-    lines += ckks_check(st)
-    lines += scaling(st)
-    lines += sources(st)
-    lines += psi_extrapolation(st)
-    lines += ["", *reading(st)]
-    return "\n".join(lines) + "\n"
-
-
-def ckks_check(st: dict) -> list[str]:
-    """CKKS against plaintext, same grid and mode: relative suboptimality at the same rounds."""
-    out = []
-    for n, r in sorted(st.items()):
-        # the plaintext run of the same grid and mode (masked CKKS segment: plaintext segment mode)
-        p = st.get(n.removeprefix("ckks_").replace("segment_masked_", "segment_"), {})
-        if not n.startswith("ckks_") or r.get("status") != "ok" or p.get("status") != "ok":
-            continue
-        plain = {h["round"]: h["relative_suboptimality"] for h in p["history"] if "relative_suboptimality" in h}
-        diffs = [
-            abs(h["relative_suboptimality"] - plain[h["round"]]) / plain[h["round"]]
-            for h in r["history"]
-            if "relative_suboptimality" in h and h["round"] in plain
-        ]
-        if diffs:
-            out.append(
-                f"{n}: round CPU {r['round_cpu_seconds_mean'] / p['round_cpu_seconds_mean']:.1f}x plaintext "
-                f"({r['round_wall_seconds_mean'] / p['round_wall_seconds_mean']:.1f}x wall), bytes per round "
-                f"{r['bytes_per_round'] / p['bytes_per_round']:.1f}x; relative suboptimality of rounds 1-{len(diffs)} "
-                f"within {max(diffs):.0e} (relative) of the plaintext run's."
-            )
-    return ["", "**CKKS against plaintext** (same grid, mode and seed):", "", *[f"- {x}" for x in out]] if out else []
-
-
-def sources(st: dict) -> list[str]:
-    """Which library source each setting measured (:func:`source_state`)."""
-    groups: dict[str, list[str]] = {}
-    for n, r in sorted(st.items()):
-        src = r.get("source")
-        key = (
-            f"HEAD {src['git_head']} + uncommitted {', '.join(src['src_uncommitted']) or 'nothing'} "
-            f"(src sha256 {src['src_sha256']})"
-            if src
-            else "not recorded (run before the script recorded it)"
-        )
-        groups.setdefault(key, []).append(n)
-    note = (
-        "The runs without a record ran on earlier states of `src/` (HEAD 6dcf54c to 57d0dad, with uncommitted "
-        "edits by other sessions). By `git diff` / `git show`, what changed in that window is the dataset's ID "
-        "lookups and the partition's validation (4150dac, results bit-identical by its tests), segment mode's "
-        "setup (packed Gram vectors), the CKKS backend and the clients' acceptance of an encrypted `alpha`: "
-        "none of it is in plaintext block mode's rounds or in the PSI alignment."
-    )
-    return (
-        ["", "**Source measured** (`src/` is edited by other sessions meanwhile):", ""]
-        + [f"- {k}: {', '.join(v)}" for k, v in groups.items()]
-        + (["", note] if any(k.startswith("not recorded") for k in groups) else [])
-    )
-
-
-def scaling(st: dict) -> list[str]:
-    """Ratios large grid / 3 x 3 grid of the same mode (both runs ok)."""
-    keys = (
-        ("clients", "clients"),
-        ("round_cpu_seconds_mean", "round CPU"),
-        ("server_seconds_per_round", "server s / round"),
-        ("client_max_seconds_per_round", "slowest client s / round"),
-        ("messages_per_round", "messages / round"),
-        ("bytes_per_round", "bytes / round"),
-        ("exchanges_per_round", "exchanges / round"),
-        ("setup_bytes", "setup bytes"),
-        ("setup_cpu_seconds", "setup CPU"),
-        ("peak_rss_mb", "peak RSS"),
-    )
     rows = []
-    for mode in ORDER:
-        small = st.get(f"{mode}_3x3", {})
-        for n, big in sorted(st.items()):
-            if n.rsplit("_", 1)[0] != mode or n.endswith("_3x3"):
-                continue
-            if big.get("status") != "ok" or small.get("status") != "ok":
-                continue
-            rows.append(
-                f"| {n} / {mode}_3x3 | "
-                + " | ".join(f"{big[k] / small[k]:.2f}" if small[k] else "-" for k, _ in keys)
-                + " |"
-            )
-    if not rows:
-        return []
-    return [
-        "",
-        "**Large grid / 3 x 3 grid**, same mode (ratios of the table's numbers):",
-        "",
-        "| | " + " | ".join(label for _, label in keys) + " |",
-        "|---|" + "---|" * len(keys),
-        *rows,
-    ]
+    for n in names + sorted(set(st) - set(names)):
+        r = st[n]
+        last = r["history"][-1]["round"] if r.get("history") else None
+        load0, load1 = r.get("load_average_start") or [None], r.get("load_average_end") or [None]
+        run = {k: v for k, v in r.items() if k != "config"}  # the row's config is the setting's name
+        row = {"config": n, "seed": 0, "setting": r.get("config"), **run, "last_round": last}
+        row.update(round_mb=r["bytes_per_round"] / 1e6 if "bytes_per_round" in r else None)
+        row.update(setup_mb=r["setup_bytes"] / 1e6 if "setup_bytes" in r else None)
+        row.update(rel_1=_rel(r, 1), rel_3=_rel(r, 3), rel_10=_rel(r, 10), rel_last=last and _rel(r, last))
+        row.update(median_rel_last10=_median_last(r, "relative_suboptimality"))
+        row.update(median_gap_last10=_median_last(r, "duality_gap"), load_start=load0[0], load_end=load1[0])
+        rows.append(row)
+    return rows
 
 
-def psi_extrapolation(st: dict, full: int = 60_000) -> list[str]:
-    """Least-squares line ``a + b n`` through the ``psi_*`` runs' setup CPU seconds and bytes
-    (``n`` training rows), evaluated at ``full`` rows: an extrapolation, not a run."""
-    runs = sorted(
-        (
-            r
-            for n, r in st.items()
-            if n.startswith("psi_") and r.get("status") == "ok" and r["config"]["alignment"] == "psi"
-        ),
-        key=lambda r: r["samples"],
+def write_grid(res: dict) -> None:
+    """The report ``hyfdca_grid``: :func:`grid_rows` of every setting run so far."""
+    rows = grid_rows(res)
+    harness.write_report(
+        "hyfdca_grid",
+        rows,
+        title="HyFDCA on a 10 x 10 grid (100 clients) against a 3 x 3 grid, MNIST binary",
+        command="OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_grid --only SETTING (each row: its command)",
+        columns=COLUMNS,
+        notes=NOTES,
+        out=OUT,
     )
-    if len({r["samples"] for r in runs}) < 2:
-        return []
-    import numpy as np
-
-    n = np.array([r["samples"] for r in runs], dtype=float)
-    fit = {}
-    for key in ("setup_cpu_seconds", "setup_bytes"):
-        b, a = np.polyfit(n, [r[key] for r in runs], 1)
-        fit[key] = (a, b, a + b * full)
-    c, by = fit["setup_cpu_seconds"], fit["setup_bytes"]
-    return [
-        "",
-        f"PSI setup against the rows ({', '.join(str(int(v)) for v in n)}): CPU = {c[0]:.1f} s + "
-        f"{1e3 * c[1]:.1f} ms per row, bytes = {by[0] / 1e6:.1f} MB + {by[1] / 1e3:.1f} kB per row; "
-        f"**extrapolated (not run) to all {full:,} rows: {c[2] / 3600:.1f} h CPU and {by[2] / 1e9:.1f} GB "
-        "relayed by the server**, against under 1 s and a few MB with `alignment: plaintext`.",
-    ]
 
 
-def _num(st: dict, name: str, key: str, fmt: str = ".2f") -> str:
-    r = st.get(name, {})
-    return format(r[key], fmt) if r.get("status") == "ok" and key in r else "?"
-
-
-def _mb(st: dict, name: str, key: str) -> str:
-    r = st.get(name, {})
-    return f"{r[key] / 1e6:,.0f} MB" if r.get("status") == "ok" and key in r else "?"
-
-
-def _ratio(st: dict, big: str, small: str, key: str) -> str:
-    a, b = st.get(big, {}), st.get(small, {})
-    if a.get("status") != "ok" or b.get("status") != "ok" or not b.get(key):
-        return "?"
-    return f"{a[key] / b[key]:.1f}x"
-
-
-def reading(st: dict) -> list[str]:
-    """The reading under the tables: what scales with the number of clients and why (the numbers
-    are filled in from ``st``; the mechanisms are the protocol's, :mod:`hybridfl.algorithms.hyfdca`)."""
-    big = next((n.split("_", 1)[1] for n in sorted(st) if n.startswith("block_") and not n.endswith("_3x3")), "10x10")
-    b, s3, bl = f"block_{big}", "block_3x3", f"block_long_{big}"
-    g, g3 = f"segment_{big}", "segment_3x3"
-    cb, cs = f"ckks_block_{big}", f"ckks_segment_{big}"
-    prof = st.get(f"profile_block_{big}", {}).get("profile", {}).get("top_own_time", [])
-    prof3 = st.get("profile_block_3x3", {}).get("profile", {}).get("top_own_time", [])
-
-    rss = sorted(
-        r["peak_rss_mb"] for n, r in st.items() if r.get("status") == "ok" and n.rsplit("_", 1)[0] in ORDER
-    ) or [float("nan")]
-
-    def calls(rows: list, fn: str) -> str:
-        return next((f"{t['calls_per_round']:,.0f}" for t in rows if t["function"].endswith(fn)), "?")
-
-    return [
-        "## Reading",
-        "",
-        f"**It completes.** The {big} grid ({_num(st, b, 'clients', 'd')} clients, 6,000 samples x 4-5 tiles each) "
-        "runs in block and segment mode, plaintext and CKKS, in process and through `hybridfl run` (below), with "
-        f"no error and no check rejecting anything; nothing in `src/` needed changing. Time per round (CPU of all clients and the server in one process): block "
-        f"{_num(st, b, 'round_cpu_seconds_mean')} s, segment {_num(st, g, 'round_cpu_seconds_mean')} s, CKKS block "
-        f"{_num(st, cb, 'round_cpu_seconds_mean')} s, CKKS segment {_num(st, cs, 'round_cpu_seconds_mean')} s "
-        "(wall times in the table). CKKS gives the plaintext run's numbers (list above).",
-        "",
-        "**What grows with the clients, and why** (grid of S sample groups x F block groups, K = S F clients, "
-        "N samples, d features):",
-        "",
-        "- *Messages per round* = 2 x clients asked x exchanges. Block mode asks every client in each of its 3 "
-        f"exchanges: 6K messages ({_ratio(st, b, s3, 'messages_per_round')}, as the clients). Segment mode "
-        "(sequential) has one exchange per mini-batch of each segment plus 2 per segment (about N / b + 2S, "
-        f"nearly the same for both grids: {_num(st, g, 'exchanges_per_round', '.0f')} vs "
-        f"{_num(st, g3, 'exchanges_per_round', '.0f')}), each with the F holders of the segment: messages grow as F "
-        f"({_ratio(st, g, g3, 'messages_per_round')}).",
-        "- *Bytes per round* grow as F N + S d, not as K: each per-sample vector (inner-product shares, summed "
-        "inner products, dual changes) travels once per holder of the sample (F times), `w` and the primal shares "
-        f"once per (sample group, feature): {_ratio(st, b, s3, 'bytes_per_round')} (block) and "
-        f"{_ratio(st, g, g3, 'bytes_per_round')} (segment) for F going 3 -> 10. CKKS adds padding: a client's "
-        "per-segment vector takes ceil(n / 4096) ciphertexts (6,000 values: 2 ciphertexts, 73 % full; 20,000: 5, "
-        f"98 %), so CKKS block bytes grow {_ratio(st, cb, 'ckks_block_3x3', 'bytes_per_round')}; in segment mode "
-        "each 128-value batch fills 3 % of a ciphertext, whence 61x the plaintext bytes on any grid.",
-        "- *Round CPU* (clients simulated one after another): the local SDCA does one coordinate step per "
-        "(client, sample): each sample is stepped by each of its F holders on its own block (block mode), or the "
-        "F holders of a segment repeat the same exact batch steps (segment mode). That is F N steps per round "
-        f"(`coordinate_step` calls in the profiles: {calls(prof, ':coordinate_step')} vs {calls(prof3, ':coordinate_step')}), "
-        f"and the CPU grows about as F: {_ratio(st, b, s3, 'round_cpu_seconds_mean')} (block), "
-        f"{_ratio(st, g, g3, 'round_cpu_seconds_mean')} (segment). On top, a part that grows with the clients: "
-        "secure aggregation masks each client's primal share with every other client of the exchange "
-        "(K (K - 1) pair masks per round: 9,900 vs 72, the 9,900 seen in the profile; the X25519 agreements, "
-        "K (K - 1), are made once, in the first round, and cached; 90 of a client's 99 peers share no block "
-        "with it, so their masks are empty but still set up) and the per-message encoding and checks. "
-        "In a deployment, where the clients run in parallel, the slowest client's seconds per round fall "
-        f"({_ratio(st, b, s3, 'client_max_seconds_per_round')} in block mode: 6,000 samples x 64-80 "
-        f"features per client instead of 20,000 x 256-272; not in segment mode, "
-        f"{_ratio(st, g, g3, 'client_max_seconds_per_round')}: there every holder repeats each batch's b x b "
-        "exact steps whatever its features and the round is a chain of about 470 batches on either grid, each "
-        "waiting for the slowest of F holders; we did not profile this further) while the server's grow with "
-        f"the messages ({_ratio(st, b, s3, 'server_seconds_per_round')} in block mode; "
-        "`server s / round` is the round's wall time minus the clients' own seconds, so it also holds the "
-        "in-process transport and is load-sensitive).",
-        "- *Setup*: segment mode sums every holder's partial Gram matrix of every batch: F N (b + 1) / 2 values "
-        "up and their sums back down to every holder "
-        f"({_mb(st, g, 'setup_bytes')} vs {_mb(st, g3, 'setup_bytes')} plaintext; "
-        f"{_mb(st, cs, 'setup_bytes')} under CKKS). Block mode's setup is small either way.",
-        f"- *Peak RSS* ({rss[0]:.0f}-{rss[-1]:.0f} MB over the settings) is the "
-        "in-process simulation: about 760 MB after loading the data (with torch), then every client's copy of "
-        "its cell, and in segment mode every holder's full 128 x 128 Gram of each of its batches (F N b 8 bytes: "
-        "614 MB at 10 x 10, 184 MB at 3 x 3). A deployment spreads this over the clients.",
-        "- *Convergence.* Block mode (the paper's protocol) uses CoCoA+'s safe sigma' = K, which damps every "
-        f"client's step by 1 / K: after {len(st.get(b, {}).get('history', []))} rounds its model is at "
-        f"{_num(st, b, 'relative_suboptimality', '.2e')} relative suboptimality on the {big} grid against "
-        f"{_num(st, s3, 'relative_suboptimality', '.2e')} on the 3 x 3 grid (sigma' = 9)"
-        + (
-            f", and after {len(st[bl]['history']) and st[bl]['history'][-1]['round']} rounds at "
-            f"{_num(st, bl, 'relative_suboptimality', '.2e')} (`{bl}`)"
-            if st.get(bl, {}).get("status") == "ok"
-            else ""
-        )
-        + ": the paper's protocol needs more rounds the more clients there are. (Its duality gap is the loose one of the holders' mean "
-        "`alpha`, `hyfdca.md`.) Segment mode with the sequential schedule makes every round one exact epoch of "
-        "centralised SDCA whatever the grid (sigma' = 1): both grids run the same algorithm in different random "
-        "orders and converge alike (median of the last 10 evaluations in the table; the last iterate of SDCA on the "
-        "hinge loss fluctuates), but a round is a chain of about 490 exchanges (126 s of modelled latency per "
-        "round at the paper's 0.2575 s per round trip, against 0.77 s for block mode's 3).",
-        "- *PSI alignment* (the library's default) costs about two elliptic-curve exponentiations per ID of the "
-        "lower-named client of every pair of clients: K (K - 1) / 2 = 4,950 pairs of 6,000 IDs on the 10 x 10 grid "
-        "against 36 pairs of 20,000 on the 3 x 3 one: 41x the exponentiations (the 3 x 3 setup measured 178 s CPU, "
-        "with 2 worker processes at load 17-20, `hyfdca_psi.md`). Hence `alignment: plaintext` for the timings "
-        "above, and the PSI cost measured on subsamples and extrapolated linearly in the rows (the PSI table). "
-        "Both alignments give the same segments and rounds (`hyfdca_psi.md`).",
-    ]
+def read_grid() -> dict:
+    """The settings run so far, from the report (``{"settings": {}}`` without one)."""
+    if not (OUT / "hyfdca_grid.json").exists():
+        return {"settings": {}}
+    rows = harness.read_report("hyfdca_grid", OUT)["rows"]
+    drop = ("config", "setting", *DERIVED)
+    runs = {r["config"]: {"config": r["setting"], **{k: v for k, v in r.items() if k not in drop}} for r in rows}
+    return {"settings": {n: {k: v for k, v in r.items() if v is not None or k != "config"} for n, r in runs.items()}}
 
 
 PARTS = {

@@ -25,9 +25,9 @@ and for every HyFDCA dual iterate. ``P*`` is the smallest primal value seen (lib
 SDCA's or any HyFDCA iterate's), so a relative suboptimality is only resolved down to about
 ``(P* - best D) / P*``, which the markdown reports.
 
-One (dataset, lambda) problem per call; every call merges its runs into
-``benchmarks/results/hyfdca_lambda.json`` and rewrites ``hyfdca_lambda.md`` and
-``hyfdca_lambda.png`` from the whole file::
+One (dataset, lambda) problem per call; every call merges its runs into the reports
+``benchmarks/results/hyfdca_lambda.json`` (the HyFDCA runs) and ``hyfdca_lambda_reference.json``
+(the reference optimum of every problem), with their ``.md``, and redraws ``hyfdca_lambda.png``::
 
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_lambda --data adult --lam 1e-5 --rounds 300
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_lambda --data mnist --lam 5e-5 \\
@@ -35,7 +35,7 @@ One (dataset, lambda) problem per call; every call merges its runs into
     OMP_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_lambda --data adult --lam 1e-5 --rounds 300 \\
         --mode segment --average-last 0.5
 
-The exact commands of the committed results are listed at the end of ``hyfdca_lambda.md``.
+The exact commands of the committed results are listed in the notes of ``hyfdca_lambda.md``.
 """
 
 from __future__ import annotations
@@ -237,101 +237,78 @@ def finish(entry: dict) -> None:
             r[f"first_round_below_{target:g}"] = hit
 
 
-def at_round(hist: list[dict], r: int, key: str):
-    h = next((h for h in hist if h["round"] >= r), None)
-    return None if h is None else h[key]
+RUN_COLUMNS = [
+    "data",
+    "lambda",
+    "mode",
+    ("final_round", "rounds"),
+    ("relative_suboptimality", "final rel. subopt."),
+    ("duality_gap", "final gap"),
+    ("relative_duality_gap", "final rel. gap"),
+    ("first_round_below_0.01", "first round <= 1e-2"),
+    ("first_round_below_0.001", "<= 1e-3"),
+    ("first_round_below_0.0001", "<= 1e-4"),
+    "accuracy",
+    ("cpu_seconds", "CPU s"),
+    ("round_seconds_mean", "s/round"),
+]
+REFERENCE_COLUMNS = [
+    "data",
+    "lambda",
+    ("shape", "X"),
+    ("density", "non-zeros"),
+    ("p_star", "P*"),
+    ("p_star_source", "P* from"),
+    ("best_dual", "best dual D"),
+    ("resolved", "(P* - D) / P*"),
+    ("liblinear_relative_spread", "liblinear spread over tol"),
+    ("liblinear_hit_max_iter", "liblinear at its iteration cap"),
+]
+NOTES = [
+    "Hinge loss, 3 x 3 grid (3 sample groups x 3 block groups = 9 clients), plaintext (`encryption: none`, "
+    "`alignment: plaintext`, `secure_aggregation: false`: encryption does not change the iterates, it only "
+    "costs time), last iterate unless the mode ends in `_avg<x>` (`average_last: x`), seed 0. `block` = the "
+    "paper's protocol (`dual_mode: block`); `segment` = our extension (`dual_mode: segment`, "
+    "`segment_schedule: sequential`, `batch_size: 128`). Relative suboptimality `(P(w) - P*) / P*`; gap = "
+    "absolute duality gap `P(w(alpha)) - D(alpha)` (a certificate in segment mode; in block mode the gap of "
+    "the holders' mean dual certifies nothing useful). CPU seconds are one core's process time, evaluation "
+    "included; each row keeps the load average and its evaluated rounds (`history`).",
+]
 
 
-def fmt(v) -> str:
-    """3 significant digits; below 0.01 in the ``1.23e-4`` form of the other result files."""
-    if v is None:
-        return "-"
-    if v == 0 or abs(v) >= 0.01:
-        return f"{v:.3g}"
-    m, e = f"{v:.2e}".split("e")
-    return f"{m}e{int(e)}"
-
-
-def write_md(res: dict) -> None:
-    lines = [
-        "## HyFDCA at the paper's small lambda (issue 16)",
-        "",
-        "Written by `python -m benchmarks.hyfdca_lambda` (see its docstring). Hinge loss, 3 x 3 grid (3 sample",
-        "groups x 3 block groups = 9 clients), plaintext (`encryption: none`, `alignment: plaintext`,",
-        "`secure_aggregation: false`: encryption does not change the iterates, it only costs time),",
-        "last iterate (`average_last: 0`) unless the mode ends in `_avg<x>` (`average_last: x`: the output",
-        "is the mean of the last x share of the rounds' iterates), seed 0. `block` = the paper's protocol",
-        "(`dual_mode: block`, the default); `segment` = our extension (`dual_mode: segment`,",
-        "`segment_schedule: sequential`, `batch_size: 128`). Relative suboptimality `(P(w) - P*) / P*`; gap = absolute duality gap",
-        "`P(w(alpha)) - D(alpha)` (a certificate: `P(w(alpha)) - P* <= gap`). CPU seconds are one",
-        "core's process time (evaluation included); the machine is shared (load in the JSON).",
-        "",
-        "### Reference optimum (liblinear, `LinearSVC(loss='hinge', dual=True, fit_intercept=False)`)",
-        "",
-        "| data | lambda | X | tol | iterations (cap) | P(w) | rel. to P* | CPU s |",
-        "|---|---|---|---|---|---|---|---|",
-    ]
+def rows_of(res: dict) -> tuple[list[dict], list[dict]]:
+    """The HyFDCA runs (one row per problem and mode, its evaluated rounds under ``history``) and the
+    reference optimum of every problem (one row each, liblinear's tolerances under ``liblinear``)."""
+    runs, refs = [], []
     for key, e in res["problems"].items():
-        for x in e["liblinear"]:
-            cap = f"{x['n_iter']} ({x['max_iter']}{', hit' if x['hit_max_iter'] else ''})"
-            rel = e["liblinear_relative_suboptimality"][f"{x['tol']:g}"]
-            lines.append(
-                f"| {e['data']} | {e['lambda']:g} | {e['shape'][0]} x {e['shape'][1]}, "
-                f"{'CSR' if e['X_sparse'] else 'dense'} {100 * e['density']:.1f} % nnz | {x['tol']:g} | {cap} | "
-                f"{x['objective']:.10g} | {fmt(rel)} | {x['cpu_seconds']:.1f} |"
-            )
-    lines += [
-        "",
-        "`P*` = smallest primal value seen (liblinear's, SDCA's from liblinear's KKT dual point, or any",
-        "HyFDCA iterate's). Certificate: the best dual value `D(alpha)` (that SDCA's or a HyFDCA",
-        "iterate's) bounds `P*` from below, so suboptimalities below `(P* - D) / P*` are not resolved.",
-        "",
-        "| data | lambda | P* (source) | best dual D | (P* - D) / P* | liblinear tol 1e-8 minus D |",
-        "|---|---|---|---|---|---|",
-    ]
-    for e in res["problems"].values():
-        lines.append(
-            f"| {e['data']} | {e['lambda']:g} | {e['p_star']:.10g} ({e['p_star_source']}) | "
-            f"{format(e['best_dual'], '.10g')} | {fmt((e['p_star'] - e['best_dual']) / abs(e['p_star']))} | "
-            f"{fmt(e['liblinear_tightest_minus_best_dual'])} |"
-        )
-    lines += [
-        "",
-        "### HyFDCA: relative suboptimality / duality gap vs rounds",
-        "",
-        "| data | lambda | mode | rounds | r10 | r50 | r100 | final subopt. | final gap (rel.) | first round <= 1e-2 / 1e-3 / 1e-4 | accuracy | CPU s (s/round) |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for e in res["problems"].values():
+        meta = {k: v for k, v in e.items() if k != "modes"}
+        hit = all(x["hit_max_iter"] for x in e["liblinear"])
+        resolved = (e["p_star"] - e["best_dual"]) / abs(e["p_star"])
+        refs.append({"config": key, "seed": 0, **meta, "resolved": resolved, "liblinear_hit_max_iter": hit})
         for mode, r in e["modes"].items():
-            h = r["history"]
-            cells = [
-                f"{fmt(at_round(h, k, 'relative_suboptimality'))} / {fmt(at_round(h, k, 'duality_gap'))}"
-                if h[-1]["round"] >= k
-                else "-"
-                for k in (10, 50, 100)
-            ]
-            f = r["final"]
-            hits = " / ".join(str(r[f"first_round_below_{t:g}"] or "-") for t in (1e-2, 1e-3, 1e-4))
-            lines.append(
-                f"| {e['data']} | {e['lambda']:g} | {mode} | {f['round']} | {' | '.join(cells)} | "
-                f"{fmt(f['relative_suboptimality'])} | {fmt(f['duality_gap'])} ({fmt(f['relative_duality_gap'])}) | "
-                f"{hits} | {f['accuracy']:.4f} | {r['cpu_seconds']:.0f} ({r['round_seconds_mean']:.2f}) |"
+            final = {k: v for k, v in r["final"].items() if k != "round"}
+            row = {"config": f"{key} {mode}", "seed": 0, "problem": key, "data": e["data"], "lambda": e["lambda"]}
+            run = {k: v for k, v in r.items() if k not in ("final", "config")}
+            runs.append(
+                {**row, "mode": mode, "final_round": r["final"]["round"], **final, **run, "hyfdca": r["config"]}
             )
-    lines += [
-        "",
-        "Cells r10/r50/r100: relative suboptimality / absolute gap at that round. In `block` mode the gap",
-        "is that of the holders' mean dual and certifies nothing useful (`hyfdca.md`); in `segment` mode",
-        "there is one dual per sample and the gap is a real certificate. liblinear stopped at its",
-        "iteration cap at every tolerance here (`hit`); the spread between its tolerances and the",
-        "certificate above say how far its `P` can be from the optimum.",
-        "",
-        "Commands:",
-        "",
-    ]
-    lines += [f"    {c}" for c in res["commands"]]
-    lines += ["", "Plot: `hyfdca_lambda.png`.", ""]
-    (OUT / "hyfdca_lambda.md").write_text("\n".join(lines))
+    return runs, refs
+
+
+def load_results() -> dict:
+    """The stored problems (from the two reports :func:`save` writes), ``{"problems": {}, "commands": []}``
+    when there are none."""
+    if not RESULT.is_file():
+        return {"problems": {}, "commands": []}
+    runs, refs = harness.read_report("hyfdca_lambda", OUT), harness.read_report("hyfdca_lambda_reference", OUT)
+    drop = {"config", "seed", "resolved", "liblinear_hit_max_iter"}
+    problems = {r["config"]: {**{k: v for k, v in r.items() if k not in drop}, "modes": {}} for r in refs["rows"]}
+    keep = ("cpu_seconds", "wall_seconds", "round_seconds_mean", "load_average", "history")
+    for r in runs["rows"]:
+        problems[r["problem"]]["modes"][r["mode"]] = {"config": r["hyfdca"], **{k: r[k] for k in keep if k in r}}
+    for e in problems.values():
+        finish(e)
+    return {"problems": problems, "commands": runs.get("commands", [])}
 
 
 def plot(res: dict) -> None:
@@ -366,11 +343,39 @@ def plot(res: dict) -> None:
 
 
 def save(res: dict, cmd: str) -> None:
-    """Record ``cmd`` and write the JSON, the markdown and the plot."""
+    """Record ``cmd`` and write the two reports (:func:`rows_of`) and the plot."""
     if cmd not in res["commands"]:
         res["commands"].append(cmd)
-    RESULT.write_text(json.dumps(res, indent=1, default=float))
-    write_md(res)
+    runs, refs = rows_of(res)
+    commands = ["Commands of the rows: " + "; ".join(f"`{c}`" for c in res["commands"]) + "."]
+    extra = {"commands": res["commands"]}
+    harness.write_report(
+        "hyfdca_lambda",
+        runs,
+        title="HyFDCA at the paper's small lambda: relative suboptimality and duality gap",
+        command=cmd,
+        columns=RUN_COLUMNS,
+        notes=NOTES + commands,
+        out=OUT,
+        extra=extra,
+    )
+    harness.write_report(
+        "hyfdca_lambda_reference",
+        refs,
+        title="HyFDCA at the paper's small lambda: the reference optimum",
+        command=cmd,
+        columns=REFERENCE_COLUMNS,
+        notes=[
+            "liblinear (`LinearSVC(loss='hinge', dual=True, fit_intercept=False)`) at tolerances 1e-4, 1e-6, "
+            "1e-8 (`liblinear`: objective, iterations, CPU seconds of each). `P*` = the smallest primal value "
+            "seen (liblinear's, SDCA's from liblinear's KKT dual point, or any HyFDCA iterate's); the best "
+            "dual value `D` bounds `P*` from below, so relative suboptimalities below `(P* - D) / P*` are not "
+            "resolved.",
+            *commands,
+        ],
+        out=OUT,
+        extra=extra,
+    )
     plot(res)
 
 
@@ -396,7 +401,7 @@ def run_main() -> None:
     )
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    res = json.loads(RESULT.read_text()) if RESULT.is_file() else {"problems": {}, "commands": []}
+    res = load_results()
     key = f"{a.data}_lambda{a.lam:g}"
     split, pos, desc = problem(a.data)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)

@@ -31,12 +31,12 @@ whose CKKS setup encrypts ``n_s (b + 1) / 2`` Gram values per holder)::
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_speed \
         --rounds 60 --step-average-rounds 25 --target 0.001 --ckks-rounds 3 [--batch-size 512]
 
-Writes ``benchmarks/results/hyfdca_speed.json`` and ``.md`` (``hyfdca_speed_b<size>.*`` at another
-batch size; with the machine's load average: the machine is shared, so wall times are only
-comparable within one run). Writing a file again keeps the headline numbers of the runs it held
-before (``earlier_runs``, with the commit that last wrote it).
+Adds the run to the report ``benchmarks/results/hyfdca_speed.json`` and ``.md``: one row per run,
+the latest of each batch size with the whole run, the earlier ones with their headline numbers and
+commit (with the machine's load average: the machine is shared, so wall times are only comparable
+within one run).
 
-Profile a round instead (cProfile, CPU clock; ``hyfdca_speed_profile[_<scheme>][_b<size>].*``)::
+Profile a round instead (cProfile, CPU clock; rows of ``hyfdca_speed_profile.*``)::
 
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 nice -n 10 .venv/bin/python -m benchmarks.hyfdca_speed \
         --profile 2 --profile-scheme ckks_secret_key [--batch-size 512]
@@ -45,7 +45,6 @@ Profile a round instead (cProfile, CPU clock; ``hyfdca_speed_profile[_<scheme>][
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 from contextlib import contextmanager
@@ -311,13 +310,13 @@ def run_main() -> None:
         "--batch-size",
         type=int,
         default=128,
-        help="samples per mini-batch exchange (the example's 128; another size writes hyfdca_speed_b<size>.*)",
+        help="samples per mini-batch exchange (the example's 128; each size has its own rows in the report)",
     )
     ap.add_argument(
         "--profile",
         type=int,
         default=0,
-        help="only profile this many rounds (cProfile, CPU clock) and write hyfdca_speed_profile[_<scheme>][_b<size>].*",
+        help="only profile this many rounds (cProfile, CPU clock): rows of hyfdca_speed_profile.*",
     )
     ap.add_argument(
         "--profile-scheme",
@@ -325,18 +324,8 @@ def run_main() -> None:
         default="none",
         help="what --profile runs: plaintext (none), CKKS with the public key (ckks) or the secret key (ckks_secret_key)",
     )
-    ap.add_argument(
-        "--summary",
-        action="store_true",
-        help="only tabulate the written hyfdca_speed[_b<size>].json files by batch size into hyfdca_speed_batches.md",
-    )
     a = ap.parse_args()
     t_start = time.perf_counter()
-    if a.summary:
-        text = summary()
-        (OUT / "hyfdca_speed_batches.md").write_text(text)
-        print(text)
-        return
     if a.profile:
         with single_threaded():
             split = harness.shrink(load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True))
@@ -349,15 +338,8 @@ def run_main() -> None:
             + ("" if a.profile_scheme == "none" else f" --profile-scheme {a.profile_scheme}")
         )
         prof["load_average"] = load()
-        stem = (
-            "hyfdca_speed_profile"
-            + ("" if a.profile_scheme == "none" else f"_{a.profile_scheme}")
-            + ("" if a.batch_size == 128 else f"_b{a.batch_size}")
-        )
-        OUT.mkdir(parents=True, exist_ok=True)
-        (OUT / f"{stem}.json").write_text(json.dumps(prof, indent=1, default=float))
-        (OUT / f"{stem}.md").write_text(profile_report(prof, a.batch_size))
-        print(profile_report(prof, a.batch_size))
+        prof["batch_size"] = a.batch_size
+        write_profile(prof)
         return
     out: dict = {
         "dataset": "MNIST binary (0-4 vs 5-9), 60,000 x 784, 49 tiles of 4 x 4, 3 x 3 grid = 9 clients",
@@ -433,294 +415,124 @@ def run_main() -> None:
     out.update(liblinear=ll, hyfdca=hy, hyfdca_step_average=hy_avg, ckks_vs_plaintext=enc)
     out["load_average_end"] = load()
     out["benchmark_seconds"] = time.perf_counter() - t_start
-    OUT.mkdir(parents=True, exist_ok=True)
-    stem = "hyfdca_speed" + ("" if a.batch_size == 128 else f"_b{a.batch_size}")
-    out["earlier_runs"] = earlier_runs(OUT / f"{stem}.json")
-    (OUT / f"{stem}.json").write_text(json.dumps(out, indent=1, default=float))
-    (OUT / f"{stem}.md").write_text(report(out))
-    print(report(out))
+    write_speed(out)
 
 
-def summary() -> str:
-    """The latest run of every ``hyfdca_speed[_b<size>].json`` side by side, by batch size."""
-    runs = sorted(
-        (json.loads(p.read_text()) for p in OUT.glob("hyfdca_speed*.json") if "profile" not in p.name),
-        key=lambda o: o["batch_size"],
-    )
-    lines = [
-        "# HyFDCA speed by batch size (issue 17): MNIST binary, 3 x 3 grid, segment mode",
-        "",
-        "Tabulated by `.venv/bin/python -m benchmarks.hyfdca_speed --summary` from the files named in the first "
-        "column (each its latest run; commands, loads and earlier runs there). CKKS degree 8192 (4,096 slots); "
-        "one exchange = one ciphertext per holder of `b` values, summed by the server, decrypted by each holder "
-        "(masked: `b` uint64 words per holder, the duals still under CKKS). "
-        "CPU seconds per round, mean of the `--ckks-rounds` rounds run one after the other in one process.",
-        "",
-        "| batch `b` (file) | slots used per exchange ciphertext | plaintext round CPU s | CKKS public key: round CPU s (ratio) "
-        "| CKKS secret key: round CPU s (ratio) | CKKS MB/round | CKKS setup CPU s (public / secret key) "
-        "| CKKS, inner products masked: round CPU s, public / secret key (ratios) "
-        "| w max abs diff CKKS vs plaintext | HyFDCA / liblinear CPU to 1e-3 (round) "
-        "| with `step_average`: rounds (round); with the setup | load at start |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for o in runs:
-        enc, hy, b = o["ckks_vs_plaintext"], o["hyfdca"], o["batch_size"]
-        pk, sk = enc["ckks"], enc["ckks_secret_key"]
-        name = "hyfdca_speed" + ("" if b == 128 else f"_b{b}") + ".md"
-        ll = hy.get("ratio_to_liblinear", {}).get("cpu_rounds")
-        lines.append(
-            f"| {b} (`{name}`) | {min(b, 4096) / 4096:.0%} | {enc['none']['round_cpu_seconds_mean']:.3f} | "
-            f"{pk['round_cpu_seconds_mean']:.2f} (**{pk['round_cpu_ratio']:.1f}x**) | "
-            f"{sk['round_cpu_seconds_mean']:.2f} (**{sk['round_cpu_ratio']:.1f}x**) | {pk['round_bytes_mean'] / 1e6:.1f} | "
-            f"{pk['setup_cpu_seconds']:.0f} / {sk['setup_cpu_seconds']:.0f} | "
-            + (
-                f"{enc['ckks_masked']['round_cpu_seconds_mean']:.2f} / "
-                f"{enc['ckks_secret_key_masked']['round_cpu_seconds_mean']:.2f} "
-                f"(**{enc['ckks_masked']['round_cpu_ratio']:.1f}x** / **{enc['ckks_secret_key_masked']['round_cpu_ratio']:.1f}x**) | "
-                if all(k in enc for k in MASKED)
-                else "not run | "
-            )
-            + f"{max(enc[k]['w_max_abs_difference'] for k in ('ckks', 'ckks_secret_key', *MASKED) if k in enc):.1e} | "
-            + (f"{ll:.1f}x ({hy['round']})" if ll is not None else "not reached")
-            + " | "
-            + step_average_cell(o.get("hyfdca_step_average"))
-            + f" | {o['load_average_start']} |"
-        )
-    lines.append("")
-    return "\n".join(lines)
-
-
-def step_average_cell(av: dict | None) -> str:
-    """The summary's ``step_average`` cell: the ratios to liblinear, rounds only and with the setup."""
-    if av is None:
-        return "not run"
-    if not av.get("reached"):
-        return "not reached"
-    r = av["ratio_to_liblinear"]
-    return f"**{r['cpu_rounds']:.1f}x** ({av['round']}); {r['cpu_with_setup']:.1f}x"
+SPEED_COLUMNS = [
+    ("batch_size", "batch"),
+    "latest",
+    "commit",
+    ("load_average_start", "load at start"),
+    ("liblinear_cpu_seconds", "liblinear CPU s"),
+    ("hyfdca_round", "HyFDCA round to 1e-3"),
+    ("hyfdca_to_liblinear_cpu_rounds", "HyFDCA / liblinear CPU"),
+    ("step_average_round", "step_average: round"),
+    ("step_average_to_liblinear_cpu_rounds", "step_average / liblinear CPU"),
+    ("step_average_to_liblinear_cpu_with_setup", "... with the setup"),
+    ("plaintext_round_cpu_seconds", "plaintext round CPU s"),
+    ("ckks_round_cpu_ratio", "CKKS round / plaintext (public key)"),
+    ("ckks_secret_key_round_cpu_ratio", "(secret key)"),
+    ("ckks_masked_round_cpu_ratio", "masked inner products (public key)"),
+    ("ckks_secret_key_masked_round_cpu_ratio", "(secret key)"),
+    ("ckks_round_megabytes", "CKKS MB/round"),
+    ("ckks_setup_cpu_seconds", "CKKS setup CPU s"),
+    ("w_max_abs_difference", "w max abs diff"),
+]
+SPEED_NOTES = [
+    "One row per run (`latest`: the last run at that batch size; the others keep their headline numbers). "
+    "CPU seconds, one process, single-threaded; 2 cores shared with other sessions (wall times are inflated by "
+    "the load, CPU times much less). HyFDCA / liblinear: HyFDCA's CPU seconds for the rounds to relative "
+    "suboptimality 1e-3 (plaintext, evaluated every round, the setup excluded) over liblinear's (median of the "
+    "solves); `step_average`: the same with `step_average: true`. CKKS degree 8192 (4,096 slots); one "
+    "exchange = one ciphertext per holder of `b` values (masked: `b` uint64 words per holder, the duals still "
+    "under CKKS); the ratios are of the mean CPU seconds of the `--ckks-rounds` rounds run one after the "
+    "other. w max abs diff: the largest over the CKKS settings against plaintext. Each latest row holds the "
+    "whole run under `run` (liblinear's solves, every evaluated round, every CKKS setting's times and bytes)."
+]
 
 
 def headline(o: dict) -> dict:
-    """A run's headline numbers (kept in ``earlier_runs`` when the file is written again)."""
-    hy, enc = o["hyfdca"], o["ckks_vs_plaintext"]
+    """A run's headline numbers (a row of the speed report)."""
+    hy, enc, av = o["hyfdca"], o["ckks_vs_plaintext"], o.get("hyfdca_step_average", {})
     return {
         "command": o["command"],
         "load_average_start": o["load_average_start"],
         "liblinear_cpu_seconds": o["liblinear"]["cpu_seconds_median"],
         "hyfdca_round": hy.get("round"),
         "hyfdca_to_liblinear_cpu_rounds": hy.get("ratio_to_liblinear", {}).get("cpu_rounds"),
-        "step_average_round": o.get("hyfdca_step_average", {}).get("round"),
-        "step_average_to_liblinear_cpu_rounds": o.get("hyfdca_step_average", {})
-        .get("ratio_to_liblinear", {})
-        .get("cpu_rounds"),
+        "step_average_round": av.get("round"),
+        "step_average_to_liblinear_cpu_rounds": av.get("ratio_to_liblinear", {}).get("cpu_rounds"),
+        "step_average_to_liblinear_cpu_with_setup": av.get("ratio_to_liblinear", {}).get("cpu_with_setup"),
         "plaintext_round_cpu_seconds": enc["none"]["round_cpu_seconds_mean"],
         "ckks_round_cpu_ratio": enc["ckks"]["round_cpu_ratio"],
         "ckks_secret_key_round_cpu_ratio": enc["ckks_secret_key"]["round_cpu_ratio"],
         "ckks_round_megabytes": enc["ckks"]["round_bytes_mean"] / 1e6,
+        "ckks_setup_cpu_seconds": enc["ckks"]["setup_cpu_seconds"],
+        "w_max_abs_difference": max(
+            v["w_max_abs_difference"] for v in enc.values() if isinstance(v, dict) and "w_max_abs_difference" in v
+        ),
         **{f"{k}_round_cpu_ratio": enc[k]["round_cpu_ratio"] for k in MASKED if k in enc},
     }
 
 
-def earlier_runs(path: Path) -> list[dict]:
-    """The headline numbers of the runs ``path`` recorded before, oldest first (so that writing it
-    again keeps the history), each with the commit that last wrote the file (``git log`` and
-    ``git status``, read only) or, if the file was not committed since, its modification time."""
-    import subprocess
-    from datetime import UTC, datetime
-
-    if not path.exists():
-        return []
-    old = json.loads(path.read_text())
-
-    def git(*args: str) -> str:
-        rel = str(path.relative_to(ROOT))
-        return subprocess.run(
-            ["git", *args, "--", rel], cwd=ROOT, capture_output=True, text=True, check=False
-        ).stdout.strip()
-
-    if git("status", "--porcelain"):
-        when = datetime.fromtimestamp(path.stat().st_mtime, UTC).strftime("%Y-%m-%d %H:%M UTC")
-        committed = f"not committed (written {when})"
-    else:
-        committed = git("log", "-1", "--format=%h %cs") or "not committed"
-    return [*old.get("earlier_runs", []), {**headline(old), "committed": committed}]
-
-
-def profile_report(prof: dict, batch_size: int) -> str:
-    what = {
-        "none": "plaintext",
-        "ckks": "CKKS (public-key encryption)",
-        "ckks_secret_key": "CKKS (secret-key encryption)",
-    }
-    cpu = prof["round_cpu_seconds_profiled"]
-    lines = [
-        f"# HyFDCA {what[prof['scheme']]} round profile (MNIST binary, 3 x 3 grid, segment mode, batch {batch_size})",
-        "",
-        f"Command: `{prof['command']}` (load average {prof['load_average']}). cProfile with the CPU clock over "
-        f"{prof['rounds']} rounds ({', '.join(f'{c:.2f}' for c in cpu)} s CPU per round with the profiler on; "
-        f"{prof['round_bytes_mean'] / 1e6:.1f} MB per round); profiling slows every Python call, so read the shares.",
-        "",
-        "| part of a round | share | CPU s per round (profiled) | calls per round |",
-        "|---|---|---|---|",
-    ]
-    for label, v in prof["parts"].items():
-        calls = f"{v['calls_per_round']:.0f}" if "calls_per_round" in v else ""
-        lines.append(f"| {label} | {100 * v['share']:.0f} % | {v['seconds_per_round']:.3f} | {calls} |")
-    lines.append("")
-    return "\n".join(lines)
-
-
-def timing_rows(h: dict, setup: str, round_: str, target: str) -> list[str]:
-    """The CPU and wall rows of a HyFDCA run ``h`` (:func:`to_target`): setup, mean round, and if it
-    reached the target the rounds to it (``target`` with ``{}`` for the round) and with the setup."""
-    rows = [
-        f"| {setup} | {h['setup_cpu_seconds']:.2f} | {h['setup_wall_seconds']:.2f} |",
-        f"| {round_} (mean of {len(h['round_cpu_seconds'])}) | {h['round_cpu_seconds_mean']:.3f} | "
-        f"{h['round_wall_seconds_mean']:.3f} |",
-    ]
-    if h.get("reached"):
-        rows += [
-            f"| {target.format(h['round'])}: rounds | {h['rounds_cpu_seconds']:.2f} | {h['rounds_wall_seconds']:.2f} |",
-            f"| ... with the setup | {h['with_setup_cpu_seconds']:.2f} | {h['with_setup_wall_seconds']:.2f} |",
-        ]
-    return rows
-
-
-def report(o: dict) -> str:
-    ll, hy, enc = o["liblinear"], o["hyfdca"], o["ckks_vs_plaintext"]
-    lines = [
-        f"# HyFDCA speed (issue 17): MNIST binary, 3 x 3 grid, segment mode, batch {o['batch_size']}",
-        "",
-        f"Command: `{o['command']}`. One process, single-threaded, {o['cpu_count']} cores shared with other "
-        f"sessions: load average {o['load_average_start']} at the start, {o['load_average_end']} at the end "
-        "(wall times are inflated by the load; CPU times much less).",
-        "",
-        "| | CPU s | wall s |",
-        "|---|---|---|",
-        f"| liblinear (median of {len(ll['cpu_seconds'])}; rel. subopt. {ll['relative_suboptimality']:.1e}) | "
-        f"{ll['cpu_seconds_median']:.2f} | {ll['wall_seconds_median']:.2f} |",
-    ]
-    target = o["command"].split("--target ")[1].split()[0]
-    lines += timing_rows(
-        hy,
-        "HyFDCA setup (plaintext alignment)",
-        "HyFDCA round",
-        f"HyFDCA to rel. subopt. <= {target} (round {{}}, evaluated every round)",
+def write_speed(o: dict, commit: str | None = None) -> None:
+    """Add the run ``o`` to the speed report ``hyfdca_speed`` as the latest row of its batch size;
+    the row it replaces stays as an earlier run (its headline numbers, without ``run``)."""
+    path = OUT / "hyfdca_speed.json"
+    rows = harness.read_report("hyfdca_speed", OUT)["rows"] if path.is_file() else []
+    for r in rows:
+        if r["batch_size"] == o["batch_size"] and r["latest"]:
+            r["latest"] = False
+            r.pop("run", None)
+    row = {"config": f"batch {o['batch_size']}", "seed": 0, "batch_size": o["batch_size"], "latest": True}
+    rows.append({**row, "commit": commit or harness.commit(), **headline(o), "run": o})
+    rows.sort(key=lambda r: (r["batch_size"], r["latest"]))  # stable: earlier runs in their order
+    harness.write_report(
+        "hyfdca_speed",
+        rows,
+        title="HyFDCA speed: MNIST binary, 3 x 3 grid, segment mode, against liblinear; CKKS against plaintext",
+        command=o["command"],
+        columns=SPEED_COLUMNS,
+        notes=SPEED_NOTES,
+        out=OUT,
     )
-    if hy.get("reached"):
-        r = hy["ratio_to_liblinear"]
-        lines += [
-            "",
-            f"**Ratio to liblinear**: rounds {r['cpu_rounds']:.1f}x CPU ({r['wall_rounds']:.1f}x wall); with the "
-            f"setup {r['cpu_with_setup']:.1f}x CPU ({r['wall_with_setup']:.1f}x wall).",
-        ]
-        if "rounds_model_seconds" in hy:
-            lines.append(
-                f"With the clients on machines of their own (HyFDCA Sec. 5.1's round model from the protocol's timers: "
-                f"per exchange the slowest client plus the server, no network latency) the rounds to the target "
-                f"would take {hy['rounds_model_seconds']:.2f} s, {r['model_rounds']:.1f}x liblinear's wall time."
-            )
-        if "every_10" in hy:
-            e = hy["every_10"]
-            lines.append(
-                f"Evaluated every 10 rounds as the example does, the target is first seen at round {e['round']}: "
-                f"{e['rounds_cpu_seconds']:.2f} s CPU, {e['ratio_cpu_rounds']:.1f}x liblinear."
-            )
-    else:
-        lines += ["", f"HyFDCA did not reach the target in {len(hy['round_cpu_seconds'])} rounds."]
-    av = o.get("hyfdca_step_average")
-    if av is not None:
-        lines += [
-            "",
-            "**With `step_average: true`** (our option; each round's output model the mean of the iterates after "
-            "every SDCA step of the round, SDCA's averaged output; the same steps):",
-            "",
-            "| | CPU s | wall s |",
-            "|---|---|---|",
-            *timing_rows(av, "setup", "round", "to the target (round {})"),
-        ]
-        if av.get("reached"):
-            r = av["ratio_to_liblinear"]
-            lines += [
-                "",
-                f"**Ratio to liblinear, `step_average`**: rounds {r['cpu_rounds']:.1f}x CPU ({r['wall_rounds']:.1f}x "
-                f"wall); with the setup {r['cpu_with_setup']:.1f}x CPU ({r['wall_with_setup']:.1f}x wall); clients on "
-                f"machines of their own (the round model above) {r['model_rounds']:.1f}x.",
-            ]
-        else:
-            lines += ["", f"Not reached in {len(av['round_cpu_seconds'])} rounds."]
-    base = enc["none"]
-    lines += [
-        "",
-        f"**CKKS against plaintext** ({enc['rounds']} rounds each, one after the other; plaintext round "
-        f"{base['round_cpu_seconds_mean']:.3f} s CPU, {base['round_wall_seconds_mean']:.3f} s wall, "
-        f"{base['round_bytes_mean'] / 1e6:.2f} MB):",
-        "",
-        "| clients encrypt with | round CPU s | CPU ratio | wall ratio | encryption s/round (wall) | MB/round | w max abs diff (relative) |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for scheme, label in (
-        ("ckks", "the public key (default)"),
-        ("ckks_secret_key", "the secret key (`ckks_secret_key_encryption`)"),
-        ("ckks_masked", "the public key, inner products masked (`segment_inner_products: masked`)"),
-        ("ckks_secret_key_masked", "the secret key, inner products masked"),
-    ):
-        if scheme not in enc:
-            continue
-        e = enc[scheme]
-        lines.append(
-            f"| {label} | {e['round_cpu_seconds_mean']:.2f} | **{e['round_cpu_ratio']:.1f}x** | {e['round_wall_ratio']:.1f}x | "
-            f"{e['encryption_seconds_per_round']:.2f} | {e['round_bytes_mean'] / 1e6:.1f} | "
-            f"{e['w_max_abs_difference']:.1e} ({e['w_relative_difference']:.1e}) |"
+
+
+def write_profile(prof: dict, commit: str | None = None) -> None:
+    """Replace the rows of ``prof``'s scheme and batch size in the profile report
+    ``hyfdca_speed_profile`` by one row per part of a round (its share of the profiled CPU time)."""
+    path = OUT / "hyfdca_speed_profile.json"
+    old = harness.read_report("hyfdca_speed_profile", OUT)["rows"] if path.is_file() else []
+    key = (prof["scheme"], prof["batch_size"])
+    rows = [r for r in old if (r["scheme"], r["batch_size"]) != key]
+    meta = {k: prof[k] for k in ("command", "load_average", "round_cpu_seconds_profiled", "round_bytes_mean")}
+    for label, v in prof["parts"].items():
+        row = {"config": f"{prof['scheme']} b{prof['batch_size']}", "seed": 0, "scheme": prof["scheme"]}
+        rows.append(
+            {**row, "batch_size": prof["batch_size"], "part": label, **v, "commit": commit or harness.commit(), **meta}
         )
-    best = min(enc["ckks"]["round_cpu_ratio"], enc["ckks_secret_key"]["round_cpu_ratio"])
-    masked = [enc[k]["round_cpu_ratio"] for k in MASKED if k in enc]
-    lines += [
-        "",
-        "Issue 17's goals, CPU: HyFDCA to the target within 3x liblinear: "
-        + (
-            f"{'met' if hy['ratio_to_liblinear']['cpu_rounds'] <= 3 else 'missed'} "
-            f"({hy['ratio_to_liblinear']['cpu_rounds']:.1f}x, rounds only)"
-            if hy.get("reached")
-            else "not measured (target not reached)"
-        )
-        + (
-            f" with the paper's output (the last iterate); {'met' if av['ratio_to_liblinear']['cpu_rounds'] <= 3 else 'missed'} "
-            f"with `step_average` ({av['ratio_to_liblinear']['cpu_rounds']:.1f}x, rounds only; "
-            f"{av['ratio_to_liblinear']['cpu_with_setup']:.1f}x with the setup)"
-            if av is not None and av.get("reached")
-            else ""
-        )
-        + f"; a CKKS round within 3x a plaintext one: {'met' if best <= 3 else 'missed'} with the inner products "
-        f"encrypted (best {best:.1f}x)"
-        + (
-            f", {'met' if min(masked) <= 3 else 'missed'} with them masked (`segment_inner_products: masked`, duals "
-            f"under CKKS; public key {masked[0]:.1f}x, secret key {masked[-1]:.1f}x). "
-            if masked
-            else ". "
-        )
-        + "Where a plaintext round's time goes: `hyfdca_speed_profile.md` (`--profile 3`); a CKKS round's: "
-        "`hyfdca_speed_profile_ckks*.md` (`--profile 2 --profile-scheme ckks_secret_key`).",
-        "",
-    ]
-    if o.get("earlier_runs"):
-        lines += [
-            "Earlier runs written to this file (the code of the commit that last wrote it; the latest run above):",
-            "",
-            "| committed | command | load at start | plaintext round CPU s | CKKS CPU ratio (public / secret key) | MB/round | HyFDCA / liblinear CPU (round) |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for e in o["earlier_runs"]:
-            ll = e["hyfdca_to_liblinear_cpu_rounds"]
-            lines.append(
-                f"| {e['committed']} | `{e['command'].split('hyfdca_speed.py')[-1].strip()}` | {e['load_average_start']} | "
-                f"{e['plaintext_round_cpu_seconds']:.3f} | {e['ckks_round_cpu_ratio']:.1f}x / "
-                f"{e['ckks_secret_key_round_cpu_ratio']:.1f}x | {e['ckks_round_megabytes']:.1f} | "
-                + (f"{ll:.1f}x ({e['hyfdca_round']})" if ll is not None else "target not reached")
-                + " |"
-            )
-        lines.append("")
-    return "\n".join(lines)
+    harness.write_report(
+        "hyfdca_speed_profile",
+        rows,
+        title="HyFDCA round profiles (MNIST binary, 3 x 3 grid, segment mode): cProfile, CPU clock",
+        command=prof["command"],
+        columns=[
+            "scheme",
+            ("batch_size", "batch"),
+            ("part", "part of a round"),
+            "share",
+            ("seconds_per_round", "CPU s per round (profiled)"),
+            ("calls_per_round", "calls per round"),
+            "commit",
+        ],
+        notes=[
+            "scheme: none = plaintext, ckks = CKKS with the public key, ckks_secret_key = with the secret key. "
+            "cProfile with the CPU clock over the rounds of each row's command; profiling slows every Python "
+            "call (the message path most), so read the shares, not the seconds: timed without a profiler the "
+            "compiled SDCA steps take a larger share and the message codec a smaller one (docs/results.md)."
+        ],
+        out=OUT,
+    )
 
 
 PARTS = {

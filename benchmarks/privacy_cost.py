@@ -62,7 +62,21 @@ the PrimalAggregation exchange alone, the extra unmasking exchanges, and the lar
 
     .venv/bin/python -m benchmarks.privacy_cost secagg --dataset credit --rounds 10 --rates 0,0.2
 
-Writes ``benchmarks/results/secagg_cost.json`` and ``secagg_cost.md``.
+Writes ``benchmarks/results/secagg_cost.json`` and ``secagg_cost.md`` (rows keyed by dataset, dual
+mode, failure rate and ``--code``, a label for the code measured: the same script measures an older
+``src`` run as ``PYTHONPATH=<checkout>/src``, and each row names the ``src`` commit).
+
+Part ``secagg-hyfem``
+---------------------
+
+Cost of HyFEM's secure aggregation of the extractors (double masking, Bonawitz et al. 2017) with
+many clients: ``examples/configs/hyfem_mnist.yaml`` with ``--clients`` clients, ``--rounds`` rounds
+of ``--local-steps`` steps, secure aggregation off and on in one process: CPU seconds per round,
+bytes per round, unmasking messages.
+
+    .venv/bin/python -m benchmarks.privacy_cost secagg-hyfem --clients 100 --rounds 2 --local-steps 1
+
+Writes ``benchmarks/results/secagg_cost_hyfem.json`` and ``.md``.
 """
 
 from __future__ import annotations
@@ -72,8 +86,8 @@ import json
 import os
 import resource
 import statistics
-import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -83,7 +97,6 @@ from benchmarks.hyfdca import OUT, dataset
 from hybridfl.algorithms.hyfdca import HyFDCAConfig
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.privacy import psi
-from hybridfl.privacy import roster as roster_mod
 from hybridfl.runtime.messages import decode
 from hybridfl.runtime.simulation import build_federation, single_threaded
 
@@ -326,21 +339,54 @@ def mask_seconds(dim: int, peers: int, reps: int = 200) -> float:
     return statistics.median(times)
 
 
+def _config(cls, **settings):
+    """``cls(**settings)`` without the settings this checkout's ``cls`` does not have (the same script
+    measures an older ``src`` through ``PYTHONPATH``: there ``output: last`` was the default)."""
+    return cls(**{k: v for k, v in settings.items() if k in cls.model_fields})
+
+
+def src_commit() -> str:
+    """The commit of the ``hybridfl`` package measured (its checkout may be another worktree than the
+    script's: ``PYTHONPATH=<worktree>/src``), with ``+dirty`` for uncommitted changes."""
+    import subprocess
+
+    import hybridfl
+
+    where = Path(hybridfl.__file__).resolve().parent
+    git = ["git", "-C", str(where)]
+    sha = subprocess.run([*git, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", "."], capture_output=True, text=True).stdout.strip()
+    return (sha or "unknown") + ("+dirty" if dirty else "")
+
+
+def _merge_rows(name: str, rows: list[dict], key: tuple[str, ...]) -> list[dict]:
+    """``rows`` merged into the report ``name``'s earlier rows (a row with the same ``key`` values
+    replaces the earlier one; the others keep their own commit and machine)."""
+    path = OUT / f"{name}.json"
+    old = json.loads(path.read_text())["rows"] if path.is_file() else []
+    kept = {tuple(str(r.get(k)) for k in key): r for r in old}
+    kept.update({tuple(str(r.get(k)) for k in key): r for r in rows})
+    return [kept[k] for k in sorted(kept)]
+
+
 def main_secagg() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--dataset", default="credit", choices=["mnist", "credit", "adult"])
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--rates", default="0,0.2", help="comma-separated failure rates")
     ap.add_argument("--dual-mode", default="block", choices=["block", "consensus", "segment"])
+    ap.add_argument("--code", default="now", help="a label for the code measured (e.g. before, now)")
     args = ap.parse_args()
     split, pos, lam = dataset(args.dataset)
     part = GridPartitioner(3, 3, 1, 0).partition(split.train)
+    code = src_commit()
 
     def compare(setting: dict, seed: int) -> dict:
         """The same run with secure aggregation off and on at one failure rate."""
         res = {}
         for secure in (False, True):
-            cfg = HyFDCAConfig(
+            cfg = _config(
+                HyFDCAConfig,
                 fit_intercept=False,
                 lam=lam,
                 rounds=args.rounds,
@@ -352,6 +398,7 @@ def main_secagg() -> None:
                 secure_aggregation=secure,
                 batch_size=128,
                 encryption="none",  # the committed numbers' settings (the defaults then)
+                alignment="plaintext",  # the one-off PSI setup is not part of a round (part hyfdca-psi)
                 output="last",
                 segment_inner_products="encrypted",
             )
@@ -373,7 +420,8 @@ def main_secagg() -> None:
         }
 
     with single_threaded():
-        warm = HyFDCAConfig(
+        warm = _config(
+            HyFDCAConfig,
             fit_intercept=False,
             lam=lam,
             rounds=2,
@@ -381,24 +429,37 @@ def main_secagg() -> None:
             eval_every=0,
             reference=False,
             encryption="none",
+            alignment="plaintext",
         )
         measure(split, part, warm)  # first-use costs (imports, caches) outside the comparison
         base = {"dataset": args.dataset, "grid": "3x3", "dual_mode": args.dual_mode, "rounds": args.rounds}
         rates = [float(r) for r in args.rates.split(",")]
         rows = harness.run_grid(compare, {f"failure_rate {r:g}": {**base, "failure_rate": r} for r in rates})
     micro = {f"d={d}, {k} peers": mask_seconds(d, k) for d, k in ((784, 8), (784, 99), (100_000, 8))}
+    new = [
+        {
+            **r,
+            "dataset": args.dataset,
+            "dual_mode": args.dual_mode,
+            "failure_rate": r["setting"]["failure_rate"],
+            "code": args.code,
+            "src_commit": code,
+        }
+        for r in rows
+    ]
     harness.write_report(
         "secagg_cost",
-        [{**r, "failure_rate": r["setting"]["failure_rate"]} for r in rows],
-        title=f"HyFDCA secure aggregation of the primal shares, off vs on ({args.dataset}, 3 x 3 grid)",
-        command=" ".join([".venv/bin/python -m benchmarks.privacy_cost secagg", *sys.argv[1:]]),
+        _merge_rows("secagg_cost", new, ("dataset", "dual_mode", "failure_rate", "code")),
+        title="HyFDCA secure aggregation of the primal shares, off vs on (3 x 3 grid)",
+        command=".venv/bin/python -m benchmarks.privacy_cost secagg --dataset D --rounds R --rates F [--code LABEL]",
         columns=SECAGG_COLUMNS,
         notes=[
-            f"dual_mode {args.dual_mode}, {args.rounds} rounds, encryption none (secure aggregation concerns the "
-            "plaintext shares; its cost does not depend on the scheme); the same seed and failures in both runs, "
-            "one process. Round times are CPU seconds of the whole simulated round (server and all 9 clients in "
-            "sequence, one thread), so the machine's load does not enter them.",
-            "Client-side masking per exchange (fixed point + ChaCha20 pair masks), median of 200: "
+            f"{args.rounds} rounds, encryption none (secure aggregation concerns the plaintext shares; its cost "
+            "does not depend on the scheme); the same seed and failures in both runs, one process. Round times are "
+            "CPU seconds of the whole simulated round (server and all 9 clients in sequence, one thread), so the "
+            "machine's load does not enter them. `code`: which code was measured (`before`: single masks at the "
+            "`src_commit` named; run as `PYTHONPATH=<that checkout>/src`), rows of other runs kept.",
+            "Client-side masking per exchange (fixed point + ChaCha20 pair masks), median of 200 (last run): "
             + ", ".join(f"{k}: {v * 1e3:.3f} ms" for k, v in micro.items())
             + ".",
         ],
@@ -407,7 +468,112 @@ def main_secagg() -> None:
     )
 
 
+# ======================================== part secagg-hyfem
+
+
+def hyfem_measure(prep, algo, rounds: int) -> dict:
+    """CPU seconds per round (median), bytes per round and the unmasking messages of one HyFEM run
+    (single-threaded: CPU time is the round's compute)."""
+    fed = build_federation("hyfem", prep.split, prep.partition, algo, seed=0)
+    fed.setup()
+    secs = []
+    for rnd in range(1, rounds + 1):
+        t0 = time.process_time()
+        fed.server.run_round(rnd, fed.transport)
+        secs.append(time.process_time() - t0)
+    entries = [e for e in fed.transport.log.entries if e.round >= 1]
+    unmask = [e for e in entries if "unmask" in e.kind]
+    return {
+        "round_cpu_seconds_median": statistics.median(secs),
+        "bytes_per_round": sum(e.nbytes for e in entries) / rounds,
+        "unmask_messages": len(unmask),
+        "unmask_bytes": sum(e.nbytes for e in unmask),
+        "failures": len(fed.transport.failures),
+    }
+
+
+def main_secagg_hyfem() -> None:
+    """HyFEM's secure aggregation of the extractors, off vs on, with many clients (module docs)."""
+    from hybridfl.algorithms.hyfem import HyFEMConfig
+    from hybridfl.config import load_config
+    from hybridfl.experiment import prepare
+
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--clients", type=int, default=100)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--local-steps", type=int, default=1)
+    ap.add_argument("--code", default="now", help="a label for the code measured (e.g. before, now)")
+    ap.add_argument("--data-dir", default=str(harness.ROOT.parent / "shared" / "data" / "mnist"))
+    args = ap.parse_args()
+    cfg = load_config(harness.ROOT / "examples" / "configs" / "hyfem_mnist.yaml")
+    data = cfg.model_dump(mode="json")
+    data["dataset"]["data_dir"] = args.data_dir
+    data["partition"]["num_clients"] = args.clients
+    prep = prepare(type(cfg).model_validate(data))
+    code = src_commit()
+
+    def compare(setting: dict, seed: int) -> dict:
+        res = {}
+        for secure in (False, True):
+            settings = {**prep.algorithm.model_dump(), "rounds": args.rounds, "local_steps": args.local_steps}
+            settings.update(eval_every=0, baselines=False, secure_aggregation=secure)
+            res[secure] = hyfem_measure(prep, _config(HyFEMConfig, **settings), args.rounds)
+        p, s = res[False], res[True]
+        return {
+            "cpu_s_round_plain": p["round_cpu_seconds_median"],
+            "cpu_s_round_secure": s["round_cpu_seconds_median"],
+            "ratio": s["round_cpu_seconds_median"] / p["round_cpu_seconds_median"],
+            "kB_round_plain": p["bytes_per_round"] / 1e3,
+            "kB_round_secure": s["bytes_per_round"] / 1e3,
+            "unmask_messages": s["unmask_messages"],
+            "plain_shares": p,
+            "secure_aggregation": s,
+        }
+
+    with single_threaded():
+        name = f"{args.clients} clients"
+        base = {"clients": args.clients, "rounds": args.rounds, "local_steps": args.local_steps}
+        rows = harness.run_grid(compare, {name: base})
+    new = [{**r, **base, "code": args.code, "src_commit": code} for r in rows]
+    harness.write_report(
+        "secagg_cost_hyfem",
+        _merge_rows("secagg_cost_hyfem", new, ("clients", "local_steps", "code")),
+        title="HyFEM secure aggregation of the extractors, off vs on (MNIST quadrants, many clients)",
+        command=(
+            ".venv/bin/python -m benchmarks.privacy_cost secagg-hyfem --clients N --rounds R --local-steps Q "
+            "[--code LABEL]"
+        ),
+        columns=SECAGG_HYFEM_COLUMNS,
+        notes=[
+            "examples/configs/hyfem_mnist.yaml with N clients (class x block partition, 3 of 4 quadrants each), "
+            "Q local steps (few, so that the secure aggregation's share of a round shows), no evaluation or "
+            "baselines; the same seed in both runs, one process, one thread: CPU seconds of the whole simulated "
+            "round (server and every client in sequence). `code`: which code was measured (`before`: single "
+            "masks at the `src_commit` named, run as `PYTHONPATH=<that checkout>/src`)."
+        ],
+        out=OUT,
+    )
+
+
+SECAGG_HYFEM_COLUMNS = [
+    ("code", "code"),
+    ("src_commit", "src commit"),
+    ("clients", "clients"),
+    ("local_steps", "Q"),
+    ("cpu_s_round_plain", "CPU s/round plain"),
+    ("cpu_s_round_secure", "CPU s/round secure"),
+    ("ratio", "ratio"),
+    ("kB_round_plain", "kB/round plain"),
+    ("kB_round_secure", "kB/round secure"),
+    ("unmask_messages", "unmask messages"),
+    ("load_before", "load before"),
+]
+
+
 SECAGG_COLUMNS = [
+    ("code", "code"),
+    ("src_commit", "src commit"),
+    ("dataset", "dataset"),
     ("failure_rate", "failure rate"),
     ("cpu_s_round_plain", "CPU s/round plain"),
     ("cpu_s_round_secure", "CPU s/round secure"),
@@ -461,6 +627,8 @@ def roster_run(name: str, signed: bool) -> tuple[dict, tuple]:
     raw: list[bytes] = []
     fed = build_federation("hyfdca", split, part, cfg, seed=0, recorder=raw.append)
     timed = _Timed()
+    from hybridfl.privacy import roster as roster_mod  # here: the secagg parts also measure older src
+
     if signed:
         for c, auth in roster_mod.in_memory_auths(list(fed.clients)).items():
             fed.clients[c].peer_auth = auth
@@ -533,6 +701,7 @@ PARTS = {
     "psi": (main_psi, "--sizes 200 --workers 1".split()),
     "hyfdca-psi": (main_hyfdca_psi, "--data credit".split()),
     "secagg": (main_secagg, "--dataset credit --rounds 2 --rates 0".split()),
+    "secagg-hyfem": (main_secagg_hyfem, "--clients 4 --rounds 1".split()),
     "psi-roster": (main_psi_roster, "--data credit".split()),
 }
 

@@ -392,15 +392,17 @@ def _federated_evaluation(prep: PreparedFederation, result: RunResult, trained: 
     the label holders compute the metrics; they go into the summary and the last round's row
     (``accuracy``, HyFEM's ``server_accuracy``, ``auc``). Nothing happens without test rows."""
     from hybridfl.inference.evaluation import evaluation_rows, federated_evaluate
+    from hybridfl.privacy.roster import peer_auth_of
 
-    rows = {}
+    rows, auths = {}, {}
     for cd in prep.client_data:
         got = evaluation_rows(cd.path) if cd.path is not None else None
         if got is not None:
             rows[cd.client_id] = got
+            auths[cd.client_id] = peer_auth_of(cd.client_id, cd.path)  # its own roster, if installed
     if not rows or trained is None:
         return
-    metrics = federated_evaluate(trained.model, rows)
+    metrics = federated_evaluate(trained.model, rows, auths)
     if "accuracy" in metrics and trained.model.kind == "hyfem":
         metrics["server_accuracy"] = metrics.pop("accuracy")
     metrics["evaluation"] = "federated"

@@ -131,7 +131,10 @@ def _federated(model_dir: Path | None, schema: Path | None, clients: list[str], 
     if receiver is None:
         raise HybridFLError("no organisation holds labels: say which receives the predictions with --to.")
     frames = {n: read_table(p, sep if sep is not None else enc.sep) for n, p in zip(names, paths)}
-    preds, stats = federated_predict(m, frames, receiver, parts=parts)
+    from hybridfl.privacy.roster import peer_auth_of
+
+    auths = {n: peer_auth_of(n, d) for n, d in zip(names, dirs)}  # each organisation's own roster, if any
+    preds, stats = federated_predict(m, frames, receiver, parts=parts, auths=auths)
     return preds, {**stats, "to": receiver, "organisations": len(names)}
 
 

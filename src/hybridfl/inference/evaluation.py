@@ -58,7 +58,9 @@ def pooled(acc: tuple[float, int], auc: tuple[float, int]) -> dict[str, float]:
 
 
 def federated_evaluate(
-    model: Any, rows: Mapping[str, tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]]
+    model: Any,
+    rows: Mapping[str, tuple[np.ndarray, dict[str, np.ndarray], np.ndarray | None]],
+    auths: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Federated evaluation: every organisation holding labelled test rows is in turn the receiver
     of a federated prediction of its rows (the others contribute their blocks of those samples,
@@ -70,6 +72,8 @@ def federated_evaluate(
     Args:
         model: the loaded model.
         rows: organisation -> its :func:`evaluation_rows` (already encoded and standardised).
+        auths: organisation -> its :class:`~hybridfl.privacy.roster.PeerAuth` or ``None`` (signed
+            keys: :mod:`hybridfl.inference.federated`).
 
     Raises:
         PredictionError: no organisation holds labelled test rows, or an exchange failed.
@@ -93,6 +97,7 @@ def federated_evaluate(
                 r,
                 labels=y if n == r else None,
                 metrics_of=model.metrics if n == r else None,
+                auth=(auths or {}).get(n),
             )
             for n, (ids, xs, y) in rows.items()
             if len(ids)

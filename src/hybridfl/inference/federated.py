@@ -40,6 +40,16 @@ Messages (every one through the server, which relays and orchestrates; each coun
 7. ``predict.combine`` -> receiver: the masked vectors; it adds its own masked vector, the masks
    cancel, and it applies the head. Its reply holds counts only.
 
+**Signed keys** (adversary: an active server that replaces, appends to or replays what it relays).
+An organisation with a roster in its client directory (:mod:`hybridfl.privacy.roster`) signs, with
+its credential, its X25519 key with the receiver's row count and the width (``pk_sig``), the
+receiver its PSI request with its row count (``request_sig``), every other organisation its PSI
+setup and response (``response_sig``), each bound to the request's fresh ``run`` label; a peer
+refuses (and stops) what its roster does not verify. So the server cannot put its own key in the
+place of an organisation's (it would read the plans and unmask the partial scores), inflate the row
+count that bounds a PSI response, add its own points to the receiver's request, or answer a request
+in an organisation's place. Without a roster nothing is signed (a client made in memory).
+
 What each party learns (adversary: an honest-but-curious server, or honest-but-curious
 organisations; no collusion): the server, ``n``, the organisations' blocks, the sizes of the PSI
 blobs and of the plans (so the size of each intersection) and masked vectors (uniformly random);
@@ -71,6 +81,12 @@ TAG_CONTEXT = "predict tags v1"
 """The HKDF purpose of the key of the order tags in a plan."""
 MASK_TAG = 1
 """The secure-aggregation exchange tag (keys are fresh for every request, so one tag suffices)."""
+KEY_PURPOSE = "prediction key"
+"""The signed purpose of an organisation's X25519 key (with the receiver's row count and the width)."""
+REQUEST_PURPOSE = "prediction PSI request"
+"""The signed purpose of the receiver's PSI request (with its row count)."""
+RESPONSE_PURPOSE = "prediction PSI response"
+"""The signed purpose of an organisation's PSI setup and response."""
 STEPS = {
     True: ("predict.hello", "predict.keys", "predict.psi_request", "predict.plan", "predict.combine"),
     False: ("predict.hello", "predict.keys", "predict.psi_serve", "predict.score"),
@@ -112,6 +128,42 @@ def _open(key: bytes, blob: bytes, what: str) -> bytes:
         raise ProtocolError(f"{what} does not decrypt under the pair key: it was changed or is foreign.") from None
 
 
+def _run_label(msg: Message, org: str) -> bytes:
+    """The request's run label from ``predict.hello`` (:data:`~hybridfl.privacy.roster.RUN_BYTES`
+    bytes: what binds the signatures to this request).
+
+    Raises:
+        ProtocolError: missing or not that many bytes.
+    """
+    from hybridfl.privacy.roster import RUN_BYTES
+
+    run = msg.payload.get("run")
+    if not isinstance(run, (bytes, bytearray)) or len(run) != RUN_BYTES:
+        raise ProtocolError(f"organisation {org!r} got a prediction request without a {RUN_BYTES}-byte run label.")
+    return bytes(run)
+
+
+def _key_fields(pk: object, n: int, width: object) -> list[bytes]:
+    """What a prediction key signature covers: the X25519 key, the receiver's row count (0 for
+    the other organisations) and the output width."""
+    if not isinstance(pk, (bytes, bytearray)) or not isinstance(width, int) or isinstance(width, bool):
+        raise ProtocolError("a prediction key or width is not one.")
+    return [bytes(pk), int(n).to_bytes(8, "big"), int(width).to_bytes(8, "big")]
+
+
+def _digest_of(blob: object) -> bytes:
+    """SHA-256 of a relayed blob (:func:`~hybridfl.privacy.roster.digest`).
+
+    Raises:
+        ProtocolError: not bytes.
+    """
+    from hybridfl.privacy.roster import digest
+
+    if not isinstance(blob, (bytes, bytearray)):
+        raise ProtocolError("a PSI blob of the prediction is not bytes.")
+    return digest(blob)
+
+
 @dataclass
 class PredictOrg:
     """One organisation's steps of a federated prediction (``handle(msg) -> msg``).
@@ -122,7 +174,10 @@ class PredictOrg:
         xs: its encoded blocks of those rows (block -> ``(n_k, *shape)`` float32).
         part: its part of the model (:func:`~hybridfl.inference.parts.org_part`).
         receiver: the receiver's name.
-
+        auth: its :class:`~hybridfl.privacy.roster.PeerAuth` (credential and roster, from its own
+            client directory) or ``None``: with one it signs its X25519 key, its PSI blobs and
+            (receiver) its row count, and refuses any peer's that its roster does not verify
+            (module docs, "Signed keys").
         labels: the receiver's class indices of its rows (``(n,)``, ``-1`` unlabelled) for an
             evaluation: then ``metrics_of(raw, labels)`` (the model's ``metrics``) is computed by
             the receiver and only the metrics go into its ``predict.combine`` reply.
@@ -139,11 +194,13 @@ class PredictOrg:
     labels: np.ndarray | None = None
     metrics_of: Any = None
     secagg: Any = None
+    auth: Any = None
     n: int = 0
     width: int = 1
     peers: list[str] = field(default_factory=list)
     _psi: Any = None
     _sk: bytes = b""
+    _run: bytes = b""
     _own_masked: np.ndarray | None = None
     raw: np.ndarray | None = None
     scored: np.ndarray | None = None
@@ -189,11 +246,16 @@ class PredictOrg:
         if msg.kind == "predict.hello":
             from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
+            self._run = _run_label(msg, self.org_id) if self.auth is not None else b""
             self._sk = X25519PrivateKey.generate().private_bytes_raw()  # fresh for this request
             self.secagg = SecAggClient(self.org_id, ["scores"], [1], private=self._sk, double_masking=False)
-            out: dict[str, Any] = {"pk": self.secagg.public_bytes(), "units": list(self.part.units)}
+            pk = self.secagg.public_bytes()
+            out: dict[str, Any] = {"pk": pk, "units": list(self.part.units)}
             if self.is_receiver:
                 out.update(n=len(self.ids), width=self.part.width)
+            if self.auth is not None:
+                n = len(self.ids) if self.is_receiver else 0
+                out["pk_sig"] = self.auth.sign(self._run, KEY_PURPOSE, _key_fields(pk, n, self.part.width))
             return msg.reply(**out)
         if msg.kind == "predict.keys":
             return self._keys(msg)
@@ -201,13 +263,24 @@ class PredictOrg:
             from hybridfl.privacy.psi import PSIClient
 
             self._psi = PSIClient(list(self.ids), workers=1)
-            return msg.reply(request=self._psi.request())
+            request = self._psi.request()
+            if self.auth is None:
+                return msg.reply(request=request)
+            fields = [_digest_of(request), self.n.to_bytes(8, "big")]
+            return msg.reply(request=request, request_sig=self.auth.sign(self._run, REQUEST_PURPOSE, fields))
         if msg.kind == "predict.psi_serve":
             from hybridfl.privacy.psi import PSIServer
 
             req = msg.payload.get("request")
+            if self.auth is not None:  # the receiver's own request, of at most its signed row count
+                fields = [_digest_of(req), self.n.to_bytes(8, "big")]
+                self.auth.verify(self._run, self.receiver, REQUEST_PURPOSE, fields, msg.payload.get("request_sig"))
             server = PSIServer(list(self.ids), workers=1)
-            return msg.reply(setup=server.setup(), response=server.respond(req, max_ids=max(self.n, 1)))
+            setup, response = server.setup(), server.respond(req, max_ids=max(self.n, 1))
+            if self.auth is None:
+                return msg.reply(setup=setup, response=response)
+            sig = self.auth.sign(self._run, RESPONSE_PURPOSE, [_digest_of(setup), _digest_of(response)])
+            return msg.reply(setup=setup, response=response, response_sig=sig)
         if msg.kind == "predict.plan":
             return self._plan(msg)
         if msg.kind == "predict.score":
@@ -225,6 +298,11 @@ class PredictOrg:
             raise ProtocolError(f"organisation {self.org_id!r} got another size than the request's.")
         if self.org_id in peers or len(set(peers)) != len(peers) or self.receiver not in peers + [self.org_id]:
             raise ProtocolError(f"organisation {self.org_id!r} got a peer list that is not the request's.")
+        if self.auth is not None:  # every peer's key is its own, and the receiver signed the row count
+            for p in peers:
+                pk = msg.payload.get(f"pk.{p}")
+                fields = _key_fields(pk, n if p == self.receiver else 0, width)
+                self.auth.verify(self._run, p, KEY_PURPOSE, fields, msg.payload.get(f"sig.{p}"))
         self.n, self.width, self.peers = n, width, peers
         self.secagg = SecAggClient(self.org_id, ["scores"], [n * width], private=self._sk, double_masking=False)
         self.secagg.set_peers({p: (msg.payload.get(f"pk.{p}"), ["scores"]) for p in peers})
@@ -236,7 +314,11 @@ class PredictOrg:
         others = self.peers
         holds = {self.org_id: np.ones(self.n, dtype=bool)}
         for k in others:
-            rows = self._psi.intersect(msg.payload.get(f"setup.{k}"), msg.payload.get(f"response.{k}"))
+            setup, response = msg.payload.get(f"setup.{k}"), msg.payload.get(f"response.{k}")
+            if self.auth is not None:
+                fields = [_digest_of(setup), _digest_of(response)]
+                self.auth.verify(self._run, k, RESPONSE_PURPOSE, fields, msg.payload.get(f"response_sig.{k}"))
+            rows = self._psi.intersect(setup, response)
             h = np.zeros(self.n, dtype=bool)
             h[rows] = True
             holds[k] = h
@@ -370,7 +452,13 @@ def run_prediction(
                 raise PredictionError(f"organisation {m.receiver!r} did not answer {step}: the prediction stops.")
         return replies
 
-    hello = ask([Message("predict.hello", SERVER, o, 0, {"to": receiver, "task": task}) for o in orgs], "predict.hello")
+    from hybridfl.privacy.roster import RUN_BYTES
+
+    run = os.urandom(RUN_BYTES)  # binds the organisations' signatures to this request
+    hello = ask(
+        [Message("predict.hello", SERVER, o, 0, {"to": receiver, "task": task, "run": run}) for o in orgs],
+        "predict.hello",
+    )
     orgs = [o for o in orgs if not hello[o].payload.get("absent")]
     if receiver not in orgs:
         raise PredictionError(f"the receiver {receiver!r} has no rows or no part of the model for this {task}.")
@@ -379,6 +467,7 @@ def run_prediction(
         raise PredictionError(f"no organisation but the receiver {receiver!r} takes part in this {task}.")
     n, width = hello[receiver].payload.get("n"), hello[receiver].payload.get("width")
     keys = {f"pk.{o}": hello[o].payload.get("pk") for o in orgs}
+    keys.update({f"sig.{o}": hello[o].payload["pk_sig"] for o in orgs if "pk_sig" in hello[o].payload})
     ask(
         [
             Message(
@@ -390,13 +479,15 @@ def run_prediction(
     )
     req = ask([Message("predict.psi_request", SERVER, receiver, 0, {})], "predict.psi_request")[receiver]
     served = ask(
-        [Message("predict.psi_serve", SERVER, k, 0, {"request": req.payload.get("request")}) for k in others],
+        [Message("predict.psi_serve", SERVER, k, 0, _relayed(req, ("request", "request_sig"))) for k in others],
         "predict.psi_serve",
     )
     payload: dict[str, Any] = {"all_units": list(all_units)}
     for k in others:
         payload[f"setup.{k}"] = served[k].payload.get("setup")
         payload[f"response.{k}"] = served[k].payload.get("response")
+        if "response_sig" in served[k].payload:
+            payload[f"response_sig.{k}"] = served[k].payload["response_sig"]
         payload[f"units.{k}"] = list(hello[k].payload.get("units", []))
     plans = ask([Message("predict.plan", SERVER, receiver, 0, payload)], "predict.plan")[receiver]
     scores = ask(
@@ -420,6 +511,11 @@ def run_prediction(
     if task == "evaluate" and metrics:
         out["metrics"] = _checked_metrics(metrics, receiver)
     return out
+
+
+def _relayed(msg: Message, keys: Sequence[str]) -> dict[str, Any]:
+    """The fields ``keys`` of an organisation's reply that it sent (a signature only if it signs)."""
+    return {k: msg.payload[k] for k in keys if k in msg.payload}
 
 
 def _count(msg: Message, key: str) -> int:
@@ -452,6 +548,7 @@ def federated_predict(
     receiver: str,
     recorder: Any = None,
     parts: Mapping[str, Any] | None = None,
+    auths: Mapping[str, Any] | None = None,
 ) -> tuple[Any, dict[str, Any]]:
     """Score the receiver's rows with the organisations' tables, in process, over an
     :class:`~hybridfl.runtime.transport.InProcessTransport` (every message encoded and counted).
@@ -465,6 +562,8 @@ def federated_predict(
         recorder: receives the raw bytes of every message (audits).
         parts: instead of ``model`` (``None``), each organisation's own part
             (:func:`hybridfl.inference.parts.load_org_part` of its ``<client>/model/``).
+        auths: organisation -> its :class:`~hybridfl.privacy.roster.PeerAuth` or ``None``
+            (:func:`~hybridfl.privacy.roster.peer_auth_of` its client directory): signed keys.
 
     Returns:
         ``(predictions, stats)``: a DataFrame of the receiver's rows (ID column, ``prediction``,
@@ -480,6 +579,9 @@ def federated_predict(
 
     t0 = time.perf_counter()
     orgs, id_names = build_orgs(model, tables, receiver, parts)
+    for name, auth in (auths or {}).items():
+        if name in orgs:
+            orgs[name].auth = auth
     all_units = list(parts[receiver].all_units) if parts is not None else list(model_units(model))
     transport = InProcessTransport(orgs, recorder)  # type: ignore[arg-type]
     counts = run_prediction(transport, list(orgs), receiver, all_units)

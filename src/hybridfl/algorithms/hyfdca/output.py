@@ -5,7 +5,7 @@ A round's output iterate is its last iterate ``w`` (``output: last``, HyFDCA Alg
 round: SDCA's averaged output (Shalev-Shwartz & Zhang 2013, Thm. 2, for Lipschitz losses such as
 the hinge) taken over one round. On MNIST binary (3 x 3 grid, batch 512) segment mode's last
 iterate reaches relative suboptimality 1e-3 after 41 rounds or more, its step average after 9-10
-(``benchmarks/results/hyfdca_speed_b512.md``). The protocol still steps from the last iterate.
+(``benchmarks/results/hyfdca_speed.md``, batch 512). The protocol still steps from the last iterate.
 How the server gets the mean without any iterate but its own ``w``: pass ``k`` of the round
 (``T_k`` steps, ``off_k`` steps before it, ``T`` in the round) changed ``w`` by ``dw_k``; its holders
 send, with their PrimalAggregation share, their *position share* ``sum_i (p_i / T_k) delta_i x_i``

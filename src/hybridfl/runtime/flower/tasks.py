@@ -227,7 +227,10 @@ def predict_step(msg: Message, cd: Any, setup: dict, warm: Any) -> Message:
     part = held_part(loaded, list(xs), receiver)
     labels = y if receiver and task == "evaluate" else None
     metrics = loaded.head_model.metrics if labels is not None else None
-    t.org = PredictOrg(cd.client_id, ids, xs, part, to, labels=labels, metrics_of=metrics)
+    from hybridfl.privacy.roster import peer_auth_of
+
+    auth = peer_auth_of(cd.client_id, cd.path)  # its own roster: signed keys (inference.federated)
+    t.org = PredictOrg(cd.client_id, ids, xs, part, to, labels=labels, metrics_of=metrics, auth=auth)
     t.task, t.head = task, loaded
     return t.org.handle(msg)
 
