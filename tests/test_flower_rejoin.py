@@ -412,7 +412,7 @@ def test_serve_answers_a_resent_message_once(tmp_path, hyfdca_setup):
     assert r.payload["client_id"] == "client-0" and r.payload["seq"] == 0 and not r.payload["ready"]
     r = decode(serve(encode(HMessage(SETUP, SERVER, "client-0", 0, setup)), None, d, store))
     assert r.payload["client_id"] == "client-0" and r.payload["seq"] == 0
-    m1 = encode(HMessage("hyfdca.hello", SERVER, "client-0", 0, {}))
+    m1 = encode(HMessage("hyfdca.hello", SERVER, "client-0", 0, {"run": b"r" * 32}))
     first = serve(m1, 1, d, store)
     state = dict(store)
     assert serve(m1, 1, d, store) == first and dict(store) == state  # re-sent: same reply, state untouched
@@ -455,7 +455,7 @@ def test_clientapp_state_file_survives_the_supernode(tmp_path, run_id, hyfdca_se
     nid = grid.started[0]
     send(nid, encode(HMessage(HELLO, SERVER, "n", 0, hello)))
     send(nid, encode(HMessage(SETUP, SERVER, "client-0", 0, setup)))
-    send(nid, encode(HMessage("hyfdca.hello", SERVER, "client-0", 0, {})), 1)
+    send(nid, encode(HMessage("hyfdca.hello", SERVER, "client-0", 0, {"run": b"r" * 32})), 1)
     f = dirs[0] / STATE_DIR / "run-7.state"
     assert f.is_file() and (f.stat().st_mode & 0o777) == 0o600
     stale = dirs[0] / STATE_DIR / "run-3.state"
@@ -487,7 +487,7 @@ def test_the_state_file_is_encrypted_at_rest(tmp_path, run_id, hyfdca_setup):
     for raw, seq in (
         (encode(HMessage(HELLO, SERVER, "n", 0, {"session": session, "nonce": b"n" * 32})), None),
         (encode(HMessage(SETUP, SERVER, "client-0", 0, setup)), None),
-        (encode(HMessage("hyfdca.hello", SERVER, "client-0", 0, {})), 1),
+        (encode(HMessage("hyfdca.hello", SERVER, "client-0", 0, {"run": b"r" * 32})), 1),
     ):
         (mid,) = grid.push_messages(
             [Message(pack(raw, seq), dst_node_id=grid.started[0], message_type="query.hybridfl", group_id="0")]

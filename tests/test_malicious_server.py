@@ -120,14 +120,14 @@ def test_row_read_out_with_no_peers_is_refused_and_the_client_stops(tiny):
     the same with ``alpha_k = 0.5`` on a positive sample ``k``), each in a ``hyfdca.primal`` with
     ``peers=[]`` (masked with nobody) and ``acked=False`` (the same base both times): before this
     work both were answered and the difference of the two replies was ``0.5 y_k x_k``, row ``k``.
-    Now the first is refused by the peers rule (an exchange of one client, below the threshold 2)
+    Now the first is refused by the peers rule (an exchange of one client, below the threshold, 3 of 4)
     and the second because the client stopped; neither returns anything and ``alpha`` is kept."""
     fed, cid, client = _after_round_1(tiny)
     k = int(np.flatnonzero(client.y > 0)[0])
     a1 = client.alpha.copy()
     a2 = a1.copy()
     a2[k] = 0.5
-    with pytest.raises(PayloadError, match=r"'peers' refused \(.*masks only in an exchange of at least 2 clients"):
+    with pytest.raises(PayloadError, match=r"'peers' refused \(.*masks only in an exchange of at least 3 clients"):
         client.handle(_primal(fed, cid, 2, a1, peers=[]))
     with pytest.raises(ProtocolError, match="has stopped taking part in this run after refusing 'hyfdca.primal'"):
         client.handle(_primal(fed, cid, 3, a2, peers=[]))
@@ -136,13 +136,18 @@ def test_row_read_out_with_no_peers_is_refused_and_the_client_stops(tiny):
 
 def test_single_peer_set_is_refused_with_threshold_three(tiny):
     """The same read-out with a single-peer set (``peers`` = one other client, an exchange of 2):
-    accepted under the default threshold 2 (an exchange of two is honest with 50 % participation
-    of four clients), refused with ``secagg_threshold: 3``; an honest primal naming all peers is
+    refused under the default threshold (a majority of the four clients: 3) and with
+    ``secagg_threshold: 3``; accepted with an explicit ``secagg_threshold: 2`` (an exchange of two
+    is honest with 50 % participation of four clients); an honest primal naming all peers is
     answered, masked."""
-    fed, cid, client = _after_round_1(tiny, secagg_threshold=3)
+    for t in (0, 3):
+        fed, cid, client = _after_round_1(tiny, secagg_threshold=t)
+        other = [c for c in fed.transport.client_ids if c != cid][0]
+        with pytest.raises(PayloadError, match="at least 3 clients of its roster, not 2"):
+            client.handle(_primal(fed, cid, 2, client.alpha.copy(), peers=[other]))
+    fed, cid, client = _after_round_1(tiny, secagg_threshold=2)
     other = [c for c in fed.transport.client_ids if c != cid][0]
-    with pytest.raises(PayloadError, match="at least 3 clients of its roster, not 2"):
-        client.handle(_primal(fed, cid, 2, client.alpha.copy(), peers=[other]))
+    assert client.handle(_primal(fed, cid, 2, client.alpha.copy(), peers=[other])).payload["masked"].size
     fed, cid, client = _after_round_1(tiny, secagg_threshold=3)
     reply = client.handle(_primal(fed, cid, 2, client.alpha.copy())).payload
     assert reply["masked"].dtype == np.uint64 and "share" not in reply
@@ -185,7 +190,7 @@ def test_self_unmask_is_refused(tiny):
     sends ``hyfdca.unmask`` to the victim itself with ``dropped`` = all its peers. Before this work
     it answered, and reply minus correction was its words exactly (checked here with the masks
     computed from its own state). Now it is refused (1 of 4 clients would survive, below the
-    threshold ``t`` = 2); naming the victim itself as dropped is refused too (fresh run)."""
+    threshold, a majority of 4: 3); naming the victim itself as dropped is refused too (fresh run)."""
     fed, cid, client, msg, masked = _answered_exchange(tiny)
     tag, peers = int(msg.payload["tag"]), list(msg.payload["peers"])
     # what the attack would read before double masking: its masks with every peer removed left the
@@ -193,7 +198,7 @@ def test_self_unmask_is_refused(tiny):
     words = masked - client.secagg._mask_sum(tag, peers)
     assert not np.array_equal(words.view(np.int64), client.sa_pending - client.sa_base)  # fixed(share) - base
     with pytest.raises(
-        PayloadError, match="unmasks only if at least 2 of the 4 clients of the exchange survive, not 1"
+        PayloadError, match="unmasks only if at least 3 of the 4 clients of the exchange survive, not 1"
     ):
         client.handle(_msg("hyfdca.unmask", cid, 2, {"tag": tag, "dropped": peers, "survivors": [], "shares": []}))
     fed, cid, client, msg, _ = _answered_exchange(tiny)
@@ -203,19 +208,21 @@ def test_self_unmask_is_refused(tiny):
 
 
 def test_an_unmask_request_is_answered_once(tiny):
-    """Asking the same unmask twice (issue 28, Found 2): an honest request (two peers dropped, the
-    victim and one peer survive, that peer's self-mask share relayed) is answered; the same request again is refused (a request is answered once), and
+    """Asking the same unmask twice (issue 28, Found 2): an honest request (one peer dropped, the
+    victim and two peers survive, their self-mask shares relayed) is answered; the same request again is refused (a request is answered once), and
     the client then stops."""
     fed, cid, client, msg, _ = _answered_exchange(tiny)
     tag, peers = int(msg.payload["tag"]), list(msg.payload["peers"])
-    # one peer answers the same exchange: its self-mask share to the victim rides in its reply
-    p = peers[0]
-    theirs = [c for c in fed.transport.client_ids if c != p]
-    payload = {"alpha": _enc(fed, p, fed.clients[p].alpha.copy()), "tag": tag, "peers": theirs, "acked": False}
-    share = fed.clients[p].handle(_msg("hyfdca.primal", p, 2, payload)).payload["self_shares"][theirs.index(cid)]
-    ask = {"tag": tag, "dropped": peers[1:], "survivors": [p], "shares": [share]}
+    # two peers answer the same exchange: their self-mask shares to the victim ride in their replies
+    shares = []
+    for p in peers[:2]:
+        theirs = [c for c in fed.transport.client_ids if c != p]
+        payload = {"alpha": _enc(fed, p, fed.clients[p].alpha.copy()), "tag": tag, "peers": theirs, "acked": False}
+        reply = fed.clients[p].handle(_msg("hyfdca.primal", p, 2, payload)).payload
+        shares.append(reply["self_shares"][theirs.index(cid)])
+    ask = {"tag": tag, "dropped": peers[2:], "survivors": peers[:2], "shares": shares}
     reply = client.handle(_msg("hyfdca.unmask", cid, 2, ask)).payload
-    assert reply["correction"].dtype == np.uint64 and len(reply["revealed"]) == 1 and len(reply["revealed"][0]) == 16
+    assert reply["correction"].dtype == np.uint64 and len(reply["revealed"]) == 2 and len(reply["revealed"][0]) == 16
     with pytest.raises(ProtocolError, match="each request is answered once"):
         client.handle(_msg("hyfdca.unmask", cid, 2, ask))
     with pytest.raises(ProtocolError, match="after refusing 'hyfdca.unmask' of round 2"):
@@ -258,7 +265,7 @@ def test_hyfem_client_refuses_no_peers_and_an_untagged_fit(digits_split):
     client = fed.clients[cid]
     honest = fed.server.fit_message(cid, 1, fed.transport.client_ids)
     no_peers = Message(honest.kind, SERVER, cid, 1, {**honest.payload, "peers": []})
-    with pytest.raises(PayloadError, match="masks only in an exchange of at least 2 clients of its roster, not 1"):
+    with pytest.raises(PayloadError, match="masks only in an exchange of at least 3 clients of its roster, not 1"):
         client.handle(decode(encode(no_peers)))
     clear = {k: v for k, v in honest.payload.items() if k not in ("tag", "peers")}
     with pytest.raises(PayloadError, match="'tag' missing: client .* never sends its extractors in the clear"):

@@ -18,7 +18,7 @@ from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.errors import DataError, EncryptionPolicyError, ProtocolError
 from hybridfl.privacy.he import KeyDealer
-from hybridfl.privacy.secagg import SecAggClient, from_fixed, keystream, to_fixed, unmask_quorum
+from hybridfl.privacy.secagg import DEFAULT_THRESHOLD, SecAggClient, from_fixed, keystream, to_fixed, unmask_quorum
 from hybridfl.runtime import secagg_messages as sm
 from hybridfl.runtime.messages import SERVER, Message, decode
 from hybridfl.runtime.simulation import build_federation
@@ -71,7 +71,7 @@ def test_masks_cancel_and_dropouts_are_unmasked(holders, dropped, seed, width):
             total[:, pos[c]] += m.reshape(width, -1)
             want[:, pos[c]] += x.reshape(width, -1)
     missing = [c for c in names if c not in got]
-    if missing and got and len(got) < unmask_quorum(2, len(names), len(names)):
+    if missing and got and len(got) < unmask_quorum(DEFAULT_THRESHOLD, len(names), len(names)):
         # too few survivors (issue 28: at least 2 and a majority): each refuses, the exchange is dropped
         for c in got:
             with pytest.raises(ProtocolError, match="unmasks only if at least"):
@@ -94,7 +94,7 @@ def _unmask(cl, names, got, total, pos, tag) -> bool:
             out.append(r)
         return out
 
-    return sm.unmask_exchange(exchange, "x.unmask", 0, tag, names, replies, total, pos, len(cl), 2)
+    return sm.unmask_exchange(exchange, "x.unmask", 0, tag, names, replies, total, pos, len(cl), DEFAULT_THRESHOLD)
 
 
 def test_the_dropout_lie_yields_nothing():
@@ -187,11 +187,13 @@ def _cfg(**kw) -> HyFDCAConfig:
     "extra",
     [
         {},
-        {"failure_rate": 0.3},
+        # t = 2: the default (a majority) drops the exchanges where fewer than 4 of 6 survive, which
+        # the plaintext run counts (test_default_threshold_drops_a_minority_of_survivors)
+        {"failure_rate": 0.3, "secagg_threshold": 2},
         # 4 of 6 clients a round: returning clients (line 7) in rounds 2-4, and no round whose closing
         # exchange would hold a lone client (test_lone_client_exchange_is_skipped_not_unmasked)
         {"dual_mode": "consensus", "local_fraction": 0.2, "sigma": 30, "participation": 0.67},
-        {"dual_mode": "segment", "batch_size": 16, "failure_rate": 0.2},
+        {"dual_mode": "segment", "batch_size": 16, "failure_rate": 0.2, "secagg_threshold": 2},
     ],
 )
 def test_hyfdca_w_equals_the_plaintext_shares_w(grid_2x3, extra):
@@ -225,7 +227,7 @@ def test_lone_client_exchange_is_skipped_not_unmasked(grid_2x3, caplog):
     import logging
 
     split, part = grid_2x3
-    extra = {"dual_mode": "consensus", "local_fraction": 0.2, "sigma": 30, "participation": 0.5}
+    extra = {"dual_mode": "consensus", "local_fraction": 0.2, "sigma": 30, "participation": 0.5, "secagg_threshold": 2}
     ws, sent = {}, {}
     for secure in (False, True):
         fed = build_federation("hyfdca", split, part, _cfg(secure_aggregation=secure, **extra))
@@ -366,7 +368,8 @@ def test_hyfem_secure_aggregation_equals_the_plain_average(hyfem_small, failure_
     fail_at = [(1, "client-1"), (1, "client-2"), (3, "client-3")] if failure_rate else []
     for secure in (False, True):
         raw: list[bytes] = []
-        fed, _ = _hyfem_fed(split, part, raw.append, fail_at=fail_at, secure_aggregation=secure)
+        # t = 2 (the default, a majority of 4, would drop round 1's 2 survivors that the plain average counts)
+        fed, _ = _hyfem_fed(split, part, raw.append, fail_at=fail_at, secure_aggregation=secure, secagg_threshold=2)
         models[secure] = {k: v.detach().clone() for k, v in fed.server.model.state_dict().items()}
         to_server = [m for m in map(decode, raw) if m.receiver == "server" and m.kind == "hyfem.fit"]
         assert to_server
@@ -384,14 +387,17 @@ def test_hyfem_secure_aggregation_equals_the_plain_average(hyfem_small, failure_
 
 def test_hyfem_samples_clients_per_round(hyfem_small):
     """``fraction_fit: 0.5`` of 4 clients: 2 fit messages a round, drawn from the seed and the round
-    alone (the same in two runs), the others absent; with secure aggregation the masks run over the
-    round's sample only and the model equals the plain average's."""
+    alone (the same in two runs), the others absent; with secure aggregation (``secagg_threshold: 2``)
+    the masks run over the round's sample only and the model equals the plain average's. With the
+    default threshold (a majority of 4: 3) the server samples 3 a round."""
     import torch
 
     split, part = hyfem_small
     asked, models = {}, {}
+    _, rows = _hyfem_fed(split, part, fraction_fit=0.5, secure_aggregation=True, rounds_to_run=1)
+    assert rows[0]["clients_sampled"] == 3
     for secure in (False, True):
-        fed, rows = _hyfem_fed(split, part, fraction_fit=0.5, secure_aggregation=secure)
+        fed, rows = _hyfem_fed(split, part, fraction_fit=0.5, secure_aggregation=secure, secagg_threshold=2)
         assert all(r["clients_sampled"] == 2 == r["clients_answered"] for r in rows)
         fits = [
             (e.round, e.receiver) for e in fed.transport.log.entries if e.kind == "hyfem.fit" and e.sender == "server"

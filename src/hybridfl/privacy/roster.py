@@ -10,7 +10,8 @@ client directory directly. A client reads it from its own directory, never from 
 so the server cannot substitute a key.
 
 **Signed keys** (:class:`PeerAuth`). A client holding a roster signs, with its credential
-(Ed25519, ``cryptography``), every X25519 public key and blinded PSI blob it sends for a peer,
+(Ed25519, ``cryptography``), every X25519 public key (PSI, secure aggregation and the masked inner
+products that use its keys: :func:`hybridfl.privacy.secagg.key_fields`) and blinded PSI blob it sends for a peer,
 over ``domain | run | client name | purpose | fields`` (each part length-prefixed,
 :func:`statement`); ``run`` is the run label of the message that started the alignment, so a
 signature made for one run does not verify in another. A peer checks the signature against the
@@ -23,7 +24,7 @@ key or blob of its own (Ed25519 is existentially unforgeable), and a recorded si
 another run, sender or purpose does not verify. What it can still do: withhold messages (the run
 stops), and replay a whole signed blob of an earlier run under that run's label; every run's
 blinding and X25519 keys are fresh and never leave their owner, so the replayed blob is of no use
-to it (tests/test_malicious_psi.py plays these). Not covered: a stolen ``client_key.pem`` and a
+to it (tests/test_malicious_psi.py and tests/test_malicious_keys.py play these). Not covered: a stolen ``client_key.pem`` and a
 roster that the organisations did not compare (the fingerprints are for that).
 """
 

@@ -30,20 +30,28 @@ Privacy-Preserving Machine Learning" (CCS 2017, Sec. 4), on coordinates held by 
   received a vector and calls its sender dropped gets that sender's pair masks but no share of its
   self-mask, so the vector stays masked (the dropout lie).
 - **Threshold** (the client's own rule, never the server's: against a malicious server): an exchange has ``m``
-  clients (the client and the ``peers`` the server names, all from the roster it got at setup).
-  A client masks only in an exchange of at least :func:`mask_quorum` clients (``t``, at least 2),
-  so ``peers=[]`` never returns its vector in the clear; it answers an unmasking request only if
-  the survivors (the exchange's clients not named dropped, itself included) are at least
-  :func:`unmask_quorum` (``t``, at least 2), never for itself, once per exchange.
+  clients (the client and the ``peers`` the server names, all from the peer table it got at setup).
+  A client masks only in an exchange of at least :func:`mask_quorum` clients (``t``; by default
+  a majority of the run's clients and at least 2, :func:`majority`, Bonawitz et al. take
+  ``t > n / 2``), so ``peers=[]`` never returns its vector in the clear; it answers an unmasking
+  request only if the survivors (the exchange's clients not named dropped, itself included) are
+  at least :func:`unmask_quorum` (``t``; by default a majority of the exchange), never for itself,
+  once per exchange.
+- **Signed keys** (with a roster, :mod:`hybridfl.privacy.roster`): each client signs its public
+  key and blocks (:func:`key_fields`, purpose :data:`KEY_PURPOSE`, the run's label) with its
+  Ed25519 credential; a peer keeps a relayed key only if the signature verifies against its own
+  roster (:func:`hybridfl.runtime.secagg_messages.set_peers`), and then counts the roster's clients.
 
 Adversary: an honest-but-curious server (it follows the protocol and reads everything) learns,
 per coordinate, only the sum over the exchange's clients that hold it, plus the exchange's
-membership; a malicious server that lies about dropouts learns no more (double masking). Not
-covered (documented in ``docs/privacy.md``): a server that substitutes public keys (keys are not
-signed against a roster here); a coordinate held by one client of the exchange is that client's
-value; colluding clients learn their pair masks and, ``k`` of them, a peer's self-mask seed; a
-client that reveals a wrong share corrupts the sum (integrity, not privacy). A client never
-reuses a tag (keystream reuse would reveal differences of its vectors).
+membership; a malicious server that lies about dropouts learns no more (double masking); with
+rosters, one that substitutes its own public key for a peer's is refused (Ed25519 unforgeability;
+``tests/test_malicious_keys.py`` plays it). Not covered (documented in ``docs/privacy.md``):
+without a roster (the in-memory simulation) a server that substitutes public keys reads the
+victim's vector; a coordinate held by one client of the exchange is that client's value;
+colluding clients learn their pair masks and, ``k`` of them, a peer's self-mask seed; a client
+that reveals a wrong share corrupts the sum (integrity, not privacy). A client never reuses a tag
+(keystream reuse would reveal differences of its vectors).
 """
 
 from __future__ import annotations
@@ -68,8 +76,12 @@ clients stays below ``2^62`` and never wraps."""
 
 PUBLIC_KEY_BYTES = 32
 
-DEFAULT_THRESHOLD = 2
-"""Default ``t``: a masked exchange needs at least two clients (the algorithms' ``secagg_threshold``)."""
+AUTO_THRESHOLD = 0
+"""``t = 0`` (the algorithms' default ``secagg_threshold``): a majority, :func:`majority`."""
+DEFAULT_THRESHOLD = AUTO_THRESHOLD
+"""Default ``t``: a majority of the exchange's honest clients and at least two (:func:`majority`)."""
+KEY_PURPOSE = "secagg-key"
+"""The roster signature's purpose of a secure-aggregation X25519 key (:func:`key_fields`)."""
 
 
 SHARE_CONTEXT = "secagg share v1"
@@ -109,23 +121,41 @@ def rebuild_seed(shares: Sequence[tuple[int, bytes]]) -> bytes:
     return bytes(Shamir.combine([(int(i), bytes(b)) for i, b in shares]))
 
 
+def majority(m: int) -> int:
+    """``max(2, floor(m / 2) + 1)``: the default threshold over ``m`` clients (Bonawitz et al. 2017
+    Sec. 4 take ``t > n / 2``, so two disjoint sets of ``t`` clients cannot both answer)."""
+    return max(2, int(m) // 2 + 1)
+
+
 def mask_quorum(threshold: int, roster: int, cap: int | None = None) -> int:
-    """The fewest clients (itself included) of an exchange a client masks in: ``threshold``, but
-    at most the ``roster`` (the run's clients: a run of one client has nobody to mask with, and
-    the server learns its vector from the model anyway) and at most ``cap`` (the honest exchange's
-    size where the protocol fixes it smaller, e.g. HyFDCA's pass over a segment of one holder)."""
-    need = min(max(int(threshold), 1), max(int(roster), 1))
+    """The fewest clients (itself included) of an exchange a client masks in: ``threshold``
+    (``0``, the default: :func:`majority` of the exchange's honest size, ``min(roster, cap)``), but
+    at most the ``roster`` (the run's clients, from the client's own roster: a run of one client
+    has nobody to mask with, and the server learns its vector from the model anyway) and at most
+    ``cap`` (the honest exchange's size where the protocol fixes it smaller, e.g. HyFDCA's pass
+    over a segment of one holder)."""
+    honest = max(int(roster), 1) if cap is None else max(1, min(int(roster), int(cap)))
+    t = majority(honest) if int(threshold) <= AUTO_THRESHOLD else int(threshold)
+    need = min(max(t, 1), max(int(roster), 1))
     return need if cap is None else max(1, min(need, int(cap)))
 
 
 def unmask_quorum(threshold: int, roster: int, members: int) -> int:
     """The fewest survivors (itself included) of an exchange of ``members`` clients for which a
-    client reveals its masks with the dropped ones: ``t`` (:func:`mask_quorum`) and at least 2, so
-    a server that names all but one client dropped (or all its peers, to the client itself) learns
-    nobody's vector alone; the honest server drops such an exchange instead. Not a majority of
-    ``members``: with failures that would drop honest exchanges whose survivors meet ``t``
-    (``w`` would then differ from the plaintext run's); a run that wants it sets ``t``."""
-    return min(max(2, mask_quorum(threshold, roster)), max(int(members), 2))
+    client reveals its masks with the dropped ones: ``t`` (:func:`mask_quorum`; ``0``, the default:
+    :func:`majority` of ``members``) and at least 2, so a server that names all but one client
+    dropped (or all its peers, to the client itself) learns nobody's vector alone; the honest
+    server drops such an exchange instead."""
+    t = majority(members) if int(threshold) <= AUTO_THRESHOLD else mask_quorum(threshold, roster)
+    return min(max(2, t), max(int(members), 2))
+
+
+def key_fields(public: bytes, blocks: Sequence[str]) -> list[bytes]:
+    """What a client's roster signature over its secure-aggregation key covers (purpose
+    :data:`KEY_PURPOSE`, :class:`~hybridfl.privacy.roster.PeerAuth`): the 32-byte X25519 key and its
+    blocks (sorted JSON list: the blocks fix which coordinates a pair masks, so a server that
+    changed them could leave a coordinate with the self-mask alone)."""
+    return [bytes(public), json.dumps(sorted(str(b) for b in blocks)).encode()]
 
 
 def to_fixed(x: np.ndarray, what: str) -> np.ndarray:
@@ -192,7 +222,8 @@ class SecAggClient:
         block_sizes: coordinates per block (its vectors have ``sum(block_sizes)`` entries).
         private: its X25519 private key (32 raw bytes; a new one when ``None``).
 
-        threshold: ``t``, the fewest clients of an exchange it masks in (:func:`mask_quorum`).
+        threshold: ``t``, the fewest clients of an exchange it masks in (:func:`mask_quorum`;
+            ``0``: a majority, :func:`majority`).
         double_masking: add a self-mask to every masked vector and share its seed (module docs);
             ``False`` only where no vector is ever unmasked (a federated prediction's one-shot
             sum, which stops on any missing reply).
@@ -217,6 +248,7 @@ class SecAggClient:
         self._pos = _positions(self.blocks, self.sizes)
         self._sk = X25519PrivateKey.from_private_bytes(private) if private is not None else X25519PrivateKey.generate()
         self.peers: dict[str, tuple[bytes, list[str]]] = {}
+        self.roster: int | None = None
         self.last_tag = -1
         self.last_peers: list[str] = []
         self.last_width = 1
@@ -230,8 +262,11 @@ class SecAggClient:
         """Its X25519 public key, 32 raw bytes (sent in the clear: public)."""
         return self._sk.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
-    def set_peers(self, peers: Mapping[str, tuple[bytes, Sequence[str]]]) -> None:
-        """The other clients: ``{client_id: (public key bytes, its blocks)}`` (from the server).
+    def set_peers(self, peers: Mapping[str, tuple[bytes, Sequence[str]]], roster: int | None = None) -> None:
+        """The other clients: ``{client_id: (public key bytes, its blocks)}`` (from the server,
+        each key checked against the client's roster by the caller:
+        :func:`hybridfl.runtime.secagg_messages.set_peers`); ``roster``: the run's clients in its
+        own roster (the thresholds' ``roster``; ``None``: the peers and itself, no roster).
 
         Raises:
             ProtocolError: a key that is not an X25519 public key, its own key or name among
@@ -249,7 +284,12 @@ class SecAggClient:
             seen.add(pk)
             out[str(cid)] = (pk, [str(b) for b in bl])
         self.peers = out
+        self.roster = None if roster is None else int(roster)
         self._keys = {}
+
+    def run_size(self) -> int:
+        """The run's clients as its thresholds count them: its roster's (:meth:`set_peers`), else its peers and itself."""
+        return self.roster if self.roster is not None else len(self.peers) + 1
 
     def _pair_key(self, cid: str) -> bytes:
         if cid not in self._keys:
@@ -300,7 +340,7 @@ class SecAggClient:
         Raises:
             ProtocolError: fewer.
         """
-        need = mask_quorum(self.threshold, len(self.peers) + 1, cap)
+        need = mask_quorum(self.threshold, self.run_size(), cap)
         if len(peers) + 1 < need:
             raise ProtocolError(
                 f"client {self.client_id!r} masks only in an exchange of at least {need} clients of its roster, "
@@ -351,7 +391,7 @@ class SecAggClient:
         from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
         seed = os.urandom(16)
-        k = share_threshold(self.threshold, len(self.peers) + 1, len(peers) + 1)
+        k = share_threshold(self.threshold, self.run_size(), len(peers) + 1)
         shares = Shamir.split(k, len(peers), seed)
         out = []
         for cid, (idx, share) in zip(peers, shares):
@@ -396,7 +436,7 @@ class SecAggClient:
                 f"client {self.client_id!r} was asked for masks with a client outside its last exchange."
             )
         members = len(self.last_peers) + 1
-        need = unmask_quorum(self.threshold, len(self.peers) + 1, members)
+        need = unmask_quorum(self.threshold, self.run_size(), members)
         if members - len(dropped) < need:
             raise ProtocolError(
                 f"client {self.client_id!r} unmasks only if at least {need} of the {members} clients of the exchange "
@@ -470,6 +510,7 @@ class SecAggClient:
                     "last_peers": self.last_peers,
                     "last_width": self.last_width,
                     "unmasked_tag": self.unmasked_tag,
+                    "roster": self.roster,
                 }
             ),
             "secagg_tag": int(self.last_tag),
@@ -486,6 +527,7 @@ class SecAggClient:
             self.last_peers = list(d["last_peers"])
             self.last_width = int(d.get("last_width", 1))
             self.unmasked_tag = int(d.get("unmasked_tag", -1))
+            self.roster = None if d.get("roster") is None else int(d["roster"])
             self._keys = {}
         if "secagg_tag" in state:
             self.last_tag = int(state["secagg_tag"])

@@ -26,9 +26,10 @@ given everything else it holds: each holder's words are masked by its own pad, t
 sum of the pads, and no pad is used twice. So it learns neither a holder's share nor the inner
 products. A holder learns the inner products (as under CKKS, where every client holds the secret
 key). A client that does not hold the segment cannot open its keys (unlike CKKS, where every
-client can decrypt every ciphertext). Not covered, as for secure aggregation
-(:mod:`hybridfl.privacy.secagg`): a *malicious* server that substitutes the X25519 public keys it
-relays (no PKI) can open the segment keys; a server colluding with a holder learns what that
+client can decrypt every ciphertext). A *malicious* server that substitutes the X25519 public keys
+it relays is refused where the clients hold a roster (the keys are signed, as for secure
+aggregation: :mod:`hybridfl.privacy.secagg`); without one it can open the segment keys
+(``tests/test_malicious_keys.py``). Not covered: a server colluding with a holder learns what that
 holder knows (under CKKS too). ``tests/test_hyfdca_masked.py`` plays these parties.
 """
 

@@ -3,7 +3,8 @@ through a fall-through branch.
 
 Each algorithm defines its message kinds once as constants in its ``kinds`` module (client and
 server both import them) and its client keeps a table ``{KIND: method}``; :func:`dispatch` looks
-the kind up and refuses an unknown one in one sentence.
+the kind up and refuses an unknown one in one sentence. A client takes messages from the server
+only (:data:`~hybridfl.runtime.messages.SERVER`): one naming another sender is refused too.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 from hybridfl.errors import ProtocolError
-from hybridfl.runtime.messages import Message
+from hybridfl.runtime.messages import SERVER, Message
 
 Handler = Callable[[Message], Message]
 """One step of a client: a server message in, its reply out."""
@@ -33,8 +34,11 @@ def handler(
             sentence stays the one it always was).
 
     Raises:
-        ProtocolError: ``msg.kind`` is not in ``table`` ("<who> got <wording> '<kind>'.").
+        ProtocolError: ``msg.sender`` is not the server, or ``msg.kind`` is not in ``table``
+            ("<who> got <wording> '<kind>'.").
     """
+    if msg.sender != SERVER:
+        raise ProtocolError(f"{who} refuses a message from {msg.sender!r}, which is not the server.")
     step = table.get(msg.kind) if isinstance(msg.kind, str) else None
     if step is None:
         raise ProtocolError(f"{who} got {wording} {msg.kind!r}.")
@@ -47,6 +51,7 @@ def dispatch(
     """Answer ``msg`` with the step of ``table`` for its kind (:func:`handler`).
 
     Raises:
-        ProtocolError: an unknown kind (one sentence naming it), or whatever the step raises.
+        ProtocolError: a sender other than the server or an unknown kind (one sentence naming
+            it), or whatever the step raises.
     """
     return handler(table, msg, who, wording)(msg)

@@ -16,37 +16,94 @@ from collections.abc import Callable, Mapping, Sequence
 import numpy as np
 
 from hybridfl.errors import ProtocolError
-from hybridfl.privacy.secagg import SecAggClient, check_public_key, rebuild_seed, self_mask, share_threshold
+from hybridfl.privacy.credentials import SIGNATURE_BYTES
+from hybridfl.privacy.roster import RUN_BYTES, PeerAuth, PeerAuthError
+from hybridfl.privacy.secagg import (
+    KEY_PURPOSE,
+    SecAggClient,
+    check_public_key,
+    key_fields,
+    rebuild_seed,
+    self_mask,
+    share_threshold,
+)
 from hybridfl.runtime import validate
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.validate import PayloadError
 
 
-def peer_table(publics: Mapping[str, bytes], blocks: Mapping[str, Sequence[str]], cid: str) -> dict:
+def peer_table(
+    publics: Mapping[str, bytes],
+    blocks: Mapping[str, Sequence[str]],
+    cid: str,
+    sigs: Mapping[str, bytes] | None = None,
+) -> dict:
     """The payload entries that tell ``cid`` the other clients' keys and blocks:
-    ``secagg_peers`` (names), ``secagg_keys`` (32-byte keys), ``secagg_blocks`` (JSON lists)."""
+    ``secagg_peers`` (names), ``secagg_keys`` (32-byte keys), ``secagg_blocks`` (JSON lists) and,
+    if any client signed its key (``sigs``), ``secagg_sigs`` (64 bytes each, ``b""`` for a peer
+    that sent none)."""
     peers = [c for c in publics if c != cid]
-    return {
+    out = {
         "secagg_peers": peers,
         "secagg_keys": [publics[c] for c in peers],
         "secagg_blocks": [json.dumps(list(blocks[c])) for c in peers],
     }
+    if sigs:
+        out["secagg_sigs"] = [sigs.get(c, b"") for c in peers]
+    return out
 
 
-def set_peers(client: SecAggClient, msg: Message) -> None:
-    """Give ``client`` the peer table of ``msg`` (:func:`peer_table`).
+PEER_TABLE_KEYS = ("secagg_peers", "secagg_keys", "secagg_blocks", "secagg_sigs")
+"""The fields of a peer table (:func:`peer_table`)."""
+
+
+def run_label(msg: Message, auth: PeerAuth | None) -> bytes:
+    """The run label ``run`` of a setup message (32 bytes; required with a roster, ``auth``),
+    ``b""`` when absent without a roster.
+
+    Raises:
+        PayloadError: with a roster, missing; present, not 32 bytes.
+    """
+    if auth is None and "run" not in msg.payload:
+        return b""
+    run = msg.payload.get("run")
+    if not isinstance(run, (bytes, bytearray)) or len(run) != RUN_BYTES:
+        raise PayloadError(msg, "run", f"missing or not {RUN_BYTES} bytes")
+    return bytes(run)
+
+
+def sign_key(client: SecAggClient, auth: PeerAuth | None, run: bytes) -> dict:
+    """The reply entry ``secagg_sig``: ``client``'s roster signature over its key and blocks for
+    run ``run`` (:func:`~hybridfl.privacy.secagg.key_fields`); nothing without a roster."""
+    if auth is None:
+        return {}
+    return {"secagg_sig": auth.sign(run, KEY_PURPOSE, key_fields(client.public_bytes(), client.blocks))}
+
+
+def set_peers(client: SecAggClient, msg: Message, auth: PeerAuth | None = None, run: bytes = b"") -> None:
+    """Give ``client`` the peer table of ``msg`` (:func:`peer_table`). With a roster (``auth``)
+    every peer must be in it and its key and blocks must carry the peer's signature for run
+    ``run`` (against a server that substitutes a key of its own, Ed25519 unforgeability); the
+    thresholds then count the roster's clients.
 
     Raises:
         PayloadError: lists of other lengths, a key that is not an X25519 public key, a blocks
             entry that is not a JSON list of names, its own name or key among the peers.
+        PeerAuthError: with a roster, a peer not in it, or a key whose signature is missing or
+            does not verify (names the peer).
     """
     peers = validate.strings(msg, "secagg_peers")
     keys = validate.blobs(msg, "secagg_keys", len(peers), max_bytes=32)
+    sigs: list = [None] * len(peers)
+    if auth is not None and "secagg_sigs" in msg.payload:  # b"" for a peer that signed nothing: refused below
+        sigs = msg.payload["secagg_sigs"]
+        if not isinstance(sigs, list) or len(sigs) != len(peers) or not all(isinstance(x, bytes) for x in sigs):
+            raise PayloadError(msg, "secagg_sigs", f"not a list of {len(peers)} byte strings")
     blocks = msg.payload.get("secagg_blocks")
     if not isinstance(blocks, list) or len(blocks) != len(peers) or not all(isinstance(b, str) for b in blocks):
         raise PayloadError(msg, "secagg_blocks", f"not a list of {len(peers)} strings")
     table = {}
-    for cid, pk, bl in zip(peers, keys, blocks):
+    for i, (cid, pk, bl) in enumerate(zip(peers, keys, blocks)):
         try:
             names = json.loads(bl)
         except ValueError:
@@ -54,8 +111,13 @@ def set_peers(client: SecAggClient, msg: Message) -> None:
         if not isinstance(names, list) or not all(isinstance(b, str) for b in names):
             raise PayloadError(msg, "secagg_blocks", "holding an item that is not a JSON list of block names")
         table[cid] = (pk, names)
+        if auth is not None:
+            try:
+                auth.verify(run, cid, KEY_PURPOSE, key_fields(pk, names), sigs[i])
+            except PeerAuthError as e:
+                raise PeerAuthError(f"{str(e).rstrip('.')} (secure-aggregation key).") from None
     try:
-        client.set_peers(table)
+        client.set_peers(table, None if auth is None else len(auth.roster.keys))
     except ProtocolError as e:
         raise PayloadError(msg, "secagg_keys", f"refused ({e})") from None
 
@@ -218,6 +280,20 @@ def unmask_exchange(
             return False
         total[:, positions[s]] -= self_mask(seed, tag, width * len(positions[s])).reshape(width, -1)
     return True
+
+
+def key_signature(r: Message) -> bytes | None:
+    """A reply's ``secagg_sig`` (64 bytes), or ``None`` when it sent none (a client without a roster).
+
+    Raises:
+        PayloadError: present but not 64 bytes.
+    """
+    if "secagg_sig" not in r.payload:
+        return None
+    sig = r.payload["secagg_sig"]
+    if not isinstance(sig, (bytes, bytearray)) or len(sig) != SIGNATURE_BYTES:
+        raise PayloadError(r, "secagg_sig", f"not a {SIGNATURE_BYTES}-byte signature")
+    return bytes(sig)
 
 
 def public_key(r: Message, known: Mapping[str, bytes]) -> bytes:

@@ -108,10 +108,11 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         require_secagg: refuse a run without secure aggregation of the primal shares (its own
             policy: set when it holds an HE key pair; :mod:`.secure`).
         secagg_threshold: ``t``, the fewest clients of a masked exchange it answers in
-            (:func:`~hybridfl.privacy.secagg.mask_quorum`; at least 2).
+            (:func:`~hybridfl.privacy.secagg.mask_quorum`; at least 2; ``0``: a majority).
         peer_auth: its credential and the federation's roster
-            (:class:`~hybridfl.privacy.roster.PeerAuth`): it signs its PSI blobs and keys and
-            refuses a peer's that do not verify (:mod:`.align`); ``None``: nothing signed.
+            (:class:`~hybridfl.privacy.roster.PeerAuth`): it signs its PSI blobs and keys and its
+            secure-aggregation key, and refuses a peer's that do not verify (:mod:`.align`,
+            :mod:`.secure`); ``None``: nothing signed.
 
     State kept between messages (:meth:`get_state`): ``alpha`` ``(n_k,)`` its copy of the dual
     variables, ``u`` ``(n_k,)`` the last decrypted inner products, ``q`` ``(n_k,)`` full squared
@@ -132,13 +133,13 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         seed: int = 0,
         sparse: str = "auto",
         require_secagg: bool = False,
-        secagg_threshold: int = 2,
+        secagg_threshold: int = 0,
         peer_auth: PeerAuth | None = None,
     ):
         self.client_id = client_id
         self.peer_auth = peer_auth
         self.protocol = ClientProtocol(client_id)  # its own view of the protocol (fail closed)
-        self.secagg_threshold = max(2, int(secagg_threshold))
+        self.secagg_threshold = int(secagg_threshold) if int(secagg_threshold) <= 0 else max(2, int(secagg_threshold))
         self.ids = np.asarray(data.ids).astype(str)
         self.blocks = list(data.block_names)
         self.block_sizes = [int(np.prod(data.block_shapes[b])) for b in self.blocks]
@@ -349,14 +350,9 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         if not isinstance(alignment, str) or alignment not in ("psi", "plaintext"):
             raise PayloadError(msg, "alignment", "not 'psi' or 'plaintext'")
         if alignment == "plaintext":  # the paper's setting: the server learns its IDs
-            validate.only_keys(msg, ("alignment",))
+            validate.only_keys(msg, ("alignment", "run"))
         ids = self.align_hello(msg) if alignment == "psi" else {"ids": self.ids.tolist()}
-        return {
-            **ids,
-            "blocks": self.blocks,
-            "n_samples": int(self.ids.size),
-            "secagg_public": self.secagg.public_bytes(),
-        }
+        return {**ids, "blocks": self.blocks, "n_samples": int(self.ids.size), **self.secure_hello_entries(msg)}
 
     def _on_init(self, msg: Message) -> dict[str, Any]:
         """``hyfdca.init``: the segment layout (given, or with ``alignment: psi`` found from the

@@ -139,9 +139,9 @@ class HyFDCAConfig(BaseModel):
         description="mask the primal shares pairwise so the server learns only their sum per feature (our addition; the paper sends them in the clear): hybridfl.algorithms.hyfdca.secure",
     )
     secagg_threshold: int = Field(
-        2,
-        ge=2,
-        description="secure aggregation threshold t (each client's own rule, against a malicious server): a client masks only in an exchange of at least t clients of its roster, itself included (at most the run's clients; HyFDCA segment mode: at most the holders of its pass's segments), and unmasks a dropped peer only if at least t of the exchange's clients survive (never itself, once per exchange); the server selects at least t clients a round and drops an exchange it could not unmask: hybridfl.privacy.secagg",
+        0,
+        ge=0,
+        description="secure aggregation threshold t (each client's own rule, against a malicious server): a client masks only in an exchange of at least t clients of its roster, itself included (at most the run's clients; HyFDCA segment mode: at most the holders of its pass's segments), and unmasks a dropped peer only if at least t of the exchange's clients survive (never itself, once per exchange); 0 (default): a majority and at least 2 (max(2, floor(m/2)+1) of the run's m clients to mask, of the exchange's m clients to unmask; HyFDCA cyclic participation: 2, a group being the round); 1 is refused; the server selects at least t clients a round and drops an exchange it could not unmask: hybridfl.privacy.secagg",
     )
     paillier_bits: int = Field(
         2048,
@@ -186,6 +186,12 @@ class HyFDCAConfig(BaseModel):
             object.__setattr__(self, "output", "last")  # the default fits segment mode
         if self.participation_mode == "cyclic" and self.participation > 0.5:
             raise ValueError("participation_mode 'cyclic' needs participation <= 0.5 (round(1 / participation) groups)")
+        if self.secagg_threshold == 1:
+            raise ValueError(
+                "secagg_threshold 1 would let a client send its share unmasked: use 0 (a majority) or >= 2"
+            )
+        if self.participation_mode == "cyclic" and self.secagg_threshold == 0:  # a group (the round) is no majority
+            object.__setattr__(self, "secagg_threshold", 2)
         return self
 
     @property

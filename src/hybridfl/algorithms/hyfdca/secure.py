@@ -10,8 +10,11 @@ it: ``lambda N`` times the change of ``w`` it computes anyway, and nothing else.
 
 Protocol (every ``hyfdca.primal`` exchange, PrimalAggregation, Alg. 1 lines 7 and 17):
 
-1. ``hyfdca.hello`` reply: ``secagg_public`` (the client's X25519 public key). ``hyfdca.init``
-   relays the others' keys and blocks (``secagg_peers``, ``secagg_keys``, ``secagg_blocks``).
+1. ``hyfdca.hello`` reply: ``secagg_public`` (the client's X25519 public key) and, with a roster,
+   ``secagg_sig`` (its credential's signature over the key and its blocks for the hello's ``run``).
+   ``hyfdca.init`` relays the others' keys, blocks and signatures (``secagg_peers``,
+   ``secagg_keys``, ``secagg_blocks``, ``secagg_sigs``); a client with a roster keeps a key only if
+   its signature verifies against its own roster.
 2. ``hyfdca.primal`` carries ``tag`` (a fresh exchange number), ``peers`` (the other clients of the
    exchange) and ``acked`` (whether the server counted the client's previous change). The client
    keeps ``base``, the fixed-point share the server has counted for it; it sends
@@ -62,6 +65,19 @@ class SecureSharesClientMixin:
         self.secagg = SecAggClient(self.client_id, self.blocks, self.block_sizes, threshold=self.secagg_threshold)
         self.sa_base = np.zeros(self.X.shape[1], dtype=np.int64)
         self.sa_pending: np.ndarray | None = None
+        self.sa_run = b""  # the hello's run label (its key's signature names it)
+
+    def secure_hello_entries(self, msg: Message) -> dict:
+        """The ``hyfdca.hello`` reply's ``secagg_public`` (its X25519 key, also the masked inner
+        products' sealing key) and, with a roster (``peer_auth``), ``secagg_sig``: its credential's
+        signature over the key and its blocks for the hello's ``run``.
+
+        Raises:
+            PayloadError: with a roster, no 32-byte ``run``.
+        """
+        auth = getattr(self, "peer_auth", None)
+        self.sa_run = sm.run_label(msg, auth)
+        return {"secagg_public": self.secagg.public_bytes(), **sm.sign_key(self.secagg, auth, self.sa_run)}
 
     def secure_setup(self, msg: Message) -> bool:
         """Take the peers' keys and blocks from ``hyfdca.init`` (if the run uses secure
@@ -71,6 +87,7 @@ class SecureSharesClientMixin:
             PayloadError: the three lists are not of equal length, a key is not an X25519 public
                 key, a blocks entry is not a JSON list of names, its own name or key among them.
             EncryptionPolicyError: the client requires secure aggregation and the run has none.
+            PeerAuthError: with a roster, a peer outside it or a key without its valid signature.
         """
         p = msg.payload
         if "secagg_peers" not in p:
@@ -82,7 +99,7 @@ class SecureSharesClientMixin:
                     f"of the primal shares."
                 )
             return False
-        sm.set_peers(self.secagg, msg)
+        sm.set_peers(self.secagg, msg, getattr(self, "peer_auth", None), self.sa_run)
         return True
 
     def exchange_cap(self) -> int | None:
@@ -148,12 +165,15 @@ class SecureSharesClientMixin:
     def _secure_state(self) -> dict:
         st = dict(self.secagg.get_state())
         st["sa_base"] = self.sa_base.copy()
+        st["sa_run"] = self.sa_run
         if self.sa_pending is not None:
             st["sa_pending"] = self.sa_pending.copy()
         return st
 
     def _set_secure_state(self, state: Mapping) -> None:
         self.secagg.set_state(state)
+        if "sa_run" in state:
+            self.sa_run = bytes(state["sa_run"])
         if "sa_base" in state:
             self.sa_base = np.asarray(state["sa_base"], dtype=np.int64).copy()
             self.sa_pending = np.asarray(state["sa_pending"], dtype=np.int64).copy() if "sa_pending" in state else None
@@ -169,6 +189,7 @@ class SecureSharesServerMixin:
         self.sa_tag = 0
         self.sa_counted: dict[str, bool] = {}
         self.sa_publics: dict[str, bytes] = {}
+        self.sa_sigs: dict[str, bytes] = {}  # the clients' roster signatures over their keys (relayed)
         self.sa_width = 1  # vectors per masked reply in the current exchange (2 with step_average)
         self.position_sum: np.ndarray | None = None
 
@@ -176,13 +197,17 @@ class SecureSharesServerMixin:
         """Check and keep a hello's ``secagg_public`` (with secure aggregation on).
 
         Raises:
-            PayloadError: missing, not a 32-byte X25519 public key, or another client's key.
+            PayloadError: missing, not a 32-byte X25519 public key, or another client's key; a
+                ``secagg_sig`` that is not 64 bytes.
         """
         self.sa_publics[r.sender] = sm.public_key(r, self.sa_publics)
+        sig = sm.key_signature(r)
+        if sig is not None:
+            self.sa_sigs[r.sender] = sig
 
     def secure_init_payload(self, cid: str, blocks: Mapping[str, list[str]]) -> dict:
-        """The ``hyfdca.init`` entries for ``cid``: the other clients' names, keys and blocks."""
-        return sm.peer_table({c: self.sa_publics[c] for c in self.client_ids}, blocks, cid)
+        """The ``hyfdca.init`` entries for ``cid``: the other clients' names, keys, blocks and key signatures."""
+        return sm.peer_table({c: self.sa_publics[c] for c in self.client_ids}, blocks, cid, self.sa_sigs)
 
     def _check_masked(self, peers: int):
         def check(r: Message) -> None:

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -60,6 +61,7 @@ from hybridfl.algorithms.hyfdca.segment_pass import run_segment_round
 from hybridfl.algorithms.participation import select_participants
 from hybridfl.errors import ConfigError, PartitionError, ProtocolError, UnknownBlockError
 from hybridfl.privacy.he import HEBackend
+from hybridfl.privacy.roster import RUN_BYTES
 from hybridfl.privacy.secagg import mask_quorum
 from hybridfl.runtime import validate
 from hybridfl.runtime.exchange import answers
@@ -246,7 +248,8 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             if secure:
                 self.secure_hello(r)
 
-        hello_payload = self.psi_hello_payload() if psi_mode else {}
+        # a fresh run label: the clients' roster signatures (PSI blobs, secure-aggregation keys) name it
+        hello_payload = self.psi_hello_payload() if psi_mode else {"run": os.urandom(RUN_BYTES)}
         hello = self._setup_exchange(
             transport,
             [Message(kinds.HELLO, SERVER, c, 0, dict(hello_payload)) for c in self.client_ids],
@@ -373,7 +376,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         """Available clients ``K^t`` of round ``rnd`` (HyFDCA Assumption 5 random subsets or
         Assumption 7 cyclic groups), drawn from the server's RNG."""
         cfg = self.config
-        minimum = cfg.secagg_threshold if cfg.secure_aggregation else 1  # its clients' threshold
+        minimum = mask_quorum(cfg.secagg_threshold, len(self.client_ids)) if cfg.secure_aggregation else 1  # clients' t
         return select_participants(
             rnd, self.client_ids, cfg.participation, cfg.participation_mode, cfg.cyclic_groups, self.rng, minimum
         )

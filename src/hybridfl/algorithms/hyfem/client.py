@@ -34,6 +34,7 @@ from hybridfl.algorithms.training import LocalTrainer
 from hybridfl.data.dataset import HybridDataset
 from hybridfl.models.device import resolve_device
 from hybridfl.models.hybrid import ExtractorFactory, HybridModel, default_extractor
+from hybridfl.privacy.roster import PeerAuth
 from hybridfl.runtime.handlers import Handler, dispatch
 from hybridfl.runtime.messages import Message, pack_arrays, unpack_arrays
 from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys
@@ -70,8 +71,10 @@ class HyFEMClient(SecureExtractorsClientMixin):
         config: HyFEMConfig,
         seed: int = 0,
         extractor_factory: ExtractorFactory | None = None,
+        peer_auth: PeerAuth | None = None,
     ):
         self.client_id = client_id
+        self.peer_auth = peer_auth
         self.data = data
         self.blocks = tuple(data.block_names)
         self.n_classes = n_classes
@@ -104,12 +107,19 @@ class HyFEMClient(SecureExtractorsClientMixin):
 
     def properties(self, msg: Message) -> Message:
         """``hyfem.properties``: reply its ``blocks``, ``n_samples``, ``class_counts`` ``(C,)``
-        int64 and ``secagg_public`` (its secure-aggregation public key); no feature value or label."""
+        int64, ``secagg_public`` (its secure-aggregation public key) and, with a roster,
+        ``secagg_sig`` (:meth:`~hybridfl.algorithms.hyfem.secure.SecureExtractorsClientMixin.secure_hello_entries`);
+        no feature value or label.
+
+        Raises:
+            PayloadError: a key other than ``run``; with a roster and secure aggregation, no 32-byte ``run``.
+        """
+        only_keys(msg, ("run",))
         return msg.reply(
             blocks=list(self.blocks),
             n_samples=self.data.n_samples,
             class_counts=np.bincount(self.data.y, minlength=self.n_classes).astype(np.int64),
-            secagg_public=self.secagg.public_bytes(),
+            **self.secure_hello_entries(msg),
         )
 
     # ------------------------------------------------------------------ state between messages
@@ -118,7 +128,11 @@ class HyFEMClient(SecureExtractorsClientMixin):
         (Flower starts a new ClientApp process per message): the mini-batch generator state
         ``(5056,)`` uint8. Model weights need not be kept: every ``hyfem.fit`` message carries them.
         """
-        return {"trainer.gen": self.trainer.gen.get_state().numpy().copy(), **self.secagg.get_state()}
+        return {
+            "trainer.gen": self.trainer.gen.get_state().numpy().copy(),
+            **self.secagg.get_state(),
+            "sa_run": self.sa_run,
+        }
 
     def set_state(self, state: Mapping[str, np.ndarray]) -> None:
         """Restore what :meth:`get_state` returned (a freshly built client continues exactly); an
@@ -126,6 +140,8 @@ class HyFEMClient(SecureExtractorsClientMixin):
         if "trainer.gen" in state:
             self.trainer.gen.set_state(torch.from_numpy(np.ascontiguousarray(state["trainer.gen"], dtype=np.uint8)))
         self.secagg.set_state(state)
+        if "sa_run" in state:
+            self.sa_run = bytes(state["sa_run"])
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Payload key -> shape of every model array a ``hyfem.fit`` message must carry: the

@@ -133,9 +133,9 @@ class HyFEMConfig(BaseModel):
         description="mask the clients' extractors pairwise so the server learns only each block's weighted sum (our addition; the paper averages in the clear): hybridfl.algorithms.hyfem.secure",
     )
     secagg_threshold: int = Field(
-        2,
-        ge=2,
-        description="secure aggregation threshold t (each client's own rule, against a malicious server): a client masks only in an exchange of at least t clients of its roster, itself included (at most the run's clients; HyFDCA segment mode: at most the holders of its pass's segments), and unmasks a dropped peer only if at least t of the exchange's clients survive (never itself, once per exchange); the server selects at least t clients a round and drops an exchange it could not unmask: hybridfl.privacy.secagg",
+        0,
+        ge=0,
+        description="secure aggregation threshold t (each client's own rule, against a malicious server): a client masks only in an exchange of at least t clients of its roster, itself included (at most the run's clients; HyFDCA segment mode: at most the holders of its pass's segments), and unmasks a dropped peer only if at least t of the exchange's clients survive (never itself, once per exchange); 0 (default): a majority and at least 2 (max(2, floor(m/2)+1) of the run's m clients to mask, of the exchange's m clients to unmask; HyFDCA cyclic participation: 2, a group being the round); 1 is refused; the server selects at least t clients a round and drops an exchange it could not unmask: hybridfl.privacy.secagg",
     )
     baselines: bool = Field(
         False,
@@ -163,6 +163,10 @@ class HyFEMConfig(BaseModel):
             raise ValueError(f"matching.max_width {self.matching.max_width} is smaller than hidden {self.hidden}")
         if self.lr_decay < 1 and not self.lr_decay_every:
             raise ValueError(f"lr_decay {self.lr_decay:g} needs lr_decay_every >= 1 (the rounds between decays)")
+        if self.secagg_threshold == 1:
+            raise ValueError(
+                "secagg_threshold 1 would let a client send its extractors unmasked: use 0 (a majority) or >= 2"
+            )
         try:
             check_device(self.device)
         except ConfigError as e:

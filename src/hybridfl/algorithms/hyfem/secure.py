@@ -6,8 +6,10 @@ that hold block ``b`` (``p_m`` their sample counts, which it knows), which is ex
 average needs (:mod:`hybridfl.privacy.secagg`: pairwise X25519/HKDF/ChaCha20 masks on fixed-point
 values). The classifiers still cross in the clear: the neuron matching (Alg. 3) needs each one.
 
-Protocol: the ``hyfem.properties`` reply carries ``secagg_public``; a setup exchange
-``hyfem.keys`` relays the other clients' keys and blocks; each ``hyfem.fit`` carries a fresh
+Protocol: ``hyfem.properties`` carries a fresh ``run`` label and its reply ``secagg_public``
+(and, with a roster, ``secagg_sig``: the client's credential signature over its key and blocks for
+that run); a setup exchange ``hyfem.keys`` relays the other clients' keys, blocks and signatures,
+and a client with a roster keeps a key only if its signature verifies against its own roster; each ``hyfem.fit`` carries a fresh
 ``tag`` and the round's other clients (``peers``); the reply carries ``ext_masked`` (``uint64``,
 the client's blocks' extractor parameters times ``p_m``, flattened in its block order) instead of
 the ``ext.*`` arrays, and ``self_shares`` (its self-mask seed's encrypted Shamir shares, one per
@@ -57,16 +59,31 @@ class SecureExtractorsClientMixin:
     def _secure_init(self) -> None:
         sizes = [_flat(self.model.extractor_arrays(b)).size for b in self.blocks]
         self.secagg = SecAggClient(self.client_id, self.blocks, sizes, threshold=self.secagg_threshold)
+        self.sa_run = b""  # the properties message's run label (its key's signature names it)
+
+    def secure_hello_entries(self, msg: Message) -> dict:
+        """``secagg_public`` and, with a roster (``peer_auth``), ``secagg_sig``: its credential's
+        signature over its key and blocks for the message's ``run``
+        (:func:`~hybridfl.runtime.secagg_messages.sign_key`).
+
+        Raises:
+            PayloadError: with a roster and secure aggregation configured, no 32-byte ``run``.
+        """
+        auth = self.peer_auth if self.require_secagg or "run" in msg.payload else None
+        self.sa_run = sm.run_label(msg, auth)
+        return {"secagg_public": self.secagg.public_bytes(), **sm.sign_key(self.secagg, auth, self.sa_run)}
 
     def secure_keys(self, msg: Message) -> Message:
-        """``hyfem.keys``: keep the other clients' public keys and blocks.
+        """``hyfem.keys``: keep the other clients' public keys and blocks, each key checked
+        against its roster when it has one (:func:`~hybridfl.runtime.secagg_messages.set_peers`).
 
         Raises:
             PayloadError: lists of other lengths, a key that is not an X25519 public key, a blocks
                 entry that is not a list of names, its own name or key among them.
+            PeerAuthError: with a roster, a peer not in it or a key without its valid signature.
         """
-        validate.only_keys(msg, ("secagg_peers", "secagg_keys", "secagg_blocks"))
-        sm.set_peers(self.secagg, msg)
+        validate.only_keys(msg, sm.PEER_TABLE_KEYS)
+        sm.set_peers(self.secagg, msg, self.peer_auth, self.sa_run)
         return msg.reply()
 
     def check_secure_fit(self, msg: Message) -> None:
@@ -124,12 +141,16 @@ class SecureExtractorsServerMixin:
             ProtocolError: a client that does not answer ``hyfem.keys``.
         """
         self._secure_reset()
+        sigs = {}
         for r in replies:
             self.sa_publics[r.sender] = sm.public_key(r, self.sa_publics)
+            sig = sm.key_signature(r)
+            if sig is not None:
+                sigs[r.sender] = sig
         ids = list(self.clients)
         blocks = {c: self.clients[c]["blocks"] for c in ids}
         publics = {c: self.sa_publics[c] for c in ids}
-        msgs = [Message(KEYS, SERVER, cid, 0, sm.peer_table(publics, blocks, cid)) for cid in ids]
+        msgs = [Message(KEYS, SERVER, cid, 0, sm.peer_table(publics, blocks, cid, sigs)) for cid in ids]
         got = {r.sender for r in transport.send_and_receive(msgs) if r.kind == KEYS}
         missing = [c for c in ids if c not in got]
         if missing:

@@ -27,6 +27,7 @@ divergence.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -41,6 +42,8 @@ from hybridfl.errors import TrainingDiverged, UnknownBlockError
 from hybridfl.matching.classifier import ClientClassifier, ServerClassifier, match_classifiers
 from hybridfl.models.device import resolve_device
 from hybridfl.models.hybrid import ExtractorFactory, HybridModel, block_columns, default_extractor
+from hybridfl.privacy.roster import RUN_BYTES
+from hybridfl.privacy.secagg import mask_quorum
 from hybridfl.runtime.exchange import answers
 from hybridfl.runtime.messages import SERVER, Message, pack_arrays, unpack_arrays
 from hybridfl.runtime.transport import Transport
@@ -109,7 +112,8 @@ class HyFEMServer(SecureExtractorsServerMixin):
             UnknownBlockError: a client reports a block that is not in the schema.
             PayloadError: a malformed reply (:meth:`check_properties`).
         """
-        asked = [Message(PROPERTIES, SERVER, cid, 0) for cid in client_ids]
+        run = {"run": os.urandom(RUN_BYTES)} if self.config.secure_aggregation else {}  # the key signatures name it
+        asked = [Message(PROPERTIES, SERVER, cid, 0, dict(run)) for cid in client_ids]
         replies = answers(asked, transport.send_and_receive(asked), "HyFEM setup")
         for r in replies:
             blocks, n_samples, class_counts = self.check_properties(r)
@@ -133,7 +137,7 @@ class HyFEMServer(SecureExtractorsServerMixin):
             UnknownBlockError: a block that is not in the schema.
             PayloadError: any other problem (names the client and the field).
         """
-        only_keys(r, ("blocks", "n_samples", "class_counts", "secagg_public"))
+        only_keys(r, ("blocks", "n_samples", "class_counts", "secagg_public", "secagg_sig"))
         blocks = strings(r, "blocks")
         unknown = [b for b in blocks if b not in self.block_shapes]
         if unknown:
@@ -249,7 +253,7 @@ class HyFEMServer(SecureExtractorsServerMixin):
             return ids
         k = max(1, round(frac * len(ids)))
         if self.config.secure_aggregation:  # its clients mask only with at least t of them
-            k = max(k, min(self.config.secagg_threshold, len(ids)))
+            k = max(k, mask_quorum(self.config.secagg_threshold, len(ids)))
         pick = set(np.random.default_rng([self.seed, 13, rnd]).choice(len(ids), size=k, replace=False).tolist())
         return [c for j, c in enumerate(ids) if j in pick]
 

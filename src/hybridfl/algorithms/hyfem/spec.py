@@ -59,6 +59,7 @@ from hybridfl.inference.modeldir import ModelParts
 from hybridfl.matching.classifier import uncovered_share
 from hybridfl.models.device import resolve_device
 from hybridfl.models.hybrid import EVAL_BATCH, ExtractorFactory, default_extractor
+from hybridfl.privacy.roster import peer_auth_of
 
 _ACC = "client_accuracy["
 
@@ -118,6 +119,7 @@ def build_client(
         cfg,
         client_seed(seed, cd.index),
         _factory(cfg, extractor_factory),
+        peer_auth=peer_auth_of(cd.client_id, cd.path),  # a roster in its directory: signed secure-aggregation keys
     )
 
 

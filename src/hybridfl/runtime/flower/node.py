@@ -147,11 +147,14 @@ def client_step(
     answered with the client's public structure and its algorithm's hello payload.
 
     Raises:
-        HybridFLError: no or a bad data directory; a message for another client.
+        HybridFLError: no or a bad data directory; a message for another client or from
+            anyone but the server.
         RuntimeError: an algorithm message before the setup.
         ValueError: a hello without a proper nonce and session, a setup without a session.
     """
     msg = decode(raw)
+    if msg.sender != SERVER:  # only the server sends a client messages (a peer's words travel inside them)
+        raise HybridFLError(f"a message from {msg.sender!r}, not the server, reached a client node.")
     cd = warm.load(data_dir) if warm is not None else _load(data_dir)
     if msg.kind == PING:  # no algorithm: measures Flower's own cost of one exchange
         return encode(msg.reply(client_id=cd.client_id, echo=msg.payload.get("echo", b"")))
