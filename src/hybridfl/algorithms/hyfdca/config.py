@@ -39,7 +39,7 @@ REMOVED = {
     "local_steps": "local_fraction (H as a share of the client's samples)",
     "cyclic_groups": "participation (cyclic mode forms round(1 / participation) groups)",
     "precision_bits": "the key's own setting (hybridfl he-keys --precision-bits; simulation: 40)",
-    "ckks_degree": "the key's own setting (hybridfl he-keys --ckks-degree; simulation: 8192)",
+    "ckks_degree": "the key's own setting (hybridfl he-keys --ckks-degree; simulation: 4096)",
     "ckks_scale_bits": "the key's own setting (hybridfl he-keys --ckks-scale-bits; simulation: 40)",
     "ckks_secret_key_encryption": "nothing (CKKS clients always encrypt with their shared secret key)",
 }
