@@ -18,7 +18,7 @@ the settings of ``examples/configs/hyfdca_mnist.yaml``):
    (``average_last: 0``). Then the same with ``step_average: true`` (our option, each round's
    output model the mean of its iterates, SDCA's averaged output; ``--step-average-rounds``
    rounds): the same steps, another output model;
-3. CKKS (``encryption: ckks``, degree 8192) against plaintext for ``--ckks-rounds`` rounds each,
+3. CKKS (``encryption: ckks``, degree 8192 until the default became 4096) against plaintext for ``--ckks-rounds`` rounds each,
    one after the other, the clients encrypting with the public key (the default) and with the
    secret key (``ckks_secret_key_encryption``), each with the inner products encrypted (the
    paper's SecureInnerProduct, the default) and masked (``segment_inner_products: masked``, our
@@ -451,7 +451,8 @@ def summary() -> str:
         "# HyFDCA speed by batch size (issue 17): MNIST binary, 3 x 3 grid, segment mode",
         "",
         "Tabulated by `.venv/bin/python -m benchmarks.hyfdca_speed --summary` from the files named in the first "
-        "column (each its latest run; commands, loads and earlier runs there). CKKS degree 8192 (4,096 slots); "
+        "column (each its latest run; commands, loads and earlier runs there). CKKS degree 8192 (4,096 slots) in the "
+        "committed runs (4096, 2,048 slots, and seed-compressed client ciphertexts since); "
         "one exchange = one ciphertext per holder of `b` values, summed by the server, decrypted by each holder "
         "(masked: `b` uint64 words per holder, the duals still under CKKS). "
         "CPU seconds per round, mean of the `--ckks-rounds` rounds run one after the other in one process.",
