@@ -105,3 +105,17 @@ def test_secret_key_ckks_ciphertexts_are_seed_compressed():
     server.check(ca)
     np.testing.assert_allclose(sk.decrypt(ca), a, atol=1e-7)
     np.testing.assert_allclose(pk.decrypt(server.add([ca, cb, sk.encrypt(b)])), a + 2 * b, atol=1e-6)
+
+
+def test_seeded_ciphertexts_without_in_memory_files(monkeypatch):
+    """Where SEAL cannot save to an in-memory file, the seeded ciphertext goes through a temporary
+    file: the same size, and it decrypts."""
+    from hybridfl.privacy import ckks_params
+
+    sk = KeyDealer("ckks").client_backend().with_secret_key_encryption()
+    v = np.linspace(-2.0, 2.0, 100)
+    fast = sk.encrypt(v)
+    monkeypatch.setattr(ckks_params, "_in_memory_files", lambda: False)
+    slow = sk.encrypt(v)
+    assert abs(len(slow) - len(fast)) < 64 and len(slow) < 40_000
+    np.testing.assert_allclose(sk.decrypt(slow), v, atol=1e-7)

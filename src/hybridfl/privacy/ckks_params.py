@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
+import threading
 
 MAX_MODULUS_BITS = {4096: 109, 8192: 218, 16384: 438, 32768: 881}
 """Polynomial modulus degree -> the largest total coefficient modulus bits at 128-bit security."""
@@ -64,6 +65,11 @@ def _varint(n: int) -> bytes:
         out.append(b | 0x80)
 
 
+def _in_memory_files() -> bool:
+    """Whether this system has in-memory files reachable by path (``memfd_create`` and /proc)."""
+    return hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd")
+
+
 class SeededEncryptor:
     """Secret-key CKKS encryption with seed-compressed ``c1`` (module docstring) for one TenSEAL
     context holding the secret key.
@@ -81,18 +87,23 @@ class SeededEncryptor:
         self._encoder = sa.CKKSEncoder(seal)
         self._encryptor = sa.Encryptor(seal, context.secret_key().data)
         self.scale = float(context.global_scale)
-        # SEAL's binding saves to a path only: an in-memory file (Linux), else a temporary file
-        self._fd = os.memfd_create("hybridfl-ckks") if hasattr(os, "memfd_create") else None
+        self._fd: int | None = None  # the in-memory file SEAL saves to, made by this process
+        self._pid = -1
+        self._lock = threading.Lock()  # one save and read at a time through that file
 
     def __del__(self):
-        if getattr(self, "_fd", None) is not None:
+        if getattr(self, "_fd", None) is not None and self._pid == os.getpid():
             os.close(self._fd)
 
     def _save(self, serializable) -> bytes:
-        if self._fd is not None:
-            serializable.save(f"/proc/self/fd/{self._fd}")  # truncates, then writes the whole stream
-            size = os.fstat(self._fd).st_size
-            return os.pread(self._fd, size, 0)
+        """The bytes of SEAL's ``save``, whose binding writes to a path only: an in-memory file of
+        this process (Linux with /proc; a forked child makes its own), else a temporary file."""
+        if _in_memory_files():
+            with self._lock:
+                if self._pid != os.getpid():
+                    self._fd, self._pid = os.memfd_create("hybridfl-ckks"), os.getpid()
+                serializable.save(f"/proc/self/fd/{self._fd}")  # truncates, then writes the whole stream
+                return os.pread(self._fd, os.fstat(self._fd).st_size, 0)
         fd, path = tempfile.mkstemp(prefix="hybridfl-ckks-")
         try:
             os.close(fd)
