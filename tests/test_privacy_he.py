@@ -104,6 +104,12 @@ def test_secret_key_ckks_ciphertexts_are_seed_compressed():
     assert len(_unpack(ca[4:])) == 2 and len(ca) < 0.55 * len(cb)
     server.check(ca)
     np.testing.assert_allclose(sk.decrypt(ca), a, atol=1e-7)
+    # what the server reads: no value's float64 bytes, a fresh seed and c0 per encryption, no decryption
+    v = np.array([0.123456789, -2.5, 3.0])
+    c1, c2 = sk.encrypt(v), sk.encrypt(v)
+    assert not any(x.tobytes() in c1 for x in v.astype("<f8")) and c1 != c2 and len(c1) == len(c2)
+    with pytest.raises(SecretKeyMissing):
+        server.decrypt(c1)
     np.testing.assert_allclose(pk.decrypt(server.add([ca, cb, sk.encrypt(b)])), a + 2 * b, atol=1e-6)
 
 
