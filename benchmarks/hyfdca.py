@@ -55,7 +55,8 @@ Credit default (standardised, as ``hybridfl run`` loads it): ``--case small`` it
 training rows in a 1 x 3 grid (three organisations holding one block group each: one segment,
 issue 30's federation size), ``--case credit`` all 22,500 rows in a 3 x 3 grid. Prints one JSON
 line: the round rows' ``exchanges`` (the distinct values), mean ``messages`` and ``bytes``, the
-setup's exchanges, the mean CPU seconds of a round and the relative suboptimality reached.
+setup's exchanges, bytes and modelled seconds, the mean CPU seconds of a round and the relative
+suboptimality reached (and after every round).
 
     .venv/bin/python -m benchmarks.hyfdca exchanges --case small --batch-size 1024 --rounds 5 \
         --settings '{"loss": "logistic", "lam": 1e-3}'
@@ -707,8 +708,11 @@ def main_exchanges() -> None:
         "messages_per_round": float(np.mean([r["messages"] for r in h])),
         "bytes_per_round": float(np.mean([r["bytes"] for r in h])),
         "setup_exchanges": setup["exchanges"],
+        "setup_bytes": sum(e.nbytes for e in res.comm.entries if e.round == 0),
+        "setup_model_seconds": setup["model_seconds"],
         "round_seconds_mean": res.summary["round_seconds_mean"],
         "relative_suboptimality": h[-1].get("relative_suboptimality"),
+        "relative_suboptimality_per_round": [r.get("relative_suboptimality") for r in h],
         "wall_seconds": time.perf_counter() - t,
     }
     print(json.dumps(row))

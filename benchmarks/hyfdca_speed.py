@@ -18,7 +18,7 @@ the settings of ``examples/configs/hyfdca_mnist.yaml``):
    (``average_last: 0``). Then the same with ``step_average: true`` (our option, each round's
    output model the mean of its iterates, SDCA's averaged output; ``--step-average-rounds``
    rounds): the same steps, another output model;
-3. CKKS (``encryption: ckks``, degree 8192) against plaintext for ``--ckks-rounds`` rounds each,
+3. CKKS (``encryption: ckks``, degree 8192 until the default became 4096) against plaintext for ``--ckks-rounds`` rounds each,
    one after the other, the clients encrypting with the public key (the default) and with the
    secret key (``ckks_secret_key_encryption``), each with the inner products encrypted (the
    paper's SecureInnerProduct, the default) and masked (``segment_inner_products: masked``, our
@@ -443,7 +443,8 @@ SPEED_NOTES = [
     "CPU seconds, one process, single-threaded; 2 cores shared with other sessions (wall times are inflated by "
     "the load, CPU times much less). HyFDCA / liblinear: HyFDCA's CPU seconds for the rounds to relative "
     "suboptimality 1e-3 (plaintext, evaluated every round, the setup excluded) over liblinear's (median of the "
-    "solves); `step_average`: the same with `step_average: true`. CKKS degree 8192 (4,096 slots); one "
+    "solves); `step_average`: the same with `step_average: true`. CKKS degree 8192 (4,096 slots) in the committed "
+    "runs (4096, 2,048 slots, and seed-compressed client ciphertexts since); one "
     "exchange = one ciphertext per holder of `b` values (masked: `b` uint64 words per holder, the duals still "
     "under CKKS); the ratios are of the mean CPU seconds of the `--ckks-rounds` rounds run one after the "
     "other. w max abs diff: the largest over the CKKS settings against plaintext. Each latest row holds the "

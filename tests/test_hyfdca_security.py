@@ -12,6 +12,7 @@ from hybridfl.algorithms.hyfdca import HyFDCAConfig
 from hybridfl.algorithms.hyfdca.spec import SECRET, build_client, hello_payload
 from hybridfl.data.export import export_clients
 from hybridfl.errors import EncryptionPolicyError
+from hybridfl.privacy.ckks_params import security_problem
 from hybridfl.privacy.he import (
     MIN_CKKS_DEGREE,
     WEAK_KEYS_ENV,
@@ -120,26 +121,40 @@ def test_weak_keys_are_refused_without_the_test_flag(tiny, weak_dealer, monkeypa
     assert bytes(hello_payload(cd, cfg)["he_public"]) == weak_dealer.public_material()
 
 
-def test_small_ckks_degree_is_refused_without_the_test_flag(monkeypatch):
-    """A CKKS key's polynomial modulus degree, read from its TenSEAL context, must be at least
-    8192 (our KeyDealer cannot make a smaller one; a foreign key file could)."""
+def test_ckks_keys_below_128_bit_security_are_refused_without_the_test_flag(monkeypatch):
+    """A CKKS key's degree and coefficient modulus, read from its TenSEAL context, must meet the HE
+    standard's 128-bit bound (our KeyDealer makes only such keys; a foreign key file could not):
+    degree 2048 is refused, and our default key (degree 4096, 109 bits) is accepted. A modulus
+    above the bound (120 bits at 4096) is refused by the rule too; TenSEAL cannot even make such
+    a context (SEAL's own 128-bit check), so the rule is checked directly."""
     import tenseal as ts
 
-    ctx = ts.context(ts.SCHEME_TYPE.CKKS, 4096, coeff_mod_bit_sizes=[30, 30])
-    ctx.global_scale = 2**20
-    small = CKKSBackend(ctx, 2048)
-    assert key_size(small) == 4096
+    def backend(degree, bits):
+        ctx = ts.context(ts.SCHEME_TYPE.CKKS, degree, coeff_mod_bit_sizes=bits)
+        ctx.global_scale = 2**20
+        return CKKSBackend(ctx, degree // 2)
+
+    small = backend(2048, [30, 24])
+    assert key_size(small) == 2048
     monkeypatch.delenv(WEAK_KEYS_ENV, raising=False)
     with pytest.raises(
-        EncryptionPolicyError, match=f"polynomial modulus degree 4096, below the minimum {MIN_CKKS_DEGREE}"
+        EncryptionPolicyError, match=f"polynomial modulus degree 2048, below the minimum {MIN_CKKS_DEGREE}"
     ):
         check_key_size(small, "client 'c'")
+    assert (
+        security_problem(4096, 120)
+        == "120-bit coefficient modulus at degree 4096, above the 109 bits of 128-bit security"
+    )
+    assert security_problem(8192, 120) == security_problem(4096, 109) == ""
+    default = KeyDealer("ckks").client_backend()
+    assert key_size(default) == 4096
+    check_key_size(default, "client 'c'")
     monkeypatch.setenv(WEAK_KEYS_ENV, "1")
     check_key_size(small, "client 'c'")
 
 
 def test_full_size_keys_run_encrypted_without_the_flag(tiny, monkeypatch):
-    """The normal path: a 2048-bit Paillier key and a degree-8192 CKKS key are accepted without
+    """The normal path: a 2048-bit Paillier key and a default (degree-4096) CKKS key are accepted without
     the flag; a whole CKKS run (keys dealt by the simulation) gives the plaintext run's model."""
     monkeypatch.delenv(WEAK_KEYS_ENV, raising=False)
     split, part = tiny

@@ -16,7 +16,7 @@ def dealer(request):
 
 def test_encrypt_add_decrypt_round_trip(dealer):
     rng = np.random.default_rng(0)
-    n = 40 if dealer.scheme == "paillier" else 5000  # CKKS: more than one ciphertext (4096 slots)
+    n = 40 if dealer.scheme == "paillier" else 5000  # CKKS: more than one ciphertext (2048 slots)
     a, b, c = rng.normal(0, 50, n), rng.normal(0, 1, n), -rng.random(n)
     c1, c2 = dealer.client_backend(), dealer.client_backend()
     server = server_backend(dealer.scheme, dealer.public_material())
@@ -87,3 +87,41 @@ def test_a_ciphertext_is_parsed_before_use(dealer):
             server.check(framed)
         with pytest.raises(Exception, match="parse"):  # the failure the check now prevents
             server.add([good, framed])
+
+
+def test_secret_key_ckks_ciphertexts_are_seed_compressed():
+    """A client's secret-key ciphertext (SEAL's seeded symmetric form wrapped as a TenSEAL vector)
+    is about half a public-key one, parses at the server, adds to public-key ciphertexts and
+    decrypts to the sum. Fails loudly if a TenSEAL version stops loading the seeded form."""
+    from hybridfl.privacy.he import _unpack
+
+    d = KeyDealer("ckks")
+    pk, sk = d.client_backend(), d.client_backend().with_secret_key_encryption()
+    server = server_backend("ckks", d.public_material())
+    rng = np.random.default_rng(1)
+    a, b = rng.normal(0, 3, 3000), rng.normal(0, 3, 3000)  # two parts at 2048 slots
+    ca, cb = sk.encrypt(a), pk.encrypt(b)
+    assert len(_unpack(ca[4:])) == 2 and len(ca) < 0.55 * len(cb)
+    server.check(ca)
+    np.testing.assert_allclose(sk.decrypt(ca), a, atol=1e-7)
+    # what the server reads: no value's float64 bytes, a fresh seed and c0 per encryption, no decryption
+    v = np.array([0.123456789, -2.5, 3.0])
+    c1, c2 = sk.encrypt(v), sk.encrypt(v)
+    assert not any(x.tobytes() in c1 for x in v.astype("<f8")) and c1 != c2 and len(c1) == len(c2)
+    with pytest.raises(SecretKeyMissing):
+        server.decrypt(c1)
+    np.testing.assert_allclose(pk.decrypt(server.add([ca, cb, sk.encrypt(b)])), a + 2 * b, atol=1e-6)
+
+
+def test_seeded_ciphertexts_without_in_memory_files(monkeypatch):
+    """Where SEAL cannot save to an in-memory file, the seeded ciphertext goes through a temporary
+    file: the same size, and it decrypts."""
+    from hybridfl.privacy import ckks_params
+
+    sk = KeyDealer("ckks").client_backend().with_secret_key_encryption()
+    v = np.linspace(-2.0, 2.0, 100)
+    fast = sk.encrypt(v)
+    monkeypatch.setattr(ckks_params, "_in_memory_files", lambda: False)
+    slow = sk.encrypt(v)
+    assert abs(len(slow) - len(fast)) < 64 and len(slow) < 40_000
+    np.testing.assert_allclose(sk.decrypt(slow), v, atol=1e-7)

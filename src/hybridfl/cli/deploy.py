@@ -87,7 +87,9 @@ def he_keys_cmd(
     ),
     paillier_bits: int = typer.Option(2048, help="Paillier modulus bits (algorithm.paillier_bits)."),
     precision_bits: int = typer.Option(40, help="Paillier fixed-point fraction bits."),
-    ckks_degree: int = typer.Option(8192, help="CKKS polynomial modulus degree."),
+    ckks_degree: int = typer.Option(
+        4096, help="CKKS polynomial modulus degree (4096: 2048 values per ciphertext; 8192, 16384: more)."
+    ),
     ckks_scale_bits: int = typer.Option(40, help="CKKS scale bits."),
 ) -> None:
     """Make the clients' shared HE key pair on a client machine (copy it to every client directory as he_secret.key; never to the server)."""

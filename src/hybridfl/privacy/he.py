@@ -8,11 +8,12 @@ Three schemes behind one small interface:
   fixed-point encoded: ``m = round(v * 2**precision_bits) mod n`` (negative values wrap around
   ``n``), encrypted with ``phe``'s ``raw_encrypt`` (random obfuscation ``r**n mod n**2``);
   ciphertexts are added by multiplying them modulo ``n**2`` (public key only);
-- ``ckks``: CKKS through TenSEAL, ``poly_modulus_degree / 2`` values per ciphertext (default 4096).
-  Only additions are needed, so two 60-bit primes suffice (``coeff_mod_bit_sizes = [60, 60]``,
-  120 bits, well inside the 218-bit bound for 128-bit security at degree 8192; degree 4096 allows
-  only 109 bits, so it is refused with a :class:`ConfigError`). The absolute error per value is
-  about 1e-8 with the default scale ``2**40`` (measured: :mod:`benchmarks.hyfdca_encryption`).
+- ``ckks``: CKKS through TenSEAL, ``poly_modulus_degree / 2`` values per ciphertext. Only
+  additions are needed, so a 60-bit data prime and a special prime suffice, within the 128-bit
+  bound of the degree (:mod:`hybridfl.privacy.ckks_params`: ``[60, 49]`` at degree 4096,
+  ``[60, 60]`` from 8192). The absolute error per value is about 1e-8 with the default scale
+  ``2**40`` (measured: :mod:`benchmarks.hyfdca_encryption`). A secret-key backend sends
+  seed-compressed ciphertexts (half the bytes: :class:`~hybridfl.privacy.ckks_params.SeededEncryptor`).
 
 Value ranges (checked before encrypting, :class:`hybridfl.errors.DataError` in one sentence instead
 of a TenSEAL or ``phe`` traceback): no scheme but ``none`` encrypts NaN or infinity. CKKS encodes
@@ -36,20 +37,19 @@ Every client gets a :class:`HEBackend` that can encrypt and decrypt; the server 
 can add ciphertexts and nothing else: its :meth:`HEBackend.decrypt` raises. A CKKS client may
 also encrypt with the shared secret key instead of the public key
 (:meth:`CKKSBackend.with_secret_key_encryption`, HyFDCA's ``ckks_secret_key_encryption``): the
-same ciphertexts for the server, 2.4x less CPU per encryption.
+same ciphertexts for the server (seed-compressed: half the bytes), 2.4x less CPU per encryption.
 
 Key sizes (the client's own policy, never the server's): a client refuses a key pair whose
-Paillier modulus has fewer than :data:`MIN_PAILLIER_BITS` (2048) bits or whose CKKS polynomial
-modulus degree is below :data:`MIN_CKKS_DEGREE` (8192), read from the key itself
+Paillier modulus has fewer than :data:`MIN_PAILLIER_BITS` (2048) bits or whose CKKS parameters
+are below 128-bit security (degree under :data:`MIN_CKKS_DEGREE`, 4096, or a coefficient modulus
+above the HE standard's bound for its degree: :func:`~hybridfl.privacy.ckks_params.security_problem`), read from the key itself
 (:func:`check_key_size`). Only the test-only environment variable :data:`WEAK_KEYS_ENV`
 (``HYBRIDFL_ALLOW_WEAK_KEYS=1``, set in the client's own environment) lets it use smaller keys, so
 that tests can run with 512-bit Paillier keys; never set it in a deployment.
 
-A ciphertext of a vector is one ``bytes`` object (several CKKS ciphertexts or Paillier numbers are
-length-prefixed and concatenated), so it travels as one message payload entry.
-
-Every backend adds the wall time of its encrypt / decrypt / add calls (serialisation included) to
-``backend.seconds``: the "encryption time" reported apart from compute and communication.
+A ciphertext of a vector is one ``bytes`` object (several CKKS ciphertexts or Paillier numbers
+length-prefixed and concatenated): one message payload entry. ``backend.seconds`` adds the wall
+time of every encrypt / decrypt / add call (the "encryption time" reported apart).
 """
 
 from __future__ import annotations
@@ -63,14 +63,18 @@ from typing import Literal
 import numpy as np
 
 from hybridfl.errors import ConfigError, DataError, EncryptionPolicyError
+from hybridfl.privacy.ckks_params import MIN_DEGREE, SeededEncryptor, coeff_modulus_bits, security_problem
 
 Scheme = Literal["none", "paillier", "ckks"]
 SCHEMES: tuple[str, ...] = ("none", "paillier", "ckks")
 
 MIN_PAILLIER_BITS = 2048
 """The smallest Paillier modulus (bits) a client accepts in its key (without :data:`WEAK_KEYS_ENV`)."""
-MIN_CKKS_DEGREE = 8192
+MIN_CKKS_DEGREE = MIN_DEGREE
 """The smallest CKKS polynomial modulus degree a client accepts in its key (without :data:`WEAK_KEYS_ENV`)."""
+DEFAULT_CKKS_DEGREE = 4096
+"""The CKKS degree of a new key: 2048 values per ciphertext, so a short vector (a segment of a few
+hundred samples) costs half the bytes of degree 8192; a long one the same bytes per value."""
 WEAK_KEYS_ENV = "HYBRIDFL_ALLOW_WEAK_KEYS"
 """Test-only: with ``HYBRIDFL_ALLOW_WEAK_KEYS=1`` in its environment a client accepts keys below
 :data:`MIN_PAILLIER_BITS` / :data:`MIN_CKKS_DEGREE` (fast tests). Never set it in a deployment."""
@@ -176,17 +180,17 @@ class HEBackend:
             raise ValueError(f"a {self.name} ciphertext of {len(data)} bytes is shorter than its length header")
         self._check(bytes(data[4:]), self.length(data))
 
-    # -- subclass hooks
-    def _check(self, body: bytes, n: int) -> None:  # pragma: no cover - abstract
+    # -- subclass hooks (abstract)
+    def _check(self, body: bytes, n: int) -> None:  # pragma: no cover
         raise NotImplementedError
 
-    def _encrypt(self, v: np.ndarray) -> bytes:  # pragma: no cover - abstract
+    def _encrypt(self, v: np.ndarray) -> bytes:  # pragma: no cover
         raise NotImplementedError
 
-    def _add(self, items: list[bytes], n: int) -> bytes:  # pragma: no cover - abstract
+    def _add(self, items: list[bytes], n: int) -> bytes:  # pragma: no cover
         raise NotImplementedError
 
-    def _decrypt(self, data: bytes, n: int) -> np.ndarray:  # pragma: no cover - abstract
+    def _decrypt(self, data: bytes, n: int) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 
 
@@ -308,19 +312,17 @@ class CKKSBackend(HEBackend):
         scale = float(context.global_scale)
         self.scale_bits = math.log2(scale)
         self.limit = 2.0 ** (self.modulus_bits - 2) / scale
+        self._seeded: SeededEncryptor | None = None  # secret-key encryption: seed-compressed ciphertexts
 
     def with_secret_key_encryption(self) -> CKKSBackend:
         """A backend with the same key pair whose :meth:`encrypt` uses the secret key (SEAL's
-        symmetric CKKS encryption) instead of the public key: about 2.4x less CPU per ciphertext
-        (measured 0.91 against 2.19 ms for 128 values at degree 8192) and smaller fresh noise. The
-        ciphertexts are of the same form and key: the server adds them to public-key ones and any
-        holder of the key decrypts them; their security rests on the same RLWE assumption. Only a
-        client can use it (it needs the secret key, which every client holds).
-
-        TenSEAL sets the encryption type when a context is made and offers no switch, so the
-        context is rebuilt from its own serialization with the ``TenSEALContextProto`` field
-        ``encryption_type`` (field 4) set to 1 (``SYMMETRIC``): appended as the varint pair
-        ``0x20 0x01``, which a protobuf parser takes over an earlier value.
+        symmetric CKKS encryption): 2.4x less CPU per ciphertext (0.91 against 2.19 ms for 128
+        values at degree 8192), smaller fresh noise, seed-compressed (half the bytes:
+        :class:`~hybridfl.privacy.ckks_params.SeededEncryptor`). The server adds them to public-key
+        ones and any key holder decrypts them (same RLWE assumption). Clients only (secret key).
+        TenSEAL offers no switch, so the context is rebuilt from its serialization with the
+        ``TenSEALContextProto`` field ``encryption_type`` (4) set to 1 (``SYMMETRIC``): the varint
+        pair ``0x20 0x01`` appended, which a protobuf parser takes over an earlier value.
 
         Raises:
             SecretKeyMissing: this backend holds no secret key.
@@ -334,7 +336,9 @@ class CKKSBackend(HEBackend):
         try:
             ctx.has_public_key()
         except ValueError:  # "not supported for symmetric encryption": what was asked
-            return CKKSBackend(ctx, self.slots)
+            out = CKKSBackend(ctx, self.slots)
+            out._seeded = SeededEncryptor(ctx)
+            return out
         raise ConfigError("this TenSEAL version did not switch the CKKS context to secret-key encryption.")
 
     def check_range(self, v: np.ndarray) -> None:
@@ -364,9 +368,10 @@ class CKKSBackend(HEBackend):
         self.check_range(v)
         if v.size == 0:
             return b""
-        return _pack(
-            [ts.ckks_vector(self.ctx, v[i : i + self.slots].tolist()).serialize() for i in range(0, v.size, self.slots)]
-        )
+        chunks = [v[i : i + self.slots].tolist() for i in range(0, v.size, self.slots)]
+        if self._seeded is not None:
+            return _pack([self._seeded.encrypt(c) for c in chunks])
+        return _pack([ts.ckks_vector(self.ctx, c).serialize() for c in chunks])
 
     def _add(self, items: list[bytes], n: int) -> bytes:
         import tenseal as ts
@@ -438,7 +443,7 @@ class KeyDealer:
         scheme: str = "none",
         paillier_bits: int = 2048,
         precision_bits: int = 40,
-        ckks_degree: int = 8192,
+        ckks_degree: int = DEFAULT_CKKS_DEGREE,
         ckks_scale_bits: int = 40,
     ):
         if scheme not in SCHEMES:
@@ -456,11 +461,12 @@ class KeyDealer:
         elif scheme == "ckks":
             import tenseal as ts
 
+            bits = coeff_modulus_bits(ckks_degree)
             try:
-                ctx = ts.context(ts.SCHEME_TYPE.CKKS, ckks_degree, coeff_mod_bit_sizes=[60, 60])
+                ctx = ts.context(ts.SCHEME_TYPE.CKKS, ckks_degree, coeff_mod_bit_sizes=bits)
             except ValueError as e:
                 raise ConfigError(
-                    f"TenSEAL refuses CKKS with ckks_degree {ckks_degree} and a 120-bit coefficient modulus ({e}); use ckks_degree 8192 or 16384."
+                    f"TenSEAL refuses CKKS with ckks_degree {ckks_degree} and a {sum(bits)}-bit coefficient modulus ({e}); use ckks_degree 4096, 8192 or 16384."
                 ) from None
             ctx.global_scale = 2**ckks_scale_bits
             self._secret = ctx.serialize(save_secret_key=True)
@@ -569,8 +575,9 @@ def key_size(backend: HEBackend) -> int:
 
 
 def check_key_size(backend: HEBackend, who: str) -> None:
-    """Refuse a key below the minimum size (:data:`MIN_PAILLIER_BITS`, :data:`MIN_CKKS_DEGREE`)
-    unless the test-only :data:`WEAK_KEYS_ENV` is set; ``who`` names the key's holder.
+    """Refuse a key below :data:`MIN_PAILLIER_BITS` or CKKS parameters below 128-bit security
+    (:func:`~hybridfl.privacy.ckks_params.security_problem`) unless the test-only
+    :data:`WEAK_KEYS_ENV` is set; ``who`` names the key's holder.
 
     Raises:
         EncryptionPolicyError: the key is too small (one sentence).
@@ -583,8 +590,11 @@ def check_key_size(backend: HEBackend, who: str) -> None:
             f"{who} refuses its {size}-bit Paillier key, below the minimum {MIN_PAILLIER_BITS} bits; make a key "
             f"of at least {MIN_PAILLIER_BITS} bits ({WEAK_KEYS_ENV}=1 allows weaker keys in tests only)."
         )
-    if isinstance(backend, CKKSBackend) and size < MIN_CKKS_DEGREE:
-        raise EncryptionPolicyError(
-            f"{who} refuses its CKKS key of polynomial modulus degree {size}, below the minimum {MIN_CKKS_DEGREE}; "
-            f"make a key with ckks_degree {MIN_CKKS_DEGREE} or more ({WEAK_KEYS_ENV}=1 allows weaker keys in tests only)."
-        )
+    if isinstance(backend, CKKSBackend):
+        bits = int(backend.ctx.seal_context().data.key_context_data().total_coeff_modulus_bit_count())
+        why = security_problem(size, bits)
+        if why:
+            raise EncryptionPolicyError(
+                f"{who} refuses its CKKS key of {why} (128-bit security); make a key with hybridfl he-keys "
+                f"({WEAK_KEYS_ENV}=1 allows weaker keys in tests only)."
+            )

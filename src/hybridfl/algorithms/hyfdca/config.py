@@ -39,7 +39,7 @@ REMOVED = {
     "local_steps": "local_fraction (H as a share of the client's samples)",
     "cyclic_groups": "participation (cyclic mode forms round(1 / participation) groups)",
     "precision_bits": "the key's own setting (hybridfl he-keys --precision-bits; simulation: 40)",
-    "ckks_degree": "the key's own setting (hybridfl he-keys --ckks-degree; simulation: 8192)",
+    "ckks_degree": "the key's own setting (hybridfl he-keys --ckks-degree; simulation: 4096)",
     "ckks_scale_bits": "the key's own setting (hybridfl he-keys --ckks-scale-bits; simulation: 40)",
     "ckks_secret_key_encryption": "nothing (CKKS clients always encrypt with their shared secret key)",
 }
@@ -83,7 +83,7 @@ class HyFDCAConfig(BaseModel):
     batch_size: int = Field(
         1024,
         ge=1,
-        description="segment mode: samples per mini-batch (one inner-product exchange per batch and round; the batch Gram is summed once at setup). Larger batches mean fewer exchanges (a sequential round has segments x (2 + batches per segment)), a setup growing with the batch, and holders that learn the inner products of more pairs of their own samples: docs/results.md",
+        description="segment mode: samples per mini-batch (one inner-product exchange per batch and round; the batch Gram is summed once at setup). Larger batches mean fewer exchanges (a sequential round has segments x (2 + batches per segment), one more per segment with secure aggregation), a setup growing with the batch, and holders that learn the inner products of more pairs of their own samples: docs/results.md",
     )
     segment_inner_products: Literal["encrypted", "masked"] = Field(
         "masked",

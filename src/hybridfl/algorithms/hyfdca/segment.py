@@ -22,10 +22,10 @@ are selected and answer (a failed holder costs the segment its pass; nothing par
 * ``sequential`` (default): one pass per segment, one segment after another (random order), each
   followed by PrimalAggregation, so the next segment starts from the ``w`` the previous one left.
   The round is then *exactly* one epoch of centralised SDCA over the active segments' samples
-  (``sigma' = 1``), whatever the number of segments. Cost: ``2 + n_s / b`` exchanges per segment,
-  the segments one after another.
+  (``sigma' = 1``), whatever the number of segments. Cost: ``2 + ceil(n_s / b)`` exchanges per
+  segment (one more with secure aggregation: the unmasking), the segments one after another.
 * ``parallel``: all active segments at once, aggregated once: CoCoA+ over segments with an exact
-  local solver, ``sigma'`` = number of active segments. ``2 + max n_s / b`` exchanges per round,
+  local solver, ``sigma'`` = number of active segments. ``2 + max ceil(n_s / b)`` exchanges per round (+1),
   but the safe ``sigma'`` slows every segment down (``docs/results.md`` compares the two
   schedules on MNIST binary).
 
