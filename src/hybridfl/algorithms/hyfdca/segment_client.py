@@ -250,13 +250,13 @@ class SegmentClientMixin:
 
     def segment_start(self, msg: Message) -> dict:
         """Segment mode, round start (``hyfdca.segstart``): take ``w`` ``(d_k,)`` (and fresh
-        ``alpha`` if returning, checked by ``accept_alpha``); for each active segment (every holder
+        ``alpha`` if returning, checked and projected by ``accept_alpha``); for each active segment (every holder
         present) set up this round's batch order and return ``{"ip": [enc(first batch's shares)]}``
         (masked: ``{"ip": uint64 words}``, the segments' shares one after another).
 
         Raises:
             PayloadError: a malformed payload (``w``, segments, counts, order, seed, sigma, a mask
-                ``tag`` missing or not fresh) or a refused ``alpha``.
+                ``tag`` missing or not fresh) or a malformed ``alpha``.
         """
         p = msg.payload
         validate.only_keys(msg, ("w", "segs", "count", "order", "seed", "sigma", "alpha", "tag"))
