@@ -302,7 +302,9 @@ def test_hyfem_client_refuses_no_peers_and_an_untagged_fit(digits_split):
     """HyFEM (issue 28, Found 2), ``secure_aggregation: true``, after setup (``hyfem.keys``): the
     server's round-1 ``hyfem.fit`` to a client with ``peers=[]`` is refused (peers rule), and the
     same ``hyfem.fit`` without ``tag`` and ``peers`` is refused (the client's own policy: it never
-    sends its extractors in the clear). The honest message is answered with ``ext_masked`` only."""
+    sends its extractors in the clear). Each refusal stops the client for the run (the honest
+    message after it is refused too); from the state before, the honest message is answered with
+    ``ext_masked`` only."""
     from hybridfl.algorithms.hyfem import HyFEMConfig
     from hybridfl.data.dataset import DatasetSplit
     from hybridfl.data.partitioners import ClassBlockPartitioner
@@ -318,10 +320,15 @@ def test_hyfem_client_refuses_no_peers_and_an_untagged_fit(digits_split):
     client = fed.clients[cid]
     honest = fed.server.fit_message(cid, 1, fed.transport.client_ids)
     no_peers = Message(honest.kind, SERVER, cid, 1, {**honest.payload, "peers": []})
+    saved = client.get_state()
     with pytest.raises(PayloadError, match="masks only in an exchange of at least 2 clients of its roster, not 1"):
         client.handle(decode(encode(no_peers)))
+    with pytest.raises(ProtocolError, match="has stopped taking part in this run after refusing 'hyfem.fit'"):
+        client.handle(decode(encode(honest)))  # fail closed: the honest message too
+    client.set_state(saved)
     clear = {k: v for k, v in honest.payload.items() if k not in ("tag", "peers")}
     with pytest.raises(PayloadError, match="'tag' missing: client .* never sends its extractors in the clear"):
         client.handle(decode(encode(Message(honest.kind, SERVER, cid, 1, clear))))
+    client.set_state(saved)
     reply = client.handle(decode(encode(honest))).payload
     assert "ext_masked" in reply and not any(k.startswith("ext.") for k in reply)

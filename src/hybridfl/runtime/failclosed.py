@@ -22,6 +22,8 @@ import json
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
+import numpy as np
+
 from hybridfl.errors import ProtocolError
 from hybridfl.runtime.messages import Message
 
@@ -100,6 +102,29 @@ class FailClosed:
         for k in self.FIELDS:
             cur = getattr(self, k)
             setattr(self, k, {str(a): int(b) for a, b in d[k].items()} if isinstance(cur, dict) else type(cur)(d[k]))
+
+    def get_state(self) -> dict[str, Any]:
+        """Codec values: ``protocol`` (:meth:`to_json`)."""
+        return {"protocol": self.to_json()}
+
+    def set_state(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`get_state` (nothing if ``protocol`` is missing)."""
+        if "protocol" in state:
+            self.from_json(str(state["protocol"]))
+
+    def array_state(self) -> dict[str, np.ndarray]:
+        """:meth:`get_state` for a client whose state holds arrays only: ``protocol`` as the
+        UTF-8 bytes of its JSON, uint8 ``(n,)``."""
+        return {"protocol": np.frombuffer(self.to_json().encode(), dtype=np.uint8).copy()}
+
+    def set_array_state(self, state: Mapping[str, Any]) -> None:
+        """Restore :meth:`array_state` (nothing if ``protocol`` is missing).
+
+        Raises:
+            ValueError: not the JSON :meth:`array_state` writes.
+        """
+        if "protocol" in state:
+            self.from_json(np.asarray(state["protocol"], dtype=np.uint8).tobytes().decode())
 
 
 class OrderedProtocol(FailClosed):
@@ -180,12 +205,3 @@ class OrderedProtocol(FailClosed):
             self.round, self.counts = rnd, {}
         self.last = msg.kind
         self.counts[msg.kind] = self.counts.get(msg.kind, 0) + 1
-
-    def get_state(self) -> dict[str, Any]:
-        """Codec values: ``protocol`` (:meth:`to_json`)."""
-        return {"protocol": self.to_json()}
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`get_state` (nothing if ``protocol`` is missing)."""
-        if "protocol" in state:
-            self.from_json(str(state["protocol"]))

@@ -63,11 +63,6 @@ def _bytes(msg: Message, key: str, size: int | None = None) -> bytes:
     return bytes(v)
 
 
-def _json_array(text: str) -> np.ndarray:
-    """A JSON text as a uint8 array (the party's state holds arrays only)."""
-    return np.frombuffer(text.encode(), dtype=np.uint8).copy()
-
-
 def _refuse(msg: Message, key: str, e: psi.PSIError) -> PayloadError:
     """A :class:`PayloadError` naming ``key`` for a PSI blob the library wrapper refused."""
     return PayloadError(msg, key, f"that was refused ({str(e).rstrip('.')})")
@@ -213,7 +208,7 @@ class FedBCDParty(PartyStepsMixin):
     def failed_state(self) -> dict[str, np.ndarray]:
         """The state entries to keep after a refused message (only the fail-closed stop; Flower's
         node saves them although the message failed: :func:`hybridfl.runtime.flower.node.client_step`)."""
-        return {"protocol": _json_array(self.protocol.to_json())}
+        return self.protocol.array_state()
 
     def handlers(self) -> dict[str, Handler]:
         """Message kind -> the step that answers it (:mod:`.kinds`)."""
@@ -554,5 +549,4 @@ class FedBCDParty(PartyStepsMixin):
             ValueError: a ``protocol`` entry that is not the JSON :meth:`get_state` writes.
         """
         self.load_state_dict({k: v for k, v in state.items() if k != "protocol"})
-        if "protocol" in state:
-            self.protocol.from_json(np.asarray(state["protocol"], dtype=np.uint8).tobytes().decode())
+        self.protocol.set_array_state(state)

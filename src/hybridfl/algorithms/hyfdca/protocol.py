@@ -49,9 +49,6 @@ tells the server at most one bit per run (whether the client stopped), whatever 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from hybridfl.algorithms.hyfdca import kinds
 from hybridfl.runtime.failclosed import FailClosed
 from hybridfl.runtime.messages import Message
@@ -186,13 +183,3 @@ class ClientProtocol(FailClosed):
     def alpha_accepted(self) -> None:
         """An ``alpha`` was accepted: the step counter starts again."""
         self.steps = 0
-
-    def get_state(self) -> dict[str, Any]:
-        """Codec values: ``protocol`` (JSON of the attributes)."""
-        return {"protocol": self.to_json()}
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`get_state` (nothing if ``protocol`` is missing)."""
-        if "protocol" not in state:
-            return
-        self.from_json(str(state["protocol"]))
