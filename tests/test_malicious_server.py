@@ -332,3 +332,50 @@ def test_hyfem_client_refuses_no_peers_and_an_untagged_fit(digits_split):
     client.set_state(saved)
     reply = client.handle(decode(encode(honest))).payload
     assert "ext_masked" in reply and not any(k.startswith("ext.") for k in reply)
+
+
+def _negative_curvature_query(tiny, positive: bool) -> str:
+    """The crafted-norms attack on a fresh federation, logistic loss, consensus mode: at setup
+    the server's ``hyfdca.norms`` says ``q_k = -4 lambda N / sigma'`` for one sample ``k`` (1
+    elsewhere), so its SDCA step has curvature ``s = -4``; in round 1 a returning ``hyfdca.primal``
+    carries ``alpha_k = 0.5``, then ``hyfdca.ip`` and a ``hyfdca.dual`` with ``u = 0.1``. Returns
+    the client's answer to the dual (``accept`` or the refusal)."""
+    split, part = tiny
+    fed = build_federation("hyfdca", split, part, _cfg(dual_mode="consensus", loss="logistic", local_fraction=1.0))
+    cid = fed.transport.client_ids[0]
+    client = fed.clients[cid]
+    k = int(np.flatnonzero((client.y > 0) == positive)[0])
+    honest = client.handle
+
+    def crafted(msg: Message) -> Message:
+        if msg.kind == "hyfdca.norms":
+            q = np.ones(client.ids.size)
+            q[k] = -4.0 * float(client.params["lam"]) * float(client.params["N"]) / float(client.params["sigma"])
+            msg = Message(msg.kind, msg.sender, msg.receiver, msg.round, {**msg.payload, "norms": _enc(fed, cid, q)})
+        return honest(msg)
+
+    client.handle = crafted
+    fed.setup()
+    del client.handle
+    a = np.zeros(client.ids.size)
+    a[k] = 0.5
+    assert _query(client, _primal(fed, cid, 1, a)) == "accept"
+    client.handle(_msg("hyfdca.ip", cid, 1, {"w": np.zeros(client.X.shape[1])}))
+    try:
+        client.handle(_msg("hyfdca.dual", cid, 1, {"ip": _enc(fed, cid, np.full(client.ids.size, 0.1))}))
+    except Exception as e:  # the attacker sees a refusal, whatever its kind
+        return str(e)
+    return "accept"
+
+
+def test_crafted_negative_norms_do_not_make_a_step_fail_on_one_label(tiny):
+    """Another label-dependent refusal, found while checking the client's remaining refusals: a
+    negative curvature ``s = -4`` at ``y_k alpha_k = 0.5`` zeroes the derivative of the logistic
+    step's Newton iteration, which then fails (division by zero) on a positive sample and not on a
+    negative one (whose ``alpha_k`` was projected to 0): accept/refuse was the label (checked at
+    023471e plus the projection: the positive sample's dual refused, the negative's answered). The
+    client now projects the decrypted squared norms (and segment mode's Gram diagonals) onto
+    ``>= 0``: both are answered, 0 label bits."""
+    answers = [_negative_curvature_query(tiny, positive) for positive in (True, False)]
+    assert answers == ["accept", "accept"], answers
+    assert _label_bits([True, False], answers) == 0.0

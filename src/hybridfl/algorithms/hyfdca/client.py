@@ -264,10 +264,9 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         encoding error: an honest run is unchanged. It projects rather than refuses: the bounds
         depend on its labels, so a refusal would tell the server a label (module docstring).
 
-        Hinge with ``nu <= 1`` under encryption: a ``y_i alpha_i`` within :meth:`encoding_error`
-        of a bound of ``[0, 1]`` is set to the bound, where the exact sum lies (a dual a noise away
-        from its bound would make every later step on it a tiny change, each paying segment mode's
-        ``O(b)`` batch update).
+        Hinge, ``nu <= 1``, encrypted: a ``y_i alpha_i`` within :meth:`encoding_error` of a bound
+        is set to it, where the exact sum lies (a dual a noise away would make each later step on
+        it a tiny change, each paying segment mode's ``O(b)`` batch update).
 
         Raises:
             PayloadError: not one ciphertext of its length per segment, or non-finite values
@@ -391,7 +390,8 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         return {"norms": norms, **seg}
 
     def _on_norms(self, msg: Message) -> dict[str, Any]:
-        """``hyfdca.norms``: the full squared norms ``q`` (and, segment mode, the Gram matrices)."""
+        """``hyfdca.norms``: the full squared norms ``q``, projected onto ``q >= 0`` (as the Gram
+        diagonals: :func:`~.segment_client._symmetric`), and, segment mode, the Gram matrices."""
         segment = self.params["dual_mode"] == "segment"
         keys = ("norms", "gram", "seg_keys") if self.params.get("seg_masked") else ("norms", "gram")
         validate.only_keys(msg, keys if segment else ("norms",))
@@ -399,7 +399,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         self._decrypt_segments(msg, "norms", q)
         if segment:
             self._store_gram(msg)
-        self.q = q
+        self.q = np.maximum(q, 0.0)
         return {}
 
     def _on_sweep(self, msg: Message) -> dict[str, Any]:
