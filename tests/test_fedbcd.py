@@ -201,7 +201,8 @@ def test_a_bad_optimizer_in_a_step_message_is_refused():
     with pytest.raises(PayloadError, match="optimizer"):
         passive.handle(msg)
     after = passive.get_state()
-    assert all(np.array_equal(before[k], after[k]) for k in before if not k.startswith("snap"))
+    assert all(np.array_equal(before[k], after[k]) for k in before if not k.startswith(("snap", "protocol")))
+    assert passive.protocol.stopped  # fail closed: the refusal stops the party for the run
 
 
 @pytest.mark.parametrize("variant,mu", [("p", None), ("prox", 0.5)])
@@ -579,6 +580,7 @@ def test_evaluation_messages_are_checked_on_both_sides(caplog):
     fed.setup()
     label, passive = fed.clients["party-1"], fed.clients["party-0"]
     rows = np.arange(5, dtype=np.int64)
+    fresh = {"label": label.get_state(), "passive": passive.get_state()}  # a refusal stops a party: restore
     h = passive.handle(Message("fedbcd.evaluate", SERVER, "party-0", 1, {"rows": rows})).payload["h"]
     good = {"rows": rows, "h.party-0": h, "h.party-2": h}
     for payload, field in [
@@ -586,23 +588,30 @@ def test_evaluation_messages_are_checked_on_both_sides(caplog):
         ({}, "rows"),
         ({"rows": rows, "w": rows}, "w"),
     ]:
+        passive.set_state(fresh["passive"])
         with pytest.raises(PayloadError, match=repr(field)):
             passive.handle(Message("fedbcd.evaluate", SERVER, "party-0", 1, payload))
     with pytest.raises(PayloadError, match="'h.party-2'"):
         label.handle(Message("fedbcd.evaluate", SERVER, "party-1", 1, {**good, "h.party-2": h[:3]}))
+    label.set_state(fresh["label"])
     ok = label.handle(Message("fedbcd.evaluate", SERVER, "party-1", 1, good))
     assert 0.0 <= ok.payload["auc"] <= 1.0
-    nan = np.full_like(h, np.nan)
-    diverged = label.handle(Message("fedbcd.evaluate", SERVER, "party-1", 1, {**good, "h.party-0": nan}))
+    nan = np.full_like(h, np.nan)  # an evaluation is answered once a round: the next round's
+    diverged = label.handle(Message("fedbcd.evaluate", SERVER, "party-1", 2, {**good, "h.party-0": nan}))
     assert diverged.payload["diverged"] == 1.0
 
+    passive.set_state(fresh["passive"])  # its last refusal stopped it
+    rounds = iter(range(9, 100))  # a party answers one evaluation a round
+
     def reply_with(payload):
+        rnd = next(rounds)
+
         def exchange(msgs):
             if msgs[0].receiver == "party-1":
-                return [Message("fedbcd.evaluate", "party-1", SERVER, 9, payload)]
+                return [Message("fedbcd.evaluate", "party-1", SERVER, rnd, payload)]
             return fed.loop().eval_exchange(msgs)
 
-        return fed.server.evaluate(9, exchange)
+        return fed.server.evaluate(rnd, exchange)
 
     assert reply_with(ok.payload) == {"auc": ok.payload["auc"], "accuracy": ok.payload["accuracy"]}
     assert reply_with(diverged.payload)["diverged"] == 1.0
@@ -861,13 +870,17 @@ def test_round_messages_are_checked_with_exact_widths():
     B = len(server.batch)
     good = {f"h.{j}": np.zeros((B, 1), np.float32) for j in ("party-0", "party-2")}
     before = {k: v.copy() for k, v in label.state_dict().items()}
+    saved = label.get_state()  # a refusal stops a party for the run: each check from this state
     with pytest.raises(PayloadError, match=rf"'h.party-2'.*expected \({B}, 1\)"):
         label.handle(Message("fedbcd.label", SERVER, "party-1", 2, {**good, "h.party-2": np.zeros((B, 4), np.float32)}))
+    label.set_state(saved)
     with pytest.raises(PayloadError, match="'curvature'"):
         label.handle(Message("fedbcd.label", SERVER, "party-1", 2, {**good, "curvature": "yes"}))
     step = {"grad": np.zeros((B, 1), np.float32), "local_steps": 2, "lr": 0.1, "mu": 0.0, "l2": 0.0}
     before_p = {k: v.copy() for k, v in passive.state_dict().items()}
+    saved_p = passive.get_state()
     for curv in (-np.ones((B, 1), np.float32), np.full((B, 1), np.nan, np.float32), np.zeros((B, 4), np.float32)):
+        passive.set_state(saved_p)
         with pytest.raises(PayloadError, match="'curv'"):
             passive.handle(Message("fedbcd.party_step", SERVER, "party-0", 2, {**step, "curv": curv}))
     for p, ref in ((label, before), (passive, before_p)):

@@ -91,29 +91,78 @@ def test_a_node_keeps_only_its_own_part(trained, tmp_path):
     assert load_org_part(census / "model").organisation == "census"
 
 
-def test_a_node_answers_prediction_requests_only_as_the_protocol_allows(trained, tmp_path):
+def _node(trained, tmp_path, warm=True):
+    """A fresh run on census's node (a copy of its directory): ``ask(payload, kind)`` sends it a
+    task message and returns the decoded reply; ``warm`` keeps the organisation in memory."""
     dirs, cfg, layout = trained
     census = shutil.copytree(dirs[1], tmp_path / "census")
     store: dict = {}
-    _hello(census, store, None, cfg, layout)
+    node = WarmClient() if warm else None
+    _hello(census, store, node, cfg, layout)
 
-    def ask(payload, warm, kind="predict.hello"):
-        return decode(client_step(encode(Message(kind, SERVER, "census", 0, payload)), str(census), store, warm))
+    def ask(payload, kind="predict.hello"):
+        return decode(client_step(encode(Message(kind, SERVER, "census", 0, payload)), str(census), store, node))
 
-    with pytest.raises(HybridFLError, match="needs a SuperNode that keeps the organisation in memory"):
-        ask({"task": "evaluate", "to": "bank"}, None)
-    warm = WarmClient()
-    _hello(census, store, warm, cfg, layout)
-    with pytest.raises(ProtocolError, match="outside a prediction request"):
-        ask({}, warm, "predict.score")
-    for bad in ({"task": "steal", "to": "bank"}, {"task": "evaluate", "to": "mallory"}, {"task": "evaluate"}):
-        with pytest.raises(ProtocolError, match="bad task or receiver"):
-            ask(bad, warm)
-    # no predict-table in its node config: it takes no part in a prediction of new rows
-    assert ask({"task": "predict", "to": "bank"}, warm).payload == {"absent": True}
-    reply = ask({"task": "evaluate", "to": "bank"}, warm)  # its own test rows
-    assert "pk" in reply.payload and "n" not in reply.payload  # not the receiver: no row count
-    for _ in range(MAX_REQUESTS - 5):
-        ask({"task": "evaluate", "to": "bank"}, warm)
+    return ask, census, store, node
+
+
+STOPPED = "has stopped the after-training tasks of this run after refusing"
+EVALUATE = {"task": "evaluate", "to": "bank"}
+
+
+def test_a_node_answers_prediction_requests_as_the_protocol_allows(trained, tmp_path):
+    """Honest requests: without a predict-table in its node config it takes no part in a
+    prediction of new rows; it answers an evaluation on its own test rows (not the receiver: no
+    row count), at most ``MAX_REQUESTS`` per run."""
+    ask, *_ = _node(trained, tmp_path)
+    assert ask({"task": "predict", "to": "bank"}).payload == {"absent": True}
+    reply = ask(EVALUATE)
+    assert "pk" in reply.payload and "n" not in reply.payload
+    for _ in range(MAX_REQUESTS - 2):
+        ask(EVALUATE)
     with pytest.raises(ProtocolError, match=f"at most {MAX_REQUESTS} prediction requests per run"):
-        ask({"task": "evaluate", "to": "bank"}, warm)
+        ask(EVALUATE)
+
+
+def test_a_process_per_message_answers_no_prediction_request(trained, tmp_path):
+    ask, *_ = _node(trained, tmp_path, warm=False)
+    with pytest.raises(HybridFLError, match="needs a SuperNode that keeps the organisation in memory"):
+        ask(EVALUATE)
+
+
+def test_a_message_outside_a_request_is_refused(trained, tmp_path):
+    ask, *_ = _node(trained, tmp_path)
+    with pytest.raises(ProtocolError, match="outside a prediction request"):
+        ask({}, "predict.score")
+
+
+@pytest.mark.parametrize(
+    "bad", [{"task": "steal", "to": "bank"}, {"task": "evaluate", "to": "mallory"}, {"task": "evaluate"}]
+)
+def test_a_bad_task_or_receiver_is_refused(trained, tmp_path, bad):
+    ask, *_ = _node(trained, tmp_path)
+    with pytest.raises(ProtocolError, match="bad task or receiver"):
+        ask(bad)
+
+
+@pytest.mark.parametrize("first", ["predict.score", "model.part"])
+def test_after_a_refusal_the_node_refuses_every_task_of_the_run(trained, tmp_path, first):
+    """Fail closed per run: after a refused ``predict.score`` outside a request (or a
+    ``model.part`` without its two files), a valid evaluation request, a second one and a valid
+    ``model.part`` are refused with one and the same sentence naming the first refusal; the part
+    on disk is untouched. A new run (a new session's setup) answers again."""
+    ask, census, store, node = _node(trained, tmp_path)
+    before = _files(census)
+    with pytest.raises(ProtocolError):
+        ask({}, "predict.score") if first == "predict.score" else ask({"manifest": b"x"}, MODEL_PART)
+    said = set()
+    for payload, kind in ((EVALUATE, "predict.hello"), (EVALUATE, "predict.hello"), (before, MODEL_PART)):
+        with pytest.raises(ProtocolError, match=STOPPED) as e:
+            ask(payload, kind)
+        said.add(str(e.value))
+    assert len(said) == 1 and f"refusing {first!r}" in said.pop()
+    assert _files(census) == before
+    dirs, cfg, layout = trained
+    setup = {"algorithm": "hyfdca", "config": cfg, "seed": 0, "layout": json.dumps(layout), "session": "s2"}
+    client_step(encode(Message(SETUP, SERVER, "node", 0, setup)), str(census), store, node)
+    assert "pk" in ask(EVALUATE).payload

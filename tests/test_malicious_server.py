@@ -6,13 +6,16 @@ sample; HyFEM: ``hyfem_small``-like, four clients), after an honest setup (and r
 Checked against the code before this work (commit c8f500a, a temporary worktree, the same test
 file): every test here failed there except where noted:
 
-- ``test_label_oracle_recovers_at_most_one_refusal_per_run``: failed (every query answered on its
-  label: all 40 labels from 40 queries);
+- ``test_label_oracle_answers_are_the_same_for_both_labels``: failed (every query answered on its
+  label: all 40 labels from 40 queries); ``test_change_bound_oracle_answers_are_the_same_for_both_labels``
+  and ``test_the_one_stop_bit_is_set_by_the_message_alone`` came with the projection (checked at
+  023471e, the refusing bounds: the first failed, a fresh ``c = +1`` refused on a negative sample;
+  the second passed there too, a NaN was refused before);
 - ``test_row_read_out_with_no_peers_is_refused_and_the_client_stops``: failed (``peers=[]``
   answered; the two replies differed by ``0.5 y_k x_k``, row ``k`` exactly);
 - ``test_single_peer_set_is_refused_with_threshold_three``: failed (``secagg_threshold`` did not
   exist);
-- ``test_round_number_lie_does_not_widen_the_change_bound``: failed (a fresh client accepted the
+- ``test_round_number_lie_does_not_widen_the_change_bound``: failed (a fresh client took the whole
   +5 jump when the message said round 4);
 - ``test_self_unmask_is_refused`` and ``test_an_unmask_request_is_answered_once``: failed (the
   victim answered an unmask naming all its peers dropped, reply minus correction = its words; and
@@ -77,42 +80,104 @@ def _primal(fed, cid: str, rnd: int, alpha: np.ndarray, peers=None, acked: bool 
     return _msg("hyfdca.primal", cid, rnd, payload)
 
 
-def test_label_oracle_recovers_at_most_one_refusal_per_run(tiny):
+def _label_bits(labels: list[bool], answers: list[object]) -> float:
+    """The attacker's information about the labels from the answers, in bits: the empirical mutual
+    information between a sample's label and the client's answer to the query about it (0 when
+    the answers are the same for both labels; 1 when every answer names its label)."""
+    n = len(labels)
+    bits = 0.0
+    for lab in set(labels):
+        for ans in set(answers):
+            joint = sum(1 for x, z in zip(labels, answers) if x == lab and z == ans) / n
+            if joint:
+                p_lab = labels.count(lab) / n
+                p_ans = answers.count(ans) / n
+                bits += joint * np.log2(joint / (p_lab * p_ans))
+    return bits
+
+
+def _query(client, msg: Message) -> str:
+    """The answer the attacker sees: ``accept`` or the refusal's sentence."""
+    try:
+        reply = client.handle(msg).payload
+    except (ProtocolError, PayloadError) as e:
+        return str(e)
+    assert "masked" in reply and "share" not in reply  # the accepted answer is masked (secure aggregation)
+    return "accept"
+
+
+def test_label_oracle_answers_are_the_same_for_both_labels(tiny):
     """Label oracle (issue 28, Found 1). After an honest round 1, the server sends the victim, for
     each of its samples ``k`` in turn, a returning client's ``hyfdca.primal`` (round 2, 3, ...: one
     new round per query, all peers named, fresh tag) carrying the victim's last ``alpha`` with
-    ``alpha_k = 0.5``; the client accepts it iff ``y_k = +1`` (hinge dual domain ``y alpha in
-    [0, 1]``). The attacker reads accept as +1 and refuse as -1, and asks again after a refusal.
+    ``alpha_k = 0.5``. Before this work the client accepted it iff ``y_k = +1`` (hinge dual domain
+    ``y alpha in [0, 1]``): all 40 labels from 40 queries (commit c8f500a), then, with the
+    fail-closed stop, the labels up to the first negative sample (about 2 per run).
 
-    Measured: the refusal channel carries one bit per run. The first refusal stops the client, and
-    every later query is refused with the same sentence whatever the label, so the attacker's guesses
-    after it are right only on the negative samples (no information: the answer is the same for
-    +1 and -1). What is still learnt is what the accepted queries before the first refusal said
-    (the labels of the samples asked before the first negative one, plus that one): before this
-    work all 40 labels came out of 40 queries."""
+    Now the client projects the ``alpha`` onto its own feasible set instead of refusing: every
+    query is accepted, for positive and negative samples alike (label bits from accept/refuse: 0),
+    and the value it takes is the projection (``0.5`` on a positive sample, ``0`` on a negative
+    one), feeding a masked reply."""
     fed, cid, client = _after_round_1(tiny)
     y, base = client.y.copy(), client.alpha.copy()
-    answers = []
+    labels, answers = [], []
     for q, k in enumerate(range(y.size)):  # sample k asked in round 2 + q
         a = base.copy()
         a[k] = 0.5  # the attacker does not know y_k: it always sends +0.5
-        try:
-            client.handle(_primal(fed, cid, 2 + q, a))
-            answers.append((k, True, ""))
-        except ProtocolError as e:
-            answers.append((k, False, str(e)))
-    first = next(i for i, (_, ok, _) in enumerate(answers) if not ok)
-    informative = answers[: first + 1]
-    after = answers[first + 1 :]
-    # every answer up to the first refusal is the label; every one after it is "stopped", whatever the label
-    assert all((y[k] > 0) == ok for k, ok, _ in informative)
-    assert after and all(not ok for _, ok, _ in after)
-    assert all("has stopped taking part in this run after refusing 'hyfdca.primal' of round" in m for _, _, m in after)
-    assert {y[k] > 0 for k, _, _ in after} == {True, False}  # positives and negatives answered alike
-    refusal_bits = 1  # the stop itself; the refusals after it are one constant answer
-    recovered = len(informative)
-    assert recovered < y.size and refusal_bits == 1
-    print(f"label oracle: {recovered} of {y.size} labels before the stop, {len(after)} queries refused alike")
+        answers.append(_query(client, _primal(fed, cid, 2 + q, a)))
+        labels.append(bool(y[k] > 0))
+        assert client.alpha[k] == (0.5 if y[k] > 0 else 0.0)  # the projection onto y_k alpha_k in [0, 1]
+    assert set(labels) == {True, False}
+    assert set(answers) == {"accept"} and client.protocol.stopped == ""
+    bits = _label_bits(labels, answers)
+    assert bits == 0.0
+    print(f"label oracle: {len(answers)} queries, {bits} label bits from accept/refuse, no stop")
+
+
+def test_change_bound_oracle_answers_are_the_same_for_both_labels(tiny):
+    """The change-bound variant: a server that does not know ``alpha`` sends, for sample ``k``, a
+    fresh ``Enc(c)`` (``c = +1``) and then a jump ``last_k + 5``, the rest of the victim's last
+    ``alpha`` unchanged. Were the bounds refusing, the first would be refused iff ``y_k = -1``
+    (the box; and the change bound ``|alpha_k - last_k| <= nu R`` alone, since ``last_k != 0`` has
+    the sign of ``y_k``), a label per answer until the stop. Now both are projected (onto the box and the change bound, intersected)
+    and accepted for both labels: 0 label bits, no stop; the jump moves ``alpha_k`` by at most
+    ``nu R = 1`` (``R``: its own dual steps since its last accepted ``alpha``)."""
+    fed, cid, client = _after_round_1(tiny)
+    y, last = client.y.copy(), client.alpha.copy()
+    moved = np.flatnonzero(last != 0)
+    assert {bool(v) for v in y[moved] > 0} == {True, False}  # old rule: label-dependent on these samples
+    labels, answers, rnd = [], [], 2
+    for k in moved:
+        for c in (1.0, last[k] + 5.0):
+            a = client.alpha.copy()
+            before = a[k]
+            a[k] = c
+            answers.append(_query(client, _primal(fed, cid, rnd, a)))
+            labels.append(bool(y[k] > 0))
+            rnd += 1
+            assert abs(client.alpha[k] - before) <= 1.0 + 1e-6 and 0.0 <= y[k] * client.alpha[k] <= 1.0
+    assert set(answers) == {"accept"} and client.protocol.stopped == ""
+    assert _label_bits(labels, answers) == 0.0
+
+
+def test_the_one_stop_bit_is_set_by_the_message_alone(tiny):
+    """What still refuses: a check of the message alone (here a NaN in ``alpha``; likewise shape,
+    dtype, ciphertext lengths, order, round numbers). The same malformed query on a positive and on
+    a negative sample (each from the same state) is refused with the same sentence: the stop is one
+    bit per run, and it says nothing about a label. After it every message is refused alike."""
+    fed, cid, client = _after_round_1(tiny)
+    state = client.get_state()
+    answers, labels = [], []
+    for k in (int(np.flatnonzero(client.y > 0)[0]), int(np.flatnonzero(client.y < 0)[0])):
+        client.set_state(state)
+        a = client.alpha.copy()
+        a[k] = np.nan
+        answers.append(_query(client, _primal(fed, cid, 2, a)))
+        labels.append(bool(client.y[k] > 0))
+        after = _query(client, _primal(fed, cid, 3, client.alpha.copy()))
+        assert "has stopped taking part in this run after refusing 'hyfdca.primal' of round 2" in after
+    assert answers[0] == answers[1] and "alpha" in answers[0] and answers[0] != "accept"
+    assert _label_bits(labels, answers) == 0.0
 
 
 def test_row_read_out_with_no_peers_is_refused_and_the_client_stops(tiny):
@@ -154,26 +219,21 @@ def test_single_peer_set_is_refused_with_threshold_three(tiny):
 
 
 def test_round_number_lie_does_not_widen_the_change_bound(tiny):
-    """Round-number lie (issue 28, Found 1). ``nu = 2`` (the box is not checked, only the change
-    bound ``nu R``). After an honest round 1 the server sends a returning ``hyfdca.primal`` whose
-    ``alpha`` is the victim's with +5 on one sample: refused at round 2 (``5 > 2 * 1``); the same
-    message saying round 4 is refused too (the client stopped). On a fresh federation the round-4
-    message alone is refused as well: ``R`` is the client's own count of dual steps since its last
-    accepted ``alpha`` (1), never ``msg.round`` minus its last round (3, which accepted it
-    before this work)."""
-    for first in (2, None):
+    """Round-number lie (issue 28, Found 1). ``nu = 2`` (no dual box, only the change bound
+    ``nu R``). After an honest round 1 the server sends a returning ``hyfdca.primal`` whose
+    ``alpha`` is the victim's with +5 on one sample, saying round 2 or (a fresh federation) round
+    4: either way the client moves that sample by ``nu R = 2`` only (projection onto the change
+    bound, not a refusal: the bound's outcome depends on its labels), since ``R`` is its own count
+    of dual steps since its last accepted ``alpha`` (1), never ``msg.round`` minus its last round
+    (3, which accepted the whole jump before this work)."""
+    for rnd in (2, 4):
         fed, cid, client = _after_round_1(tiny, nu=2.0)
-        a = client.alpha.copy()
+        last = client.alpha.copy()
+        a = last.copy()
         a[0] += 5.0
-        if first is not None:
-            with pytest.raises(PayloadError, match="changing alpha by more than nu per round"):
-                client.handle(_primal(fed, cid, first, a))
-            with pytest.raises(ProtocolError, match="has stopped taking part"):
-                client.handle(_primal(fed, cid, 4, a))
-        else:
-            with pytest.raises(PayloadError, match=r"more than nu per round since round 1 \(1 of its own dual steps"):
-                client.handle(_primal(fed, cid, 4, a))
-        assert client.alpha[0] != a[0]
+        assert _query(client, _primal(fed, cid, rnd, a)) == "accept"
+        assert abs(client.alpha[0] - last[0] - 2.0) < 1e-5
+        assert np.allclose(client.alpha[1:], last[1:])
 
 
 def _answered_exchange(tiny):
@@ -249,7 +309,9 @@ def test_hyfem_client_refuses_no_peers_and_an_untagged_fit(digits_split):
     """HyFEM (issue 28, Found 2), ``secure_aggregation: true``, after setup (``hyfem.keys``): the
     server's round-1 ``hyfem.fit`` to a client with ``peers=[]`` is refused (peers rule), and the
     same ``hyfem.fit`` without ``tag`` and ``peers`` is refused (the client's own policy: it never
-    sends its extractors in the clear). The honest message is answered with ``ext_masked`` only."""
+    sends its extractors in the clear). Each refusal stops the client for the run (the honest
+    message after it is refused too); from the state before, the honest message is answered with
+    ``ext_masked`` only."""
     from hybridfl.algorithms.hyfem import HyFEMConfig
     from hybridfl.data.dataset import DatasetSplit
     from hybridfl.data.partitioners import ClassBlockPartitioner
@@ -265,10 +327,62 @@ def test_hyfem_client_refuses_no_peers_and_an_untagged_fit(digits_split):
     client = fed.clients[cid]
     honest = fed.server.fit_message(cid, 1, fed.transport.client_ids)
     no_peers = Message(honest.kind, SERVER, cid, 1, {**honest.payload, "peers": []})
+    saved = client.get_state()
     with pytest.raises(PayloadError, match="masks only in an exchange of at least 3 clients of its roster, not 1"):
         client.handle(decode(encode(no_peers)))
+    with pytest.raises(ProtocolError, match="has stopped taking part in this run after refusing 'hyfem.fit'"):
+        client.handle(decode(encode(honest)))  # fail closed: the honest message too
+    client.set_state(saved)
     clear = {k: v for k, v in honest.payload.items() if k not in ("tag", "peers")}
     with pytest.raises(PayloadError, match="'tag' missing: client .* never sends its extractors in the clear"):
         client.handle(decode(encode(Message(honest.kind, SERVER, cid, 1, clear))))
+    client.set_state(saved)
     reply = client.handle(decode(encode(honest))).payload
     assert "ext_masked" in reply and not any(k.startswith("ext.") for k in reply)
+
+
+def _negative_curvature_query(tiny, positive: bool) -> str:
+    """The crafted-norms attack on a fresh federation, logistic loss, consensus mode: at setup
+    the server's ``hyfdca.norms`` says ``q_k = -4 lambda N / sigma'`` for one sample ``k`` (1
+    elsewhere), so its SDCA step has curvature ``s = -4``; in round 1 a returning ``hyfdca.primal``
+    carries ``alpha_k = 0.5``, then ``hyfdca.ip`` and a ``hyfdca.dual`` with ``u = 0.1``. Returns
+    the client's answer to the dual (``accept`` or the refusal)."""
+    split, part = tiny
+    fed = build_federation("hyfdca", split, part, _cfg(dual_mode="consensus", loss="logistic", local_fraction=1.0))
+    cid = fed.transport.client_ids[0]
+    client = fed.clients[cid]
+    k = int(np.flatnonzero((client.y > 0) == positive)[0])
+    honest = client.handle
+
+    def crafted(msg: Message) -> Message:
+        if msg.kind == "hyfdca.norms":
+            q = np.ones(client.ids.size)
+            q[k] = -4.0 * float(client.params["lam"]) * float(client.params["N"]) / float(client.params["sigma"])
+            msg = Message(msg.kind, msg.sender, msg.receiver, msg.round, {**msg.payload, "norms": _enc(fed, cid, q)})
+        return honest(msg)
+
+    client.handle = crafted
+    fed.setup()
+    del client.handle
+    a = np.zeros(client.ids.size)
+    a[k] = 0.5
+    assert _query(client, _primal(fed, cid, 1, a)) == "accept"
+    client.handle(_msg("hyfdca.ip", cid, 1, {"w": np.zeros(client.X.shape[1])}))
+    try:
+        client.handle(_msg("hyfdca.dual", cid, 1, {"ip": _enc(fed, cid, np.full(client.ids.size, 0.1))}))
+    except Exception as e:  # the attacker sees a refusal, whatever its kind
+        return str(e)
+    return "accept"
+
+
+def test_crafted_negative_norms_do_not_make_a_step_fail_on_one_label(tiny):
+    """Another label-dependent refusal, found while checking the client's remaining refusals: a
+    negative curvature ``s = -4`` at ``y_k alpha_k = 0.5`` zeroes the derivative of the logistic
+    step's Newton iteration, which then fails (division by zero) on a positive sample and not on a
+    negative one (whose ``alpha_k`` was projected to 0): accept/refuse was the label (checked at
+    023471e plus the projection: the positive sample's dual refused, the negative's answered). The
+    client now projects the decrypted squared norms (and segment mode's Gram diagonals) onto
+    ``>= 0``: both are answered, 0 label bits."""
+    answers = [_negative_curvature_query(tiny, positive) for positive in (True, False)]
+    assert answers == ["accept", "accept"], answers
+    assert _label_bits([True, False], answers) == 0.0

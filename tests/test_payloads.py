@@ -229,9 +229,11 @@ def test_fedbcd_party_refuses_bad_batch_positions(batch):
     fed = _fedbcd(FedBCDConfig(variant="p", rounds=1))
     fed.setup()
     party = fed.clients["party-0"]
+    before = party.get_state()
     with pytest.raises(PayloadError) as e:
         party.handle(Message("fedbcd.forward", SERVER, "party-0", 1, {"batch": np.array(batch)}))
     assert e.value.field == "batch"
+    party.set_state(before)  # the refusal stopped it for the run (fail closed): from the state before
     ok = party.handle(Message("fedbcd.forward", SERVER, "party-0", 1, {"batch": np.array([0, 299])}))
     assert ok.payload["h"].shape[0] == 2
 
@@ -292,8 +294,12 @@ def test_hybrid_fedavg_client_refuses_a_bad_fit_message():
     cid = list(fed.clients)[0]
     d = int(fed.server.feat[cid].size)
     good = {"w": np.zeros(d), "lr": 0.1, "lam": 0.01, "loss": "logistic", "local_steps": 2, "batch_size": 8}
+    before = fed.clients[cid].get_state()
     assert fed.clients[cid].handle(Message("fedavg.fit", SERVER, cid, 1, good)).payload["w"].shape == (d,)
     for field, value in [("w", np.zeros(1)), ("batch_size", 0), ("local_steps", 1.5), ("lr", float("inf"))]:
+        fed.clients[cid].set_state(before)  # a refusal stops the client for the run: each from here
         with pytest.raises(PayloadError) as e:
             fed.clients[cid].handle(Message("fedavg.fit", SERVER, cid, 1, {**good, field: value}))
         assert e.value.field == field
+    with pytest.raises(ProtocolError, match="has stopped taking part in this run after refusing 'fedavg.fit'"):
+        fed.clients[cid].handle(Message("fedavg.fit", SERVER, cid, 2, good))  # fail closed

@@ -241,12 +241,16 @@ def test_alignment_gives_the_same_run_as_the_plaintext_order():
 def test_fedbcd_parties_refuse_malformed_or_misdirected_alignment_messages():
     parties = _parties([["a", "b", "c"], ["b", "c", "d"]])
     label, passive = parties["p0"], parties["p1"]
+    fresh = {k: p.get_state() for k, p in parties.items()}  # a refusal stops a party: each check from here
     with pytest.raises(ProtocolError, match="only the label party answer"):
         passive.handle(Message("fedbcd.psi_request", SERVER, "p1", 0))
     with pytest.raises(ProtocolError, match="only passive parties answer"):
         label.handle(Message("fedbcd.psi_serve", SERVER, "p0", 0, {"request": b"", "dh": b"\x00" * 32}))
+    passive.set_state(fresh["p1"])
     with pytest.raises(ProtocolError, match="before fedbcd.psi_serve"):
         passive.handle(Message("fedbcd.align", SERVER, "p1", 0, {"tags": b"\x00" * 16}))
+    label.set_state(fresh["p0"])
+    passive.set_state(fresh["p1"])
     req = label.handle(Message("fedbcd.psi_request", SERVER, "p0", 0)).payload
     n = req["n"]
     bad = [
@@ -267,17 +271,22 @@ def test_fedbcd_parties_refuse_malformed_or_misdirected_alignment_messages():
     rebuilt = _parties([["a", "b", "c"], ["b", "c", "d"]])["p1"]
     rebuilt.set_state(passive.get_state())
     relay = {f"{k}.p1": v for k, v in served.items()}
+    requested = label.get_state()
     with pytest.raises(PayloadError) as e:
         label.handle(Message("fedbcd.psi_result", SERVER, "p0", 0, {**relay, "setup.p1": b"\x0a\x01"}))
     assert e.value.field == "setup.p1" and one_sentence(e.value)
+    label.set_state(requested)
     with pytest.raises(PayloadError) as e:
         label.handle(Message("fedbcd.psi_result", SERVER, "p0", 0, {**relay, "response.p1": served["setup"]}))
     assert e.value.field == "response.p1" and one_sentence(e.value)
+    label.set_state(requested)
     result = label.handle(Message("fedbcd.psi_result", SERVER, "p0", 0, relay)).payload
     assert result["n_aligned"] == 2
+    saved = rebuilt.get_state()
     with pytest.raises(PayloadError) as e:
         rebuilt.handle(Message("fedbcd.align", SERVER, "p1", 0, {"tags": result["tags.p1"][:-1]}))
     assert e.value.field == "tags" and one_sentence(e.value)
+    rebuilt.set_state(saved)
     assert rebuilt.handle(Message("fedbcd.align", SERVER, "p1", 0, {"tags": result["tags.p1"]})).payload == {
         "n_aligned": 2
     }

@@ -34,6 +34,7 @@ from hybridfl.algorithms.fedbcd.kinds import (
     SETUP_KINDS,
     UNDO,
 )
+from hybridfl.algorithms.fedbcd.protocol import party_protocol
 from hybridfl.algorithms.fedbcd.steps import PartyStepsMixin
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy import psi
@@ -123,6 +124,8 @@ class FedBCDParty(PartyStepsMixin):
     ):
         self.party_id = party_id
         self.peer_auth = peer_auth
+        # its own view of the protocol (fail closed); the label party's label messages per round: one per party
+        self.protocol = party_protocol(party_id, labels is not None, len(party_order or ()))
         self._psi_served = False  # passive party: it answers one PSI request per run
         self.device = torch.device(device)
         self.ids = np.asarray(ids).astype(str)
@@ -174,13 +177,25 @@ class FedBCDParty(PartyStepsMixin):
         The first message of each round ``>= 1`` (evaluation excluded) snapshots the party's state
         for ``undo``; an ``undo`` entry in a payload is applied before anything else.
 
+        The message must be one the protocol puts here (:mod:`.protocol`: setup order, round
+        numbers that never go back, each request answered once); any refusal stops the party for
+        the run (fail closed: every later message is refused with one sentence naming the first).
+
         Raises:
-            ProtocolError: an unknown kind, or a message out of order (training before ``align``,
-                a step without a current batch, an evaluation without a test set, an alignment
-                message for the other role or out of order).
+            ProtocolError: an unknown kind, a message out of place (the protocol's order, training
+                before ``align``, a step without a current batch, an evaluation without a test
+                set, an alignment message for the other role), or any message after a refusal.
             PayloadError: a malformed message (the PSI blobs included).
         """
+        return self.protocol.answer(msg, lambda: self._answer(msg))
+
+    def _answer(self, msg: Message) -> Message:
+        """:meth:`handle` inside the fail-closed rule: the kind, the role, the place in the
+        protocol (:mod:`.protocol`), then the step."""
         step = handler(self.handlers(), msg, f"FedBCD party {self.party_id!r}")
+        if msg.kind in SETUP_KINDS and msg.kind != PROPERTIES:
+            self._check_alignment_step(msg)
+        self.protocol.admit(msg)
         if msg.kind == EVALUATE:  # after a round, outside it: no snapshot, no undo
             return step(msg)
         if msg.round >= 1:
@@ -188,9 +203,12 @@ class FedBCDParty(PartyStepsMixin):
                 self.undo(integer(msg, "undo", low=1, high=msg.round))
             if msg.kind != UNDO and self._snap_round != msg.round:
                 self._snap, self._snap_round = self._core_state(), msg.round
-        if msg.kind in SETUP_KINDS and msg.kind != PROPERTIES:
-            self._check_alignment_step(msg)
         return step(msg)
+
+    def failed_state(self) -> dict[str, np.ndarray]:
+        """The state entries to keep after a refused message (only the fail-closed stop; Flower's
+        node saves them although the message failed: :func:`hybridfl.runtime.flower.node.client_step`)."""
+        return self.protocol.array_state()
 
     def handlers(self) -> dict[str, Handler]:
         """Message kind -> the step that answers it (:mod:`.kinds`)."""
@@ -519,9 +537,16 @@ class FedBCDParty(PartyStepsMixin):
     def get_state(self) -> dict[str, np.ndarray]:
         """Everything the party keeps between two messages (client contract of
         :mod:`hybridfl.algorithms.spec`): :meth:`state_dict` with the round snapshot, so that an
-        ``undo`` works on a party rebuilt for every message (Flower) or resumed from a checkpoint."""
-        return self.state_dict(snapshot=True)
+        ``undo`` works on a party rebuilt for every message (Flower) or resumed from a checkpoint,
+        and its own protocol state (``protocol``, JSON as uint8: :mod:`.protocol`, the fail-closed
+        stop included)."""
+        return {**self.state_dict(snapshot=True), **self.failed_state()}
 
     def set_state(self, state: Mapping[str, np.ndarray]) -> None:
-        """Restore what :meth:`get_state` returned into a freshly built party."""
-        self.load_state_dict(state)
+        """Restore what :meth:`get_state` returned into a freshly built party.
+
+        Raises:
+            ValueError: a ``protocol`` entry that is not the JSON :meth:`get_state` writes.
+        """
+        self.load_state_dict({k: v for k, v in state.items() if k != "protocol"})
+        self.protocol.set_array_state(state)

@@ -16,7 +16,8 @@ import numpy as np
 from hybridfl.algorithms.convex.problem import features, signed_labels
 from hybridfl.algorithms.hybrid_fedavg.kinds import FIT, HELLO
 from hybridfl.data.dataset import HybridDataset
-from hybridfl.runtime.handlers import Handler, dispatch
+from hybridfl.runtime.failclosed import OrderedProtocol
+from hybridfl.runtime.handlers import Handler, handler
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys
 
@@ -35,8 +36,9 @@ def loss_gradient_scale(z: np.ndarray, y: np.ndarray, loss: str) -> np.ndarray:
 
 
 class HybridFedAvgClient:
-    """Client: local SGD on its own features and samples (stateless between messages: round ``t``
-    samples its mini-batches from ``default_rng([seed, t])``).
+    """Client: local SGD on its own features and samples (between messages it keeps only its
+    protocol state, :meth:`get_state`: round ``t`` samples its mini-batches from
+    ``default_rng([seed, t])``).
 
     Args:
         client_id: name.
@@ -47,6 +49,8 @@ class HybridFedAvgClient:
 
     def __init__(self, client_id: str, data: HybridDataset, positive: Sequence[int], seed: int = 0):
         self.client_id = client_id
+        # its own view of the protocol: fedavg.hello once in round 0, then one fedavg.fit a round (fail closed)
+        self.protocol = OrderedProtocol(f"hybrid FedAvg client {client_id!r}", (HELLO,), (FIT,), {FIT: ()})
         self.blocks = list(data.block_names)
         self.X = features(data, sparse="dense")
         self.y = signed_labels(data.y, positive)
@@ -58,11 +62,27 @@ class HybridFedAvgClient:
         ``lr / sqrt(t)`` on ``(lambda/2)||w_k||^2 + (1/n_k) sum_i l(x_{k,i}^T w_k)``; replies its
         ``w`` ``(d_k,)``, ``n_samples`` and ``client_seconds``.
 
+        Its protocol (:class:`~hybridfl.runtime.failclosed.OrderedProtocol`): ``fedavg.hello``
+        once in round 0, then at most one ``fedavg.fit`` a round, round numbers never going back;
+        any refusal stops it for the run (every later message refused with one sentence).
+
         Raises:
-            ProtocolError: an unknown message kind.
+            ProtocolError: an unknown message kind, a message out of place, or any message
+                after a refusal.
             PayloadError: a malformed ``fedavg.fit`` message (:meth:`check_fit`).
         """
-        return dispatch(self.handlers(), msg, f"hybrid FedAvg client {self.client_id!r}", "unknown message kind")
+        return self.protocol.answer(msg, lambda: self._answer(msg))
+
+    def _answer(self, msg: Message) -> Message:
+        """:meth:`handle` inside the fail-closed rule: the kind, its place in the protocol, the step."""
+        step = handler(self.handlers(), msg, f"hybrid FedAvg client {self.client_id!r}", "unknown message kind")
+        self.protocol.admit(msg)
+        return step(msg)
+
+    def failed_state(self) -> dict[str, Any]:
+        """The state entries to keep after a refused message (the fail-closed stop; Flower's node
+        saves them although the message failed: :func:`hybridfl.runtime.flower.node.client_step`)."""
+        return self.protocol.get_state()
 
     def handlers(self) -> dict[str, Handler]:
         """Message kind (:mod:`.kinds`) -> the step that answers it."""
@@ -118,8 +138,10 @@ class HybridFedAvgClient:
             raise PayloadError(msg, "round", f"= {msg.round}, not a training round")
 
     def get_state(self) -> dict[str, Any]:
-        """``{}``: the client keeps nothing between messages."""
-        return {}
+        """Only its protocol state (``protocol``: the order and the fail-closed stop); nothing of
+        the model is kept between messages."""
+        return self.protocol.get_state()
 
     def set_state(self, state: Mapping[str, Any]) -> None:
-        """Nothing to restore (see :meth:`get_state`)."""
+        """Restore :meth:`get_state` (``{}`` restores nothing)."""
+        self.protocol.set_state(state)

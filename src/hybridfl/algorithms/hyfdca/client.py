@@ -38,29 +38,36 @@ every server message (keys, exact shapes, finite values, ciphertext counts and d
 
 - block mode uses no server-sent ``alpha`` at all: its share is built from its own duals only, and
   a ``hyfdca.primal`` carrying ``alpha`` (or any key but ``commit``) is refused;
-- consensus and segment modes decrypt the shared ``alpha`` and accept it only if it is one the
-  protocol can have produced (:meth:`HyFDCAClient.accept_alpha`). What is exact: every holder's
-  local step ends in its loss's dual domain, and the server adds ``(nu/|B_i|)`` times each of at
-  most ``|B_i|`` holders' changes per round (segment mode: per pass, at most one pass of a segment
-  per round). So with ``nu <= 1`` the new ``alpha_i`` is a convex combination of feasible points:
-  for hinge and logistic ``y_i alpha_i`` lies in ``[0, 1]``; and since each holder's change is at
-  most the box width 1, ``|alpha_i - last_i| <= nu R`` with ``R`` the rounds since the client last
-  accepted ``alpha`` (``last`` its own copy; ``R >= 1``). The squared loss has no box; dual ascent
-  from ``alpha = 0`` (``D(alpha) >= D(0) = 0``) gives ``sum_i (alpha_i - y_i)^2 <= N``, so the
-  client checks ``|alpha_i - y_i| <= sqrt(N)`` (a run whose dual diverges is refused too: it cannot
-  be told from a crafted ``alpha``). Every bound is widened by the encryption's rounding
+- consensus and segment modes decrypt the shared ``alpha``, refuse it only if it is malformed
+  (count, lengths, finiteness: facts of the message alone) and otherwise take the nearest point of
+  the set the protocol can have produced (:meth:`HyFDCAClient.accept_alpha`). What is exact: every
+  holder's local step ends in its loss's dual domain, and the server adds ``(nu/|B_i|)`` times each
+  of at most ``|B_i|`` holders' changes per round (segment mode: per pass, at most one pass of a
+  segment per round). So with ``nu <= 1`` the new ``alpha_i`` is a convex combination of feasible
+  points: for hinge and logistic ``y_i alpha_i`` lies in ``[0, 1]``; and since each holder's change
+  is at most the box width 1, ``|alpha_i - last_i| <= nu R`` with ``R`` the client's own dual steps
+  since it last accepted ``alpha`` (``last`` its own copy; ``R >= 1``). The squared loss has no
+  box; dual ascent from ``alpha = 0`` (``D(alpha) >= D(0) = 0``) gives ``sum_i (alpha_i - y_i)^2
+  <= N``, so ``|alpha_i - y_i| <= sqrt(N)``. Every bound is widened by the encryption's rounding
   (:meth:`HyFDCAClient.tolerance`: ``1e-6`` plus the scheme's resolution times the number of
   encrypted values summed into ``alpha_i``).
 
-Known leakage, not prevented: a malicious server can still send a crafted ``alpha`` that passes
-these checks (inside the box, within the change bound), and it can steer a client's own duals
-(every mode, block included) through crafted ``enc(x_i^T w)`` and ``enc(q)``, since the steps are
-clipped to the box but otherwise follow the decrypted values. The share then reveals
-``X_k^T a`` for a chosen ``a`` with bounded coefficients (``|a_i| <= 1`` for hinge and logistic,
-sign fixed by the label; a change of at most ``nu`` per round from the last accepted ``alpha``):
-a chosen combination of the client's rows, e.g. a positive sample's row alone (``a = e_j`` with
-``y_j = +1`` is feasible). The checks bound this leakage (no unit vector on a negative sample, no
-large coefficients, no arbitrary jump away from the client's last state); they do not remove it.
+  These bounds depend on the client's labels (the box through ``y_i``, the change bound through
+  ``last_i``, whose sign is ``y_i``), so the client projects onto them instead of refusing: were a
+  message outside them refused, accept or refuse would be a label (the *label oracle*: ``alpha_k
+  = 0.5`` is inside the box iff ``y_k = +1``). An honest ``alpha`` lies in them already, and a
+  projected one is a feasible ``alpha`` the server could have sent itself. What a malicious server
+  learns from the refusals is then the one stop bit of the fail-closed rule
+  (:mod:`hybridfl.algorithms.hyfdca.protocol`), set by the message's form, never by a label
+  (tests/test_malicious_server.py).
+
+Known leakage, not prevented: a malicious server can still choose an ``alpha`` inside these
+bounds, and it can steer a client's own duals (every mode, block included) through crafted
+``enc(x_i^T w)`` and ``enc(q)`` (the steps are clipped to the box but otherwise follow the decrypted
+values). Without secure aggregation the share then reveals ``X_k^T a`` for a chosen ``a`` with
+bounded coefficients (``|a_i| <= 1``, sign fixed by the label, a change of at most ``nu`` per
+round): e.g. a positive sample's row alone. The projection bounds this leakage (a unit vector on a
+negative sample becomes 0, no large coefficients, no jump); it does not remove it.
 """
 
 from __future__ import annotations
@@ -242,19 +249,29 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
 
     def accept_alpha(self, msg: Message, key: str = "alpha") -> None:
         """Consensus and segment modes: decrypt the server's ``enc(alpha)`` of its segments and
-        take it as its copy only if the protocol can have produced it (module docstring, "Threat
-        model"): finite; hinge/logistic with ``nu <= 1``: ``y_i alpha_i`` in ``[0, 1]``; hinge/logistic:
-        ``|alpha_i - last_i| <= nu R`` (``R`` rounds since its last accepted ``alpha``); squared:
-        ``|alpha_i - y_i| <= sqrt(N)``; each up to :meth:`tolerance`.
+        take as its copy the point of its own feasible set nearest to it (module docstring, "Threat
+        model"): the decrypted values must be finite and of its segments' lengths (refused
+        otherwise); they are then projected, coordinate by coordinate, onto
 
-        Hinge with ``nu <= 1`` under encryption (CKKS noise, Paillier rounding): a ``y_i alpha_i``
-        within :meth:`encoding_error` of a bound of ``[0, 1]`` is set to the bound (where the exact
-        sum lies: the coordinate steps put duals exactly on the bounds, and an ``alpha_i`` a noise
-        away from its bound would make every later step on it a tiny non-zero change, each paying
-        the ``O(b)`` update of segment mode's batch). Plaintext ``alpha`` is taken as sent.
+        - hinge/logistic with ``nu <= 1``: the dual domain ``y_i alpha_i`` in ``[0, 1]``;
+        - hinge/logistic: the change bound ``|alpha_i - last_i| <= nu R + tol`` (``R`` its own dual
+          steps since its last accepted ``alpha``, never the server's round number);
+        - squared: the dual ascent bound ``|alpha_i - y_i| <= sqrt(N) + tol``;
+
+        (``tol``: :meth:`tolerance`): intervals holding ``last_i``, so a clip onto their
+        intersection, the projection onto the dual feasible set (as SDCA's closed-form steps keep
+        the dual in its domain: Shalev-Shwartz & Zhang 2013, the per-loss coordinate updates, e.g.
+        hinge ``y_i alpha_i`` clipped to ``[0, 1]``). An honest ``alpha`` lies in it up to the
+        encoding error: an honest run is unchanged. It projects rather than refuses: the bounds
+        depend on its labels, so a refusal would tell the server a label (module docstring).
+
+        Hinge, ``nu <= 1``, encrypted: a ``y_i alpha_i`` within :meth:`encoding_error` of a bound
+        is set to it, where the exact sum lies (a dual a noise away would make each later step on
+        it a tiny change, each paying segment mode's ``O(b)`` batch update).
 
         Raises:
-            PayloadError: the ``alpha`` fails a check (the client keeps its last copy and returns no share).
+            PayloadError: not one ciphertext of its length per segment, or non-finite values
+                (checks of the message alone, never of the labels; the last copy is kept).
         """
         vals = self._decrypt_checked(msg, key)
         new = self.alpha.copy()
@@ -266,23 +283,16 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         band = self.encoding_error(own_round)
         tol = 1e-6 + band  # :meth:`tolerance`, with the encoding error computed once
         if loss == "squared":
-            if np.any(np.abs(new - self.y) > math.sqrt(float(prm["N"])) + tol):
-                raise PayloadError(msg, key, "outside the squared loss's dual ascent bound |alpha_i - y_i| <= sqrt(N)")
+            radius = math.sqrt(float(prm["N"])) + tol
+            new = np.clip(new, self.y - radius, self.y + radius)
         else:
-            b = self.y * new
-            if nu <= 1.0 and (np.any(b < -tol) or np.any(b > 1.0 + tol)):
-                raise PayloadError(msg, key, f"outside the {loss} loss's dual domain (y_i alpha_i in [0, 1])")
-            rounds = self.protocol.rounds_for_alpha()  # its own dual steps since, never msg.round
-            if np.any(np.abs(new - self.alpha) > nu * rounds + tol):
-                raise PayloadError(
-                    msg,
-                    key,
-                    f"changing alpha by more than nu per round since round {int(self.alpha_round)} "
-                    f"({rounds} of its own dual steps since)",
-                )
-            if loss == "hinge" and nu <= 1.0 and band.any():  # onto the box's bounds (docstring)
-                b = np.where(b <= band, 0.0, np.where(b >= 1.0 - band, 1.0, b))
-                new = self.y * b
+            if nu <= 1.0:
+                b = self.y * new
+                if loss == "hinge" and band.any():  # onto the box's bounds (docstring)
+                    b = np.where(b <= band, 0.0, np.where(b >= 1.0 - band, 1.0, b))
+                new = self.y * np.clip(b, 0.0, 1.0)
+            reach = nu * self.protocol.rounds_for_alpha() + tol  # its own dual steps since, never msg.round
+            new = np.clip(new, self.alpha - reach, self.alpha + reach)
         self.alpha = new
         self.alpha_round = own_round
         self.protocol.alpha_accepted()
@@ -299,9 +309,9 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             ProtocolError: an unknown message kind, a round message before ``hyfdca.init``, a
                 message out of place (order, round number, a request answered already), or any
                 message after the client stopped.
-            PayloadError: a malformed server message, or (consensus and segment modes) an
-                ``alpha`` the protocol cannot have produced; block mode: any ``alpha`` at all
-                (module docstring, "Threat model"). Nothing is computed or returned then.
+            PayloadError: a malformed server message (an ``alpha`` outside the protocol's bounds
+                is projected, not refused: :meth:`accept_alpha`); block mode: any ``alpha`` at all.
+                Nothing is computed or returned then.
         """
         steps = self._steps()
         try:
@@ -376,7 +386,8 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         return {"norms": norms, **seg}
 
     def _on_norms(self, msg: Message) -> dict[str, Any]:
-        """``hyfdca.norms``: the full squared norms ``q`` (and, segment mode, the Gram matrices)."""
+        """``hyfdca.norms``: the full squared norms ``q``, projected onto ``q >= 0`` (as the Gram
+        diagonals: :func:`~.segment_client._symmetric`), and, segment mode, the Gram matrices."""
         segment = self.params["dual_mode"] == "segment"
         keys = ("norms", "gram", "seg_keys") if self.params.get("seg_masked") else ("norms", "gram")
         validate.only_keys(msg, keys if segment else ("norms",))
@@ -384,7 +395,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         self._decrypt_segments(msg, "norms", q)
         if segment:
             self._store_gram(msg)
-        self.q = q
+        self.q = np.maximum(q, 0.0)
         return {}
 
     def _on_sweep(self, msg: Message) -> dict[str, Any]:
@@ -552,7 +563,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         """PrimalAggregation, client part (HyFDCA Alg. 4 lines 2-4): ``sum_i alpha_i x_{k,i,f} / c``,
         ``(d_k,)`` (plaintext: ``w`` is public, HyFDCA Sec. 3.1).
 
-        Consensus and segment modes first decrypt and check the new shared ``alpha``
+        Consensus and segment modes first decrypt, check and project the new shared ``alpha``
         (:meth:`accept_alpha`; at the end of a round, Alg. 1 lines 16-17, and in consensus mode
         also at the start of a round for a returning client, lines 6-7); block mode uses no
         server-sent ``alpha`` (only its own duals): it commits its pending cell duals if the
@@ -560,7 +571,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
 
         Raises:
             PayloadError: block mode: any key but ``commit`` (an ``alpha`` above all), or a
-                ``commit`` that is not a bool; the other modes: a missing or refused ``alpha``.
+                ``commit`` that is not a bool; the other modes: a missing or malformed ``alpha``.
         """
         p = msg.payload
         secure = ("tag", "peers", "acked") if self.params.get("secure_aggregation") else ()

@@ -49,12 +49,8 @@ tells the server at most one bit per run (whether the client stopped), whatever 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Mapping
-from typing import Any
-
 from hybridfl.algorithms.hyfdca import kinds
-from hybridfl.errors import ProtocolError
+from hybridfl.runtime.failclosed import FailClosed
 from hybridfl.runtime.messages import Message
 
 SETUP = (kinds.HELLO, kinds.PSI_SERVE, kinds.PSI_RESULT, kinds.PSI_TAGS, kinds.INIT, kinds.NORMS)
@@ -89,8 +85,9 @@ message kind without ``hyfdca.``; ``primal_ret``/``unmask_ret``: a returning cli
 PrimalAggregation before SecureInnerProduct, consensus mode)."""
 
 
-class ClientProtocol:
-    """One HyFDCA client's protocol state (module docstring).
+class ClientProtocol(FailClosed):
+    """One HyFDCA client's protocol state (module docstring; the stop:
+    :class:`~hybridfl.runtime.failclosed.FailClosed`).
 
     Args:
         client_id: the client's name (in the refusal sentences).
@@ -104,17 +101,16 @@ class ClientProtocol:
         steps: own counter: dual steps and segment passes since its last accepted ``alpha``.
     """
 
+    FIELDS = ("stopped", "setup", "round", "phase", "rounds", "steps")
+
     def __init__(self, client_id: str):
+        super().__init__(f"HyFDCA client {client_id!r}")
         self.client_id = client_id
-        self.stopped = ""
         self.setup = -1
         self.round = 0
         self.phase = ""
         self.rounds = 0
         self.steps = 0
-
-    def _refuse(self, msg: Message, why: str) -> ProtocolError:
-        return ProtocolError(f"HyFDCA client {self.client_id!r} refuses {msg.kind!r} of round {msg.round}: {why}.")
 
     def phase_of(self, msg: Message, mode: str) -> str:
         """The phase ``msg`` would take in the current round (``primal_ret``/``unmask_ret`` in
@@ -138,33 +134,29 @@ class ClientProtocol:
                 or ``msg`` is out of place (a setup message again or out of order, a round number
                 that goes back, a kind the protocol does not put here).
         """
-        if self.stopped:
-            raise ProtocolError(
-                f"HyFDCA client {self.client_id!r} has stopped taking part in this run after refusing {self.stopped}; "
-                f"it answers no further message."
-            )
+        self.check_running()
         rnd = int(msg.round)
         if msg.kind in SETUP:
             i = SETUP.index(msg.kind)
             if rnd != 0:
-                raise self._refuse(msg, "a setup message outside round 0")
+                raise self.refusal(msg, "a setup message outside round 0")
             if i <= self.setup:
-                raise self._refuse(msg, f"setup is past it (last {SETUP[self.setup]!r}): each setup step comes once")
+                raise self.refusal(msg, f"setup is past it (last {SETUP[self.setup]!r}): each setup step comes once")
             if (i == 0) != (self.setup < 0) or (msg.kind == kinds.NORMS and self.setup != SETUP.index(kinds.INIT)):
-                raise self._refuse(msg, "the setup steps come in the order hello, PSI, init, norms")
+                raise self.refusal(msg, "the setup steps come in the order hello, PSI, init, norms")
             return
         if self.setup != len(SETUP) - 1 or mode is None:
-            raise self._refuse(msg, "a round message before its setup ended (hyfdca.norms)")
+            raise self.refusal(msg, "a round message before its setup ended (hyfdca.norms)")
         if rnd < max(1, self.round):
-            raise self._refuse(msg, f"the round number goes back (it answered round {self.round} already)")
+            raise self.refusal(msg, f"the round number goes back (it answered round {self.round} already)")
         phase = self.phase_of(msg, mode)
         table = NEXT.get(mode, {})
         if phase not in table:
-            raise self._refuse(msg, f"not a message of dual_mode {mode!r}")
+            raise self.refusal(msg, f"not a message of dual_mode {mode!r}")
         allowed = START[mode] if rnd > self.round else table.get(self.phase, ())
         if phase not in allowed:
             where = "at the start of a round" if rnd > self.round else f"after {self.phase!r} in the same round"
-            raise self._refuse(msg, f"the protocol does not put it {where} (each request is answered once)")
+            raise self.refusal(msg, f"the protocol does not put it {where} (each request is answered once)")
 
     def commit(self, msg: Message, mode: str | None) -> None:
         """Record that ``msg`` (admitted by :meth:`admit`) was answered."""
@@ -191,23 +183,3 @@ class ClientProtocol:
     def alpha_accepted(self) -> None:
         """An ``alpha`` was accepted: the step counter starts again."""
         self.steps = 0
-
-    def stop(self, msg: Message, err: BaseException) -> None:
-        """Fail closed: after refusing ``msg`` (``err``) the client answers nothing more this run
-        (the first refusal is the one named)."""
-        if not self.stopped:
-            self.stopped = f"{msg.kind!r} of round {int(msg.round)} ({type(err).__name__})"
-
-    def get_state(self) -> dict[str, Any]:
-        """Codec values: ``protocol`` (JSON of the attributes)."""
-        keys = ("stopped", "setup", "round", "phase", "rounds", "steps")
-        return {"protocol": json.dumps({k: getattr(self, k) for k in keys})}
-
-    def set_state(self, state: Mapping[str, Any]) -> None:
-        """Restore :meth:`get_state` (nothing if ``protocol`` is missing)."""
-        if "protocol" not in state:
-            return
-        d = json.loads(str(state["protocol"]))
-        self.stopped = str(d["stopped"])
-        self.setup, self.round, self.rounds, self.steps = (int(d[k]) for k in ("setup", "round", "rounds", "steps"))
-        self.phase = str(d["phase"])

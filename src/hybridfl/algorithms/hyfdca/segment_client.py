@@ -250,13 +250,13 @@ class SegmentClientMixin:
 
     def segment_start(self, msg: Message) -> dict:
         """Segment mode, round start (``hyfdca.segstart``): take ``w`` ``(d_k,)`` (and fresh
-        ``alpha`` if returning, checked by ``accept_alpha``); for each active segment (every holder
+        ``alpha`` if returning, checked and projected by ``accept_alpha``); for each active segment (every holder
         present) set up this round's batch order and return ``{"ip": [enc(first batch's shares)]}``
         (masked: ``{"ip": uint64 words}``, the segments' shares one after another).
 
         Raises:
             PayloadError: a malformed payload (``w``, segments, counts, order, seed, sigma, a mask
-                ``tag`` missing or not fresh) or a refused ``alpha``.
+                ``tag`` missing or not fresh) or a malformed ``alpha``.
         """
         p = msg.payload
         validate.only_keys(msg, ("w", "segs", "count", "order", "seed", "sigma", "alpha", "tag"))
@@ -520,5 +520,10 @@ def _rmatvec(X: Any, d: np.ndarray) -> np.ndarray:
 
 
 def _symmetric(upper: np.ndarray, b: int) -> np.ndarray:
-    """The ``(b, b)`` symmetric matrix whose upper triangle (row by row) is ``upper``."""
-    return kernels.symmetric_from_upper(kernels.as_f64(upper), b)
+    """The ``(b, b)`` symmetric matrix whose upper triangle (row by row) is ``upper``, its diagonal
+    (squared norms) projected onto ``>= 0``: a crafted negative one gives a step a negative
+    curvature, whose logistic Newton iteration can fail on one label's dual only (a refusal that
+    would tell the server a label); an honest one is ``>= 0`` up to the encoding noise."""
+    g = kernels.symmetric_from_upper(kernels.as_f64(upper), b)
+    np.fill_diagonal(g, np.maximum(np.diagonal(g), 0.0))
+    return g

@@ -35,6 +35,7 @@ from hybridfl.data.dataset import HybridDataset
 from hybridfl.models.device import resolve_device
 from hybridfl.models.hybrid import ExtractorFactory, HybridModel, default_extractor
 from hybridfl.privacy.roster import PeerAuth
+from hybridfl.runtime.failclosed import FailClosed
 from hybridfl.runtime.handlers import Handler, dispatch
 from hybridfl.runtime.messages import Message, pack_arrays, unpack_arrays
 from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys
@@ -75,6 +76,7 @@ class HyFEMClient(SecureExtractorsClientMixin):
     ):
         self.client_id = client_id
         self.peer_auth = peer_auth
+        self.protocol = FailClosed(f"HyFEM client {client_id!r}")  # fail closed: a refusal stops it for the run
         self.data = data
         self.blocks = tuple(data.block_names)
         self.n_classes = n_classes
@@ -96,10 +98,20 @@ class HyFEMClient(SecureExtractorsClientMixin):
         """Answer one message from the server with the step its kind names (:mod:`.kinds`:
         ``hyfem.properties``, ``hyfem.fit``, ``hyfem.keys``, ``hyfem.unmask``).
 
+        Any refusal stops the client for the run (fail closed,
+        :class:`~hybridfl.runtime.failclosed.FailClosed`): every later message is refused with one
+        sentence naming the first.
+
         Raises:
-            ProtocolError: any other message kind (one sentence naming it), or what the step raises.
+            ProtocolError: any other message kind (one sentence naming it), any message after a
+                refusal, or what the step raises.
         """
-        return dispatch(self.handlers(), msg, f"HyFEM client {self.client_id!r}")
+        return self.protocol.answer(msg, lambda: dispatch(self.handlers(), msg, f"HyFEM client {self.client_id!r}"))
+
+    def failed_state(self) -> dict[str, np.ndarray]:
+        """The state entries to keep after a refused message (the fail-closed stop; Flower's node
+        saves them although the message failed: :func:`hybridfl.runtime.flower.node.client_step`)."""
+        return self.protocol.array_state()
 
     def handlers(self) -> dict[str, Handler]:
         """Message kind (:mod:`.kinds`) -> the step that answers it."""
@@ -126,13 +138,11 @@ class HyFEMClient(SecureExtractorsClientMixin):
     def get_state(self) -> dict[str, np.ndarray]:
         """What must survive between two messages when the client object is rebuilt for each one
         (Flower starts a new ClientApp process per message): the mini-batch generator state
-        ``(5056,)`` uint8. Model weights need not be kept: every ``hyfem.fit`` message carries them.
+        ``(5056,)`` uint8, the secure-aggregation state and the fail-closed stop (``protocol``).
+        Model weights need not be kept: every ``hyfem.fit`` message carries them.
         """
-        return {
-            "trainer.gen": self.trainer.gen.get_state().numpy().copy(),
-            **self.secagg.get_state(),
-            "sa_run": self.sa_run,
-        }
+        gen = self.trainer.gen.get_state().numpy().copy()
+        return {"trainer.gen": gen, **self.secagg.get_state(), "sa_run": self.sa_run, **self.protocol.array_state()}
 
     def set_state(self, state: Mapping[str, np.ndarray]) -> None:
         """Restore what :meth:`get_state` returned (a freshly built client continues exactly); an
@@ -142,6 +152,7 @@ class HyFEMClient(SecureExtractorsClientMixin):
         self.secagg.set_state(state)
         if "sa_run" in state:
             self.sa_run = bytes(state["sa_run"])
+        self.protocol.set_array_state(state)
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         """Payload key -> shape of every model array a ``hyfem.fit`` message must carry: the

@@ -189,7 +189,7 @@ def client_step(
             warm.forget()  # until handle and get_state have succeeded: the object may be half-updated
         try:
             if msg.kind == MODEL_PART:  # after training: this organisation's part of the model
-                reply = part_step(msg, cd, client, decode(setup_raw).payload)
+                reply = part_step(msg, cd, client, decode(setup_raw).payload, warm.tasks if warm is not None else None)
             else:
                 reply = client.handle(msg)
         except Exception:

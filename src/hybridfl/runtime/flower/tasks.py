@@ -21,6 +21,9 @@ routes ``model.part`` and ``predict.*`` messages here):
   predictions to node config ``predict-out`` (default ``<data-dir>/predictions/<session>.csv``)
   and replies counts. At most :data:`MAX_REQUESTS` requests per run.
 
+A long-lived node fails closed per run: after it refuses any ``predict.*`` or ``model.part``
+message it refuses every later task message of the run (:class:`NodeTasks`).
+
 Server side: :func:`deliver_parts`, :func:`evaluate` (after training) and :func:`predict` (a run
 with run config ``task='predict'``).
 """
@@ -31,6 +34,7 @@ import json
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +52,14 @@ log = logging.getLogger("hybridfl.flower")
 
 class NodeTasks:
     """What a node keeps of the after-training tasks of one run (in its
-    :class:`~hybridfl.runtime.flower.node.WarmClient`)."""
+    :class:`~hybridfl.runtime.flower.node.WarmClient`).
+
+    Fail closed per run (against a hostile server, as the clients' training protocols,
+    :mod:`hybridfl.runtime.failclosed`): once the node refuses a ``predict.*`` or ``model.part``
+    message, it refuses every later task message of the run with one sentence naming the first
+    refusal (``stopped``), so a refusal is at most one bit per run; only a new run
+    (:meth:`reset`, on a new setup) clears it.
+    """
 
     def __init__(self) -> None:
         self.org: Any = None
@@ -57,10 +68,29 @@ class NodeTasks:
         self.id_name = "id"
         self.head: Any = None
         self.node_config: dict = {}
+        self.stopped = ""
 
     def reset(self) -> None:
-        """Forget the requests of an earlier run (the node config stays)."""
-        self.org, self.requests, self.task, self.head = None, 0, "", None
+        """Forget the requests and the stop of an earlier run (the node config stays)."""
+        self.org, self.requests, self.task, self.head, self.stopped = None, 0, "", None, ""
+
+    def answer(self, who: str, msg: Message, step: Callable[[], Message]) -> Message:
+        """``step()``'s reply to the task message ``msg`` under the run-level stop (class docstring).
+
+        Raises:
+            ProtocolError: the node refused a task message of this run before; or whatever
+                ``step`` raises (which stops the tasks for the run).
+        """
+        if self.stopped:
+            raise ProtocolError(
+                f"client {who!r} has stopped the after-training tasks of this run after refusing {self.stopped}; "
+                "it answers no further task message."
+            )
+        try:
+            return step()
+        except Exception as e:
+            self.org, self.stopped = None, f"{msg.kind!r} ({type(e).__name__})"
+            raise
 
 
 def is_task(kind: str) -> bool:
@@ -96,14 +126,18 @@ def _same_encoding(a: Any, b: Any) -> bool:
     return all(np.allclose(sa[k][0], sb[k][0], rtol=1e-12) and np.allclose(sa[k][1], sb[k][1], rtol=1e-12) for k in sa)
 
 
-def part_step(msg: Message, cd: Any, client: Any, setup: dict) -> Message:
+def part_step(msg: Message, cd: Any, client: Any, setup: dict, tasks: NodeTasks | None = None) -> Message:
     """Answer ``model.part`` (module docs): write this organisation's part to ``<data-dir>/model/``
-    as a whole (a failed check leaves an earlier part untouched).
+    as a whole (a failed check leaves an earlier part untouched). With ``tasks`` (a long-lived
+    node) under its run-level stop (:meth:`NodeTasks.answer`).
 
     Raises:
-        ProtocolError: files that are not this organisation's part (one sentence).
+        ProtocolError: files that are not this organisation's part (one sentence), or the node's
+            tasks stopped for the run.
         HybridFLError: no client directory, or no copy of the encoding.
     """
+    if tasks is not None:
+        return tasks.answer(cd.client_id, msg, lambda: part_step(msg, cd, client, setup))
     from hybridfl.algorithms.spec import deployable
     from hybridfl.experiment import MODEL_DIR
     from hybridfl.files import atomic_write
@@ -187,21 +221,29 @@ def _rows(cd: Any, task: str, tasks: NodeTasks, loaded: Any) -> tuple[Any, dict,
 def predict_step(msg: Message, cd: Any, setup: dict, warm: Any) -> Message:
     """Answer one ``predict.*`` message (module docs) as organisation ``cd.client_id``.
 
+    Any refusal stops the node's tasks for the run (:meth:`NodeTasks.answer`).
+
     Raises:
-        ProtocolError: a message outside a request, a bad task or receiver, too many requests, or
-            the request's own refusals (:meth:`~hybridfl.inference.federated.PredictOrg.handle`).
+        ProtocolError: a message outside a request, a bad task or receiver, too many requests,
+            the request's own refusals (:meth:`~hybridfl.inference.federated.PredictOrg.handle`),
+            or any task message after a refusal in the run.
         HybridFLError: a process that cannot keep a request (no warm client), or a bad table.
     """
-    from hybridfl.experiment import MODEL_DIR
-    from hybridfl.inference.federated import PredictOrg, held_part
-    from hybridfl.inference.parts import load_org_part
-
     if warm is None:
         raise HybridFLError(
             "federated prediction over Flower needs a SuperNode that keeps the organisation in memory between "
             "messages (the inline or warm executor, the default of deploy-local)."
         )
     t: NodeTasks = warm.tasks
+    return t.answer(cd.client_id, msg, lambda: _predict(msg, cd, setup, t))
+
+
+def _predict(msg: Message, cd: Any, setup: dict, t: NodeTasks) -> Message:
+    """:func:`predict_step` inside the run-level stop."""
+    from hybridfl.experiment import MODEL_DIR
+    from hybridfl.inference.federated import PredictOrg, held_part
+    from hybridfl.inference.parts import load_org_part
+
     if msg.kind != "predict.hello":
         if t.org is None:
             raise ProtocolError(f"client {cd.client_id!r} got {msg.kind!r} outside a prediction request.")
