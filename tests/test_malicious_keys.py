@@ -324,10 +324,13 @@ def test_hyfem_minority_peer_set_and_self_unmask_are_refused(digits_split):
     cid, victim = ids[0], fed.clients[ids[0]]
     honest = fed.server.fit_message(cid, 1, ids)
     minority = Message(honest.kind, SERVER, cid, 1, {**honest.payload, "peers": [ids[1]]})
+    saved = victim.get_state()  # each refusal stops the client (fail closed): restored to play the next
     with pytest.raises(PayloadError, match="at least 3 clients of its roster, not 2"):
         victim.handle(decode(encode(minority)))
+    victim.set_state(saved)
     victim.handle(decode(encode(honest)))
     peers = list(honest.payload["peers"])
+    saved = victim.get_state()
     for dropped, why in (
         (peers, "at least 3 of the 4 clients of the exchange survive, not 1"),
         ([cid], "exactly the other"),
@@ -335,6 +338,7 @@ def test_hyfem_minority_peer_set_and_self_unmask_are_refused(digits_split):
         ask = {"tag": 1, "dropped": dropped, "survivors": [], "shares": []}
         with pytest.raises(PayloadError, match=why):
             victim.handle(decode(encode(Message("hyfem.unmask", SERVER, cid, 1, ask))))
+        victim.set_state(saved)
 
 
 def test_a_message_not_from_the_server_is_refused(tiny, digits_split):
