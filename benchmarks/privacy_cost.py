@@ -301,6 +301,7 @@ def measure(split, part, cfg: HyFDCAConfig, seed: int = 0) -> dict:
     """CPU seconds per round (median), bytes per round and of the primal shares, unmask messages
     and the final ``w`` of one HyFDCA run of ``cfg`` on ``part`` with ``seed``."""
     fed = build_federation("hyfdca", split, part, cfg, seed=seed)
+    _sign(fed.clients)
     fed.setup()
     secs = []
     for rnd in range(1, cfg.rounds + 1):  # single-threaded, so CPU time is the round's compute time
@@ -320,6 +321,19 @@ def measure(split, part, cfg: HyFDCAConfig, seed: int = 0) -> dict:
         "failures": len(fed.transport.failures),
         "w": fed.server.w.copy(),
     }
+
+
+def _sign(clients: dict) -> None:
+    """Every client signs its keys with a credential of an in-memory roster (``peer_auth``), as
+    clients of an assembled federation do; code without signed keys (``--code before``) has no
+    roster module and the clients stay as they are."""
+    try:
+        from hybridfl.privacy.roster import in_memory_auths
+    except ImportError:
+        return
+    if all(hasattr(c, "peer_auth") for c in clients.values()):
+        for cid, auth in in_memory_auths(sorted(clients)).items():
+            clients[cid].peer_auth = auth
 
 
 def mask_seconds(dim: int, peers: int, reps: int = 200) -> float:
@@ -458,7 +472,8 @@ def main_secagg() -> None:
             "does not depend on the scheme); the same seed and failures in both runs, one process. Round times are "
             "CPU seconds of the whole simulated round (server and all 9 clients in sequence, one thread), so the "
             "machine's load does not enter them. `code`: which code was measured (`before`: single masks at the "
-            "`src_commit` named; run as `PYTHONPATH=<that checkout>/src`), rows of other runs kept.",
+            "`src_commit` named, run as `PYTHONPATH=<that checkout>/src`; `now`: double masking, every client "
+            "signing its keys against an in-memory roster), rows of other runs kept.",
             "Client-side masking per exchange (fixed point + ChaCha20 pair masks), median of 200 (last run): "
             + ", ".join(f"{k}: {v * 1e3:.3f} ms" for k, v in micro.items())
             + ".",
@@ -475,6 +490,7 @@ def hyfem_measure(prep, algo, rounds: int) -> dict:
     """CPU seconds per round (median), bytes per round and the unmasking messages of one HyFEM run
     (single-threaded: CPU time is the round's compute)."""
     fed = build_federation("hyfem", prep.split, prep.partition, algo, seed=0)
+    _sign(fed.clients)
     fed.setup()
     secs = []
     for rnd in range(1, rounds + 1):
@@ -549,7 +565,8 @@ def main_secagg_hyfem() -> None:
             "Q local steps (few, so that the secure aggregation's share of a round shows), no evaluation or "
             "baselines; the same seed in both runs, one process, one thread: CPU seconds of the whole simulated "
             "round (server and every client in sequence). `code`: which code was measured (`before`: single "
-            "masks at the `src_commit` named, run as `PYTHONPATH=<that checkout>/src`)."
+            "masks at the `src_commit` named, run as `PYTHONPATH=<that checkout>/src`; `now`: double masking, "
+            "every client signing its keys against an in-memory roster)."
         ],
         out=OUT,
     )
