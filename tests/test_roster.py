@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from hybridfl.algorithms.fedbcd import FedBCDConfig
 from hybridfl.algorithms.fedbcd.spec import build_client as fedbcd_client
@@ -69,3 +70,35 @@ def test_export_writes_the_roster_and_clients_built_from_it_sign(tmp_path):
     assert fedbcd_client(cds[1], FedBCDConfig(model="linear"), 0, layout).peer_auth.roster.labels == ("a",)
     (dirs[0] / ROSTER_FILE).unlink()  # no roster: nothing signed (as before rosters existed)
     assert hyfdca_client(load_client_dir(dirs[0]), cfg, 0).peer_auth is None
+
+
+def test_a_client_with_a_roster_refuses_a_threshold_below_its_majority(tmp_path):
+    """The secure-aggregation threshold is the client's own (against a malicious server that would
+    lower it to 2 and then name one peer): with a roster of ``m`` clients a config threshold below
+    ``majority(m)`` is refused in one sentence when the client is built (before any message); 0 (a
+    majority) and larger ones are taken; without a roster (a client made in memory) it is as given."""
+    from hybridfl.algorithms.hyfdca.spec import build_client as hyfdca_client
+    from hybridfl.errors import EncryptionPolicyError
+    from hybridfl.privacy.roster import in_memory_auths
+    from hybridfl.privacy.secagg import own_threshold
+
+    auths = in_memory_auths([f"c{i}" for i in range(5)])  # majority of 5: 3
+    assert [own_threshold(t, "c0", auths["c0"]) for t in (0, 3, 5)] == [0, 3, 5]
+    assert own_threshold(2, "c0", None) == 2
+    with pytest.raises(
+        EncryptionPolicyError,
+        match=r"refuses a secure-aggregation threshold of 2: .* majority of its roster's 5 clients \(3\)",
+    ):
+        own_threshold(2, "c0", auths["c0"])
+    rng = np.random.default_rng(0)
+    ids = _ids("tr", range(12))
+    y = rng.integers(0, 2, 12)
+    blocks = {f"b{j}": rng.normal(size=(12, 2)) for j in range(5)}
+    test = HybridDataset("t", _ids("test", range(2)), y[:2], {k: v[:2] for k, v in blocks.items()}, ["n", "p"])
+    split = DatasetSplit(HybridDataset("t", ids, y, blocks, ["n", "p"]), test)
+    part = Partition([ClientShard(f"c{j}", ids, (f"b{j}",)) for j in range(5)])
+    dirs = export_clients(split, part, tmp_path / "x")
+    cd = load_client_dir(dirs[0])
+    with pytest.raises(EncryptionPolicyError, match="refuses a secure-aggregation threshold of 2"):
+        hyfdca_client(cd, HyFDCAConfig(positive_classes=[1], encryption="none", secagg_threshold=2), 0)
+    assert hyfdca_client(cd, HyFDCAConfig(positive_classes=[1], encryption="none"), 0).secagg_threshold == 0

@@ -127,6 +127,27 @@ def majority(m: int) -> int:
     return max(2, int(m) // 2 + 1)
 
 
+def own_threshold(threshold: int, client_id: str, peer_auth: object = None) -> int:
+    """The threshold a client takes from a run config (the server's): as given without a roster (a
+    client made in memory); with its own roster of ``m`` clients, ``0`` (a majority) or at least
+    ``majority(m)``: a server cannot lower a client's threshold below the default (a client's
+    privacy settings are its own; Bonawitz et al. 2017 Sec. 4 take ``t > n / 2``).
+
+    Raises:
+        EncryptionPolicyError: a threshold below its roster's majority (one sentence).
+    """
+    t = int(threshold)
+    roster = getattr(getattr(peer_auth, "roster", None), "keys", None)
+    if roster is None or t <= 0 or t >= majority(len(roster)):
+        return t
+    from hybridfl.errors import EncryptionPolicyError
+
+    raise EncryptionPolicyError(
+        f"client {client_id!r} refuses a secure-aggregation threshold of {t}: its own minimum is a majority of "
+        f"its roster's {len(roster)} clients ({majority(len(roster))}); the server cannot lower it."
+    )
+
+
 def mask_quorum(threshold: int, roster: int, cap: int | None = None) -> int:
     """The fewest clients (itself included) of an exchange a client masks in: ``threshold``
     (``0``, the default: :func:`majority` of the exchange's honest size, ``min(roster, cap)``), but

@@ -57,6 +57,7 @@ from hybridfl.inference.modeldir import ModelParts
 from hybridfl.privacy.he import CKKSBackend, HEBackend, KeyDealer, PlainBackend, check_key_size, server_backend
 from hybridfl.privacy.keys import backend_from_secret
 from hybridfl.privacy.roster import peer_auth_of
+from hybridfl.privacy.secagg import own_threshold
 
 SECRET = "he_secret"
 """The name of the clients' shared key pair in ``ClientData.secrets`` (and in checkpoints)."""
@@ -141,7 +142,8 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
             unreadable ``roster.json`` or credential key.
         ConfigError: a roster that does not list this client with its own credential key.
         EncryptionPolicyError: it holds a key pair and the run asks for no or another encryption;
-            its key is below the minimum size.
+            its key is below the minimum size; with a roster, a secure-aggregation threshold below
+            its roster's majority (:func:`~hybridfl.privacy.secagg.own_threshold`).
     """
     if cfg.fit_intercept:
         cd = client_with_intercept(cd)
@@ -149,6 +151,7 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
     he = _backend(cd, cfg)[0]
     if isinstance(he, CKKSBackend):  # SEAL's symmetric encryption: the same ciphertexts, less CPU
         he = he.with_secret_key_encryption()
+    auth = peer_auth_of(cd.client_id, cd.path)  # a roster in its directory: signed PSI keys and blobs
     return HyFDCAClient(
         cd.client_id,
         cd.data,
@@ -156,8 +159,8 @@ def build_client(cd: ClientData, cfg: HyFDCAConfig, seed: int, layout: list | No
         he,
         client_seed(seed, cd.index),
         require_secagg=SECRET in cd.secrets,
-        secagg_threshold=cfg.secagg_threshold,
-        peer_auth=peer_auth_of(cd.client_id, cd.path),  # a roster in its directory: signed PSI keys and blobs
+        secagg_threshold=own_threshold(cfg.secagg_threshold, cd.client_id, auth),
+        peer_auth=auth,
     )
 
 

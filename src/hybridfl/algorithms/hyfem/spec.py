@@ -60,6 +60,7 @@ from hybridfl.matching.classifier import uncovered_share
 from hybridfl.models.device import resolve_device
 from hybridfl.models.hybrid import EVAL_BATCH, ExtractorFactory, default_extractor
 from hybridfl.privacy.roster import peer_auth_of
+from hybridfl.privacy.secagg import own_threshold
 
 _ACC = "client_accuracy["
 
@@ -107,10 +108,16 @@ def build_client(
 
     Raises:
         PartitionError: the client holds no labels.
+        EncryptionPolicyError: with a roster, a secure-aggregation threshold below its roster's
+            majority (:func:`~hybridfl.privacy.secagg.own_threshold`).
     """
     cd = client_data
     if not cd.has_labels:
         raise _no_labels(cd.client_id)
+    auth = peer_auth_of(cd.client_id, cd.path)  # a roster in its directory: signed secure-aggregation keys
+    if cfg.secure_aggregation:  # its own threshold: the server cannot lower it below the roster's majority
+        own = own_threshold(cfg.secagg_threshold, cd.client_id, auth)
+        cfg = cfg if own == cfg.secagg_threshold else cfg.model_copy(update={"secagg_threshold": own})
     return HyFEMClient(
         cd.client_id,
         cd.data,
@@ -119,7 +126,7 @@ def build_client(
         cfg,
         client_seed(seed, cd.index),
         _factory(cfg, extractor_factory),
-        peer_auth=peer_auth_of(cd.client_id, cd.path),  # a roster in its directory: signed secure-aggregation keys
+        peer_auth=auth,
     )
 
 
