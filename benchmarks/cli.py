@@ -14,11 +14,14 @@ every round, evaluation, checkpoints and the result files), with ``R`` the confi
 fewer (``--max-rounds``), and records: the whole wall time, the rounds run, the per-round wall
 time after the first round, the checkpoint seconds and their share of the run (from
 ``results.json``), and the full-length time extrapolated from those: ``wall(R) + (rounds -
-R) x per-round``. The machine's load average is recorded at the start and the end of every run
-(two cores, shared with other jobs: a loaded machine runs slower).
+R) x per-round``, the process's CPU seconds (user and system, from ``getrusage`` of the child) and
+the headline numbers of its ``results.json`` (:data:`RESULT_KEYS`: what the config's header
+promises, e.g. HyFDCA's relative suboptimality and duality gap, FedBCD's rounds to the target
+AUC). The machine's load average is recorded at the start and the end of every run (two cores,
+shared with other jobs: a loaded machine runs slower in wall time; the CPU seconds much less).
 
-    nice -n 5 .venv/bin/python -m benchmarks.cli examples          # full length; HyFDCA capped at 20 rounds
-    nice -n 5 .venv/bin/python -m benchmarks.cli examples --only hyfdca_credit_default --cap hyfdca=0
+    nice -n 5 .venv/bin/python -m benchmarks.cli examples          # every example, full length
+    nice -n 5 .venv/bin/python -m benchmarks.cli examples --only hyfdca_mnist --cap hyfdca=20
 
 Writes ``benchmarks/results/examples_cli.json`` and ``.md`` (merged with earlier rows by config).
 
@@ -43,6 +46,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import statistics
 import subprocess
 import sys
@@ -61,6 +65,28 @@ OUT = ROOT / "benchmarks" / "results"
 EXAMPLES = ROOT / "examples" / "configs"
 
 
+RESULT_KEYS = (
+    "relative_suboptimality",
+    "duality_gap",
+    "relative_duality_gap",
+    "model_gap",
+    "accuracy",
+    "auc",
+    "best_auc",
+    "rounds_to_target",
+    "train_seconds",
+)
+"""The headline numbers of a run's ``results.json`` kept in a row (those it has)."""
+
+
+def _commit() -> str:
+    """The checkout's commit (short hash), with ``+`` when src/ or examples/ have uncommitted changes."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "src", "examples"], capture_output=True, text=True).stdout
+    return head + ("+" if dirty.strip() else "")
+
+
 def run_one(config: Path, max_rounds: int, timeout: float) -> dict:
     """One CLI run of ``config`` (at most ``max_rounds`` rounds; 0: all); its times and shares."""
     rounds = int(yaml.safe_load(config.read_text())["algorithm"].get("rounds", 1))
@@ -70,9 +96,10 @@ def run_one(config: Path, max_rounds: int, timeout: float) -> dict:
         out = Path(tmp) / "run"
         cmd = [hybridfl, "run", "--config", str(config), "--out", str(out), "--rounds", str(run_rounds), "-q"]
         load0 = os.getloadavg()[0]
-        t0 = time.perf_counter()
+        t0, ru0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         wall = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         load1 = os.getloadavg()[0]
         if p.returncode != 0:
             lines = [ln for ln in (p.stderr or p.stdout).splitlines() if ln.strip()]
@@ -95,6 +122,8 @@ def run_one(config: Path, max_rounds: int, timeout: float) -> dict:
         "config_rounds": rounds,
         "rounds_run": done,
         "wall_seconds": wall,
+        "cpu_seconds": {"user": ru1.ru_utime - ru0.ru_utime, "system": ru1.ru_stime - ru0.ru_stime},
+        "result": {k: res[k] for k in RESULT_KEYS if isinstance(res.get(k), (int, float))},
         "round_seconds_median": per,
         "checkpoint_seconds": res.get("checkpoint_seconds"),
         "checkpoint_writes": res.get("checkpoint_writes"),
@@ -102,11 +131,18 @@ def run_one(config: Path, max_rounds: int, timeout: float) -> dict:
         "extrapolated_full_seconds": wall + max(rounds - done, 0) * per,
         "load_start": load0,
         "load_end": load1,
+        "commit": _commit(),
     }
 
 
 def _fmt_time(s: float) -> str:
     return f"{s:.0f} s" if s < 120 else f"{s / 60:.1f} min"
+
+
+def _fmt_result(res: dict) -> str:
+    """A row's headline numbers, ``key value`` joined by commas (``-`` when none)."""
+    parts = [f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in res.items() if k != "train_seconds"]
+    return ", ".join(parts) or "-"
 
 
 def write(rows: list[dict]) -> None:
@@ -123,23 +159,26 @@ def write(rows: list[dict]) -> None:
         "`hybridfl run --config examples/configs/NAME.yaml --out DIR --rounds R -q` in a fresh process; "
         "`R` = the config's rounds or the cap given; the full length is extrapolated from the run "
         "(`wall + (rounds - R) x median round`). Two cores shared with other jobs: see the load.",
-        "Command: `nice -n 5 .venv/bin/python -m benchmarks.cli examples` (HyFDCA capped at 20 rounds, the others full length; for capped runs the HyFDCA example has no baselines, so the extrapolation holds).",
+        "Command: `nice -n 5 .venv/bin/python -m benchmarks.cli examples` (every config full length; "
+        "CPU s = the `hybridfl` process's user + system seconds; result = the headline numbers of its results.json).",
         "",
-        "| config | rounds run / config | wall s | median round s | checkpoint s (writes) | checkpoint share | full length (extrapolated) | load start-end |",
-        "|---|---|---:|---:|---|---:|---:|---|",
+        "| config | rounds run / config | wall s | CPU s (user + system) | median round s | checkpoint s (writes) | checkpoint share | full length (extrapolated) | load start-end | result |",
+        "|---|---|---:|---:|---:|---|---:|---:|---|---|",
     ]
     for r in merged:
         if "error" in r:
-            lines.append(f"| {r['config']} | failed: {r['error']} | | | | | | |")
+            lines.append(f"| {r['config']} | failed: {r['error']} | | | | | | | | |")
             continue
         ck = r["checkpoint_seconds"]
         share = r["checkpoint_share"]
+        cpu = r.get("cpu_seconds")
         lines.append(
             f"| {r['config']} | {r['rounds_run']} / {r['config_rounds']} | {r['wall_seconds']:.1f} | "
-            f"{r['round_seconds_median']:.3f} | "
+            + (f"{cpu['user'] + cpu['system']:.0f} ({cpu['user']:.0f} + {cpu['system']:.0f})" if cpu else "-")
+            + f" | {r['round_seconds_median']:.3f} | "
             + (f"{ck:.2f} ({r['checkpoint_writes']})" if ck is not None else "-")
             + f" | {'-' if share is None else f'{100 * share:.1f} %'} | {_fmt_time(r['extrapolated_full_seconds'])} | "
-            f"{r['load_start']:.1f}-{r['load_end']:.1f} |"
+            f"{r['load_start']:.1f}-{r['load_end']:.1f} | {_fmt_result(r.get('result') or {})} |"
         )
     (OUT / "examples_cli.md").write_text("\n".join(lines) + "\n")
 
@@ -151,7 +190,7 @@ def main_examples() -> None:
     ap.add_argument(
         "--cap",
         nargs="*",
-        default=["hyfdca=20"],
+        default=[],
         help="PREFIX=R: cap configs whose name starts with PREFIX at R rounds",
     )
     ap.add_argument("--only", nargs="*", default=None, help="config names without .yaml")
