@@ -71,6 +71,10 @@ RESULT_KEYS = (
     "relative_duality_gap",
     "model_gap",
     "accuracy",
+    "server_accuracy",
+    "client_accuracy_mean",
+    "centralized_accuracy",
+    "standalone_accuracy_mean",
     "auc",
     "best_auc",
     "rounds_to_target",
@@ -162,12 +166,12 @@ def write(rows: list[dict]) -> None:
         "Command: `nice -n 5 .venv/bin/python -m benchmarks.cli examples` (every config full length; "
         "CPU s = the `hybridfl` process's user + system seconds; result = the headline numbers of its results.json).",
         "",
-        "| config | rounds run / config | wall s | CPU s (user + system) | median round s | checkpoint s (writes) | checkpoint share | full length (extrapolated) | load start-end | result |",
-        "|---|---|---:|---:|---:|---|---:|---:|---|---|",
+        "| config | rounds run / config | wall s | CPU s (user + system) | median round s | checkpoint s (writes) | checkpoint share | full length (extrapolated) | load start-end | result | commit |",
+        "|---|---|---:|---:|---:|---|---:|---:|---|---|---|",
     ]
     for r in merged:
         if "error" in r:
-            lines.append(f"| {r['config']} | failed: {r['error']} | | | | | | | | |")
+            lines.append(f"| {r['config']} | failed: {r['error']} | | | | | | | | | |")
             continue
         ck = r["checkpoint_seconds"]
         share = r["checkpoint_share"]
@@ -178,7 +182,7 @@ def write(rows: list[dict]) -> None:
             + f" | {r['round_seconds_median']:.3f} | "
             + (f"{ck:.2f} ({r['checkpoint_writes']})" if ck is not None else "-")
             + f" | {'-' if share is None else f'{100 * share:.1f} %'} | {_fmt_time(r['extrapolated_full_seconds'])} | "
-            f"{r['load_start']:.1f}-{r['load_end']:.1f} | {_fmt_result(r.get('result') or {})} |"
+            f"{r['load_start']:.1f}-{r['load_end']:.1f} | {_fmt_result(r.get('result') or {})} | {r.get('commit', '-')} |"
         )
     (OUT / "examples_cli.md").write_text("\n".join(lines) + "\n")
 
