@@ -132,7 +132,7 @@ def run_one(config: Path, max_rounds: int, timeout: float) -> dict:
         "checkpoint_seconds": res.get("checkpoint_seconds"),
         "checkpoint_writes": res.get("checkpoint_writes"),
         "checkpoint_share": share,
-        "extrapolated_full_seconds": wall + max(rounds - done, 0) * per,
+        "extrapolated_full_seconds": wall + (0 if res.get("stopped_early") else max(rounds - done, 0) * per),
         "load_start": load0,
         "load_end": load1,
         "commit": _commit(),
