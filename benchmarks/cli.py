@@ -14,11 +14,14 @@ every round, evaluation, checkpoints and the result files), with ``R`` the confi
 fewer (``--max-rounds``), and records: the whole wall time, the rounds run, the per-round wall
 time after the first round, the checkpoint seconds and their share of the run (from
 ``results.json``), and the full-length time extrapolated from those: ``wall(R) + (rounds -
-R) x per-round``. The machine's load average is recorded at the start and the end of every run
-(two cores, shared with other jobs: a loaded machine runs slower).
+R) x per-round``, the process's CPU seconds (user and system, from ``getrusage`` of the child) and
+the headline numbers of its ``results.json`` (:data:`RESULT_KEYS`: what the config's header
+promises, e.g. HyFDCA's relative suboptimality and duality gap, FedBCD's rounds to the target
+AUC). The machine's load average is recorded at the start and the end of every run (two cores,
+shared with other jobs: a loaded machine runs slower in wall time; the CPU seconds much less).
 
-    nice -n 5 .venv/bin/python -m benchmarks.cli examples          # full length; HyFDCA capped at 20 rounds
-    nice -n 5 .venv/bin/python -m benchmarks.cli examples --only hyfdca_credit_default --cap hyfdca=0
+    nice -n 5 .venv/bin/python -m benchmarks.cli examples          # every example, full length
+    nice -n 5 .venv/bin/python -m benchmarks.cli examples --only hyfdca_mnist --cap hyfdca=20
 
 Writes ``benchmarks/results/examples_cli.json`` and ``.md`` (merged with earlier rows by config).
 
@@ -42,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -60,6 +64,32 @@ OUT = ROOT / "benchmarks" / "results"
 EXAMPLES = ROOT / "examples" / "configs"
 
 
+RESULT_KEYS = (
+    "relative_suboptimality",
+    "duality_gap",
+    "relative_duality_gap",
+    "model_gap",
+    "accuracy",
+    "server_accuracy",
+    "client_accuracy_mean",
+    "centralized_accuracy",
+    "standalone_accuracy_mean",
+    "auc",
+    "best_auc",
+    "rounds_to_target",
+    "train_seconds",
+)
+"""The headline numbers of a run's ``results.json`` kept in a row (those it has)."""
+
+
+def _commit() -> str:
+    """The checkout's commit (short hash), with ``+`` when src/ or examples/ have uncommitted changes."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "src", "examples"], capture_output=True, text=True).stdout
+    return head + ("+" if dirty.strip() else "")
+
+
 def run_one(config: Path, max_rounds: int, timeout: float) -> dict:
     """One CLI run of ``config`` (at most ``max_rounds`` rounds; 0: all); its times and shares."""
     rounds = int(yaml.safe_load(config.read_text())["algorithm"].get("rounds", 1))
@@ -69,9 +99,10 @@ def run_one(config: Path, max_rounds: int, timeout: float) -> dict:
         out = Path(tmp) / "run"
         cmd = [hybridfl, "run", "--config", str(config), "--out", str(out), "--rounds", str(run_rounds), "-q"]
         load0 = os.getloadavg()[0]
-        t0 = time.perf_counter()
+        t0, ru0 = time.perf_counter(), resource.getrusage(resource.RUSAGE_CHILDREN)
         p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         wall = time.perf_counter() - t0
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         load1 = os.getloadavg()[0]
         if p.returncode != 0:
             lines = [ln for ln in (p.stderr or p.stdout).splitlines() if ln.strip()]
@@ -94,13 +125,16 @@ def run_one(config: Path, max_rounds: int, timeout: float) -> dict:
         "config_rounds": rounds,
         "rounds_run": done,
         "wall_seconds": wall,
+        "cpu_seconds": {"user": ru1.ru_utime - ru0.ru_utime, "system": ru1.ru_stime - ru0.ru_stime},
+        "result": {k: res[k] for k in RESULT_KEYS if isinstance(res.get(k), (int, float))},
         "round_seconds_median": per,
         "checkpoint_seconds": res.get("checkpoint_seconds"),
         "checkpoint_writes": res.get("checkpoint_writes"),
         "checkpoint_share": share,
-        "extrapolated_full_seconds": wall + max(rounds - done, 0) * per,
+        "extrapolated_full_seconds": wall + (0 if res.get("stopped_early") else max(rounds - done, 0) * per),
         "load_start": load0,
         "load_end": load1,
+        "commit": _commit(),
     }
 
 
@@ -109,6 +143,7 @@ EXAMPLE_COLUMNS = [
     ("rounds_run", "rounds run"),
     ("config_rounds", "config rounds"),
     ("wall_seconds", "wall s"),
+    ("cpu_s", "CPU s"),
     ("round_seconds_median", "median round s"),
     ("checkpoint_seconds", "checkpoint s"),
     ("checkpoint_writes", "checkpoint writes"),
@@ -116,9 +151,16 @@ EXAMPLE_COLUMNS = [
     ("extrapolated_full_seconds", "full length s (extrapolated)"),
     ("load_start", "load start"),
     ("load_end", "load end"),
+    ("result_text", "result"),
     ("commit", "commit"),
     "error",
 ]
+
+
+def _fmt_result(res: dict) -> str:
+    """A row's headline numbers, ``key value`` joined by commas (``-`` when none)."""
+    parts = [f"{k} {v:.3g}" if isinstance(v, float) else f"{k} {v}" for k, v in res.items() if k != "train_seconds"]
+    return ", ".join(parts) or "-"
 
 
 def write(rows: list[dict]) -> None:
@@ -128,6 +170,12 @@ def write(rows: list[dict]) -> None:
     old = json.loads(path.read_text())["rows"] if path.is_file() else []
     keep = {r["config"]: r for r in old}
     keep.update({r["config"]: {"commit": commit(), **r} for r in rows})
+    for r in keep.values():  # the table's cells of a row's nested measurements
+        cpu = r.get("cpu_seconds")
+        if isinstance(cpu, dict):
+            r["cpu_s"] = round(cpu["user"] + cpu["system"], 1)
+        if isinstance(r.get("result"), dict):
+            r["result_text"] = _fmt_result(r["result"])
     write_report(
         "examples_cli",
         [keep[k] for k in sorted(keep)],
@@ -140,7 +188,8 @@ def write(rows: list[dict]) -> None:
             "`R` = the config's rounds or the cap given (HyFDCA capped at 20 rounds by default, the others full "
             "length; a capped HyFDCA example has no baselines, so the extrapolation holds); the full length is "
             "extrapolated from the run (`wall + (rounds - R) x median round`). Two cores shared with other jobs: "
-            "see the load. Each row keeps the commit it was measured at."
+            "see the load. Each row keeps the commit it was measured at. CPU s: the `hybridfl` process's user + "
+            "system seconds; result: the headline numbers of its results.json (what the config's header promises)."
         ],
     )
 
@@ -152,7 +201,7 @@ def main_examples() -> None:
     ap.add_argument(
         "--cap",
         nargs="*",
-        default=["hyfdca=20"],
+        default=[],
         help="PREFIX=R: cap configs whose name starts with PREFIX at R rounds",
     )
     ap.add_argument("--only", nargs="*", default=None, help="config names without .yaml")

@@ -45,3 +45,16 @@ def test_a_missing_static_side_file_is_refused(tmp_path):
         side.unlink()
     with pytest.raises(HybridFLError, match="is unreadable"):
         load_checkpoint(ck)
+
+
+def test_a_long_runs_history_fits_a_checkpoint(tmp_path):
+    """A run's JSON state (its per-round history) of more values than a message header may hold
+    (``MAX_HEADER_ITEMS``: 650 HyFDCA rounds crossed it) is written and read back whole."""
+    from hybridfl.runtime.messages import MAX_HEADER_ITEMS
+
+    ck = tmp_path / "checkpoint.hfl"
+    meta = {"history": [{"round": r, "gap": r * 1e-3} for r in range(MAX_HEADER_ITEMS // 2 + 10)]}
+    save_checkpoint(ck, 7, {"server.w": np.ones(2)}, meta)
+    rnd, values, back = load_checkpoint(ck)
+    assert rnd == 7 and back == meta
+    np.testing.assert_array_equal(values["server.w"], np.ones(2))

@@ -246,3 +246,23 @@ def test_segment_server_receives_only_ciphertexts(credit_small):
     secrets_ = np.concatenate([inner[:20], G[np.triu_indices(G.shape[0], 1)][:20]]).astype("<f8")
     assert secrets_.size == 40
     assert not any(v.tobytes() in blob for v in secrets_)
+
+
+def test_setup_adds_each_segments_gram_shares_once(credit_small, monkeypatch):
+    """Setup, 3 x 3 grid: the server adds the holders' Gram vectors once per segment (and the
+    squared norms once per segment), not once per holder that receives the sum; every holder
+    still gets its segments' full batch Gram matrices."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=1, batch_size=300))
+    calls = []
+    add = fed.server.he.add
+    monkeypatch.setattr(fed.server.he, "add", lambda items: calls.append(len(items)) or add(items))
+    fed.setup()
+    assert calls == [3] * 6  # 3 segments x (squared norms, Gram vectors), 3 holders each
+    prob = build_problem(credit_small, part, "hinge", 1e-2, [1])
+    for c in fed.clients.values():
+        for s, batches in enumerate(c.seg_batches):
+            for m, rows in enumerate(batches):
+                ids = c.ids[rows]
+                X = prob.X[[prob.row[i] for i in ids]]
+                np.testing.assert_allclose(c.gram[s][m], np.asarray(X @ X.T), rtol=1e-12, atol=1e-12)

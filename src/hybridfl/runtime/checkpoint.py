@@ -190,7 +190,7 @@ def save_checkpoint(path: str | Path, rnd: int, values: Mapping[str, Any], meta:
             _STATIC_WRITTEN[key] = (name, {k: _ref(v) for k, v in static.items()})
         side = _STATIC_WRITTEN[key][0]
         payload["static"] = side
-    payload["meta"] = json.dumps(meta)
+    payload["meta"] = json.dumps(meta).encode()  # in the body: a long run's history outgrows a header's item limit
     atomic_write(p, encode(Message("checkpoint", "run", "run", rnd, payload)), mode=0o600)
     for old in p.parent.glob(f"{p.name}.static-*"):
         if old.name != side and not old.name.endswith(".tmp"):

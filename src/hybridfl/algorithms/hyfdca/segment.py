@@ -157,14 +157,16 @@ class SegmentServerMixin:
                 parts = r.payload["gram"]
             for g, c in zip(segs, parts):
                 gparts[g].append(c)
+        # each segment's sum once, the same for all its holders (not once per holder)
+        sums = {g: wrap_sum(parts) if self.masked else self.he.add(parts) for g, parts in gparts.items()}
         out = {}
         for cid in self.client_ids:
             segs = self.client_segs[cid]
             if not self.masked:
-                out[cid] = {"gram": [self.he.add(gparts[g]) for g in segs]}
+                out[cid] = {"gram": [sums[g] for g in segs]}
                 continue
             out[cid] = {
-                "gram": concat_words([wrap_sum(gparts[g]) for g in segs]),
+                "gram": concat_words([sums[g] for g in segs]),
                 "seg_keys": [sealed[(h, cid, g)] for g in segs for h in sorted(self.seg_holders[g]) if h != cid],
             }
         return out
