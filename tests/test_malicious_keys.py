@@ -370,3 +370,29 @@ def test_signed_keys_change_no_result(tiny):
         ws[signed] = fed.server.w.copy()
         assert bool(fed.server.sa_sigs) == signed
     assert np.abs(ws[False]).max() > 0 and np.array_equal(ws[False], ws[True])
+
+
+def test_hyfem_client_answers_each_step_once_and_in_order(digits_split):
+    """HyFEM's client keeps its own protocol order (a malicious server replaying or reordering):
+    after an honest setup and round-1 fit, a second fit of round 1, a fit of an earlier round, an
+    unmask before any fit of a new round, and a second properties message are each refused in one
+    sentence, and the first refusal stops the client for the run."""
+    fed = _hyfem(digits_split, signed=False)
+    fed.setup()
+    ids = fed.transport.client_ids
+    cid, client = ids[0], fed.clients[ids[0]]
+    client.handle(decode(encode(fed.server.fit_message(cid, 1, ids))))
+    saved = client.get_state()
+    again = fed.server.fit_message(cid, 1, ids)
+    unmask = Message("hyfem.unmask", SERVER, cid, 2, {"tag": 9, "dropped": [], "survivors": [], "shares": []})
+    for msg, why in (
+        (again, "each request is answered once"),
+        (fed.server.fit_message(cid, 0, ids), "the round number goes back|setup"),
+        (unmask, "does not put it at the start of a round"),
+        (Message("hyfem.properties", SERVER, cid, 0, {}), "setup is past it|outside round 0|goes back"),
+    ):
+        with pytest.raises(ProtocolError, match=why):
+            client.handle(decode(encode(msg)))
+        with pytest.raises(ProtocolError, match="has stopped taking part in this run"):
+            client.handle(decode(encode(fed.server.fit_message(cid, 2, ids))))
+        client.set_state(saved)

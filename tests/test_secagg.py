@@ -534,6 +534,7 @@ def test_a_bad_peer_table_is_refused_in_one_sentence(hyfem_small):
     cid = fed.transport.client_ids[0]
     client = fed.clients[cid]
     before = dict(client.secagg.peers)
+    client.protocol.setup_step = 0  # as before its hyfem.keys (the setup gave it one already)
     saved = client.get_state()  # a refusal stops the client for the run: each check from this state
     peer = fed.transport.client_ids[1]
     good = {"secagg_peers": [peer], "secagg_keys": [fed.server.sa_publics[peer]], "secagg_blocks": ['["a"]']}

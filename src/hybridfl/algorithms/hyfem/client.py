@@ -35,7 +35,7 @@ from hybridfl.data.dataset import HybridDataset
 from hybridfl.models.device import resolve_device
 from hybridfl.models.hybrid import ExtractorFactory, HybridModel, default_extractor
 from hybridfl.privacy.roster import PeerAuth
-from hybridfl.runtime.failclosed import FailClosed
+from hybridfl.runtime.failclosed import OrderedProtocol
 from hybridfl.runtime.handlers import Handler, dispatch
 from hybridfl.runtime.messages import Message, pack_arrays, unpack_arrays
 from hybridfl.runtime.validate import PayloadError, array, integer, number, only_keys
@@ -76,7 +76,9 @@ class HyFEMClient(SecureExtractorsClientMixin):
     ):
         self.client_id = client_id
         self.peer_auth = peer_auth
-        self.protocol = FailClosed(f"HyFEM client {client_id!r}")  # fail closed: a refusal stops it for the run
+        # its own view of the protocol (fail closed: a refusal stops it for the run): properties, then
+        # keys (secure aggregation only), once each in round 0; each round a fit, then at most one unmask
+        self.protocol = OrderedProtocol(f"HyFEM client {client_id!r}", (PROPERTIES, KEYS), (FIT,), {FIT: (UNMASK,)})
         self.data = data
         self.blocks = tuple(data.block_names)
         self.n_classes = n_classes
@@ -106,7 +108,14 @@ class HyFEMClient(SecureExtractorsClientMixin):
             ProtocolError: any other message kind (one sentence naming it), any message after a
                 refusal, or what the step raises.
         """
-        return self.protocol.answer(msg, lambda: dispatch(self.handlers(), msg, f"HyFEM client {self.client_id!r}"))
+
+        def step() -> Message:
+            table = self.handlers()
+            if msg.kind in table:  # an unknown kind is refused by name (dispatch)
+                self.protocol.admit(msg)  # in its place in the protocol, before anything is read
+            return dispatch(table, msg, f"HyFEM client {self.client_id!r}")
+
+        return self.protocol.answer(msg, step)
 
     def failed_state(self) -> dict[str, np.ndarray]:
         """The state entries to keep after a refused message (the fail-closed stop; Flower's node
