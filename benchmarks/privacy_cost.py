@@ -323,6 +323,21 @@ def measure(split, part, cfg: HyFDCAConfig, seed: int = 0) -> dict:
     }
 
 
+def _off_on(p: dict, s: dict) -> dict:
+    """A row's CPU, bytes and unmasking columns from the run without (``p``) and with (``s``)
+    secure aggregation, and both runs' measurements."""
+    return {
+        "cpu_s_round_plain": p["round_cpu_seconds_median"],
+        "cpu_s_round_secure": s["round_cpu_seconds_median"],
+        "ratio": s["round_cpu_seconds_median"] / p["round_cpu_seconds_median"],
+        "kB_round_plain": p["bytes_per_round"] / 1e3,
+        "kB_round_secure": s["bytes_per_round"] / 1e3,
+        "unmask_messages": s["unmask_messages"],
+        "plain_shares": p,
+        "secure_aggregation": s,
+    }
+
+
 def _sign(clients: dict) -> None:
     """Every client signs its keys with a credential of an in-memory roster (``peer_auth``), as
     clients of an assembled federation do; code without signed keys (``--code before``) has no
@@ -420,17 +435,10 @@ def main_secagg() -> None:
         diff = float(np.abs(res[True].pop("w") - res[False].pop("w")).max())
         p, s = res[False], res[True]
         return {
-            "cpu_s_round_plain": p["round_cpu_seconds_median"],
-            "cpu_s_round_secure": s["round_cpu_seconds_median"],
-            "ratio": s["round_cpu_seconds_median"] / p["round_cpu_seconds_median"],
-            "kB_round_plain": p["bytes_per_round"] / 1e3,
-            "kB_round_secure": s["bytes_per_round"] / 1e3,
+            **_off_on(p, s),
             "primal_kB_round_plain": p["primal_bytes_per_round"] / 1e3,
             "primal_kB_round_secure": s["primal_bytes_per_round"] / 1e3,
-            "unmask_messages": s["unmask_messages"],
             "w_max_abs_diff": diff,
-            "plain_shares": p,
-            "secure_aggregation": s,
         }
 
     with single_threaded():
@@ -534,17 +542,7 @@ def main_secagg_hyfem() -> None:
             settings = {**prep.algorithm.model_dump(), "rounds": args.rounds, "local_steps": args.local_steps}
             settings.update(eval_every=0, baselines=False, secure_aggregation=secure)
             res[secure] = hyfem_measure(prep, _config(HyFEMConfig, **settings), args.rounds)
-        p, s = res[False], res[True]
-        return {
-            "cpu_s_round_plain": p["round_cpu_seconds_median"],
-            "cpu_s_round_secure": s["round_cpu_seconds_median"],
-            "ratio": s["round_cpu_seconds_median"] / p["round_cpu_seconds_median"],
-            "kB_round_plain": p["bytes_per_round"] / 1e3,
-            "kB_round_secure": s["bytes_per_round"] / 1e3,
-            "unmask_messages": s["unmask_messages"],
-            "plain_shares": p,
-            "secure_aggregation": s,
-        }
+        return _off_on(res[False], res[True])
 
     with single_threaded():
         name = f"{args.clients} clients"
