@@ -28,10 +28,9 @@ from tests.test_predict import _org_tables, raw_table, runs  # noqa: F401  (the 
 def _orgs(runs, signed: bool):  # noqa: F811
     d, _, cfg = runs["hyfdca"]
     model = load_model(d / "model")
-    orgs, _ = build_orgs(model, _org_tables(raw_table(cfg.dataset, cfg.seed, "test")), "a")
-    if signed:
-        for name, auth in in_memory_auths(list(orgs), ["a"]).items():
-            orgs[name].auth = auth
+    tables = _org_tables(raw_table(cfg.dataset, cfg.seed, "test"))
+    auths = in_memory_auths(list(tables), ["a"]) if signed else None
+    orgs, _ = build_orgs(model, tables, "a", auths=auths)
     return model, orgs
 
 
@@ -126,6 +125,10 @@ def _drop_request_sig(p):
     p.pop("request_sig", None)
 
 
+def _short_run(p):
+    p["run"] = p["run"][:8]  # a label the organisations could not bind their signatures to
+
+
 def _server_response(p):
     from hybridfl.privacy.psi import PSIServer
 
@@ -135,15 +138,16 @@ def _server_response(p):
 @pytest.mark.parametrize(
     "kind,to,fn,match",
     [
+        ("predict.hello", None, _short_run, "'run' missing or not 32 bytes"),
         ("predict.keys", "b", _inflate_n, "refuses a prediction key of 'a' whose signature does not verify"),
         ("predict.psi_serve", None, _server_request, "refuses a prediction PSI request of 'a' whose signature"),
         ("predict.psi_serve", None, _drop_request_sig, "refuses an unsigned prediction PSI request of 'a'"),
         ("predict.plan", None, _server_response, "refuses a prediction PSI response of 'c' whose signature"),
     ],
-    ids=["row-count-lie", "server-request", "unsigned-request", "server-response"],
+    ids=["short-run-label", "row-count-lie", "server-request", "unsigned-request", "server-response"],
 )
 def test_relayed_psi_and_counts_are_checked_against_the_roster(runs, kind, to, fn, match):  # noqa: F811
-    """The server inflates the receiver's row count (which bounds every PSI response), sends its own
+    """The server sends a run label of 8 bytes, inflates the receiver's row count (which bounds every PSI response), sends its own
     PSI request (its guesses) in the receiver's name, drops the receiver's signature, or answers in
     ``c``'s place: each is refused in one sentence by the organisation that receives it, naming the
     signer, and that organisation stops."""

@@ -75,6 +75,7 @@ from hybridfl.inference.parts import OrgPart, model_units, org_part
 from hybridfl.inference.relay import run_prediction
 from hybridfl.privacy.psi import MAX_IDS
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
+from hybridfl.runtime.secagg_messages import run_label
 
 PLAN_CONTEXT = "predict plan v1"
 """The HKDF purpose of the key that encrypts a plan (receiver -> organisation)."""
@@ -127,21 +128,6 @@ def _open(key: bytes, blob: bytes, what: str) -> bytes:
         return ChaCha20Poly1305(key).decrypt(bytes(blob[:12]), bytes(blob[12:]), None)
     except InvalidTag:
         raise ProtocolError(f"{what} does not decrypt under the pair key: it was changed or is foreign.") from None
-
-
-def _run_label(msg: Message, org: str) -> bytes:
-    """The request's run label from ``predict.hello`` (:data:`~hybridfl.privacy.roster.RUN_BYTES`
-    bytes: what binds the signatures to this request).
-
-    Raises:
-        ProtocolError: missing or not that many bytes.
-    """
-    from hybridfl.privacy.roster import RUN_BYTES
-
-    run = msg.payload.get("run")
-    if not isinstance(run, (bytes, bytearray)) or len(run) != RUN_BYTES:
-        raise ProtocolError(f"organisation {org!r} got a prediction request without a {RUN_BYTES}-byte run label.")
-    return bytes(run)
 
 
 def _key_fields(pk: object, n: int, width: object) -> list[bytes]:
@@ -247,7 +233,7 @@ class PredictOrg:
         if msg.kind == "predict.hello":
             from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-            self._run = _run_label(msg, self.org_id) if self.auth is not None else b""
+            self._run = run_label(msg, self.auth) if self.auth is not None else b""  # binds its signatures
             self._sk = X25519PrivateKey.generate().private_bytes_raw()  # fresh for this request
             self.secagg = SecAggClient(self.org_id, ["scores"], [1], private=self._sk, double_masking=False)
             pk = self.secagg.public_bytes()
@@ -458,10 +444,7 @@ def federated_predict(
     from hybridfl.runtime.transport import InProcessTransport
 
     t0 = time.perf_counter()
-    orgs, id_names = build_orgs(model, tables, receiver, parts)
-    for name, auth in (auths or {}).items():
-        if name in orgs:
-            orgs[name].auth = auth
+    orgs, id_names = build_orgs(model, tables, receiver, parts, auths)
     all_units = list(parts[receiver].all_units) if parts is not None else list(model_units(model))
     transport = InProcessTransport(orgs, recorder)  # type: ignore[arg-type]
     counts = run_prediction(transport, list(orgs), receiver, all_units)
@@ -509,11 +492,16 @@ def held_part(loaded: Any, blocks: Sequence[str], receiver: bool) -> OrgPart:
 
 
 def build_orgs(
-    model: Any, tables: Mapping[str, Any], receiver: str, parts: Mapping[str, Any] | None = None
+    model: Any,
+    tables: Mapping[str, Any],
+    receiver: str,
+    parts: Mapping[str, Any] | None = None,
+    auths: Mapping[str, Any] | None = None,
 ) -> tuple[dict[str, PredictOrg], dict[str, str]]:
     """Every organisation's steps from its table (encoded with the model's encoding, checked) and
-    its part of the model (cut from ``model``, or its own from ``parts``): ``(organisation ->
-    PredictOrg, organisation -> its ID column name)``.
+    its part of the model (cut from ``model``, or its own from ``parts``) and its
+    :class:`~hybridfl.privacy.roster.PeerAuth` from ``auths`` (signed keys; none if absent):
+    ``(organisation -> PredictOrg, organisation -> its ID column name)``.
 
     Raises:
         HybridFLError: a receiver that is not an organisation, fewer than two organisations, a
@@ -539,7 +527,7 @@ def build_orgs(
             raise PredictionError(f"{where} has no ID column {view.encoding.id_column!r}: rows are matched by ID.")
         xs = encode_frame(frame, view.encoding, view.scale, blocks, where)
         part = org_part(model, blocks, name == receiver) if parts is None else held_part(view, blocks, name == receiver)
-        orgs[name] = PredictOrg(name, ids, xs, part, receiver)
+        orgs[name] = PredictOrg(name, ids, xs, part, receiver, auth=(auths or {}).get(name))
         id_names[name] = id_name
     if not any(orgs[o].part.units for o in orgs):
         raise PredictionError("no organisation holds a whole unit of the model's blocks.")

@@ -66,6 +66,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from hybridfl.errors import DataError, ProtocolError
+from hybridfl.privacy.roster import PeerAuth
 
 FRACTION_BITS = 32
 """Fixed-point fraction bits: a value is sent as ``round(x * 2^32)`` (resolution 2.3e-10)."""
@@ -127,19 +128,19 @@ def majority(m: int) -> int:
     return max(2, int(m) // 2 + 1)
 
 
-def own_threshold(threshold: int, client_id: str, peer_auth: object = None) -> int:
-    """The threshold a client takes from a run config (the server's): as given without a roster (a
-    client made in memory); with its own roster of ``m`` clients, ``0`` (a majority) or at least
-    ``majority(m)``: a server cannot lower a client's threshold below the default (a client's
-    privacy settings are its own; Bonawitz et al. 2017 Sec. 4 take ``t > n / 2``).
+def own_threshold(threshold: int, client_id: str, peer_auth: PeerAuth | None = None) -> int:
+    """The threshold a client takes from a run config (the server's), unchanged once checked: any
+    without a roster (a client made in memory); with its own roster of ``m`` clients, ``0`` (a
+    majority) or at least ``majority(m)``: a server cannot lower a client's threshold below the
+    default (a client's privacy settings are its own; Bonawitz et al. 2017 Sec. 4 take ``t > n / 2``).
 
     Raises:
         EncryptionPolicyError: a threshold below its roster's majority (one sentence).
     """
     t = int(threshold)
-    roster = getattr(getattr(peer_auth, "roster", None), "keys", None)
-    if roster is None or t <= 0 or t >= majority(len(roster)):
+    if peer_auth is None or t <= 0 or t >= majority(len(peer_auth.roster.keys)):
         return t
+    roster = peer_auth.roster.keys
     from hybridfl.errors import EncryptionPolicyError
 
     raise EncryptionPolicyError(

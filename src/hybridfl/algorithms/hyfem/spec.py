@@ -116,8 +116,7 @@ def build_client(
         raise _no_labels(cd.client_id)
     auth = peer_auth_of(cd.client_id, cd.path)  # a roster in its directory: signed secure-aggregation keys
     if cfg.secure_aggregation:  # its own threshold: the server cannot lower it below the roster's majority
-        own = own_threshold(cfg.secagg_threshold, cd.client_id, auth)
-        cfg = cfg if own == cfg.secagg_threshold else cfg.model_copy(update={"secagg_threshold": own})
+        own_threshold(cfg.secagg_threshold, cd.client_id, auth)
     return HyFEMClient(
         cd.client_id,
         cd.data,
