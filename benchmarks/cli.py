@@ -185,8 +185,9 @@ def write(rows: list[dict]) -> None:
         out=OUT,
         notes=[
             "`hybridfl run --config examples/configs/NAME.yaml --out DIR --rounds R -q` in a fresh process; "
-            "`R` = the config's rounds or the cap given (HyFDCA capped at 20 rounds by default, the others full "
-            "length; a capped HyFDCA example has no baselines, so the extrapolation holds); the full length is "
+            "`R` = the config's rounds, or fewer where a cap was given (`--max-rounds`, `--cap PREFIX=R`; none by "
+            "default: every example runs full length; a capped HyFDCA example has no baselines, so the "
+            "extrapolation holds); the full length is "
             "extrapolated from the run (`wall + (rounds - R) x median round`). Two cores shared with other jobs: "
             "see the load. Each row keeps the commit it was measured at. CPU s: the `hybridfl` process's user + "
             "system seconds; result: the headline numbers of its results.json (what the config's header promises)."

@@ -35,11 +35,17 @@ SMOKE_ENV = "HYBRIDFL_BENCH_SMOKE"  # set by --smoke; inherited by the subproces
 
 
 def commit() -> str:
-    """The repository's HEAD commit (40 hex digits), with ``+dirty`` when tracked files differ
-    from it; ``unknown`` outside a git checkout."""
+    """The repository's HEAD commit (40 hex digits), with ``+dirty`` when tracked files other than
+    the results under ``benchmarks/results`` differ from it (a results file an earlier run of the
+    same benchmark wrote does not change the code measured); ``unknown`` outside a git checkout."""
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
-        dirty = subprocess.run(["git", "status", "--porcelain", "-uno"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "-uno", "--", ".", ":!benchmarks/results"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")

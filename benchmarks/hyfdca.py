@@ -22,8 +22,10 @@ Run one part at a time (2-core machine; every part is single-threaded and bounde
 HyFDCA's time to 1e-3 against liblinear and the CKKS/plaintext round ratio, side by side in one
 run: ``python -m benchmarks.hyfdca_speed``.
 
-Each part writes ``benchmarks/results/hyfdca_<part>.json`` (numbers, settings, per-round
-histories of the key metrics) and, for the convergence parts, ``hyfdca_<part>.png``.
+Each part writes the report ``benchmarks/results/hyfdca_<part>[<tag>].json`` and ``.md`` through
+:func:`benchmarks.harness.write_report` (one row per run, :func:`bench_rows`; the settings and
+per-round histories of the key metrics kept beside the rows) and, for the convergence parts,
+``hyfdca_<part>.png``.
 
 Part ``failures``
 -----------------
@@ -461,7 +463,7 @@ def main_bench() -> None:
     )
     a = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
-    t = time.perf_counter()
+    t, load0 = time.perf_counter(), harness.load()
     tag = (f"_sigma{a.sigma:g}" if a.sigma else "") + ("" if a.dual_mode == "block" else f"_{a.dual_mode}")
     tag += f"_{a.segment_schedule}_b{a.batch_size}" if a.dual_mode == "segment" else ""
     tag += ("_prob" if a.participation_mode == "probability" else "") + (
@@ -517,8 +519,124 @@ def main_bench() -> None:
     )
     if a.part == "encryption":
         tag = "" if a.dual_mode == "block" else f"_{a.dual_mode}_b{a.batch_size}"
-    (OUT / f"hyfdca_{a.part}{tag}.json").write_text(json.dumps(res, indent=1, default=float))
+    res["load_before"], res["load_after"] = load0, harness.load()
+    res["run_commit"] = harness.commit()
+    write_bench(f"hyfdca_{a.part}{tag}", a.part, res)
     print(json.dumps({k: v for k, v in res.items() if k not in ("runs",)}, indent=1, default=float)[:3000])
+
+
+_SKIP = ("config", "final", "history", "reference", "round_seconds", "round_cpu_seconds", "runs", "command", "settings")
+
+
+def bench_rows(res: dict) -> list[dict]:
+    """The rows of a ``bench`` result: one per run (its label, the part's plain values, the run's
+    algorithm, participation and lr, its final values, and the rounds of its ``reach_1e-3`` /
+    ``certified_*`` marks as ``<mark>.round``), or one row of the part's values (``paillier``)."""
+    top = {k: v for k, v in res.items() if k not in _SKIP and not isinstance(v, dict | list)}
+    top.update(
+        {f"{k}.{kk}": vv for k, v in res.items() if isinstance(v, dict) and k not in _SKIP for kk, vv in v.items()}
+    )
+    if not res.get("runs"):
+        return [top]
+    rows = []
+    for label, run in res["runs"].items():
+        cfg = run.get("config", {})
+        row = {**top, "run": label, **{k: cfg[k] for k in ("name", "participation", "lr") if k in cfg}}
+        for k, v in {**run.get("final", {}), **run}.items():
+            if k in _SKIP:
+                continue
+            if isinstance(v, dict):
+                row.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+            elif v is None and k.startswith(("reach_", "certified_")):
+                row[f"{k}.round"] = None  # not reached
+            else:
+                row[k] = v
+        rows.append(row)
+    return rows
+
+
+BENCH_COLUMNS = {
+    "convergence": [
+        "run",
+        ("name", "algorithm"),
+        "participation",
+        "lr",
+        ("relative_suboptimality", "rel. subopt."),
+        ("duality_gap", "duality gap"),
+        "accuracy",
+        ("reach_1e-3.round", "round to 1e-3"),
+        ("certified_0.0001.round", "certified 1e-4 at"),
+        ("below_fedavg_every_round_from_10", "below FedAvg from round 10"),
+        ("round_seconds_mean", "s / round"),
+        ("wall_seconds", "wall s"),
+        ("load_before", "load before"),
+        ("run_commit", "commit"),
+    ],
+    "encryption": [
+        ("run", "encryption"),
+        ("round_seconds_mean", "s / round"),
+        ("round_cpu_seconds_mean", "CPU s / round"),
+        ("encryption_seconds_per_round", "encryption s / round"),
+        ("bytes_per_round", "bytes / round"),
+        "accuracy",
+        ("w_relative_difference", "w rel. diff. (CKKS vs none)"),
+        ("round_time_ratio", "round time ratio"),
+        ("load_before", "load before"),
+        ("run_commit", "commit"),
+    ],
+    "encryption_plot": [
+        ("run", "encryption"),
+        ("relative_suboptimality", "rel. subopt."),
+        ("round_seconds_mean", "s / round"),
+        ("encryption_seconds", "encryption s"),
+        ("time_model_total", "modelled s"),
+        ("time_model_no_encryption_total", "modelled s, no encryption"),
+        ("bytes_total", "bytes"),
+        ("load_before", "load before"),
+        ("run_commit", "commit"),
+    ],
+    "paillier": [
+        ("key_bits", "key bits"),
+        ("encrypt_ms_per_value", "encrypt ms / value"),
+        ("decrypt_ms_per_value", "decrypt ms / value"),
+        ("add_ms_per_value", "add ms / value"),
+        ("ciphertext_bytes_per_value", "ciphertext bytes / value"),
+        ("mnist_round_extrapolated.seconds_sequential", "MNIST round s, sequential"),
+        ("mnist_round_extrapolated.seconds_clients_parallel", "MNIST round s, clients parallel"),
+        ("mnist_round_extrapolated.bytes_per_round_ciphertexts", "MNIST round ciphertext bytes"),
+        ("load_before", "load before"),
+        ("run_commit", "commit"),
+    ],
+}
+"""The table columns of each kind of ``bench`` part (mnist / credit / adult: ``convergence``)."""
+
+BENCH_TITLES = {
+    "convergence": "HyFDCA vs hybrid FedAvg, {dataset}, 3 x 3 grid, lambda {lambda:g}, {rounds} rounds",
+    "encryption": "HyFDCA, MNIST binary: CKKS vs plaintext, {rounds} rounds",
+    "encryption_plot": "HyFDCA, credit: CKKS vs plaintext, suboptimality and time, {rounds} rounds",
+    "paillier": "Paillier ({key_bits}-bit key) timed on {measured_values} values, one MNIST round extrapolated",
+}
+
+
+def write_bench(name: str, part: str, res: dict) -> None:
+    """Write the ``bench`` result ``res`` of ``part`` as the report ``name`` (:func:`bench_rows`
+    as its rows, everything else of ``res``, the per-round histories included, kept beside them)."""
+    kind = "convergence" if part in ("mnist", "credit", "adult") else part
+    extra = {k: v for k, v in res.items() if k not in ("command", "run_commit")}
+    harness.write_report(
+        name,
+        bench_rows(res),
+        title=BENCH_TITLES[kind].format(**res),
+        command=res["command"],
+        columns=BENCH_COLUMNS[kind],
+        notes=[
+            "Rows: the part's runs (`.venv/bin/python -m benchmarks.hyfdca bench`, module docstring); each run's "
+            "settings, per-round history and reference optimum are in the JSON beside the rows (`runs`). "
+            "`commit`: the code a row was measured with (`-`: before rows recorded it)."
+        ],
+        out=OUT,
+        extra=extra,
+    )
 
 
 # ======================================== part failures

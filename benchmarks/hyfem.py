@@ -58,8 +58,8 @@ Part ``paper-settings``
 
 HyFEM: the paper's settings beside ours (issue 16, HyFEM part).
 
-Parts (``--parts``, each writes ``benchmarks/results/hyfem_paper_settings_<part>.json``; the
-markdown ``hyfem_paper_settings.md`` is rebuilt from every part file present):
+Parts (``--parts``, each writes the report ``benchmarks/results/hyfem_paper_settings_<part>.json``
+and ``.md`` through :func:`benchmarks.harness.write_report`: its runs, then their means over seeds):
 
 - ``a`` paper schedule: plain SGD (HyFEM Alg. 2, no momentum) with the paper's budgets, beside our
   tuned momentum run (``examples/configs/hyfem_mfeat.yaml``), on mfeat:
@@ -99,7 +99,6 @@ CPU seconds are ``time.process_time`` of this process.
     nice -n 5 .venv/bin/python -m benchmarks.hyfem paper-settings --parts d --seeds 0 1 2
     nice -n 5 .venv/bin/python -m benchmarks.hyfem paper-settings --parts e --seeds 0 1 2
     nice -n 5 .venv/bin/python -m benchmarks.hyfem paper-settings --parts m --seeds 0 1 2
-    .venv/bin/python -m benchmarks.hyfem paper-settings --report   # rebuild the .md only
 """
 
 from __future__ import annotations
@@ -120,7 +119,7 @@ from benchmarks import harness
 from benchmarks.harness import dispatch
 from hybridfl.algorithms.hyfem import SPEC, HyFEMConfig
 from hybridfl.algorithms.hyfem.baselines import accuracy, make_model_factory, train_centralized
-from hybridfl.config import PartitionConfig, load_config, parse_config
+from hybridfl.config import PARTITION_KINDS, load_config, parse_config
 from hybridfl.data.dataset import DatasetSplit
 from hybridfl.data.from_config import build_partition
 from hybridfl.experiment import execute, prepare
@@ -535,15 +534,15 @@ def prepared(cfg: dict):
 
 
 # ---------------------------------------------------------------------------------------- parts
-_OUT: list[Path] = []  # the running part's JSON file
+_OUT: list[str] = []  # the running part's name
 
 
 def emit(rows: list[dict]) -> None:
-    """Print the newest row and write every row so far to the running part's file (a run cut
+    """Print the newest row and write every row so far as the running part's report (a run cut
     short keeps the rows it finished)."""
     print(json.dumps(rows[-1]), flush=True)
     if _OUT:
-        _OUT[-1].write_text(json.dumps(rows, indent=2))
+        write_paper(_OUT[-1], rows)
 
 
 def part_a(seeds: list[int], lrs: list[float], schedules: list[str]) -> list[dict]:
@@ -666,7 +665,8 @@ def part_d(seeds: list[int], views: list[str], mus: list[float], schedule: str) 
                 cfg_d["algorithm"]["matching"].update(m)
             rc = parse_config(cfg_d)
             cfg = rc.algorithm_config()
-            part = build_partition(PartitionConfig(**c1_partition(views, pdict)), split.train, seed)
+            pcfg = c1_partition(views, pdict)
+            part = build_partition(PARTITION_KINDS[pcfg["kind"]](**pcfg), split.train, seed)
             s, _ = run_hyfem(split, part, cfg, seed)
             cov = part.coverage(split.train).unused_share
             rows.append(
@@ -768,12 +768,83 @@ def part_m(seeds: list[int], from_runs: list[str]) -> list[dict]:
 
 
 # ---------------------------------------------------------------------------------------- report
-def _p(v) -> str:
-    return "-" if v is None else f"{100 * v:.2f}"
+PAPER_TITLES = {
+    "m": "HyFEM (m): the main job (`hybridfl run`, digits), the paper's full-coverage condition vs the old default",
+    "a": "HyFEM (a): paper schedule (plain SGD, HyFEM Alg. 2) vs our tuned momentum run, mfeat",
+    "b": "HyFEM (b): HyFEM-Prox mu sweep (workshop Fig. 4: local vs global), mfeat",
+    "c": "HyFEM (c): Remark 2, the server model cut to every view subset, mfeat",
+    "d": "HyFEM (d): TMLR Appendix C.1, HyFEM vs FedProx on the common blocks (Table 4 layout), mfeat 4 views",
+    "e": "HyFEM (e): MNIST, the +15-point client target under the paper's definition",
+}
+
+PAPER_NOTE = (
+    "Accuracies in %, on all test samples; server: all blocks; clients: own blocks, mean over clients; 'after Q "
+    "local steps' is the paper's client model (TMLR Sec. 4), 'received' the server cut to the client's blocks. "
+    "Stand-alone and centralised use the same T*Q budget and schedule as the federated run. Rows with seed "
+    "'mean ...' average the rows above over those seeds. Every part's exact setting: the docstring of "
+    "`benchmarks/hyfem.py`."
+)
+
+_PCT = {
+    "server_accuracy": "server_pct",
+    "centralized_accuracy": "centralized_pct",
+    "centralized_held_accuracy": "centralized_held_pct",
+    "client_accuracy_local_mean": "client_local_pct",
+    "client_accuracy_mean": "client_received_pct",
+    "standalone_accuracy_mean": "standalone_pct",
+    "cut_accuracy": "cut_pct",
+    "centralized_subset_accuracy": "centralized_subset_pct",
+}
+_DIFFS = {
+    "server_minus_centralized": ("server_accuracy", "centralized_accuracy"),
+    "local_minus_standalone": ("client_accuracy_local_mean", "standalone_accuracy_mean"),
+    "received_minus_standalone": ("client_accuracy_mean", "standalone_accuracy_mean"),
+    "cut_minus_centralized": ("cut_accuracy", "centralized_subset_accuracy"),
+}
+
+RUN_COLUMNS = [
+    "setting",
+    "algorithm",
+    "seed",
+    ("server_pct", "server"),
+    ("centralized_pct", "centralised"),
+    ("centralized_held_pct", "centralised, held cells"),
+    ("server_minus_centralized", "server - centralised"),
+    ("client_local_pct", "clients after Q local steps"),
+    ("client_received_pct", "clients, received model"),
+    ("standalone_pct", "stand-alone"),
+    ("local_minus_standalone", "after Q - stand-alone"),
+    ("received_minus_standalone", "received - stand-alone"),
+    ("cpu_seconds", "CPU s"),
+    ("wall_seconds", "wall s"),
+    "commit",
+]
+
+REMARK2_COLUMNS = [
+    "seed",
+    ("views_text", "views"),
+    ("held_by_a_client", "held by a client"),
+    ("subsets", "subsets"),
+    ("server_pct", "server (the run)"),
+    ("cut_pct", "server cut"),
+    ("centralized_pct", "centralised (all views)"),
+    ("centralized_subset_pct", "centralised on the subset"),
+    ("cut_minus_centralized", "cut - centralised"),
+    ("cpu_seconds", "CPU s"),
+    "commit",
+]
 
 
-def _d(a, b) -> str:
-    return "-" if a is None or b is None else f"{100 * (a - b):+.2f}"
+def with_percent(r: dict) -> dict:
+    """The row with its accuracies in % (``*_pct``) and their differences in points."""
+    out = dict(r)
+    for k, pk in _PCT.items():
+        if r.get(k) is not None:
+            out[pk] = 100 * r[k]
+    for dk, (a, b) in _DIFFS.items():
+        if r.get(a) is not None and r.get(b) is not None:
+            out[dk] = 100 * (r[a] - r[b])
+    return out
 
 
 def _mean_rows(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
@@ -783,7 +854,7 @@ def _mean_rows(rows: list[dict], keys: tuple[str, ...]) -> list[dict]:
         groups.setdefault((r["setting"], r["algorithm"]), []).append(r)
     out = []
     for (setting, algo), rs in groups.items():
-        m = {"setting": setting, "algorithm": algo, "seeds": [r["seed"] for r in rs]}
+        m = {"setting": setting, "algorithm": algo, "seed": "mean " + ",".join(str(r["seed"]) for r in rs)}
         for k in keys:
             vals = [r[k] for r in rs if r.get(k) is not None]
             m[k] = float(np.mean(vals)) if vals else None
@@ -803,106 +874,49 @@ _KEYS = (
 )
 
 
-def _run_table(rows: list[dict]) -> list[str]:
-    out = [
-        "| setting | algorithm | seed | server | centralised | centralised, held cells | server - centralised "
-        "| clients after Q local steps | clients, received model | stand-alone | after Q - stand-alone "
-        "| received - stand-alone | CPU s | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        seed = r["seed"] if "seed" in r else "mean " + ",".join(map(str, r["seeds"]))
-        out.append(
-            f"| {r['setting']} | {r['algorithm']} | {seed} | {_p(r['server_accuracy'])} "
-            f"| {_p(r['centralized_accuracy'])} | {_p(r['centralized_held_accuracy'])} "
-            f"| {_d(r['server_accuracy'], r['centralized_accuracy'])} | {_p(r['client_accuracy_local_mean'])} "
-            f"| {_p(r['client_accuracy_mean'])} | {_p(r['standalone_accuracy_mean'])} "
-            f"| {_d(r['client_accuracy_local_mean'], r['standalone_accuracy_mean'])} "
-            f"| {_d(r['client_accuracy_mean'], r['standalone_accuracy_mean'])} "
-            f"| {'-' if r['cpu_seconds'] is None else format(r['cpu_seconds'], '.0f')} "
-            f"| {'-' if r.get('wall_seconds') is None else format(r['wall_seconds'], '.1f')} |"
-        )
-    return out
-
-
-def report() -> None:
-    """Rebuild ``hyfem_paper_settings.md`` from every part file present."""
-    lines = [
-        "# HyFEM: the paper's settings beside ours",
-        "",
-        "Written by `python -m benchmarks.hyfem paper-settings` (see its docstring for every part's exact "
-        "setting). Accuracies in %, on all test samples; server: all blocks; clients: own blocks, "
-        "mean over clients; 'after Q local steps' is the paper's client model (TMLR Sec. 4), "
-        "'received' the server cut to the client's blocks. Stand-alone and centralised use the "
-        "same T*Q budget and schedule as the federated run.",
-        "",
-    ]
-    titles = {
-        "m": "## (m) The main job (`hybridfl run`, digits): the paper's full-coverage condition vs the old default",
-        "a": "## (a) Paper schedule (plain SGD, HyFEM Alg. 2) vs our tuned momentum run, mfeat",
-        "b": "## (b) HyFEM-Prox mu sweep (workshop Fig. 4: local vs global), mfeat",
-        "c": "## (c) Remark 2: the server model cut to every view subset, mfeat",
-        "d": "## (d) TMLR Appendix C.1: HyFEM vs FedProx on the common blocks (Table 4 layout), mfeat 4 views",
-        "e": "## (e) MNIST: +15-point client target under the paper's definition",
-    }
-    for part in "mabcde":
-        f = RESULTS / f"{STEM}_{part}.json"
-        if not f.exists():
-            continue
-        rows = json.loads(f.read_text())
-        lines += [titles[part], ""]
-        if part == "c":
-            lines += _remark2_table(rows)
-        else:
-            lines += _run_table(rows)
-            seeds = {r["seed"] for r in rows}
-            if len(seeds) > 1:
-                lines += ["", "Mean over seeds:", ""] + _run_table(_mean_rows(rows, _KEYS))
-            if part == "b":
-                lines += ["", f"Plot: `{STEM}_b.png`."]
-        lines.append("")
-    (RESULTS / f"{STEM}.md").write_text("\n".join(lines))
-    print("\n".join(lines))
-
-
-def _remark2_table(rows: list[dict]) -> list[str]:
+def paper_rows(part: str, rows: list[dict]) -> list[dict]:
+    """The report rows of ``part``: its runs with their percentages (:func:`with_percent`), then
+    the means over seeds (parts a, b, d, e, m with several seeds) or, for part c, every view subset
+    sorted by size and the mean over the subsets of each size."""
+    if part != "c":
+        out = [with_percent(r) for r in rows]
+        if len({r["seed"] for r in rows}) > 1:
+            out += [with_percent(m) for m in _mean_rows(rows, _KEYS)]
+        return out
     out = []
     for seed in sorted({r["seed"] for r in rows}):
         rs = [r for r in rows if r["seed"] == seed]
-        head = [r for r in rs if "views" not in r]
-        subs = [r for r in rs if "views" in r]
-        if head:
-            h = head[0]
-            out.append(
-                f"Seed {seed}: HyFEM-Avg ({h['setting']}) server {_p(h['server_accuracy'])}, centralised "
-                f"{_p(h['centralized_accuracy'])}; {len(subs)} subsets, CPU {h['cpu_seconds']:.0f} s for the run."
-            )
-        out += [
-            "",
-            "| views | held by a client | server cut | centralised on the subset | cut - centralised |",
-            "|---|---|---|---|---|",
-        ]
-        for r in sorted(subs, key=lambda r: (r["n_views"], r["views"])):
-            out.append(
-                f"| {' '.join(r['views'])} | {'yes' if r['held_by_a_client'] else 'no'} | {_p(r['cut_accuracy'])} "
-                f"| {_p(r['centralized_subset_accuracy'])} "
-                f"| {_d(r['cut_accuracy'], r['centralized_subset_accuracy'])} |"
-            )
-        out += [
-            "",
-            "Mean by number of views:",
-            "",
-            "| views | subsets | server cut | centralised | cut - centralised |",
-        ]
-        out.append("|---|---|---|---|---|")
+        subs = sorted((r for r in rs if "views" in r), key=lambda r: (r["n_views"], r["views"]))
+        out += [with_percent({**r, "views_text": f"all ({r['setting']})"}) for r in rs if "views" not in r]
+        out += [with_percent({**r, "views_text": " ".join(r["views"])}) for r in subs]
         for k in sorted({r["n_views"] for r in subs}):
             ks = [r for r in subs if r["n_views"] == k]
-            cut = float(np.mean([r["cut_accuracy"] for r in ks]))
             cv = [r["centralized_subset_accuracy"] for r in ks if r["centralized_subset_accuracy"] is not None]
-            cen = float(np.mean(cv)) if cv else None
-            out.append(f"| {k} | {len(ks)} | {_p(cut)} | {_p(cen)} | {_d(cut, cen)} |")
-        out.append("")
+            mean = {
+                "seed": seed,
+                "views_text": f"mean of the {k}-view subsets",
+                "subsets": len(ks),
+                "cut_accuracy": float(np.mean([r["cut_accuracy"] for r in ks])),
+                "centralized_subset_accuracy": float(np.mean(cv)) if cv else None,
+            }
+            out.append(with_percent(mean))
     return out
+
+
+def write_paper(part: str, rows: list[dict]) -> None:
+    """Write ``rows`` (the runs of ``part``) as the report ``hyfem_paper_settings_<part>``
+    (:func:`paper_rows`, through :func:`benchmarks.harness.write_report`)."""
+    mine = {"commit": harness.commit(), "machine": harness.machine()}
+    notes = [PAPER_NOTE] + ([f"Plot: `{STEM}_b.png`."] if part == "b" else [])
+    harness.write_report(
+        f"{STEM}_{part}",
+        paper_rows(part, [{**mine, **r} for r in rows]),
+        title=PAPER_TITLES[part],
+        command=f"nice -n 5 .venv/bin/python -m benchmarks.hyfem paper-settings --parts {part} (options: docstring)",
+        columns=REMARK2_COLUMNS if part == "c" else RUN_COLUMNS,
+        notes=notes,
+        out=RESULTS,
+    )
 
 
 def plot_b(rows: list[dict]) -> None:
@@ -934,7 +948,7 @@ def plot_b(rows: list[dict]) -> None:
 
 
 def main_paper_settings() -> None:
-    """Run the selected parts, write their JSON files and rebuild the markdown."""
+    """Run the selected parts and write each one's report (:func:`write_paper`)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", nargs="+", choices=list("mabcde"), default=[])
     ap.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
@@ -956,10 +970,9 @@ def main_paper_settings() -> None:
     ap.add_argument("--mnist-prox", nargs=2, type=float, default=[0.1, 1.0], metavar=("MU1", "MU2"))
     ap.add_argument("--mnist-local-steps", type=int, default=None, help="(e) override Q")
     ap.add_argument("--main-from-runs", nargs="*", default=[], help="(m) ingest these CLI run directories")
-    ap.add_argument("--report", action="store_true", help="only rebuild the markdown")
     args = ap.parse_args()
     for part in args.parts:
-        _OUT.append(RESULTS / f"{STEM}_{part}.json")
+        _OUT.append(part)
         if part == "m":
             rows = part_m(args.seeds, args.main_from_runs)
         elif part == "a":
@@ -972,10 +985,9 @@ def main_paper_settings() -> None:
             rows = part_d(args.seeds, args.c1_views, args.c1_mus, args.c1_schedule)
         else:
             rows = part_e(args.seeds, tuple(args.mnist_prox), args.mnist_local_steps)
-        (RESULTS / f"{STEM}_{part}.json").write_text(json.dumps(rows, indent=2))
+        write_paper(part, rows)
         if part == "b":
             plot_b(rows)
-    report()
 
 
 PARTS = {

@@ -245,53 +245,59 @@ def run_alignment(name: str, alignment: str) -> tuple[dict, np.ndarray, list, li
 def main_hyfdca_psi() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--data", choices=["credit", "mnist", "both"], default="both")
-    ap.add_argument("--report-only", action="store_true", help="rewrite the .md from the .json, run nothing")
     args = ap.parse_args()
     names = ["credit", "mnist"] if args.data == "both" else [args.data]
-    path = OUT / "hyfdca_psi.json"
-    results = json.loads(path.read_text()) if path.exists() else {}
-    results["psi_library"] = psi.library_version()
-    results["psi_workers"] = psi.default_workers()
+    rows = []
+    mine = {"commit": harness.commit(), "machine": harness.machine()}
     with single_threaded():
-        for name in [] if args.report_only else names:
-            rows = {}
-            ws, layouts = {}, {}
+        for name in names:
+            pair, ws, layouts = [], {}, {}
             for alignment in ("plaintext", "psi"):
                 row, w, holders, sizes = run_alignment(name, alignment)
-                rows[alignment] = row
+                pair.append({"data": name, **row})
                 ws[alignment], layouts[alignment] = w, (holders, sizes)
                 print(name, json.dumps(row), flush=True)
-            rows["same_segments"] = layouts["psi"] == layouts["plaintext"]
-            rows["w_max_abs_diff_after_1_round"] = float(np.abs(ws["psi"] - ws["plaintext"]).max())
-            results[name] = rows
-    path.write_text(json.dumps(results, indent=2))
-    lines = [
-        "# HyFDCA sample alignment: PSI vs plaintext (setup cost)",
-        "",
-        "3 x 3 grid (9 clients), no encryption, secure aggregation on (defaults); written by "
-        "`python -m benchmarks.privacy_cost hyfdca-psi`. CPU = this process + its PSI worker processes "
-        f"(openmined-psi {results['psi_library']}, {results['psi_workers']} worker processes per step). "
-        "Bytes: every setup message; alignment bytes: hello + `hyfdca.psi_*` only. Exchanges: plaintext "
-        "hello, init, norms; psi adds serve, result, tags. PSI cost grows with the pairs: each client "
-        "blinds its IDs twice (one request, one setup) and every pair costs about two exponentiations "
-        "per ID of the lower-named client; the clients run in sequence here (in a deployment in parallel).",
-        "",
-        "| data | alignment | samples | setup CPU s | setup wall s (load 1/5/15) | setup MB | alignment MB | "
-        "exchanges | same segments | max abs diff of w after 1 round |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name in ("credit", "mnist"):
-        if name not in results:
-            continue
-        for al in ("plaintext", "psi"):
-            r = results[name][al]
-            lines.append(
-                f"| {name} | {al} | {r['samples']} | {r['setup_cpu_seconds']:.2f} | {r['setup_wall_seconds']:.2f} "
-                f"({'/'.join(str(v) for v in r['load_average_1_5_15'])}) | {r['setup_bytes'] / 1e6:.2f} | "
-                f"{r['alignment_bytes'] / 1e6:.2f} | {r['setup_exchanges']} | {results[name]['same_segments']} | "
-                f"{results[name]['w_max_abs_diff_after_1_round']:.1e} |"
-            )
-    (OUT / "hyfdca_psi.md").write_text("\n".join(lines) + "\n")
+            same = layouts["psi"] == layouts["plaintext"]
+            diff = float(np.abs(ws["psi"] - ws["plaintext"]).max())
+            rows += [{**r, "same_segments": same, "w_max_abs_diff_after_1_round": diff, **mine} for r in pair]
+    harness.write_report(
+        "hyfdca_psi",
+        [with_mb(r) for r in _merge_rows("hyfdca_psi", rows, ("data", "alignment"))],
+        title="HyFDCA sample alignment: PSI vs plaintext (setup cost)",
+        command=".venv/bin/python -m benchmarks.privacy_cost hyfdca-psi [--data credit|mnist]",
+        columns=HYFDCA_PSI_COLUMNS,
+        notes=[
+            "3 x 3 grid (9 clients), no encryption, secure aggregation on (defaults). CPU = this process + its PSI "
+            f"worker processes (openmined-psi {psi.library_version()}, {psi.default_workers()} worker processes per "
+            "step). Bytes: every setup message; alignment bytes: hello + `hyfdca.psi_*` only. Exchanges: plaintext "
+            "hello, init, norms; psi adds serve, result, tags. PSI cost grows with the pairs: each client blinds its "
+            "IDs twice (one request, one setup) and every pair costs about two exponentiations per ID of the "
+            "lower-named client; the clients run in sequence here (in a deployment in parallel). Each row keeps the "
+            "commit it was measured at (`-`: before rows recorded it)."
+        ],
+        out=OUT,
+    )
+
+
+def with_mb(r: dict) -> dict:
+    """The row with ``setup_mb`` and ``alignment_mb`` (bytes / 10^6) for the table."""
+    return {**r, "setup_mb": r["setup_bytes"] / 1e6, "alignment_mb": r["alignment_bytes"] / 1e6}
+
+
+HYFDCA_PSI_COLUMNS = [
+    "data",
+    "alignment",
+    "samples",
+    ("setup_cpu_seconds", "setup CPU s"),
+    ("setup_wall_seconds", "setup wall s"),
+    ("load_average_1_5_15", "load 1/5/15"),
+    ("setup_mb", "setup MB"),
+    ("alignment_mb", "alignment MB"),
+    ("setup_exchanges", "exchanges"),
+    ("same_segments", "same segments"),
+    ("w_max_abs_diff_after_1_round", "max abs diff of w after 1 round"),
+    "commit",
+]
 
 
 # ======================================== part secagg
@@ -678,38 +684,49 @@ def main_psi_roster() -> None:
     ap.add_argument("--data", choices=["credit", "mnist"], default="credit")
     args = ap.parse_args()
     rows, layouts = [], []
+    mine = {"data": args.data, "grid": "3x3", "commit": harness.commit(), "machine": harness.machine()}
     with single_threaded():
         for signed in (False, True):
             row, layout = roster_run(args.data, signed)
-            rows.append(row)
+            rows.append({**mine, **row})
             layouts.append(layout)
             print(json.dumps(row), flush=True)
-    result = {"data": args.data, "grid": "3x3", "runs": rows, "same_segments": layouts[0] == layouts[1]}
-    (OUT / "psi_roster.json").write_text(json.dumps(result, indent=2))
-    a, b = rows
-    lines = [
-        f"# Signed PSI (roster) vs unsigned: HyFDCA alignment setup, {args.data} 3 x 3",
-        "",
-        "Written by `python -m benchmarks.privacy_cost psi-roster`; no encryption, secure aggregation on (defaults); 9 clients "
-        "simulated in sequence. CPU = this process + its PSI worker processes.",
-        "",
-        "| roster | samples | setup CPU s | setup wall s (load 1/5/15) | setup bytes | alignment bytes | "
-        "signing + checking s (calls) |",
-        "|---|---|---|---|---|---|---|",
-    ]
     for r in rows:
-        lines.append(
-            f"| {'yes' if r['signed'] else 'no'} | {r['samples']} | {r['setup_cpu_seconds']} | {r['setup_wall_seconds']} "
-            f"({'/'.join(str(v) for v in r['load_average_1_5_15'])}) | {r['setup_bytes']} | {r['alignment_bytes']} | "
-            f"{r['signature_seconds']} ({r['signature_calls']}) |"
-        )
-    lines += [
-        "",
-        f"Extra bytes with the roster: {b['setup_bytes'] - a['setup_bytes']} "
-        f"({100 * (b['setup_bytes'] - a['setup_bytes']) / a['setup_bytes']:.3f} % of the setup); "
-        f"same segments: {result['same_segments']}.",
-    ]
-    (OUT / "psi_roster.md").write_text("\n".join(lines) + "\n")
+        r["same_segments"] = layouts[0] == layouts[1]
+        r["extra_setup_bytes"] = r["setup_bytes"] - rows[0]["setup_bytes"]
+        r["extra_setup_share"] = r["extra_setup_bytes"] / rows[0]["setup_bytes"]
+    harness.write_report(
+        "psi_roster",
+        _merge_rows("psi_roster", rows, ("data", "signed")),
+        title="Signed PSI (roster) vs unsigned: HyFDCA alignment setup, 3 x 3 grid",
+        command=".venv/bin/python -m benchmarks.privacy_cost psi-roster [--data credit|mnist]",
+        columns=PSI_ROSTER_COLUMNS,
+        notes=[
+            "No encryption, secure aggregation on (defaults); 9 clients simulated in sequence. CPU = this process + "
+            "its PSI worker processes. `signing + checking s (calls)`: the seconds inside Ed25519 signing and "
+            "verifying and the blobs' SHA-256 (timed around the calls) and their count. `extra setup bytes`: the "
+            "setup's bytes over those of the run without a roster (share of them)."
+        ],
+        out=OUT,
+    )
+
+
+PSI_ROSTER_COLUMNS = [
+    "data",
+    ("signed", "roster"),
+    "samples",
+    ("setup_cpu_seconds", "setup CPU s"),
+    ("setup_wall_seconds", "setup wall s"),
+    ("load_average_1_5_15", "load 1/5/15"),
+    ("setup_bytes", "setup bytes"),
+    ("alignment_bytes", "alignment bytes"),
+    ("signature_seconds", "signing + checking s"),
+    ("signature_calls", "calls"),
+    ("extra_setup_bytes", "extra setup bytes"),
+    ("extra_setup_share", "share"),
+    ("same_segments", "same segments"),
+    "commit",
+]
 
 
 PARTS = {

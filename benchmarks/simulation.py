@@ -67,7 +67,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -338,61 +337,69 @@ def _key(r: dict) -> tuple:
     )
 
 
-def markdown(rows: list[dict]) -> str:
-    """The results table."""
-    lines = [
-        "# HyFEM simulation at scale (MNIST quadrants, class x block)",
-        "",
-        "Written by `python -m benchmarks.simulation scale` (command in its docstring); single-threaded, on a 2-core machine",
-        "shared with other jobs: wall times include waiting for the CPU (load average at the end of the run",
-        "in the `load avg` column), CPU times do not. `test subsample`: test samples of the per-client metrics",
-        "before the last round (0: all); the server accuracy and the last round always use all 10,000.",
-        "`eval every`: evaluation after every k-th round (`eval_every`; 0: after the last round only); the",
-        "last round is always evaluated in full (every client's local and received model, the server).",
-        "`sampled`: `fraction_fit`, the share of clients asked per round; `overlap`: `full` (each client",
-        "all training samples of its digits) or `split` (each digit's samples divided among its holders).",
-        "`max width`: the matching's cap on the server's hidden width (`none`: no cap).",
-        "`eval / train (CPU)`: evaluation CPU time over the rounds' CPU time; `wall / train`: whole-run wall",
-        "time over the rounds' wall time (the issue's goal: <= 1.5 at 100 clients); `CPU / train CPU`: the",
-        "same with CPU times (the whole run's over the rounds'; not inflated by the other jobs' load).",
-        "`date`: when the row was measured, with the code of that day: the 2026-11-23 rows predate the",
-        "faster evaluation and ID lookups of 2026-11-25 (CNN extractors pool before the ReLU without",
-        "autograd, `inference_mode`, vectorised sample-ID lookups in the partition, its validation and",
-        "the clients' views: same results, bit for bit).",
-        "",
-        "| clients | overlap | sampled | max width | batched | rounds x Q | test subsample | eval every | wall (s) "
-        "| CPU (s) "
-        "| training, wall / CPU (s) | evaluation, wall / CPU (s) | eval / train (CPU) | wall / train "
-        "| CPU / train CPU "
-        "| checkpoints (s, writes) | load + partition (s) | peak RSS (GB) | server acc. "
-        "| clients acc. (received / local) | load avg | date |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        tc = r.get("train_cpu_seconds")
-        ratio = "-" if not tc else f"{r['eval_cpu_seconds'] / tc:.2f}"
-        cpu_ratio = "-" if not tc else f"{r['cpu_seconds'] / tc:.2f}"
-        lines.append(
-            f"| {r['clients']} | {r.get('overlap', 'full')} | {r.get('fraction_fit', 1.0):g} "
-            f"| {r.get('max_width', 128) or 'none'} "
-            f"| {'yes' if r.get('batched_clients') else 'no'} | {r['rounds']} x {r['local_steps']} "
-            f"| {r['test_subsample']} | {r.get('eval_every', 1)} | {r['wall_seconds']:.1f} | {r['cpu_seconds']:.1f} "
-            f"| {r['train_seconds']:.1f} / {'-' if tc is None else f'{tc:.1f}'} "
-            f"| {r['eval_seconds']:.1f} / {r['eval_cpu_seconds']:.1f} "
-            f"| {ratio} "
-            f"| {r['wall_seconds'] / r['train_seconds']:.2f} | {cpu_ratio} "
-            f"| {r['checkpoint_seconds']:.2f}, {r['checkpoint_writes']} | {r['load_seconds']:.1f} "
-            f"| {r['peak_rss_gb']:.2f} | {100 * r['server_accuracy']:.2f} % "
-            f"| {100 * r['client_accuracy_mean']:.2f} % / {100 * r['client_accuracy_local_mean']:.2f} % "
-            f"| {r.get('load_average', '-')} | {r.get('date', '-')} |"
-        )
-    return "\n".join(lines) + "\n"
+def with_ratios(r: dict) -> dict:
+    """The row with its ratios: ``eval_train_cpu`` (evaluation CPU over the rounds' CPU),
+    ``wall_train`` (whole-run wall over the rounds' wall) and ``cpu_train_cpu`` (whole-run CPU
+    over the rounds' CPU; ``None`` where the rounds' CPU time was not recorded)."""
+    tc = r.get("train_cpu_seconds")
+    return {
+        **r,
+        "eval_train_cpu": r["eval_cpu_seconds"] / tc if tc else None,
+        "wall_train": r["wall_seconds"] / r["train_seconds"],
+        "cpu_train_cpu": r["cpu_seconds"] / tc if tc else None,
+    }
+
+
+SCALE_COLUMNS = [
+    "clients",
+    "overlap",
+    ("fraction_fit", "sampled"),
+    ("max_width", "max width"),
+    ("batched_clients", "batched"),
+    "rounds",
+    ("local_steps", "Q"),
+    ("test_subsample", "test subsample"),
+    ("eval_every", "eval every"),
+    ("wall_seconds", "wall (s)"),
+    ("cpu_seconds", "CPU (s)"),
+    ("train_seconds", "training wall (s)"),
+    ("train_cpu_seconds", "training CPU (s)"),
+    ("eval_cpu_seconds", "evaluation CPU (s)"),
+    ("eval_train_cpu", "eval / train (CPU)"),
+    ("wall_train", "wall / train"),
+    ("cpu_train_cpu", "CPU / train CPU"),
+    ("load_seconds", "load + partition (s)"),
+    ("peak_rss_gb", "peak RSS (GB)"),
+    ("server_accuracy", "server acc."),
+    ("client_accuracy_mean", "clients acc., received"),
+    ("client_accuracy_local_mean", "clients acc., local"),
+    ("load_average", "load avg"),
+    "date",
+    "commit",
+]
+
+SCALE_NOTES = [
+    "HyFEM on MNIST quadrants, class x block partition; single-threaded, on a 2-core machine shared with other "
+    "jobs: wall times include waiting for the CPU (`load avg` at the end of the run), CPU times do not. "
+    "`test subsample`: test samples of the received models' metrics before the last round (0: all); the server "
+    "accuracy and the last round always use all 10,000. `eval every`: `eval_every` (0: after the last round "
+    "only). Every evaluated round scores the server model and every client's received model (on the server's "
+    "cached extractor features); the clients' own models after their Q local steps (`clients acc., local`) are "
+    "scored once, after the last round, on all test samples. `sampled`: `fraction_fit`; `overlap`: `full` (each "
+    "client all training samples of its digits) or `split` (each digit's samples divided among its holders); "
+    "`max width`: the matching's cap on the server's hidden width (`-`: no cap).",
+    "`eval / train (CPU)`: evaluation CPU time over the rounds' CPU time; `wall / train`: whole-run wall time "
+    "over the rounds' wall time; `CPU / train CPU`: the same with CPU times (not inflated by the other jobs' "
+    "load). The goal: at most 1.5 at 100 clients with the default evaluation schedule.",
+    "`date` and `commit`: when the row was measured and the code (`-`: before rows recorded their commit). The "
+    "2026-11-23 rows predate the faster evaluation and ID lookups of 2026-11-25 (same results, bit for bit); the "
+    "rows up to 2026-11-25 scored every client's own model in every evaluated round, later rows only after the "
+    "last (same final metrics).",
+]
 
 
 def main_scale() -> None:
     """Run each client count in a child process and write the results files."""
-    from hybridfl.files import atomic_write
-
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--clients", type=int, nargs="+", default=[10, 100])
     ap.add_argument("--rounds", type=int, default=3)
@@ -420,10 +427,11 @@ def main_scale() -> None:
             args.eval_every,
         )
         row["load_average"] = " ".join(f"{v:.1f}" for v in os.getloadavg())
+        row["commit"] = harness.commit()
         print(json.dumps(row), flush=True)
         return
     path = RESULTS / "scale.json"
-    old = json.loads(path.read_text())["runs"] if path.exists() else []
+    old = json.loads(path.read_text())["rows"] if path.exists() else []
     rows = []
     for m in args.clients:
         cmd = [
@@ -448,11 +456,17 @@ def main_scale() -> None:
         print(json.dumps(row), flush=True)
         rows.append(row)
     new = {_key(r) for r in rows}
-    runs = sorted([r for r in old if _key(r) not in new] + rows, key=_key)
-    meta = {"machine": platform.machine(), "python": platform.python_version(), "date": time.strftime("%Y-%m-%d")}
-    atomic_write(path, json.dumps({"meta": meta, "runs": runs}, indent=2))
-    atomic_write(RESULTS / "scale.md", markdown(runs))
-    print(markdown(runs))
+    runs = sorted([r for r in old if _key(r) not in new] + [with_ratios(r) for r in rows], key=_key)
+    harness.write_report(
+        "scale",
+        runs,
+        title="HyFEM simulation at scale (MNIST quadrants, class x block)",
+        command=".venv/bin/python -m benchmarks.simulation scale (one row per setting; command lines in its docstring)",
+        columns=SCALE_COLUMNS,
+        notes=SCALE_NOTES,
+        out=RESULTS,
+    )
+    print(harness.markdown_table(runs, SCALE_COLUMNS))
 
 
 PARTS = {

@@ -107,3 +107,39 @@ def test_cyclic_participation_forms_one_over_participation_groups():
     assert HyFDCAConfig(participation=1 / 3, participation_mode="cyclic").cyclic_groups == 3
     with pytest.raises(ValueError, match="cyclic' needs participation <= 0.5"):
         HyFDCAConfig(participation_mode="cyclic")
+
+
+def test_fedbcd_paper_preset_is_the_mnist_cnn_setting_and_explicit_fields_win():
+    from hybridfl.algorithms.fedbcd import FedBCDConfig
+
+    paper = parse_config({"algorithm": {"name": "fedbcd", "preset": "paper"}}).algorithm_config()
+    for key, value in PRESETS["fedbcd"]["paper"].items():
+        assert getattr(paper, key) == value, key
+    assert (paper.variant, paper.Q, paper.batch_size, paper.model, paper.optimizer) == ("p", 5, 256, "cnn", "sgd")
+    # fields the preset does not name keep their defaults (eta_0 is not in the paper)
+    assert (paper.lr, paper.rounds, paper.mu) == (FedBCDConfig().lr, FedBCDConfig().rounds, 0.0)
+    assert paper.step_size(3) == pytest.approx(paper.lr / 2)
+    # an explicit field wins over the preset's value, the others still come from the preset
+    mine = FedBCDConfig.model_validate(
+        {"preset": "paper", "model": "linear", "batch_size": 64, "optimizer": "adam", "lr": 1e-4}
+    )
+    assert (mine.model, mine.batch_size, mine.optimizer, mine.lr) == ("linear", 64, "adam", 1e-4)
+    assert (mine.variant, mine.Q, mine.lr_decay, mine.channels) == ("p", 5, "sqrt", 64)
+    # FedPBCD-p through the preset: the paper's mu = 0.1 is the variant's default
+    prox = FedBCDConfig.model_validate({"preset": "paper", "variant": "prox", "local_steps": 25})
+    assert (prox.mu, prox.Q) == (0.1, 25)
+    assert "preset" not in mine.model_dump() and FedBCDConfig.model_validate(mine.model_dump()) == mine
+
+
+def test_fedbcd_unknown_preset_is_one_sentence_and_describe_lists_the_paper_preset(tmp_path: Path):
+    with pytest.raises(ConfigError, match=r"preset 'fast' is not a preset of fedbcd \(presets: paper\)"):
+        parse_config({"algorithm": {"name": "fedbcd", "preset": "fast"}})
+    cfg = write(tmp_path, "c.yaml", "algorithm: {name: fedbcd, preset: [paper]}\n")
+    p = cli("run", "--config", str(cfg), "--out", str(tmp_path / "out"))
+    assert_one_sentence_error(p, "preset ['paper'] is not a preset of fedbcd (presets: paper)")
+    assert not (tmp_path / "out").exists()
+    p = cli("algorithms", "--describe", "fedbcd")
+    assert p.returncode == 0, p.stderr
+    text = " ".join(p.stdout.split())
+    assert "preset: paper (explicit options override it): variant: p, local_steps: 5, batch_size: 256" in text
+    assert "lr_decay: sqrt, model: cnn, channels: 64, representation_dim: 256" in text

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from hybridfl.algorithms.presets import with_preset
 from hybridfl.errors import ConfigError, HybridFLError
 from hybridfl.models.device import check_device
 
@@ -56,6 +57,9 @@ class FedBCDConfig(BaseModel):
     ``tf.train.AdamOptimizer``), there for the towers only: its per-party logistic slice ``W``
     takes plain SGD steps (``vfl.py`` ``_update_federated_layer_model``), here Adam updates every
     parameter. With ``adam`` the coordinator adds ``optimizer`` to the step settings it sends.
+
+    ``preset: paper`` fills the paper's MNIST-CNN setting (FedBCD-p, Q = 5, batch 256, SGD with
+    ``eta_0 / sqrt(t + 1)``, CNN towers; :mod:`hybridfl.algorithms.presets`); explicit fields win.
 
     ``device``: where the torch models and the tensors made from a party's data live
     (:mod:`hybridfl.models.device`; ``auto`` default: ``cuda`` when torch sees a GPU, else ``cpu``;
@@ -143,6 +147,11 @@ class FedBCDConfig(BaseModel):
         "skip = roll every party back to its state before the round, count the round as skipped and go on; "
         "error = stop with an error naming the party and the round",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, data: Any) -> Any:
+        return with_preset("fedbcd", data)  # preset: paper (hybridfl.algorithms.presets)
 
     @model_validator(mode="after")
     def _check(self) -> FedBCDConfig:

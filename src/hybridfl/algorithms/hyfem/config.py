@@ -117,7 +117,14 @@ class HyFEMConfig(BaseModel):
     matching: MatchingSettings = Field(
         default_factory=MatchingSettings, description="classifier matching settings (HyFEM Alg. 3)"
     )
-    eval_every: int = Field(1, ge=0, description="evaluate every k rounds (0: only at the end)")
+    eval_every: int = Field(
+        1,
+        ge=0,
+        description="evaluate after every k-th round and after the last (0: after the last only): the server model "
+        "(all test samples) and every client's received model (test_subsample samples before the last round); the "
+        "clients' own models after their Q local steps (simulation only) after the last round only, on all test "
+        "samples (a whole model each: with many clients the costliest part of the evaluation)",
+    )
     fraction_fit: float = Field(
         1.0,
         gt=0,
@@ -125,7 +132,10 @@ class HyFEMConfig(BaseModel):
         description="share of the clients sampled each round, at least one (Flower's fraction_fit; 1: all, the paper's setting)",
     )
     test_subsample: int = Field(
-        0, ge=0, description="per-client metrics on k test samples before the last round (0: all; the last in full)"
+        0,
+        ge=0,
+        description="the received models' accuracies on a fixed random subset of k test samples in the evaluated "
+        "rounds before the last (0: all); the server model and the last round always use all test samples",
     )
     failure_rate: float = Field(0.0, ge=0, lt=1, description="simulated: probability that a client fails mid-round")
     secure_aggregation: bool = Field(
