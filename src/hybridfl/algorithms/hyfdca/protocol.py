@@ -18,8 +18,11 @@ returning client's ``hyfdca.primal`` carrying ``alpha`` (consensus mode, HyFDCA 
 
 - block and consensus: [``primal`` (returning) [``unmask``]] ``ip``, ``dual``, ``primal``
   [``unmask``];
-- segment: per pass ``segstart``, ``sweep`` ..., ``primal`` [``unmask``] (the sequential
-  schedule runs several passes in a round).
+- segment: per pass ``segstart``, ``sweep`` ..., then either the closing sweep (a
+  ``hyfdca.sweep`` with ``close``, carrying the PrimalAggregation share) [``unmask``], or
+  ``primal`` [``unmask``] (the server's fallback when a holder's reply is missing; also after a
+  closing sweep whose pass the server could not add) (the sequential schedule runs several
+  passes in a round).
 
 A round may end early at any point (the server stops asking a client whose reply it lost), and
 over Flower a message the server gave up on may never reach the node, so a phase may be skipped
@@ -49,6 +52,8 @@ tells the server at most one bit per run (whether the client stopped), whatever 
 
 from __future__ import annotations
 
+import numpy as np
+
 from hybridfl.algorithms.hyfdca import kinds
 from hybridfl.runtime.failclosed import FailClosed
 from hybridfl.runtime.messages import Message
@@ -74,15 +79,17 @@ NEXT = {
         "unmask": (),
     },
     "segment": {
-        "segstart": ("sweep", "primal"),
-        "sweep": ("sweep", "primal"),
+        "segstart": ("sweep", "close", "primal"),
+        "sweep": ("sweep", "close", "primal"),
+        "close": ("unmask", "primal", "segstart"),
         "primal": ("unmask", "segstart"),
         "unmask": ("segstart",),
     },
 }
 """Per ``dual_mode``: the phases that may follow each phase within a round (a phase is the
 message kind without ``hyfdca.``; ``primal_ret``/``unmask_ret``: a returning client's
-PrimalAggregation before SecureInnerProduct, consensus mode)."""
+PrimalAggregation before SecureInnerProduct, consensus mode; ``close``: segment mode's closing
+``hyfdca.sweep``, which carries the PrimalAggregation share)."""
 
 
 class ClientProtocol(FailClosed):
@@ -114,8 +121,11 @@ class ClientProtocol(FailClosed):
 
     def phase_of(self, msg: Message, mode: str) -> str:
         """The phase ``msg`` would take in the current round (``primal_ret``/``unmask_ret`` in
-        consensus mode before the round's ``ip``)."""
+        consensus mode before the round's ``ip``; ``close``: a ``hyfdca.sweep`` whose ``close`` is true)."""
         kind = msg.kind.removeprefix("hyfdca.")
+        close = msg.payload.get("close", False)
+        if kind == "sweep" and isinstance(close, (bool, np.bool_)) and bool(close):
+            return "close"  # the closing sweep (a ``close`` that is not a bool is refused by its check)
         new_round = int(msg.round) > self.round
         if mode == "consensus" and kind in ("primal", "unmask"):
             early = new_round or self.phase in ("primal_ret", "unmask_ret")
