@@ -172,3 +172,24 @@ def test_an_unmask_after_a_sweep_that_did_not_close_is_refused(tiny):
     ask = {"tag": 1, "dropped": [], "survivors": [], "shares": []}
     with pytest.raises(ProtocolError, match="does not put it after 'sweep'"):
         client.handle(_msg("hyfdca.unmask", cid, 2, ask))
+
+
+@pytest.mark.parametrize("scheme", ["ckks", "paillier"])
+def test_encrypted_duals_give_w_within_the_encoding_error(tiny, monkeypatch, scheme):
+    """Under CKKS and Paillier the clients' copies of ``alpha`` are now the exact sums (before: the
+    decrypted ones, an encoding error away): ``w`` after every round within ``1e-5`` (relative) of
+    the run whose passes end with ``hyfdca.primal``, and each client's copy within its encoding
+    error of the server's decrypted ``alpha``."""
+    split, part = tiny
+    cfg = _cfg(encryption=scheme, paillier_bits=512, segment_inner_products="encrypted")
+    new, _, fed = _run(split, part, cfg, fallback=False)
+    old, _, _ = _run(split, part, cfg, fallback=True, monkeypatch=monkeypatch)
+    for a, b in zip(new, old):
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+        assert not np.array_equal(a, b) or scheme == "paillier"  # CKKS: the noise differs
+    for client in fed.clients.values():
+        err = client.encoding_error(cfg.rounds)
+        for s, g in enumerate(client.seg_global):
+            rows = client.seg_rows[s]
+            gap = np.abs(client.alpha[rows] - client.he.decrypt(fed.server.enc_alpha[g]))  # a client decrypts
+            assert (gap <= err[rows] + 1e-12).all()
