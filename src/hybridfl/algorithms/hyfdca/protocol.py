@@ -37,9 +37,11 @@ counters are ``rounds`` (the rounds in which it answered a message: the encoding
 decrypted ``alpha``, :meth:`HyFDCAClient.encoding_error
 <hybridfl.algorithms.hyfdca.client.HyFDCAClient.encoding_error>`) and ``steps`` (its local dual
 steps, ``hyfdca.dual``, and segment passes, ``hyfdca.segstart``, since its last accepted
-``alpha``): the change bound of an ``alpha`` is ``nu * max(1, steps)``. In segment mode this is
-the protocol's exact bound (a segment steps only when all its holders, so this client too, take
-part); in block and consensus modes a sample's other holders may also step while this client is
+``alpha``, a decrypted one or, segment mode, the one it computed at its last closing sweep): the
+change bound of an ``alpha`` is ``nu * max(1, steps)``. In segment mode this is the protocol's
+exact bound (a segment steps only when all its holders, so this client too, take part; a
+fallback ``hyfdca.primal`` right after a closing sweep takes back at most that pass's change,
+``nu`` per sample); in block and consensus modes a sample's other holders may also step while this client is
 away (partial participation): with ``nu = 1`` (the default) the dual box already bounds the change
 by 1, so nothing changes; with another ``nu`` a returning client may refuse an honest ``alpha``
 that moved more than ``nu`` while it was away (it then leaves the run: fail closed).
