@@ -16,6 +16,7 @@ from hybridfl.algorithms.convex.monitor import build_problem
 from hybridfl.algorithms.hyfdca import HyFDCAConfig, run_hyfdca
 from hybridfl.algorithms.hyfdca.protocol import SETUP, ClientProtocol
 from hybridfl.algorithms.hyfdca.segment_client import SegmentClientMixin
+from hybridfl.algorithms.hyfdca.segment_pass import SegmentPass
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.simulation import build_federation
@@ -202,8 +203,8 @@ def test_step_average_reaches_a_lower_objective_than_the_last_iterate(credit_sma
 
 
 def _primal_messages(credit_small, **kw):
-    """A federation after round 1's first pass, and the first client of the second pass's
-    PrimalAggregation message (its holder list etc.)."""
+    """A federation after round 1 with no closing sweeps (every pass ends with the fallback
+    ``hyfdca.primal``: PrimalAggregation with ``enc(alpha)``), and those messages."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     fed = build_federation("hyfdca", credit_small, part, _cfg(**kw))
     fed.setup()
@@ -215,7 +216,9 @@ def _primal_messages(credit_small, **kw):
         return orig(msgs, *a, **k)
 
     fed.transport.send_and_receive = spy
-    fed.server.run_round(1, fed.transport)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(SegmentPass, "_closing", lambda self, *a: {})
+        fed.server.run_round(1, fed.transport)
     return fed, [m for m in sent if m.kind == "hyfdca.primal"]
 
 
@@ -262,10 +265,31 @@ def test_client_refuses_a_lying_avg_segs_before_anything_changes(credit_small, a
     ids=["masked-length", "masked-width-1", "length", "nan", "missing"],
 )
 def test_a_malformed_position_share_costs_the_round_its_step_average(credit_small, secure, corrupt):
-    """A holder's PrimalAggregation reply whose position share is of another length, NaN or
-    missing (masked: words of another length, or the share without it): refused like a lost
-    reply, the round has no step average (``step_average`` 0) and its output model falls back to
-    the last iterate."""
+    """A holder's ``hyfdca.primal`` reply (PrimalAggregation after the passes were added; the
+    closing sweeps are off here, so every pass ends with it) whose position share is of another
+    length, NaN or missing (masked: words of another length, or the share without it): refused
+    like a lost reply, the round has no step average (``step_average`` 0) and its output model
+    falls back to the last iterate."""
+    out, fed = _corrupted_round(credit_small, secure, corrupt, closing=False)
+    assert out["step_average"] == 0.0 and fed.server.w_step is None
+    np.testing.assert_array_equal(fed.server.output_w(), fed.server.w)
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_a_malformed_closing_reply_costs_its_segment_the_pass(credit_small, secure):
+    """The same corruption on a holder's closing sweep reply (the share beside its dual change):
+    refused like a lost reply, so its segment's pass is not added (nothing of it counts; the
+    fallback ``hyfdca.primal`` follows), and the round's step average is that of the passes added."""
+    cut = (lambda p: {**p, "masked": p["masked"][:-1]}) if secure else (lambda p: {**p, "share": p["share"][:-1]})
+    out, fed = _corrupted_round(credit_small, secure, cut, closing=True)
+    assert out["segments_updated"] == out["segments_active"] - 1 and out["failed"] == 1
+    assert out["step_average"] == 1.0 and fed.server.w_step is not None
+    assert any(e.kind == "hyfdca.primal" for e in fed.transport.log.entries)
+
+
+def _corrupted_round(credit_small, secure, corrupt, closing):
+    """Round 1 on the 3 x 3 grid whose victim ``client-s1-f1`` corrupts its PrimalAggregation
+    reply (``hyfdca.primal``, or with ``closing`` its closing sweep's) with ``corrupt``."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     fed = build_federation("hyfdca", credit_small, part, _cfg(secure_aggregation=secure))
     fed.setup()
@@ -274,14 +298,16 @@ def test_a_malformed_position_share_costs_the_round_its_step_average(credit_smal
 
     def lie(msg):
         r = orig(msg)
-        if msg.kind == "hyfdca.primal":
+        if msg.payload.get("close") if closing else msg.kind == "hyfdca.primal":
             return Message(r.kind, r.sender, r.receiver, r.round, corrupt(dict(r.payload)))
         return r
 
     victim.handle = lie
-    out = fed.server.run_round(1, fed.transport)
-    assert out["step_average"] == 0.0 and fed.server.w_step is None
-    np.testing.assert_array_equal(fed.server.output_w(), fed.server.w)
+    with pytest.MonkeyPatch.context() as mp:
+        if not closing:
+            mp.setattr(SegmentPass, "_closing", lambda self, *a: {})
+        out = fed.server.run_round(1, fed.transport)
+    return out, fed
 
 
 def test_config_needs_segment_mode():
@@ -304,18 +330,18 @@ def test_what_an_honest_but_curious_server_learns_of_the_position_shares(credit_
 
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     true: list[np.ndarray] = []
-    orig = SegmentClientMixin.position_share
+    orig = SegmentClientMixin.position_share_of
 
-    def spy(client, msg):
-        v = orig(client, msg)
+    def spy(client, segs):
+        v = orig(client, segs)
         true.append(v)
         return v
 
-    monkeypatch.setattr(SegmentClientMixin, "position_share", spy)
+    monkeypatch.setattr(SegmentClientMixin, "position_share_of", spy)
     from hybridfl.algorithms.hyfdca.secure import SecureSharesServerMixin
 
     sums: list[np.ndarray] = []  # the server's unmasked per-feature sums of the position shares
-    collect = SecureSharesServerMixin.collect_masked
+    collect = SecureSharesServerMixin.finish_masked
 
     def collect_spy(server, *a, **k):
         got = collect(server, *a, **k)
@@ -323,14 +349,16 @@ def test_what_an_honest_but_curious_server_learns_of_the_position_shares(credit_
             sums.append(server.position_sum.copy())
         return got
 
-    monkeypatch.setattr(SecureSharesServerMixin, "collect_masked", collect_spy)
+    monkeypatch.setattr(SecureSharesServerMixin, "finish_masked", collect_spy)
     raw: list[bytes] = []
     fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=2, segment_schedule=schedule), recorder=raw.append)
     fed.setup()
     fed.loop(monitor=False).run()
-    replies = [m for m in map(decode, raw) if m.kind == "hyfdca.primal" and m.receiver == SERVER]
+    # the shares ride on the closing sweeps' replies, beside the encrypted dual changes
+    replies = [m for m in map(decode, raw) if m.receiver == SERVER and "masked" in m.payload]
+    assert {m.kind for m in replies} == {"hyfdca.sweep"}
     # with the masked words only the encrypted shares of the self-mask seed (double masking)
-    keys = {"masked", "self_shares", "client_seconds", "he_seconds"}
+    keys = {"masked", "self_shares", "client_seconds", "he_seconds", "ip", "ip_segs", "dalpha", "dalpha_segs"}
     assert replies and all(set(m.payload) <= keys for m in replies)
     words = np.concatenate([m.payload["masked"] for m in replies])
     assert words.dtype == np.uint64
@@ -356,7 +384,9 @@ def test_client_refuses_step_average_fields_it_was_not_set_up_for(credit_small):
     raw: list[bytes] = []
     fed = build_federation("hyfdca", credit_small, part, _cfg(output="last"), recorder=raw.append)
     fed.setup()
-    fed.server.run_round(1, fed.transport)
+    with pytest.MonkeyPatch.context() as mp:  # no closing sweeps: the fallback hyfdca.primal
+        mp.setattr(SegmentPass, "_closing", lambda self, *a: {})
+        fed.server.run_round(1, fed.transport)
     msgs = [decode(b) for b in raw]
     m = next(x for x in msgs if x.kind == "hyfdca.primal" and x.receiver != SERVER)
     bad = Message(m.kind, SERVER, m.receiver, m.round, {**m.payload, "avg_segs": [0], "tag": 10**6})

@@ -122,24 +122,30 @@ def set_peers(client: SecAggClient, msg: Message, auth: PeerAuth | None = None, 
         raise PayloadError(msg, "secagg_keys", f"refused ({e})") from None
 
 
-def check_exchange(client: SecAggClient, msg: Message, cap: int | None = None) -> tuple[int, list[str]]:
-    """The ``tag`` and ``peers`` of a masked exchange, checked before anything changes.
+def check_exchange(
+    client: SecAggClient, msg: Message, cap: int | None = None, prefix: str = ""
+) -> tuple[int, list[str]]:
+    """The ``tag`` and ``peers`` of a masked exchange, checked before anything changes (the fields
+    named ``prefix + "tag"`` and ``prefix + "peers"``: a message that also carries other fields of
+    those names, as HyFDCA's ``hyfdca.sweep`` carrying its PrimalAggregation share, prefixes them).
 
     Raises:
         PayloadError: ``tag`` not an integer above every tag ``client`` used, ``peers`` not the
             names of known peers of its roster (itself excluded, no repeats), or fewer clients than
             its threshold (:meth:`~hybridfl.privacy.secagg.SecAggClient.check_quorum`, ``cap``).
     """
-    tag = validate.integer(msg, "tag", low=0, high=2**62)
-    peers = validate.strings(msg, "peers")
+    tag = validate.integer(msg, prefix + "tag", low=0, high=2**62)
+    peers = validate.strings(msg, prefix + "peers")
     if tag <= client.last_tag:
         raise PayloadError(
-            msg, "tag", f"refused (client {client.client_id!r} was asked to reuse secure-aggregation tag {tag})"
+            msg,
+            prefix + "tag",
+            f"refused (client {client.client_id!r} was asked to reuse secure-aggregation tag {tag})",
         )
     try:
         client.check_quorum(client.check_peers(peers), cap)
     except ProtocolError as e:
-        raise PayloadError(msg, "peers", f"refused ({e})") from None
+        raise PayloadError(msg, prefix + "peers", f"refused ({e})") from None
     return tag, peers
 
 

@@ -38,6 +38,10 @@ every server message (keys, exact shapes, finite values, ciphertext counts and d
 
 - block mode uses no server-sent ``alpha`` at all: its share is built from its own duals only, and
   a ``hyfdca.primal`` carrying ``alpha`` (or any key but ``commit``) is refused;
+- segment mode's closing sweep uses none either: the client adds its pass's own changes to its
+  copy of the aggregated ``alpha`` (:meth:`~.primal.PrimalClientMixin.close_pass`, projected as
+  below), and a ``close`` before its pass is over is refused; a server-sent ``alpha`` comes only
+  in the fallback ``hyfdca.primal`` and a returning client's ``hyfdca.segstart``;
 - consensus and segment modes decrypt the shared ``alpha``, refuse it only if it is malformed
   (count, lengths, finiteness: facts of the message alone) and otherwise take the nearest point of
   the set the protocol can have produced (:meth:`HyFDCAClient.accept_alpha`). What is exact: every
@@ -73,7 +77,6 @@ negative sample becomes 0, no large coefficients, no jump); it does not remove i
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -85,6 +88,7 @@ from hybridfl.algorithms.convex.losses import RowData
 from hybridfl.algorithms.convex.problem import features, signed_labels
 from hybridfl.algorithms.hyfdca import kinds
 from hybridfl.algorithms.hyfdca.align import AlignClientMixin
+from hybridfl.algorithms.hyfdca.primal import PrimalClientMixin
 from hybridfl.algorithms.hyfdca.protocol import ClientProtocol
 from hybridfl.algorithms.hyfdca.secure import SecureSharesClientMixin
 from hybridfl.algorithms.hyfdca.segment_client import SegmentClientMixin
@@ -98,11 +102,11 @@ from hybridfl.runtime.handlers import handler
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError
 
-_VECTORS = ("alpha", "u", "q", "w", "own_sq")
+_VECTORS = ("alpha", "alpha_agg", "u", "q", "w", "own_sq")
 """The client's float64 state vectors (``(n_k,)`` but ``w`` ``(d_k,)``)."""
 
 
-class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin):
+class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin):
     """Client-side steps of HyFDCA for one client.
 
     Args:
@@ -157,6 +161,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         self.seed = seed
         n, d = self.X.shape
         self.alpha = np.zeros(n)
+        self.alpha_agg = np.zeros(n)  # its replica of the server's aggregated alpha (:mod:`.primal`)
         self.u = np.zeros(n)
         self.q = np.zeros(n)
         self.own_sq = np.zeros(n)
@@ -225,78 +230,6 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         """The checked primal weights of its features: float ``(d_k,)``, finite."""
         return np.asarray(validate.array(msg, "w", (self.X.shape[1],)), dtype=np.float64).copy()
 
-    def tolerance(self, rnd: int) -> np.ndarray:
-        """Per sample ``(n_k,)``: how far a decrypted ``alpha_i`` of round ``rnd`` may stray from
-        the protocol's exact bounds through encoding alone: ``1e-6`` plus :meth:`encoding_error`."""
-        return 1e-6 + self.encoding_error(rnd)
-
-    def encoding_error(self, rnd: int) -> np.ndarray:
-        """Per sample ``(n_k,)``: the bound on the encoding error of a decrypted ``alpha_i`` of
-        round ``rnd``: the scheme's resolution (Paillier ``2**-precision_bits``; CKKS ``1e4 *
-        2**-scale_bits``, its measured noise; 0 in plaintext) times the values summed into it
-        (``rnd`` rounds of ``|B_i|`` changes, plus one)."""
-        res = 0.0
-        if hasattr(self.he, "scale_bits"):
-            res = 1e4 * 2.0 ** -float(self.he.scale_bits)
-        elif hasattr(self.he, "scale"):
-            res = 1.0 / float(self.he.scale)
-        err = np.zeros(self.ids.size)
-        nu = float(self.params.get("nu", 1.0))
-        for s, rows in enumerate(self.seg_rows):
-            holders = nu / self.seg_scale[s] if self.seg_scale[s] > 0 else 1.0
-            err[rows] += (max(rnd, 1) * holders + 1.0) * res
-        return err
-
-    def accept_alpha(self, msg: Message, key: str = "alpha") -> None:
-        """Consensus and segment modes: decrypt the server's ``enc(alpha)`` of its segments and
-        take as its copy the point of its own feasible set nearest to it (module docstring, "Threat
-        model"): the decrypted values must be finite and of its segments' lengths (refused
-        otherwise); they are then projected, coordinate by coordinate, onto
-
-        - hinge/logistic with ``nu <= 1``: the dual domain ``y_i alpha_i`` in ``[0, 1]``;
-        - hinge/logistic: the change bound ``|alpha_i - last_i| <= nu R + tol`` (``R`` its own dual
-          steps since its last accepted ``alpha``, never the server's round number);
-        - squared: the dual ascent bound ``|alpha_i - y_i| <= sqrt(N) + tol``;
-
-        (``tol``: :meth:`tolerance`): intervals holding ``last_i``, so a clip onto their
-        intersection, the projection onto the dual feasible set (as SDCA's closed-form steps keep
-        the dual in its domain: Shalev-Shwartz & Zhang 2013, the per-loss coordinate updates, e.g.
-        hinge ``y_i alpha_i`` clipped to ``[0, 1]``). An honest ``alpha`` lies in it up to the
-        encoding error: an honest run is unchanged. It projects rather than refuses: the bounds
-        depend on its labels, so a refusal would tell the server a label (module docstring).
-
-        Hinge, ``nu <= 1``, encrypted: a ``y_i alpha_i`` within :meth:`encoding_error` of a bound
-        is set to it, where the exact sum lies (a dual a noise away would make each later step on
-        it a tiny change, each paying segment mode's ``O(b)`` batch update).
-
-        Raises:
-            PayloadError: not one ciphertext of its length per segment, or non-finite values
-                (checks of the message alone, never of the labels; the last copy is kept).
-        """
-        vals = self._decrypt_checked(msg, key)
-        new = self.alpha.copy()
-        for s, v in enumerate(vals):
-            new[self.seg_rows[s]] = v
-        prm = self.params
-        loss, nu = str(prm["loss"]), float(prm["nu"])
-        own_round = self.protocol.rounds_now(msg)  # its own count, never the server's round number
-        band = self.encoding_error(own_round)
-        tol = 1e-6 + band  # :meth:`tolerance`, with the encoding error computed once
-        if loss == "squared":
-            radius = math.sqrt(float(prm["N"])) + tol
-            new = np.clip(new, self.y - radius, self.y + radius)
-        else:
-            if nu <= 1.0:
-                b = self.y * new
-                if loss == "hinge" and band.any():  # onto the box's bounds (docstring)
-                    b = np.where(b <= band, 0.0, np.where(b >= 1.0 - band, 1.0, b))
-                new = self.y * np.clip(b, 0.0, 1.0)
-            reach = nu * self.protocol.rounds_for_alpha() + tol  # its own dual steps since, never msg.round
-            new = np.clip(new, self.alpha - reach, self.alpha + reach)
-        self.alpha = new
-        self.alpha_round = own_round
-        self.protocol.alpha_accepted()
-
     def handle(self, msg: Message) -> Message:
         """Answer one server message (``hyfdca.hello``, ``init``, ``norms``, ``ip``, ``dual``,
         ``primal``, ``segstart``, ``sweep``); every reply carries ``client_seconds`` (compute
@@ -349,7 +282,7 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
             kinds.IP: lambda msg: {"ip": self.inner_product_shares(msg)},
             kinds.DUAL: lambda msg: {"dalpha": self.local_dual_method(msg, msg.round)},
             kinds.UNMASK: self._on_unmask,
-            kinds.PRIMAL: self._on_primal,
+            kinds.PRIMAL: self.on_primal,
         }
 
     def _on_hello(self, msg: Message) -> dict[str, Any]:
@@ -399,9 +332,11 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         return {}
 
     def _on_sweep(self, msg: Message) -> dict[str, Any]:
-        """``hyfdca.sweep`` (segment mode), checked first (:meth:`check_sweep`)."""
+        """``hyfdca.sweep`` (segment mode), checked first (:meth:`check_sweep`); a closing one
+        (``close``) also carries its PrimalAggregation share (:meth:`close_pass`)."""
         self.check_sweep(msg)
-        return self.segment_sweep(msg)
+        out = self.segment_sweep(msg)
+        return {**out, **self.close_pass(msg)} if msg.payload.get("close") else out
 
     def _on_unmask(self, msg: Message) -> dict[str, Any]:
         """``hyfdca.unmask``: its answer to the unmasking request (:meth:`unmask`; only in a run with
@@ -411,21 +346,6 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
                 f"HyFDCA client {self.client_id!r} got 'hyfdca.unmask' in a run without secure aggregation."
             )
         return self.unmask(msg)
-
-    def _on_primal(self, msg: Message) -> dict[str, Any]:
-        """``hyfdca.primal``: its share (masked with secure aggregation; with step averaging also
-        its position share)."""
-        # step_average: the position share is checked (and computed) before anything changes
-        p = msg.payload
-        extra = self.position_share(msg) if "avg_segs" in p and self.params.get("seg_step_average") else None
-        share = self.primal_share(msg)
-        if self.params.get("secure_aggregation"):
-            masked = self.masked_share(msg, share, extra)
-            shares = {"self_shares": self.secagg.last_shares} if self.secagg.last_shares else {}  # double masking
-            return {"masked": masked, **shares}
-        if extra is not None:
-            return {"share": share, "position_share": extra}
-        return {"share": share}
 
     def get_state(self) -> dict[str, Any]:
         """Everything the client keeps between two messages, as codec values (checkpoints and
@@ -458,6 +378,8 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         for k in _VECTORS:
             if k in state:
                 setattr(self, k, np.asarray(state[k], dtype=np.float64).copy())
+        if "alpha" in state and "alpha_agg" not in state:  # a state from before the replica: its copy
+            self.alpha_agg = self.alpha.copy()
         self.pending = np.asarray(state["pending"], dtype=np.float64).copy() if "pending" in state else None
         self.alpha_round = int(state.get("alpha_round", self.alpha_round))
         if "params" in state:
@@ -558,39 +480,3 @@ class HyFDCAClient(SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin
         )
         self.pending = alpha if prm["dual_mode"] == "block" else None
         return [self.he.encrypt(delta[rows] * self.seg_scale[s]) for s, rows in enumerate(self.seg_rows)]
-
-    def primal_share(self, msg: Message) -> np.ndarray:
-        """PrimalAggregation, client part (HyFDCA Alg. 4 lines 2-4): ``sum_i alpha_i x_{k,i,f} / c``,
-        ``(d_k,)`` (plaintext: ``w`` is public, HyFDCA Sec. 3.1).
-
-        Consensus and segment modes first decrypt, check and project the new shared ``alpha``
-        (:meth:`accept_alpha`; at the end of a round, Alg. 1 lines 16-17, and in consensus mode
-        also at the start of a round for a returning client, lines 6-7); block mode uses no
-        server-sent ``alpha`` (only its own duals): it commits its pending cell duals if the
-        server says it received them (``commit``), else drops them.
-
-        Raises:
-            PayloadError: block mode: any key but ``commit`` (an ``alpha`` above all), or a
-                ``commit`` that is not a bool; the other modes: a missing or malformed ``alpha``.
-        """
-        p = msg.payload
-        secure = ("tag", "peers", "acked") if self.params.get("secure_aggregation") else ()
-        avg = ("avg_segs",) if self.params.get("seg_step_average") else ()
-        validate.only_keys(msg, ("commit" if self.params["dual_mode"] == "block" else "alpha", *secure, *avg))
-        if secure:
-            self.check_secure(msg)
-        if self.params["dual_mode"] == "block":
-            if "commit" in p and not isinstance(p["commit"], (bool, np.bool_)):
-                raise PayloadError(msg, "commit", f"of type {type(p['commit']).__name__}, not a bool")
-        else:
-            self.accept_alpha(msg)
-        if self.pending is not None:
-            if bool(p.get("commit", True)):
-                self.alpha = self.pending
-            self.pending = None
-        share = np.zeros(self.X.shape[1])
-        for s, rows in enumerate(self.seg_rows):
-            v = np.asarray(self._seg_matrix(s).T @ self.alpha[rows]).ravel()
-            colw = self.seg_colw[s]
-            share += v if colw is None else v * colw
-        return share

@@ -83,7 +83,7 @@ class HyFDCAConfig(BaseModel):
     batch_size: int = Field(
         1024,
         ge=1,
-        description="segment mode: samples per mini-batch (one inner-product exchange per batch and round; the batch Gram is summed once at setup). Larger batches mean fewer exchanges (a sequential round has segments x (2 + batches per segment), one more per segment with secure aggregation), a setup growing with the batch, and holders that learn the inner products of more pairs of their own samples: docs/results.md",
+        description="segment mode: samples per mini-batch (one inner-product exchange per batch and round; the batch Gram is summed once at setup). Larger batches mean fewer exchanges (a sequential round has segments x (1 + batches per segment), one more per segment with secure aggregation), a setup growing with the batch, and holders that learn the inner products of more pairs of their own samples: docs/results.md",
     )
     segment_inner_products: Literal["encrypted", "masked"] = Field(
         "masked",

@@ -21,11 +21,13 @@ IP = "hyfdca.ip"
 DUAL = "hyfdca.dual"
 """A round: the local dual method's encrypted dual changes (Alg. 1 LocalDualMethod)."""
 PRIMAL = "hyfdca.primal"
-"""A round: the client's share of ``X^T alpha`` (Alg. 1 PrimalAggregation)."""
+"""A round: the client's share of ``X^T alpha`` (Alg. 1 PrimalAggregation; segment mode: only when a
+pass was not added, its closing sweeps carrying the shares otherwise)."""
 SEGSTART = "hyfdca.segstart"
 """A round, segment mode: start a segment pass."""
 SWEEP = "hyfdca.sweep"
-"""A round, segment mode: one sweep of a segment's exact steps."""
+"""A round, segment mode: one sweep of a segment's exact steps (a client's last one of a pass,
+``close``, also carries its PrimalAggregation share)."""
 UNMASK = "hyfdca.unmask"
 """Secure aggregation: the masks of the clients that dropped out of a round."""
 

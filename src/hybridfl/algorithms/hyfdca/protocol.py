@@ -18,8 +18,11 @@ returning client's ``hyfdca.primal`` carrying ``alpha`` (consensus mode, HyFDCA 
 
 - block and consensus: [``primal`` (returning) [``unmask``]] ``ip``, ``dual``, ``primal``
   [``unmask``];
-- segment: per pass ``segstart``, ``sweep`` ..., ``primal`` [``unmask``] (the sequential
-  schedule runs several passes in a round).
+- segment: per pass ``segstart``, ``sweep`` ..., then either the closing sweep (a
+  ``hyfdca.sweep`` with ``close``, carrying the PrimalAggregation share) [``unmask``], or
+  ``primal`` [``unmask``] (the server's fallback when a holder's reply is missing; also after a
+  closing sweep whose pass the server could not add) (the sequential schedule runs several
+  passes in a round).
 
 A round may end early at any point (the server stops asking a client whose reply it lost), and
 over Flower a message the server gave up on may never reach the node, so a phase may be skipped
@@ -34,9 +37,11 @@ counters are ``rounds`` (the rounds in which it answered a message: the encoding
 decrypted ``alpha``, :meth:`HyFDCAClient.encoding_error
 <hybridfl.algorithms.hyfdca.client.HyFDCAClient.encoding_error>`) and ``steps`` (its local dual
 steps, ``hyfdca.dual``, and segment passes, ``hyfdca.segstart``, since its last accepted
-``alpha``): the change bound of an ``alpha`` is ``nu * max(1, steps)``. In segment mode this is
-the protocol's exact bound (a segment steps only when all its holders, so this client too, take
-part); in block and consensus modes a sample's other holders may also step while this client is
+``alpha``, a decrypted one or, segment mode, the one it computed at its last closing sweep): the
+change bound of an ``alpha`` is ``nu * max(1, steps)``. In segment mode this is the protocol's
+exact bound (a segment steps only when all its holders, so this client too, take part; a
+fallback ``hyfdca.primal`` right after a closing sweep takes back at most that pass's change,
+``nu`` per sample); in block and consensus modes a sample's other holders may also step while this client is
 away (partial participation): with ``nu = 1`` (the default) the dual box already bounds the change
 by 1, so nothing changes; with another ``nu`` a returning client may refuse an honest ``alpha``
 that moved more than ``nu`` while it was away (it then leaves the run: fail closed).
@@ -48,6 +53,8 @@ tells the server at most one bit per run (whether the client stopped), whatever 
 """
 
 from __future__ import annotations
+
+import numpy as np
 
 from hybridfl.algorithms.hyfdca import kinds
 from hybridfl.runtime.failclosed import FailClosed
@@ -74,15 +81,17 @@ NEXT = {
         "unmask": (),
     },
     "segment": {
-        "segstart": ("sweep", "primal"),
-        "sweep": ("sweep", "primal"),
+        "segstart": ("sweep", "close", "primal"),
+        "sweep": ("sweep", "close", "primal"),
+        "close": ("unmask", "primal", "segstart"),
         "primal": ("unmask", "segstart"),
         "unmask": ("segstart",),
     },
 }
 """Per ``dual_mode``: the phases that may follow each phase within a round (a phase is the
 message kind without ``hyfdca.``; ``primal_ret``/``unmask_ret``: a returning client's
-PrimalAggregation before SecureInnerProduct, consensus mode)."""
+PrimalAggregation before SecureInnerProduct, consensus mode; ``close``: segment mode's closing
+``hyfdca.sweep``, which carries the PrimalAggregation share)."""
 
 
 class ClientProtocol(FailClosed):
@@ -114,8 +123,11 @@ class ClientProtocol(FailClosed):
 
     def phase_of(self, msg: Message, mode: str) -> str:
         """The phase ``msg`` would take in the current round (``primal_ret``/``unmask_ret`` in
-        consensus mode before the round's ``ip``)."""
+        consensus mode before the round's ``ip``; ``close``: a ``hyfdca.sweep`` whose ``close`` is true)."""
         kind = msg.kind.removeprefix("hyfdca.")
+        close = msg.payload.get("close", False)
+        if kind == "sweep" and isinstance(close, (bool, np.bool_)) and bool(close):
+            return "close"  # the closing sweep (a ``close`` that is not a bool is refused by its check)
         new_round = int(msg.round) > self.round
         if mode == "consensus" and kind in ("primal", "unmask"):
             early = new_round or self.phase in ("primal_ret", "unmask_ret")

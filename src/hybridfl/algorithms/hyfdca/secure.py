@@ -8,7 +8,9 @@ label-signed scalar). With secure aggregation (:mod:`hybridfl.privacy.secagg`) t
 per feature, only the sum of the changes of the shares of the clients in the exchange that hold
 it: ``lambda N`` times the change of ``w`` it computes anyway, and nothing else.
 
-Protocol (every ``hyfdca.primal`` exchange, PrimalAggregation, Alg. 1 lines 7 and 17):
+Protocol (every ``hyfdca.primal`` exchange, PrimalAggregation, Alg. 1 lines 7 and 17; in segment
+mode also a pass's closing ``hyfdca.sweep`` exchange, whose fields are named ``sa_tag``,
+``sa_peers``, ``sa_acked``: :mod:`hybridfl.algorithms.hyfdca.segment`):
 
 1. ``hyfdca.hello`` reply: ``secagg_public`` (the client's X25519 public key) and, with a roster,
    ``secagg_sig`` (its credential's signature over the key and its blocks for the hello's ``run``).
@@ -115,22 +117,26 @@ class SecureSharesClientMixin:
         nu = float(self.params["nu"])
         return max(int(round(nu / self.seg_scale[s])) for s in segs)
 
-    def check_secure(self, msg: Message) -> None:
-        """Check a ``hyfdca.primal``'s ``acked``, ``tag`` and ``peers`` before anything changes.
+    def check_secure(self, msg: Message, prefix: str = "") -> None:
+        """Check a ``hyfdca.primal``'s ``acked``, ``tag`` and ``peers`` before anything changes
+        (a closing ``hyfdca.sweep``'s ``sa_acked``, ``sa_tag``, ``sa_peers``: ``prefix`` ``"sa_"``).
 
         Raises:
             PayloadError: ``acked`` not a bool, ``tag`` not an integer above every earlier tag,
                 ``peers`` not the names of known peers of its roster (itself excluded, no
                 repeats), or fewer clients than its threshold ``t`` (:meth:`exchange_cap`).
         """
-        if not isinstance(msg.payload.get("acked"), (bool, np.bool_)):
-            raise PayloadError(msg, "acked", "missing or not a bool")
-        sm.check_exchange(self.secagg, msg, self.exchange_cap())
+        if not isinstance(msg.payload.get(prefix + "acked"), (bool, np.bool_)):
+            raise PayloadError(msg, prefix + "acked", "missing or not a bool")
+        sm.check_exchange(self.secagg, msg, self.exchange_cap(), prefix)
 
-    def masked_share(self, msg: Message, share: np.ndarray, extra: np.ndarray | None = None) -> np.ndarray:
+    def masked_share(
+        self, msg: Message, share: np.ndarray, extra: np.ndarray | None = None, prefix: str = ""
+    ) -> np.ndarray:
         """Its masked change of share for this exchange (uint64 ``(d_k,)``), after taking the
         server's ``acked`` for the previous one; with ``extra`` ``(d_k,)`` (``output: step_average``'s
         :meth:`position_share`, sent whole, not as a change) the two masked as one ``(2 d_k,)``.
+        The fields are named with ``prefix`` (:meth:`check_secure`).
 
         Raises:
             PayloadError: ``acked`` not a bool, ``tag`` not a non-negative integer above every
@@ -138,17 +144,17 @@ class SecureSharesClientMixin:
             DataError: the share is too large for the fixed point.
         """
         p = msg.payload
-        self.check_secure(msg)
-        tag, peers = int(p["tag"]), list(p["peers"])
+        self.check_secure(msg, prefix)
+        tag, peers = int(p[prefix + "tag"]), list(p[prefix + "peers"])
         fixed = to_fixed(share, f"the primal share of client {self.client_id!r}")
         more = None if extra is None else to_fixed(extra, f"the position share of client {self.client_id!r}")
-        if bool(p["acked"]) and self.sa_pending is not None:
+        if bool(p[prefix + "acked"]) and self.sa_pending is not None:
             self.sa_base = self.sa_pending
         words = fixed - self.sa_base if more is None else np.concatenate([fixed - self.sa_base, more])
         try:
             masked = self.secagg.mask(words, tag, peers, self.exchange_cap())
         except ProtocolError as e:
-            raise PayloadError(msg, "tag" if "tag" in str(e) else "peers", f"refused ({e})") from None
+            raise PayloadError(msg, prefix + ("tag" if "tag" in str(e) else "peers"), f"refused ({e})") from None
         self.sa_pending = fixed
         return masked
 
@@ -209,36 +215,59 @@ class SecureSharesServerMixin:
         """The ``hyfdca.init`` entries for ``cid``: the other clients' names, keys, blocks and key signatures."""
         return sm.peer_table({c: self.sa_publics[c] for c in self.client_ids}, blocks, cid, self.sa_sigs)
 
-    def _check_masked(self, peers: int):
+    def check_masked(self, peers: int):
+        """The check of a masked reply in an exchange with ``peers`` other clients: ``masked``
+        ``uint64`` ``(sa_width * d_k,)`` and ``self_shares``."""
+
         def check(r: Message) -> None:
             sm.uint64_array(r, "masked", self.sa_width * len(self.feat[r.sender]))
             sm.check_shares(r, peers)
 
         return check
 
+    def next_secure_tag(self) -> int:
+        """A fresh exchange number for a masked exchange."""
+        self.sa_tag = self.sa_tag + 1
+        return self.sa_tag
+
+    def secure_fields(self, tag: int, names: list[str], cid: str, prefix: str = "") -> dict:
+        """The entries that make ``cid``'s message part of masked exchange ``tag`` with the clients
+        ``names``: ``tag``, ``peers`` (the others) and ``acked`` (whether its previous change was
+        counted; from now on it is not), each name with ``prefix``."""
+        extra = {
+            prefix + "tag": tag,
+            prefix + "peers": [c for c in names if c != cid],
+            prefix + "acked": self.sa_counted.get(cid, False),
+        }
+        self.sa_counted[cid] = False
+        return extra
+
     def collect_masked(self, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
         """PrimalAggregation with secure aggregation (module docstring): send ``msgs`` with
         ``tag``, ``peers`` and ``acked`` added, sum the masked changes, unmask the missing
-        clients' pair masks, and set ``w`` from the counted sum. Returns the clients whose change
-        was counted (none if the unmasking failed). With ``sa_width`` 2 (``output: step_average``, set by
-        the caller) every reply masks two vectors, the change and the position share: the sum of
-        the latter goes to ``position_sum`` ``(d,)`` (left ``None`` if the unmasking failed)."""
-        tag = self.sa_tag = self.sa_tag + 1
+        clients' pair masks, and set ``w`` from the counted sum (:meth:`finish_masked`). Returns
+        the clients whose change was counted (none if the unmasking failed)."""
+        tag = self.next_secure_tag()
         names = [m.receiver for m in msgs]
-        sent = []
-        for m in msgs:
-            extra = {
-                "tag": tag,
-                "peers": [c for c in names if c != m.receiver],
-                "acked": self.sa_counted.get(m.receiver, False),
-            }
-            sent.append(Message(m.kind, m.sender, m.receiver, m.round, {**m.payload, **extra}))
-            self.sa_counted[m.receiver] = False
+        sent = [
+            Message(m.kind, m.sender, m.receiver, m.round, {**m.payload, **self.secure_fields(tag, names, m.receiver)})
+            for m in msgs
+        ]
+        replies = {r.sender: r for r in self._exchange(transport, sent, stats, self.check_masked(len(names) - 1))}
+        return self.finish_masked(transport, stats, msgs[0].round if msgs else 0, tag, names, replies)
+
+    def finish_masked(
+        self, transport: Transport, stats: dict, rnd: int, tag: int, names: list[str], replies: dict[str, Message]
+    ) -> set[str]:
+        """Add the masked changes of exchange ``tag`` (``replies``: the checked ones that arrived, of
+        the clients ``names``), unmask them (:func:`~hybridfl.runtime.secagg_messages.unmask_exchange`)
+        and set ``w`` from the counted sum. Returns the clients whose change was counted (none if
+        the unmasking failed). With ``sa_width`` 2 (``output: step_average``, set by the caller)
+        every reply masks two vectors, the change and the position share: the sum of the latter
+        goes to ``position_sum`` ``(d,)`` (left ``None`` if the unmasking failed)."""
         total = np.zeros((self.sa_width, self.d), dtype=np.uint64)
-        replies = {}
-        for r in self._exchange(transport, sent, stats, self._check_masked(len(names) - 1)):
+        for r in replies.values():
             total[:, self.feat[r.sender]] += r.payload["masked"].reshape(self.sa_width, -1)
-            replies[r.sender] = r
         got = set(replies)
         quorum = unmask_quorum(self.config.secagg_threshold, len(self.client_ids), len(names))
         if got and len(names) > 1 and len(got) < quorum:  # the clients would refuse to unmask (their own rule)
@@ -253,7 +282,7 @@ class SecureSharesServerMixin:
         ok = sm.unmask_exchange(
             lambda asks, check: self._exchange(transport, asks, stats, check),
             kinds.UNMASK,
-            msgs[0].round if msgs else 0,
+            rnd,
             tag,
             names,
             replies,
@@ -273,6 +302,23 @@ class SecureSharesServerMixin:
             self.sa_counted[c] = True
         self.w = from_fixed(self.sa_sum) / (self.config.lam * self.N)
         return got
+
+    def clear_shares(self, replies: list[Message]) -> set[str]:
+        """PrimalAggregation without secure aggregation (HyFDCA Alg. 4 lines 5-6): keep each checked
+        reply's ``share`` ``(d_k,)`` as its sender's newest, add the ``position_share`` vectors into
+        ``position_sum`` ``(d,)`` (``sa_width`` 2, ``output: step_average``) and set ``w_f = (1/(lambda
+        N)) sum_k share_{k,f}`` over every client's newest share. Returns the senders."""
+        position = np.zeros(self.d) if self.sa_width == 2 else None
+        for r in replies:
+            self.share_cache[r.sender] = np.asarray(r.payload["share"], dtype=np.float64)
+            if position is not None:
+                position[self.feat[r.sender]] += r.payload["position_share"]
+        self.position_sum = position
+        w = np.zeros(self.d)
+        for cid, share in self.share_cache.items():
+            w[self.feat[cid]] += share
+        self.w = w / (self.config.lam * self.N)
+        return {r.sender for r in replies}
 
     def _secure_state(self) -> tuple[dict[str, np.ndarray], dict]:
         return {"sa_sum": self.sa_sum.copy()}, {"sa_tag": self.sa_tag, "sa_counted": self.sa_counted}

@@ -11,21 +11,31 @@ of each batch (upper triangles, all batches of a segment packed into one encrypt
 added under encryption and returned, so every holder knows the batch's full
 Gram ``X_B X_B^T`` (all blocks; a leak the other modes do not have: the holders learn the inner
 products between pairs of their own samples in a batch). Each round (``hyfdca.segstart``, then one
-``hyfdca.sweep`` per batch, then ``hyfdca.primal``) the holders walk the batches in a common random
+``hyfdca.sweep`` per batch) the holders walk the batches in a common random
 order; before each batch the server adds their encrypted shares ``x_{k,i}^T (w_k + sigma' dw_k)``
 (their block with the segment's changes so far) and every holder decrypts the exact inner
 products; inside the batch the Gram matrix supplies the changes
 (:func:`~hybridfl.algorithms.convex.losses.gram_steps`). A segment steps only when all its holders
 are selected and answer (a failed holder costs the segment its pass; nothing partial is added).
+
+PrimalAggregation (HyFDCA Alg. 4) rides on each client's last ``hyfdca.sweep`` of the pass (the
+server marks it ``close``): the holders' steps are the same, so each knows the segment's new
+aggregated ``alpha`` itself (the server's sum ``enc(alpha) + sum_h enc((nu/|B|) dalpha_h)``,
+added in the server's order: the same floats in plaintext,
+:meth:`~hybridfl.algorithms.hyfdca.primal.PrimalClientMixin.close_pass`) and its reply carries its
+share of it (masked with secure aggregation, whose unmasking exchange follows). The server uses
+these shares only if every segment of the pass was added; otherwise (a holder's reply missing)
+it drops them unread (never unmasked) and sends ``hyfdca.primal`` with ``enc(alpha)`` as before
+(one exchange more, the fallback), which replaces the clients' own copies.
 ``segment_schedule`` says how the active segments share a round:
 
 * ``sequential`` (default): one pass per segment, one segment after another (random order), each
   followed by PrimalAggregation, so the next segment starts from the ``w`` the previous one left.
   The round is then *exactly* one epoch of centralised SDCA over the active segments' samples
-  (``sigma' = 1``), whatever the number of segments. Cost: ``2 + ceil(n_s / b)`` exchanges per
+  (``sigma' = 1``), whatever the number of segments. Cost: ``1 + ceil(n_s / b)`` exchanges per
   segment (one more with secure aggregation: the unmasking), the segments one after another.
 * ``parallel``: all active segments at once, aggregated once: CoCoA+ over segments with an exact
-  local solver, ``sigma'`` = number of active segments. ``2 + max ceil(n_s / b)`` exchanges per round (+1),
+  local solver, ``sigma'`` = number of active segments. ``1 + max ceil(n_s / b)`` exchanges per round (+1),
   but the safe ``sigma'`` slows every segment down (``docs/results.md`` compares the two
   schedules on MNIST binary).
 
@@ -42,10 +52,10 @@ the sum. The duals (``dalpha``, ``alpha``) stay under the run's encryption.
 
 ``output: step_average`` (our option, :mod:`hybridfl.algorithms.hyfdca.output`): ``hyfdca.init`` carries
 ``seg_step_average``; during a pass every holder also sums each step's change times its place in
-the pass, and each ``hyfdca.primal`` names in ``avg_segs`` the client's segments whose pass the
-server added: the reply then carries their position share (masked together with the share under
-secure aggregation, ``position_share`` without), from which the server forms the round's mean
-iterate.
+the pass, and its closing sweep's reply carries the position share of its pass's segments (the
+fallback ``hyfdca.primal`` names in ``avg_segs`` the client's segments whose pass the server
+added) (masked together with the share under secure aggregation, ``position_share`` without),
+from which the server forms the round's mean iterate.
 """
 
 from __future__ import annotations
@@ -213,7 +223,8 @@ class SegmentServerMixin:
         """A ``hyfdca.sweep`` reply: ``ip_segs`` and ``dalpha_segs`` split the segments it was sent
         (local indices, each once); ``ip`` holds one ciphertext of the next batch's length per
         ``ip_segs`` entry (a segment whose pass goes on), ``dalpha`` one of the segment's length
-        per ``dalpha_segs`` entry (a finished pass).
+        per ``dalpha_segs`` entry (a finished pass). A closing sweep's share is checked by the
+        caller (:class:`~hybridfl.algorithms.hyfdca.segment_pass.SegmentPass`).
 
         Raises:
             PayloadError: any of these fails.

@@ -301,15 +301,22 @@ class SegmentClientMixin:
 
     def check_sweep(self, msg: Message) -> None:
         """Check a ``hyfdca.sweep`` before :meth:`segment_sweep`: only ``segs``, ``u``,
-        ``tag``; distinct segments with a pass under way; one ``u`` ciphertext of the current
-        batch's length per segment (masked: ``uint64`` words of their total length, and a fresh
-        ``tag``).
+        ``tag``, ``close``; distinct segments with a pass under way; one ``u`` ciphertext of the
+        current batch's length per segment (masked: ``uint64`` words of their total length, and a
+        fresh ``tag``); ``close`` (a bool, default false) true only if this sweep finishes every
+        segment of the client's pass, and then, with secure aggregation, the masked exchange's
+        ``sa_tag``, ``sa_peers``, ``sa_acked`` (:meth:`check_secure`).
 
         Raises:
             ProtocolError: a sweep of a segment whose pass was not started or is already done.
             PayloadError: a malformed payload.
         """
-        validate.only_keys(msg, ("segs", "u", "tag"))
+        p = msg.payload
+        close = p.get("close", False)
+        if not isinstance(close, (bool, np.bool_)):
+            raise PayloadError(msg, "close", "not a bool")
+        secure = ("sa_tag", "sa_peers", "sa_acked") if close and self.params.get("secure_aggregation") else ()
+        validate.only_keys(msg, ("segs", "u", "tag", "close", *secure))
         segs = int_list(msg, "segs")
         if len(set(segs)) != len(segs):
             raise PayloadError(msg, "segs", "naming a segment twice")
@@ -321,6 +328,10 @@ class SegmentClientMixin:
                     f"HyFDCA client {self.client_id!r} got a sweep of segment {s} without a pass under way."
                 )
             sizes.append(self.seg_batches[s][st["order"][st["j"]]].size)
+        if close and any(st["j"] + (s in segs) < len(st["order"]) for s, st in self.sweep.items()):
+            raise PayloadError(msg, "close", "true for a sweep after which a segment of its pass goes on")
+        if secure:
+            self.check_secure(msg, "sa_")
         if self._mask_tag(msg) is not None:
             sm.uint64_array(msg, "u", sum(sizes))
             return
@@ -414,11 +425,18 @@ class SegmentClientMixin:
         segs = int_list(msg, "avg_segs")
         if len(set(segs)) != len(segs):
             raise PayloadError(msg, "avg_segs", "naming a segment twice")
-        out = np.zeros(self.X.shape[1])
         for s in segs:
             st = self.sweep.get(s) if 0 <= s < len(self.seg_rows) else None
             if st is None or st["j"] != len(st["order"]) or "pdelta" not in st:
                 raise PayloadError(msg, "avg_segs", f"naming segment {s}, which has no finished pass this round")
+        return self.position_share_of(segs)
+
+    def position_share_of(self, segs: list[int]) -> np.ndarray:
+        """The position share ``(d_k,)`` (:meth:`position_share`) of the local segments ``segs``,
+        each with a finished pass this round (checked by the caller)."""
+        out = np.zeros(self.X.shape[1])
+        for s in segs:
+            st = self.sweep[s]
             weights = st["pdelta"][self.seg_rows[s]] / max(1, st["steps"])
             v = _rmatvec(self._seg_matrix(s), weights)  # compiled; skips the samples that did not change
             colw = self.seg_colw[s]

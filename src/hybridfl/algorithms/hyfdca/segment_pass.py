@@ -103,11 +103,34 @@ class SegmentPass:
         self.seed = int(srv.rng.integers(2**31))
         self.K = [cid for cid in selected if any(g in self.orders for g in srv.client_segs[cid])]
         self.local = {cid: {g: j for j, g in enumerate(srv.client_segs[cid])} for cid in self.K}
+        self.closed: dict[str, Message] = {}  # the closing sweeps' checked replies (with the shares)
+        self.tag = 0  # secure aggregation: the exchange number of the closing sweeps' shares
+
+    def _closing(self, cid: str, gs: list[int], step: int, done: set[int]) -> dict[str, Any]:
+        """The entries that make client ``cid``'s sweep at ``step`` (of its running segments
+        ``gs``) its closing one: ``close`` when ``gs`` all end at ``step`` and its other segments
+        of the pass were added; with secure aggregation also the masked exchange's ``sa_tag``,
+        ``sa_peers`` (every client of the pass) and ``sa_acked``. ``{}`` otherwise."""
+        srv = self.srv
+        if any(len(self.orders[g]) != step for g in gs) or any(
+            g not in done for g in self._segs(cid, self.orders) if g not in gs
+        ):
+            return {}
+        if not srv.config.secure_aggregation:
+            return {"close": True}
+        if not self.tag:
+            self.tag = srv.next_secure_tag()
+        return {"close": True, **srv.secure_fields(self.tag, self.K, cid, "sa_")}
 
     def run(self, transport: Transport, stats: dict) -> PassResult:
-        """The pass: ``hyfdca.segstart``, one ``hyfdca.sweep`` per batch position, ``hyfdca.primal``."""
+        """The pass: ``hyfdca.segstart``, one ``hyfdca.sweep`` per batch position, each client's
+        last one closing (its reply carries its PrimalAggregation share); if a segment's pass was
+        not added (a holder's reply missing), ``hyfdca.primal`` instead (:meth:`_close`)."""
+        self.srv.sa_width = 2 if self.srv.config.step_average else 1
         running = self._start(transport, stats)
         done = self._sweeps(transport, stats, running)
+        if done == set(self.orders) and set(self.closed) == set(self.K):
+            return self._closed(transport, stats, done)
         return self._close(transport, stats, done)
 
     def _segs(self, cid: str, among: Any) -> list[int]:
@@ -160,20 +183,29 @@ class SegmentPass:
             msgs = []
             swept: dict[str, list[int]] = {}
             tag = srv._next_mask_tag()
+            closing: set[str] = set()
             for cid in self.K:
                 gs = self._segs(cid, running)
                 if gs:
                     swept[cid] = [self.local[cid][g] for g in gs]
                     u = [running[g] for g in gs]
                     payload = {"segs": swept[cid], "u": concat_words(u) if srv.masked else u, **tag}
+                    payload.update(self._closing(cid, gs, step, done))
+                    if "close" in payload:
+                        closing.add(cid)
                     msgs.append(Message(kinds.SWEEP, SERVER, cid, self.rnd, payload))
             nxt: dict[int, list[Any]] = defaultdict(list)
             dal: dict[int, list[bytes]] = defaultdict(list)
+            share_check = srv.check_masked(len(self.K) - 1) if srv.config.secure_aggregation else srv._check_share
 
             def check(r: Message, step: int = step) -> None:
                 srv._check_sweep(r, swept[r.sender], orders, step)
+                if r.sender in closing:  # its PrimalAggregation share
+                    share_check(r)
 
             for r in srv._exchange(transport, msgs, stats, check):
+                if r.sender in closing:
+                    self.closed[r.sender] = r
                 segs = srv.client_segs[r.sender]
                 ip_segs = [segs[int(j)] for j in r.payload["ip_segs"]]
                 for g, c in zip(ip_segs, srv._shares_of(r, "ip", self._sizes(ip_segs, step))):
@@ -192,10 +224,29 @@ class SegmentPass:
             step += 1
         return done
 
+    def _closed(self, transport: Transport, stats: dict, done: set[int]) -> PassResult:
+        """PrimalAggregation from the closing sweeps' shares (HyFDCA Alg. 4 lines 5-6: every
+        segment of the pass was added, so every client of the pass holds the server's new
+        ``alpha`` and sent its share of it): with secure aggregation the unmasking exchange
+        (:meth:`~.secure.SecureSharesServerMixin.finish_masked`), else the shares in the clear; the
+        clients counted took part in the round."""
+        srv = self.srv
+        w_before = srv.w.copy() if srv.config.step_average else None
+        srv.position_sum = None
+        if srv.config.secure_aggregation:
+            answered = srv.finish_masked(transport, stats, self.rnd, self.tag, list(self.K), self.closed)
+        else:
+            answered = srv.clear_shares([self.closed[cid] for cid in self.K])
+        for cid in answered:
+            srv.last_round[cid] = self.rnd
+        return self._result(done, answered, w_before)
+
     def _close(self, transport: Transport, stats: dict, done: set[int]) -> PassResult:
-        """PrimalAggregation with the new ``alpha`` (every client that was sent the pass); with
-        ``output: step_average`` each client also sends its position share of the segments whose
-        pass was added (``avg_segs``)."""
+        """The fallback when a segment of the pass was not added (a holder's reply missing; the
+        closing sweeps' shares, if any came, are of an ``alpha`` the server does not hold and are
+        dropped, never unmasked): PrimalAggregation with the new ``alpha`` (every client that was
+        sent the pass); with ``output: step_average`` each client also sends its position share of
+        the segments whose pass was added (``avg_segs``)."""
         srv = self.srv
         average = srv.config.step_average
         msgs = []
@@ -206,7 +257,13 @@ class SegmentPass:
             msgs.append(Message(kinds.PRIMAL, SERVER, cid, self.rnd, payload))
         w_before = srv.w.copy() if average else None
         answered = srv._primal_aggregation(self.rnd, transport, msgs, stats)
-        if not average:
+        return self._result(done, answered, w_before)
+
+    def _result(self, done: set[int], answered: set[str], w_before: np.ndarray | None) -> PassResult:
+        """The pass's :class:`PassResult` after its PrimalAggregation (``w_before``: ``w`` before it,
+        ``output: step_average``)."""
+        srv = self.srv
+        if w_before is None:
             return PassResult(done, set(self.K), answered, None)
         # the position sum is whole when every holder of a segment whose pass was added answered
         # (the others send zeros); a pass that added nothing needs none

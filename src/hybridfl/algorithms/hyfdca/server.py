@@ -505,19 +505,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         self.position_sum = None
         if self.config.secure_aggregation:
             return self.collect_masked(transport, msgs, stats)
-        answered: set[str] = set()
-        position = np.zeros(self.d) if self.sa_width == 2 else None
-        for r in self._exchange(transport, msgs, stats, self._check_share):
-            answered.add(r.sender)
-            self.share_cache[r.sender] = np.asarray(r.payload["share"], dtype=np.float64)
-            if position is not None:
-                position[self.feat[r.sender]] += r.payload["position_share"]
-        self.position_sum = position
-        w = np.zeros(self.d)
-        for cid, share in self.share_cache.items():
-            w[self.feat[cid]] += share
-        self.w = w / (self.config.lam * self.N)
-        return answered
+        return self.clear_shares(self._exchange(transport, msgs, stats, self._check_share))
 
     def _primal_aggregation(self, rnd: int, transport: Transport, msgs: list[Message], stats: dict) -> set[str]:
         """The round's closing PrimalAggregation (Alg. 1 line 17; :meth:`_collect_shares`). Returns

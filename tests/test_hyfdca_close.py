@@ -1,0 +1,195 @@
+"""HyFDCA segment mode, the closing sweep: each client's last ``hyfdca.sweep`` of a pass carries
+its PrimalAggregation share (HyFDCA Alg. 4 lines 2-4), so a pass needs no ``hyfdca.primal``
+exchange. Checked here: the same ``w`` after every round as PrimalAggregation with ``enc(alpha)``
+(the fallback, forced for every pass), exactly in plaintext; the fallback when a holder's closing
+reply is lost; and a malicious server's closing sweeps refused by the client (the tiny 2 x 2
+federation: four clients, two holders per segment)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hybridfl.algorithms.hyfdca import HyFDCAConfig
+from hybridfl.algorithms.hyfdca.segment_pass import SegmentPass
+from hybridfl.errors import ProtocolError
+from hybridfl.runtime.messages import SERVER, Message, decode, encode
+from hybridfl.runtime.simulation import build_federation
+from hybridfl.runtime.validate import PayloadError
+
+POS = [0, 1, 2, 3, 4]
+
+
+def _cfg(**kw) -> HyFDCAConfig:
+    base = {"rounds": 3, "batch_size": 16, "encryption": "none", "positive_classes": POS, "alignment": "plaintext"}
+    return HyFDCAConfig(**{**base, **kw})
+
+
+def _run(split, part, cfg, fallback: bool, drop=None, monkeypatch=None):
+    """Run ``cfg``; with ``fallback`` no sweep closes (every pass ends with ``hyfdca.primal``, the
+    PrimalAggregation with ``enc(alpha)``). ``drop``: ``(round, client)`` whose reply carrying a
+    dual change (its closing one) is lost once. Returns ``w`` after every round, the kinds sent
+    per round and the federation."""
+    if fallback:
+        monkeypatch.setattr(SegmentPass, "_closing", lambda self, *a: {})
+    fed = build_federation("hyfdca", split, part, cfg)
+    send = fed.transport.send_and_receive
+    kinds: dict[int, list[str]] = {}
+    dropped = []
+
+    def sending(messages):
+        messages = list(messages)
+        if messages and messages[0].round > 0:
+            kinds.setdefault(messages[0].round, []).append(messages[0].kind)
+        replies = send(messages)
+        if drop is not None and not dropped:
+            lost = [r for r in replies if (r.round, r.sender) == drop and len(r.payload.get("dalpha_segs", []))]
+            dropped.extend(lost)
+            replies = [r for r in replies if r not in lost]
+        return replies
+
+    fed.transport.send_and_receive = sending
+    fed.setup()
+    ws = []
+    for rnd in range(1, cfg.rounds + 1):
+        fed.server.run_round(rnd, fed.transport)
+        ws.append(fed.server.w.copy())
+    if fallback:
+        monkeypatch.undo()
+    return ws, kinds, fed
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {},
+        {"secure_aggregation": False, "segment_inner_products": "encrypted", "output": "last"},
+        {"segment_schedule": "parallel", "local_fraction": 0.5, "output": "average_last"},
+        {"participation": 0.75, "loss": "logistic"},
+    ],
+)
+def test_closing_sweeps_give_the_same_w_as_primal_aggregation(tiny, monkeypatch, settings):
+    """Plaintext: ``w`` (and the step average) after every round equal, bit for bit, to the run
+    whose passes all end with ``hyfdca.primal`` (the clients compute the server's new ``alpha``
+    themselves, in the server's order of additions), with one exchange fewer per pass."""
+    split, part = tiny
+    cfg = _cfg(**settings)
+    new, new_kinds, fed_new = _run(split, part, cfg, fallback=False)
+    old, old_kinds, fed_old = _run(split, part, cfg, fallback=True, monkeypatch=monkeypatch)
+    for a, b in zip(new, old):
+        assert np.array_equal(a, b)
+    if cfg.step_average:
+        assert np.array_equal(fed_new.server.w_step, fed_old.server.w_step)
+    assert new_kinds.keys() == old_kinds.keys()
+    for rnd, sent in new_kinds.items():
+        assert "hyfdca.primal" not in sent
+        assert len(old_kinds[rnd]) - len(sent) == old_kinds[rnd].count("hyfdca.segstart")
+    assert sum(sent.count("hyfdca.segstart") for sent in new_kinds.values()) >= 2
+    for cid, client in fed_new.clients.items():  # the copies the clients computed are the server's alpha
+        for s, g in enumerate(client.seg_global):
+            assert np.array_equal(
+                client.alpha[client.seg_rows[s]], fed_new.server.he.decrypt(fed_new.server.enc_alpha[g])
+            )
+
+
+@pytest.mark.parametrize("secure", [True, False])
+def test_a_lost_closing_reply_falls_back_to_primal_aggregation(tiny, monkeypatch, secure):
+    """A holder's closing reply lost (round 2): its segment's pass is not added, the shares of the
+    closing sweeps are dropped (never unmasked) and the server sends ``hyfdca.primal`` with
+    ``enc(alpha)``, which replaces the copy the client had computed: ``w`` after every round equal
+    to the run without closing sweeps losing the same reply."""
+    split, part = tiny
+    settings = {} if secure else {"secure_aggregation": False, "segment_inner_products": "encrypted"}
+    cfg = _cfg(**settings)
+    victim = build_federation("hyfdca", split, part, cfg).transport.client_ids[1]
+    new, kinds, fed = _run(split, part, cfg, fallback=False, drop=(2, victim))
+    old, _, _ = _run(split, part, cfg, fallback=True, drop=(2, victim), monkeypatch=monkeypatch)
+    for a, b in zip(new, old):
+        assert np.array_equal(a, b)
+    assert kinds[2].count("hyfdca.primal") == 1 and "hyfdca.primal" not in kinds[1] + kinds[3]
+    assert len(kinds[2]) == len(kinds[1]) + 1
+    client = fed.clients[victim]
+    for s, g in enumerate(client.seg_global):  # its copy is the server's alpha again
+        assert np.array_equal(client.alpha[client.seg_rows[s]], fed.server.he.decrypt(fed.server.enc_alpha[g]))
+
+
+def _msg(kind: str, cid: str, rnd: int, payload: dict) -> Message:
+    return decode(encode(Message(kind, SERVER, cid, rnd, payload)))
+
+
+def _in_pass(tiny):
+    """Round 2 of an honest run, stopped after the victim's segment start: the victim (the first
+    client, one segment of several batches) has its pass under way; also the honest sweep message
+    it would get next."""
+    split, part = tiny
+    fed = build_federation("hyfdca", split, part, _cfg(segment_inner_products="encrypted"))
+    fed.setup()
+    fed.server.run_round(1, fed.transport)
+    cid = fed.transport.client_ids[0]
+    client = fed.clients[cid]
+    order = list(range(len(client.seg_batches[0])))
+    assert len(order) > 1
+    start = {"w": np.zeros(client.X.shape[1]), "segs": [0], "count": [len(order)], "order": order, "seed": 5}
+    client.handle(_msg("hyfdca.segstart", cid, 2, {**start, "sigma": 1.0}))
+    u = [fed.server.he.encrypt(np.zeros(client.seg_batches[0][0].size))]
+    return fed, cid, client, {"segs": [0], "u": u}
+
+
+def test_a_close_while_the_pass_goes_on_is_refused(tiny):
+    """A malicious server asks for the share (``close``) at a sweep after which the victim's pass
+    goes on (a share of an ``alpha`` no pass produced): refused by name, nothing computed, and the
+    client stops (fail closed)."""
+    fed, cid, client, sweep = _in_pass(tiny)
+    alpha = client.alpha.copy()
+    sa = {"sa_tag": 10**6, "sa_peers": [c for c in fed.transport.client_ids if c != cid], "sa_acked": False}
+    with pytest.raises(PayloadError, match="'close' true for a sweep after which a segment of its pass goes on"):
+        client.handle(_msg("hyfdca.sweep", cid, 2, {**sweep, "close": True, **sa}))
+    assert np.array_equal(client.alpha, alpha)
+    with pytest.raises(ProtocolError, match="after refusing"):
+        client.handle(_msg("hyfdca.sweep", cid, 2, sweep))
+
+
+@pytest.mark.parametrize(
+    "extra,match",
+    [
+        ({"close": "yes"}, "'close' not a bool"),
+        ({"sa_tag": 10**6}, "'sa_tag'"),  # secure-aggregation fields without close
+    ],
+)
+def test_malformed_closing_fields_are_refused(tiny, extra, match):
+    """``close`` that is not a bool, or the exchange's fields on a sweep that does not close:
+    refused by name."""
+    fed, cid, client, sweep = _in_pass(tiny)
+    with pytest.raises(PayloadError, match=match):
+        client.handle(_msg("hyfdca.sweep", cid, 2, {**sweep, **extra}))
+
+
+def test_an_unmask_after_a_sweep_that_did_not_close_is_refused(tiny):
+    """``hyfdca.unmask`` comes only right after the masked exchange it unmasks (the closing sweep
+    or ``hyfdca.primal``): after an ordinary sweep it is out of place."""
+    fed, cid, client, sweep = _in_pass(tiny)
+    client.handle(_msg("hyfdca.sweep", cid, 2, sweep))
+    ask = {"tag": 1, "dropped": [], "survivors": [], "shares": []}
+    with pytest.raises(ProtocolError, match="does not put it after 'sweep'"):
+        client.handle(_msg("hyfdca.unmask", cid, 2, ask))
+
+
+@pytest.mark.parametrize("scheme", ["ckks", "paillier"])
+def test_encrypted_duals_give_w_within_the_encoding_error(tiny, monkeypatch, scheme):
+    """Under CKKS and Paillier the clients' copies of ``alpha`` are now the exact sums (before: the
+    decrypted ones, an encoding error away): ``w`` after every round within ``1e-5`` (relative) of
+    the run whose passes end with ``hyfdca.primal``, and each client's copy within its encoding
+    error of the server's decrypted ``alpha``."""
+    split, part = tiny
+    cfg = _cfg(encryption=scheme, paillier_bits=512, segment_inner_products="encrypted")
+    new, _, fed = _run(split, part, cfg, fallback=False)
+    old, _, _ = _run(split, part, cfg, fallback=True, monkeypatch=monkeypatch)
+    for a, b in zip(new, old):
+        assert np.abs(a - b).max() <= 1e-5 * np.abs(b).max()
+        assert not np.array_equal(a, b) or scheme == "paillier"  # CKKS: the noise differs
+    for client in fed.clients.values():
+        err = client.encoding_error(cfg.rounds)
+        for s, g in enumerate(client.seg_global):
+            rows = client.seg_rows[s]
+            gap = np.abs(client.alpha[rows] - client.he.decrypt(fed.server.enc_alpha[g]))  # a client decrypts
+            assert (gap <= err[rows] + 1e-12).all()
