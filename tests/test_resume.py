@@ -20,7 +20,7 @@ CONFIG = """
 seed: 3
 dataset: {name: digits}
 partition: {kind: class_block, num_clients: 4, classes_per_client: [5, 7], blocks_per_client: 3}
-algorithm: {name: hyfem, rounds: 12, local_steps: 40, lr: 0.05, momentum: 0.9, eval_every: 4, failure_rate: 0.2}
+algorithm: {name: hyfem, rounds: 6, local_steps: 20, lr: 0.05, momentum: 0.9, eval_every: 2, failure_rate: 0.2}
 """
 # FedBCD-p with MLP towers on UCI credit default, 3 parties, 20 % failures (rounds skipped)
 FEDBCD_CONFIG = """
@@ -76,7 +76,7 @@ def stop_and_resume(tmp_path: Path, config: str, rounds: int, stop_round: int) -
 
 
 def test_stopped_run_resumes_to_the_same_result(tmp_path):
-    res, _ = stop_and_resume(tmp_path, CONFIG, rounds=12, stop_round=3)
+    res, _ = stop_and_resume(tmp_path, CONFIG, rounds=6, stop_round=3)
     assert res["client_failures"] > 0
 
 
