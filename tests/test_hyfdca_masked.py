@@ -123,15 +123,16 @@ def test_masked_run_matches_the_plaintext_run(credit_small):
     """3 x 3 grid, both schedules: the masked run's w equals the plaintext run's up to the fixed
     point (2^-32 per share), and the masked run under CKKS (duals encrypted) too."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    plain = {}
     for schedule in ("sequential", "parallel"):
-        plain = run_hyfdca(credit_small, part, _cfg(segment_inner_products="encrypted", segment_schedule=schedule))
+        plain[schedule] = run_hyfdca(
+            credit_small, part, _cfg(segment_inner_products="encrypted", segment_schedule=schedule)
+        )
         masked = run_hyfdca(credit_small, part, _cfg(segment_schedule=schedule))
-        w0, w1 = np.array(plain.summary["w"]), np.array(masked.summary["w"])
+        w0, w1 = np.array(plain[schedule].summary["w"]), np.array(masked.summary["w"])
         assert np.linalg.norm(w1 - w0) <= 1e-7 * np.linalg.norm(w0)
-    ckks = run_hyfdca(credit_small, part, _cfg(encryption="ckks"))
-    w0, w2 = np.array(plain.summary["w"]), np.array(ckks.summary["w"])
-    plain_seq = run_hyfdca(credit_small, part, _cfg(segment_inner_products="encrypted"))
-    w0 = np.array(plain_seq.summary["w"])
+    ckks = run_hyfdca(credit_small, part, _cfg(encryption="ckks"))  # the default schedule: sequential
+    w0, w2 = np.array(plain["sequential"].summary["w"]), np.array(ckks.summary["w"])
     assert np.linalg.norm(w2 - w0) <= 1e-6 * np.linalg.norm(w0)
 
 
