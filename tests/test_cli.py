@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import cli_in_process
 from tests.conftest import DATA
 
 
@@ -93,9 +94,11 @@ def test_nan_in_csv_and_missing_label_column(tmp_path):
         ("algorithm: {name: hyfem, lr: fast}\n", "'algorithm.lr'"),
     ],
 )
-def test_bad_config_fields(tmp_path, text, needle):
+def test_bad_config_fields(tmp_path, monkeypatch, capsys, text, needle):
     cfg = write(tmp_path, "c.yaml", text)
-    assert_one_sentence_error(cli("run", "--config", str(cfg), "--out", str(tmp_path / "o")), needle)
+    p = cli_in_process(monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(tmp_path / "o"))
+    assert_one_sentence_error(p, needle)
+    assert not (tmp_path / "o").exists()
 
 
 def test_main_job_writes_results(tmp_path):
@@ -157,11 +160,11 @@ def test_every_algorithm_option_has_a_description():
     assert missing == [], "fields without a description:\n" + "\n".join(missing)
 
 
-def test_algorithms_describe_prints_every_option():
+def test_algorithms_describe_prints_every_option(monkeypatch, capsys):
     from hybridfl.algorithms.hyfem.config import HyFEMConfig
     from hybridfl.algorithms.spec import config_fields
 
-    p = cli("algorithms", "--describe", "hyfem")
+    p = cli_in_process(monkeypatch, capsys, "algorithms", "--describe", "hyfem")
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0].startswith("hyfem: ")
@@ -177,9 +180,10 @@ def test_algorithms_describe_prints_every_option():
     i = lines.index(heads["rounds"])
     assert lines[i + 1] == "    communication rounds T"
     # an alias is shown with the field it sets
-    fedavg = cli("algorithms", "--describe", "hybrid_fedavg").stdout
+    fedavg = cli_in_process(monkeypatch, capsys, "algorithms", "--describe", "hybrid_fedavg").stdout
     assert "\nlam (or lambda): number; > 0; default 0.0001\n    L2 regulariser lambda" in fedavg
 
 
-def test_algorithms_describe_unknown_name():
-    assert_one_sentence_error(cli("algorithms", "--describe", "nope"), "unknown algorithm 'nope' (known: centralized,")
+def test_algorithms_describe_unknown_name(monkeypatch, capsys):
+    p = cli_in_process(monkeypatch, capsys, "algorithms", "--describe", "nope")
+    assert_one_sentence_error(p, "unknown algorithm 'nope' (known: centralized,")
