@@ -192,9 +192,9 @@ def test_ckks_run_matches_plaintext_and_server_sees_only_ciphertexts(credit_smal
     """The same run with CKKS ends at the same w (1e-6 relative); every value a client sends to the
     server in the dual/inner-product steps is an opaque ciphertext, and the server holds no key."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    plain = run_hyfdca(credit_small, part, _cfg(rounds=8))
+    plain = run_hyfdca(credit_small, part, _cfg(rounds=4))
     raw: list[bytes] = []
-    enc = run_hyfdca(credit_small, part, _cfg(rounds=8, encryption="ckks"), recorder=raw.append)
+    enc = run_hyfdca(credit_small, part, _cfg(rounds=4, encryption="ckks"), recorder=raw.append)
     w0, w1 = np.array(plain.summary["w"]), np.array(enc.summary["w"])
     assert np.linalg.norm(w1 - w0) <= 1e-6 * np.linalg.norm(w0)
     assert (
