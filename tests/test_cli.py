@@ -58,19 +58,19 @@ def test_missing_data_directory(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_unknown_block_name(tmp_path):
+def test_unknown_block_name(tmp_path, monkeypatch, capsys):
     cfg = write(tmp_path, "c.yaml", MFEAT_CFG.format(data=DATA / "mfeat", block="nope"))
-    p = cli("run", "--config", str(cfg), "--out", str(tmp_path / "o"))
+    p = cli_in_process(monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(tmp_path / "o"))
     assert_one_sentence_error(p, "unknown block 'nope'")
     assert not (tmp_path / "o").exists()
 
 
-def test_nan_in_csv_and_missing_label_column(tmp_path):
+def test_nan_in_csv_and_missing_label_column(tmp_path, monkeypatch, capsys):
     data = write(tmp_path, "d.csv", "a,b,label\n1,2,0\n3,,1\n5,6,0\n7,8,1\n")
     base = "dataset: {{name: table, path: {p}, label_column: {lab}, blocks: {{x: [a], z: [b]}}}}\npartition: {{kind: iid, num_clients: 2}}\n"
     cfg = write(tmp_path, "c.yaml", base.format(p=data, lab="label"))
     assert_one_sentence_error(
-        cli("run", "--config", str(cfg), "--out", str(tmp_path / "o")),
+        cli_in_process(monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(tmp_path / "o")),
         "column 'b' of d.csv has a missing (NaN) value at row 2",
     )
     cfg2 = write(
@@ -79,7 +79,8 @@ def test_nan_in_csv_and_missing_label_column(tmp_path):
         f'[dataset]\nname = "table"\npath = "{data}"\nlabel_column = "target"\nblocks = {{x = ["a"], z = ["b"]}}\n',
     )
     assert_one_sentence_error(
-        cli("run", "--config", str(cfg2), "--out", str(tmp_path / "o")), "label column 'target' is not in d.csv"
+        cli_in_process(monkeypatch, capsys, "run", "--config", str(cfg2), "--out", str(tmp_path / "o")),
+        "label column 'target' is not in d.csv",
     )
     assert not (tmp_path / "o").exists()
 

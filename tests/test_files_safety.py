@@ -191,10 +191,12 @@ def test_key_file_never_follows_a_symlink(dealer, tmp_path):
     assert not (tmp_path / "would-be-created").exists()
 
 
-def test_he_keys_command_refuses_an_existing_file(tmp_path):
+def test_he_keys_command_refuses_an_existing_file(tmp_path, monkeypatch, capsys):
     f = tmp_path / "he.key"
     f.write_bytes(b"the earlier key")
-    p = cli("he-keys", "--scheme", "paillier", "--paillier-bits", "512", "--out", str(f))
+    p = cli_in_process(
+        monkeypatch, capsys, "he-keys", "--scheme", "paillier", "--paillier-bits", "512", "--out", str(f)
+    )
     assert_one_sentence_error(p, "already exists")
     assert f.read_bytes() == b"the earlier key"
 
