@@ -353,6 +353,8 @@ def test_hyfdca_commit_over_the_flower_transport_equals_simulation(tmp_path, run
     masked.update({"output": "step_average"} if mode == "segment-step_average" else {})
     mode = mode.removesuffix("-masked").removesuffix("-step_average")
     algo = {**HYFDCA, "dual_mode": mode, "rounds": 4, **({"batch_size": 64, **masked} if mode == "segment" else {})}
+    if mode == "segment":  # PSI's setup over the transport runs in the block case; the same holder sets here
+        algo["alignment"] = "plaintext"
     prep, dirs, server_dir = _setup(tmp_path, algo)
     w_ok, _ = _hyfdca_reference(prep, algo)
     w_ref, log_ref = _hyfdca_reference(prep, algo, fail_at=[(2, "client-1")])
