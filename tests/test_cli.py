@@ -130,8 +130,10 @@ def test_main_job_writes_results(tmp_path):
     assert not [f for f in out.iterdir() if f.name.startswith(".")]  # no temporary files left
 
 
-def test_partition_command_prints_coverage(tmp_path):
-    p = cli(
+def test_partition_command_prints_coverage(tmp_path, monkeypatch, capsys):
+    p = cli_in_process(
+        monkeypatch,
+        capsys,
         "partition",
         "--dataset",
         "mfeat",

@@ -268,9 +268,12 @@ def test_sigint_stops_cleanly_with_a_checkpoint_and_resumes(tmp_path):
     assert strip(res.history) == strip(full.history)
 
 
-def test_cli_checkpoint_settings_and_their_cost_in_results(tmp_path):
+def test_cli_checkpoint_settings_and_their_cost_in_results(tmp_path, monkeypatch, capsys):
     """The config's ``checkpoint`` section and ``--checkpoint-every`` pick the checkpointed rounds;
-    results.json records what checkpointing cost."""
+    results.json records what checkpointing cost (the CLI's entry point in process; the runs above
+    are real processes)."""
+    from tests.cli_helpers import cli_in_process
+
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         "dataset: {name: digits}\n"
@@ -279,11 +282,8 @@ def test_cli_checkpoint_settings_and_their_cost_in_results(tmp_path):
         "checkpoint: {every: 1, max_share: null}\n"
     )
     out = tmp_path / "run"
-    p = subprocess.run(
-        cli("run", "--config", str(cfg), "--out", str(out), "-q", "--checkpoint-every", "2"),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    p = cli_in_process(
+        monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(out), "-q", "--checkpoint-every", "2"
     )
     assert p.returncode == 0, p.stderr
     res = json.loads((out / "results.json").read_text())
