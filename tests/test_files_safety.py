@@ -240,7 +240,9 @@ def test_run_out_refuses_an_earlier_run_and_force_overwrites(tmp_path, monkeypat
     p = cli_in_process(monkeypatch, capsys, "run", "--resume", str(out), "--force")
     assert_one_sentence_error(p, "--resume takes the run directory only")
     assert snapshot(out) == before
-    forced = cli("run", "--config", str(cfg), "--out", str(out), "--quiet", "--seed", "3", "--force")
+    forced = cli_in_process(
+        monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(out), "--quiet", "--seed", "3", "--force"
+    )
     assert forced.returncode == 0, forced.stderr
     assert json.loads((out / "results.json").read_text())["config"]["seed"] == 3
     assert json.loads((out / "config.json").read_text())["seed"] == 3
