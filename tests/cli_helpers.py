@@ -15,6 +15,24 @@ def cli(*args: str) -> list[str]:
     return [sys.executable, "-m", "hybridfl.cli.main", *args]
 
 
+def cli_in_process(monkeypatch, capsys, *args: str) -> subprocess.CompletedProcess:
+    """``hybridfl <args>`` run in this process through the CLI's entry point (as
+    ``tests.test_prepare.run_cli``), returned as a completed process (exit status, stdout, stderr)
+    so the same output checks apply: no new interpreter to start, whose imports (torch) are most of
+    the seconds of a command that stops at a bad input. Tests that check the entry point itself
+    (``python -m hybridfl.cli.main``: import-time output, the real exit status) keep :func:`cli`."""
+    from hybridfl.cli import main as cli_main
+
+    monkeypatch.setattr(sys, "argv", ["hybridfl", *args])
+    code = 0
+    try:
+        cli_main.main()
+    except SystemExit as e:
+        code = int(e.code or 0)
+    out = capsys.readouterr()
+    return subprocess.CompletedProcess(["hybridfl", *args], code, out.out, out.err)
+
+
 def stop_after(cmd: list[str], out: Path, rnd: int, timeout: float = 600) -> int:
     """Run ``cmd`` with the test-only ``HYBRIDFL_TEST_STOP_AFTER_ROUND=rnd``: the run ends its
     process right after writing the checkpoint of round ``rnd`` in ``out`` (no results), at that

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cli_helpers import cli_in_process
 from tests.conftest import DATA
 
 
@@ -57,19 +58,19 @@ def test_missing_data_directory(tmp_path):
     assert not (tmp_path / "o").exists()
 
 
-def test_unknown_block_name(tmp_path):
+def test_unknown_block_name(tmp_path, monkeypatch, capsys):
     cfg = write(tmp_path, "c.yaml", MFEAT_CFG.format(data=DATA / "mfeat", block="nope"))
-    p = cli("run", "--config", str(cfg), "--out", str(tmp_path / "o"))
+    p = cli_in_process(monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(tmp_path / "o"))
     assert_one_sentence_error(p, "unknown block 'nope'")
     assert not (tmp_path / "o").exists()
 
 
-def test_nan_in_csv_and_missing_label_column(tmp_path):
+def test_nan_in_csv_and_missing_label_column(tmp_path, monkeypatch, capsys):
     data = write(tmp_path, "d.csv", "a,b,label\n1,2,0\n3,,1\n5,6,0\n7,8,1\n")
     base = "dataset: {{name: table, path: {p}, label_column: {lab}, blocks: {{x: [a], z: [b]}}}}\npartition: {{kind: iid, num_clients: 2}}\n"
     cfg = write(tmp_path, "c.yaml", base.format(p=data, lab="label"))
     assert_one_sentence_error(
-        cli("run", "--config", str(cfg), "--out", str(tmp_path / "o")),
+        cli_in_process(monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(tmp_path / "o")),
         "column 'b' of d.csv has a missing (NaN) value at row 2",
     )
     cfg2 = write(
@@ -78,7 +79,8 @@ def test_nan_in_csv_and_missing_label_column(tmp_path):
         f'[dataset]\nname = "table"\npath = "{data}"\nlabel_column = "target"\nblocks = {{x = ["a"], z = ["b"]}}\n',
     )
     assert_one_sentence_error(
-        cli("run", "--config", str(cfg2), "--out", str(tmp_path / "o")), "label column 'target' is not in d.csv"
+        cli_in_process(monkeypatch, capsys, "run", "--config", str(cfg2), "--out", str(tmp_path / "o")),
+        "label column 'target' is not in d.csv",
     )
     assert not (tmp_path / "o").exists()
 
@@ -93,9 +95,11 @@ def test_nan_in_csv_and_missing_label_column(tmp_path):
         ("algorithm: {name: hyfem, lr: fast}\n", "'algorithm.lr'"),
     ],
 )
-def test_bad_config_fields(tmp_path, text, needle):
+def test_bad_config_fields(tmp_path, monkeypatch, capsys, text, needle):
     cfg = write(tmp_path, "c.yaml", text)
-    assert_one_sentence_error(cli("run", "--config", str(cfg), "--out", str(tmp_path / "o")), needle)
+    p = cli_in_process(monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(tmp_path / "o"))
+    assert_one_sentence_error(p, needle)
+    assert not (tmp_path / "o").exists()
 
 
 def test_main_job_writes_results(tmp_path):
@@ -126,8 +130,10 @@ def test_main_job_writes_results(tmp_path):
     assert not [f for f in out.iterdir() if f.name.startswith(".")]  # no temporary files left
 
 
-def test_partition_command_prints_coverage(tmp_path):
-    p = cli(
+def test_partition_command_prints_coverage(tmp_path, monkeypatch, capsys):
+    p = cli_in_process(
+        monkeypatch,
+        capsys,
         "partition",
         "--dataset",
         "mfeat",
@@ -157,11 +163,11 @@ def test_every_algorithm_option_has_a_description():
     assert missing == [], "fields without a description:\n" + "\n".join(missing)
 
 
-def test_algorithms_describe_prints_every_option():
+def test_algorithms_describe_prints_every_option(monkeypatch, capsys):
     from hybridfl.algorithms.hyfem.config import HyFEMConfig
     from hybridfl.algorithms.spec import config_fields
 
-    p = cli("algorithms", "--describe", "hyfem")
+    p = cli_in_process(monkeypatch, capsys, "algorithms", "--describe", "hyfem")
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert lines[0].startswith("hyfem: ")
@@ -177,9 +183,10 @@ def test_algorithms_describe_prints_every_option():
     i = lines.index(heads["rounds"])
     assert lines[i + 1] == "    communication rounds T"
     # an alias is shown with the field it sets
-    fedavg = cli("algorithms", "--describe", "hybrid_fedavg").stdout
+    fedavg = cli_in_process(monkeypatch, capsys, "algorithms", "--describe", "hybrid_fedavg").stdout
     assert "\nlam (or lambda): number; > 0; default 0.0001\n    L2 regulariser lambda" in fedavg
 
 
-def test_algorithms_describe_unknown_name():
-    assert_one_sentence_error(cli("algorithms", "--describe", "nope"), "unknown algorithm 'nope' (known: centralized,")
+def test_algorithms_describe_unknown_name(monkeypatch, capsys):
+    p = cli_in_process(monkeypatch, capsys, "algorithms", "--describe", "nope")
+    assert_one_sentence_error(p, "unknown algorithm 'nope' (known: centralized,")

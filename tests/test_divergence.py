@@ -4,8 +4,6 @@ non-finite model values with :class:`~hybridfl.errors.TrainingDiverged` before u
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -14,6 +12,7 @@ from hybridfl.config import default_config, parse_config
 from hybridfl.errors import TrainingDiverged
 from hybridfl.experiment import prepare
 from hybridfl.runtime.simulation import build_federation
+from tests.cli_helpers import cli_in_process
 
 
 def _main_job(**algorithm) -> dict:
@@ -23,17 +22,13 @@ def _main_job(**algorithm) -> dict:
     return data
 
 
-def test_cli_run_with_huge_lr_is_one_sentence(tmp_path):
-    """``hybridfl run`` of the main job with ``lr: 1000``: exit status 2 and one line ``error: ...``
-    naming the round and the lr (before: a rich traceback of the matching's ValueError, status 1)."""
+def test_cli_run_with_huge_lr_is_one_sentence(tmp_path, monkeypatch, capsys):
+    """``hybridfl run`` of the main job with ``lr: 1000`` (the CLI's entry point, in process):
+    exit status 2 and one line ``error: ...`` naming the round and the lr (before: a rich traceback
+    of the matching's ValueError, status 1)."""
     cfg = tmp_path / "diverge.yaml"
     cfg.write_text(json.dumps(_main_job(lr=1000, rounds=5)))  # JSON is YAML
-    p = subprocess.run(
-        [sys.executable, "-m", "hybridfl.cli.main", "run", "-c", str(cfg), "--out", str(tmp_path / "o"), "-q"],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    p = cli_in_process(monkeypatch, capsys, "run", "-c", str(cfg), "--out", str(tmp_path / "o"), "-q")
     assert p.returncode == 2, (p.returncode, p.stdout, p.stderr[-3000:])
     assert "Traceback" not in p.stdout + p.stderr
     lines = [ln for ln in p.stderr.strip().splitlines() if ln.strip()]

@@ -80,9 +80,10 @@ def test_bad_client_name_rejected(digits_split, tmp_path):
         export_clients(digits_split, part, tmp_path)
 
 
-def test_export_clients_command(tmp_path):
-    import subprocess
-    import sys
+def test_export_clients_command(tmp_path, monkeypatch, capsys):
+    """``hybridfl export-clients`` through the CLI's entry point, in process (the real process:
+    tests/test_files_safety.py::test_export_command_he_key_is_0600_in_0700_directories)."""
+    from tests.cli_helpers import cli_in_process
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
@@ -90,51 +91,23 @@ def test_export_clients_command(tmp_path):
         "partition: {kind: class_block, num_clients: 2, classes_per_client: [5, 7], blocks_per_client: 2}\n"
         "algorithm: {name: hyfem, rounds: 3, local_steps: 2, baselines: false}\n"
     )
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hybridfl.cli.main",
-            "export-clients",
-            "--config",
-            str(cfg),
-            "--out",
-            str(tmp_path / "o"),
-            "--rounds",
-            "2",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    p = cli_in_process(
+        monkeypatch, capsys, "export-clients", "--config", str(cfg), "--out", str(tmp_path / "o"), "--rounds", "2"
     )
     assert p.returncode == 0, p.stderr
     assert load_client_dir(tmp_path / "o" / "client-1").index == 1
     srv = load_server_dir(tmp_path / "o" / "server")
     assert srv.meta["seed"] == 4 and srv.meta["run_config"]["algorithm"]["rounds"] == 2
     assert srv.meta["run_config"]["algorithm"]["lr"] == 0.05  # the validated config, with defaults
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hybridfl.cli.main",
-            "export-clients",
-            "--config",
-            str(tmp_path / "none.yaml"),
-            "--out",
-            str(tmp_path / "x"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
+    bad = cli_in_process(
+        monkeypatch, capsys, "export-clients", "--config", str(tmp_path / "none.yaml"), "--out", str(tmp_path / "x")
     )
     assert bad.returncode == 2 and bad.stderr.strip().startswith("error:") and "does not exist" in bad.stderr
 
 
-def test_export_writes_he_keys_to_clients_only(tmp_path):
-    import subprocess
-    import sys
-
+def test_export_writes_he_keys_to_clients_only(tmp_path, monkeypatch, capsys):
     from hybridfl.privacy.keys import SECRET_FILE, load_secret
+    from tests.cli_helpers import cli_in_process
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
@@ -142,33 +115,14 @@ def test_export_writes_he_keys_to_clients_only(tmp_path):
         "partition: {kind: class_block, num_clients: 2, classes_per_client: [5, 7], blocks_per_client: 2}\n"
         "algorithm: {name: hyfdca, positive_classes: [0, 1, 2, 3, 4], dual_mode: block, encryption: paillier, paillier_bits: 512, reference: false}\n"
     )
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "hybridfl.cli.main",
-            "export-clients",
-            "--config",
-            str(cfg),
-            "--out",
-            str(tmp_path / "o"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    p = cli_in_process(monkeypatch, capsys, "export-clients", "--config", str(cfg), "--out", str(tmp_path / "o"))
     assert p.returncode == 0, p.stderr
     keys = [load_secret(tmp_path / "o" / f"client-{i}" / SECRET_FILE) for i in range(2)]
     assert keys[0][0] == "paillier" and keys[0][2] == keys[1][2]  # one shared key pair
     assert not list((tmp_path / "o" / "server").rglob("*.key"))
     be = keys[0][1]
     assert np.allclose(keys[1][1].decrypt(be.encrypt(np.array([1.5, -2.0]))), [1.5, -2.0])
-    k = subprocess.run(
-        [sys.executable, "-m", "hybridfl.cli.main", "he-keys", "--scheme", "ckks", "--out", str(tmp_path / "s.key")],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    k = cli_in_process(monkeypatch, capsys, "he-keys", "--scheme", "ckks", "--out", str(tmp_path / "s.key"))
     assert k.returncode == 0, k.stderr
     assert load_secret(tmp_path / "s.key")[0] == "ckks"
     assert (tmp_path / "s.key").stat().st_mode & 0o077 == 0

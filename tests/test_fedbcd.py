@@ -753,7 +753,8 @@ def test_dense_evaluation_locates_the_target_round():
 
 
 def test_credit_default_four_parties_cli_config(credit_dir, tmp_path):
-    """examples/configs/fedbcd_credit.yaml end to end (fewer rounds): learns, writes rounds_to_target."""
+    """examples/configs/fedbcd_credit.yaml end to end (25 rounds: its AUC passes 0.69 at round 3 and
+    is 0.704 at round 25, about the 0.707 of round 80): learns, writes rounds_to_target."""
     import json
 
     from hybridfl.config import load_config
@@ -763,12 +764,12 @@ def test_credit_default_four_parties_cli_config(credit_dir, tmp_path):
     cfg = load_config(ROOT / "examples" / "configs" / "fedbcd_credit.yaml")
     data = cfg.model_dump(mode="json")
     data["dataset"]["data_dir"] = str(credit_dir)
-    data["algorithm"].update(rounds=80, target_auc=0.69)
+    data["algorithm"].update(rounds=25, target_auc=0.69)
     prep = prepare(parse_config(data))
     res = execute(prep, tmp_path)
     s = json.loads((tmp_path / "results.json").read_text())
     assert s["parties"] == 4 and s["method"] == "FedBCD-p" and s["local_steps"] == 5
-    assert s["auc"] > 0.69 and s["rounds_to_target"] is not None and s["rounds_to_target"] <= 80
+    assert s["auc"] > 0.69 and s["rounds_to_target"] is not None and s["rounds_to_target"] <= 25
     assert (tmp_path / "auc.png").is_file() and (tmp_path / "accuracy.png").is_file()
     assert res.summary["report"][0][2] == "percent"
 

@@ -28,6 +28,7 @@ from hybridfl.errors import ConfigError, DataError
 from hybridfl.experiment import prepare
 from hybridfl.privacy.he import KeyDealer
 from hybridfl.privacy.keys import load_secret, write_secret, write_secret_bytes
+from tests.cli_helpers import cli_in_process
 
 RUN_CFG = "seed: 0\ndataset: {name: digits}\nalgorithm: {name: hyfem, rounds: 1, local_steps: 1, baselines: false}\n"
 EXPORT_CFG = (
@@ -111,14 +112,15 @@ def test_export_into_non_empty_directory_refused(digits_split, tmp_path):
     assert load_client_dir(empty / "a").data.n_samples == 40
 
 
-def test_export_clients_command_refuses_non_empty_directory(tmp_path):
+def test_export_clients_command_refuses_non_empty_directory(tmp_path, monkeypatch, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(EXPORT_CFG)
     out = tmp_path / "o"
     out.mkdir()
     (out / "keep.txt").write_text("x")
     before = snapshot(tmp_path)
-    assert_one_sentence_error(cli("export-clients", "--config", str(cfg), "--out", str(out)), "is not empty")
+    p = cli_in_process(monkeypatch, capsys, "export-clients", "--config", str(cfg), "--out", str(out))
+    assert_one_sentence_error(p, "is not empty")
     assert snapshot(tmp_path) == before
 
 
@@ -189,10 +191,12 @@ def test_key_file_never_follows_a_symlink(dealer, tmp_path):
     assert not (tmp_path / "would-be-created").exists()
 
 
-def test_he_keys_command_refuses_an_existing_file(tmp_path):
+def test_he_keys_command_refuses_an_existing_file(tmp_path, monkeypatch, capsys):
     f = tmp_path / "he.key"
     f.write_bytes(b"the earlier key")
-    p = cli("he-keys", "--scheme", "paillier", "--paillier-bits", "512", "--out", str(f))
+    p = cli_in_process(
+        monkeypatch, capsys, "he-keys", "--scheme", "paillier", "--paillier-bits", "512", "--out", str(f)
+    )
     assert_one_sentence_error(p, "already exists")
     assert f.read_bytes() == b"the earlier key"
 
@@ -217,7 +221,7 @@ def test_prepare_refuses_a_directory_holding_a_run(tmp_path, marker):
     prepare(cfg, out)  # a directory without a run is fine
 
 
-def test_run_out_refuses_an_earlier_run_and_force_overwrites(tmp_path):
+def test_run_out_refuses_an_earlier_run_and_force_overwrites(tmp_path, monkeypatch, capsys):
     """The earlier run's results survive a second `run --out` into its directory; `--force`
     replaces them; `--force` together with `--resume` is refused."""
     cfg = tmp_path / "c.yaml"
@@ -227,20 +231,24 @@ def test_run_out_refuses_an_earlier_run_and_force_overwrites(tmp_path):
     assert first.returncode == 0, first.stderr
     before = snapshot(out)
     assert "results.json" in before and "config.json" in before
-    again = cli("run", "--config", str(cfg), "--out", str(out), "--quiet", "--seed", "3")
+    again = cli_in_process(
+        monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(out), "--quiet", "--seed", "3"
+    )
     assert_one_sentence_error(again, "already holds a run")
     assert "--force" in again.stderr and "--resume" in again.stderr
     assert snapshot(out) == before  # untouched: same bytes, same mtimes, no new file
-    p = cli("run", "--resume", str(out), "--force")
+    p = cli_in_process(monkeypatch, capsys, "run", "--resume", str(out), "--force")
     assert_one_sentence_error(p, "--resume takes the run directory only")
     assert snapshot(out) == before
-    forced = cli("run", "--config", str(cfg), "--out", str(out), "--quiet", "--seed", "3", "--force")
+    forced = cli_in_process(
+        monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(out), "--quiet", "--seed", "3", "--force"
+    )
     assert forced.returncode == 0, forced.stderr
     assert json.loads((out / "results.json").read_text())["config"]["seed"] == 3
     assert json.loads((out / "config.json").read_text())["seed"] == 3
 
 
-def test_run_out_refuses_an_interrupted_run(tmp_path):
+def test_run_out_refuses_an_interrupted_run(tmp_path, monkeypatch, capsys):
     """A directory with only a checkpoint (a run killed before its results) is refused too."""
     cfg = tmp_path / "c.yaml"
     cfg.write_text(RUN_CFG)
@@ -248,5 +256,6 @@ def test_run_out_refuses_an_interrupted_run(tmp_path):
     out.mkdir()
     (out / "checkpoint.hfl").write_bytes(b"an interrupted run's checkpoint")
     before = snapshot(out)
-    assert_one_sentence_error(cli("run", "--config", str(cfg), "--out", str(out), "--quiet"), "already holds a run")
+    p = cli_in_process(monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(out), "--quiet")
+    assert_one_sentence_error(p, "already holds a run")
     assert snapshot(out) == before

@@ -237,7 +237,7 @@ def test_node_that_never_comes_back_is_given_up(tmp_path, run_id, hyfdca_setup):
     dirs, server_dir, w_ref, _ = hyfdca_setup
     _clean_state(dirs)
     grid = FakeGrid(dirs, (1, 4, "before"), stale=1, restart_after=None)
-    summary = run_server(grid, server_dir, tmp_path / "res", poll_interval=0.01, reply_timeout=1.0, node_check=0)
+    summary = run_server(grid, server_dir, tmp_path / "res", poll_interval=0.01, reply_timeout=0.3, node_check=0)
     ab = summary["abandoned_messages"]
     assert ab and {a["client"] for a in ab} == {"client-1"} and ab[0]["seq"] == 4
     assert "its node 1001 went offline (Flower: node unavailable); no node holding it came back" in ab[-1]["why"]
@@ -353,6 +353,8 @@ def test_hyfdca_commit_over_the_flower_transport_equals_simulation(tmp_path, run
     masked.update({"output": "step_average"} if mode == "segment-step_average" else {})
     mode = mode.removesuffix("-masked").removesuffix("-step_average")
     algo = {**HYFDCA, "dual_mode": mode, "rounds": 4, **({"batch_size": 64, **masked} if mode == "segment" else {})}
+    if mode == "segment":  # PSI's setup over the transport runs in the block case; the same holder sets here
+        algo["alignment"] = "plaintext"
     prep, dirs, server_dir = _setup(tmp_path, algo)
     w_ok, _ = _hyfdca_reference(prep, algo)
     w_ref, log_ref = _hyfdca_reference(prep, algo, fail_at=[(2, "client-1")])

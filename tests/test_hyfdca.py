@@ -73,6 +73,8 @@ def test_reference_is_cached_and_says_which_solver(credit_small, tmp_path):
 
 
 def _cfg(**kw) -> HyFDCAConfig:
+    # tests of convergence pass alignment="plaintext": the same run as PSI's (the same holder sets
+    # and sample order; test_hyfdca_psi checks that), without PSI's setup, most of a small run's time
     # the paper's problem (no intercept): several tests rebuild it by hand (build_problem)
     base = dict(HYFDCA_BEFORE, lam=1e-2, rounds=30, eval_every=0, reference_sdca_epochs=100, fit_intercept=False)
     base.update(kw)
@@ -83,7 +85,7 @@ def _cfg(**kw) -> HyFDCAConfig:
 def test_single_client_is_centralised_sdca(credit_small, loss, target):
     """One client holding everything: a HyFDCA round is one SDCA pass (sigma' = 1)."""
     part = GridPartitioner(1, 1, 1, 0).partition(credit_small.train)
-    res = run_hyfdca(credit_small, part, _cfg(loss=loss, rounds=40))
+    res = run_hyfdca(credit_small, part, _cfg(alignment="plaintext", loss=loss, rounds=40))
     s = res.summary
     assert s["sigma"] == 1.0
     assert s["relative_suboptimality"] < target
@@ -95,7 +97,7 @@ def test_single_client_is_centralised_sdca(credit_small, loss, target):
 def test_grid_converges_to_centralised_optimum(loss, credit_small):
     """3 x 3 grid on real data: relative suboptimality and duality gap go to ~0, w = w(alpha)."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    cfg = _cfg(loss=loss, rounds=60, eval_every=10)
+    cfg = _cfg(alignment="plaintext", loss=loss, rounds=60, eval_every=10)
     fed = build_federation("hyfdca", credit_small, part, cfg)
     server, clients = fed.server, fed.clients
     prob = build_problem(credit_small, part, loss, cfg.lam, [1])
@@ -120,7 +122,7 @@ def test_grid_converges_to_centralised_optimum(loss, credit_small):
 def test_consensus_mode_keeps_w_equal_to_w_of_alpha(credit_small):
     """Paper Alg. 1 literally (one alpha per sample): w = w(alpha) exactly, every round."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    cfg = _cfg(dual_mode="consensus", local_fraction=0.05, sigma=30, rounds=5)
+    cfg = _cfg(alignment="plaintext", dual_mode="consensus", local_fraction=0.05, sigma=30, rounds=5)
     fed = build_federation("hyfdca", credit_small, part, cfg)
     server, clients = fed.server, fed.clients
     prob = build_problem(credit_small, part, "hinge", cfg.lam, [1])
@@ -137,7 +139,15 @@ def test_partial_participation_sends_fresh_alpha_to_returning_clients(credit_sma
     gets enc(alpha) in a PrimalAggregation before SecureInnerProduct (the ``w`` it is sent already
     holds its share of the current alpha); the others go straight to SecureInnerProduct."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    cfg = _cfg(rounds=40, participation=0.5, eval_every=40, dual_mode="consensus", local_fraction=0.05, sigma=30)
+    cfg = _cfg(
+        alignment="plaintext",
+        rounds=40,
+        participation=0.5,
+        eval_every=40,
+        dual_mode="consensus",
+        local_fraction=0.05,
+        sigma=30,
+    )
     seen = []
     res = run_hyfdca(credit_small, part, cfg, recorder=seen.append)
     from hybridfl.privacy.secagg import mask_quorum
@@ -184,7 +194,7 @@ def test_partial_participation_sends_fresh_alpha_to_returning_clients(credit_sma
 
 def test_block_mode_converges_with_half_the_clients_each_round(credit_small):
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    res = run_hyfdca(credit_small, part, _cfg(rounds=60, participation=0.5, eval_every=60))
+    res = run_hyfdca(credit_small, part, _cfg(alignment="plaintext", rounds=60, participation=0.5, eval_every=60))
     assert res.summary["relative_suboptimality"] < 3e-2  # measured 1.3e-2
 
 
@@ -192,9 +202,9 @@ def test_ckks_run_matches_plaintext_and_server_sees_only_ciphertexts(credit_smal
     """The same run with CKKS ends at the same w (1e-6 relative); every value a client sends to the
     server in the dual/inner-product steps is an opaque ciphertext, and the server holds no key."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    plain = run_hyfdca(credit_small, part, _cfg(rounds=8))
+    plain = run_hyfdca(credit_small, part, _cfg(alignment="plaintext", rounds=4))
     raw: list[bytes] = []
-    enc = run_hyfdca(credit_small, part, _cfg(rounds=8, encryption="ckks"), recorder=raw.append)
+    enc = run_hyfdca(credit_small, part, _cfg(alignment="plaintext", rounds=4, encryption="ckks"), recorder=raw.append)
     w0, w1 = np.array(plain.summary["w"]), np.array(enc.summary["w"])
     assert np.linalg.norm(w1 - w0) <= 1e-6 * np.linalg.norm(w0)
     assert (
@@ -338,6 +348,6 @@ def test_more_local_epochs_more_progress_per_round(credit_small):
     """local_epochs = 3 repeats the pass over the chosen samples: more progress per round
     (measured after 15 rounds: 6.7e-2 with 1 epoch, 2.2e-2 with 3)."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    one = run_hyfdca(credit_small, part, _cfg(rounds=15))
-    three = run_hyfdca(credit_small, part, _cfg(rounds=15, local_epochs=3))
+    one = run_hyfdca(credit_small, part, _cfg(alignment="plaintext", rounds=15))
+    three = run_hyfdca(credit_small, part, _cfg(alignment="plaintext", rounds=15, local_epochs=3))
     assert three.summary["relative_suboptimality"] < 0.5 * one.summary["relative_suboptimality"]

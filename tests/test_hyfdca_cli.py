@@ -154,13 +154,17 @@ def _one_sentence(p: subprocess.CompletedProcess, needle: str) -> None:
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], p.stderr
 
 
-def test_cli_bad_input_one_sentence(tmp_path, mfeat_dir):
+def test_cli_bad_input_one_sentence(tmp_path, mfeat_dir, monkeypatch, capsys):
+    from tests.cli_helpers import cli_in_process
+
     cfg = tmp_path / "m.yaml"
     cfg.write_text(
         f"dataset: {{name: mfeat, data_dir: {mfeat_dir}}}\n"
         "partition: {kind: grid, sample_groups: 2, block_groups: 2}\nalgorithm: {name: hyfdca, rounds: 1}\n"
     )
-    _one_sentence(cli("run", "--config", str(cfg), "--out", str(tmp_path / "o"), tmp=tmp_path), "needs binary labels")
+    monkeypatch.setenv("HYBRIDFL_CACHE", str(tmp_path / "cache"))
+    p = cli_in_process(monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(tmp_path / "o"))
+    _one_sentence(p, "needs binary labels")
     assert not (tmp_path / "o" / "results.json").exists()  # checked before training: no results
     # lambda <= 0 and an empty client: tests/test_hyfdca.py (config validation, PartitionError)
     assert DATA.is_dir()

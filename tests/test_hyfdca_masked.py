@@ -28,6 +28,9 @@ pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def _cfg(**kw) -> HyFDCAConfig:
+    # runs compared with each other, and the checks of hostile masked messages, pass
+    # alignment="plaintext": the same holder sets and sample order as PSI's (test_hyfdca_psi), without
+    # PSI's setup time; the run whose messages the honest-but-curious server reads keeps PSI
     base = dict(
         HYFDCA_BEFORE,
         lam=1e-2,
@@ -123,15 +126,20 @@ def test_masked_run_matches_the_plaintext_run(credit_small):
     """3 x 3 grid, both schedules: the masked run's w equals the plaintext run's up to the fixed
     point (2^-32 per share), and the masked run under CKKS (duals encrypted) too."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    plain = {}
     for schedule in ("sequential", "parallel"):
-        plain = run_hyfdca(credit_small, part, _cfg(segment_inner_products="encrypted", segment_schedule=schedule))
-        masked = run_hyfdca(credit_small, part, _cfg(segment_schedule=schedule))
-        w0, w1 = np.array(plain.summary["w"]), np.array(masked.summary["w"])
+        plain[schedule] = run_hyfdca(
+            credit_small,
+            part,
+            _cfg(alignment="plaintext", segment_inner_products="encrypted", segment_schedule=schedule),
+        )
+        masked = run_hyfdca(credit_small, part, _cfg(alignment="plaintext", segment_schedule=schedule))
+        w0, w1 = np.array(plain[schedule].summary["w"]), np.array(masked.summary["w"])
         assert np.linalg.norm(w1 - w0) <= 1e-7 * np.linalg.norm(w0)
-    ckks = run_hyfdca(credit_small, part, _cfg(encryption="ckks"))
-    w0, w2 = np.array(plain.summary["w"]), np.array(ckks.summary["w"])
-    plain_seq = run_hyfdca(credit_small, part, _cfg(segment_inner_products="encrypted"))
-    w0 = np.array(plain_seq.summary["w"])
+    ckks = run_hyfdca(
+        credit_small, part, _cfg(alignment="plaintext", encryption="ckks")
+    )  # the default schedule: sequential
+    w0, w2 = np.array(plain["sequential"].summary["w"]), np.array(ckks.summary["w"])
     assert np.linalg.norm(w2 - w0) <= 1e-6 * np.linalg.norm(w0)
 
 
@@ -140,8 +148,8 @@ def test_segments_with_one_holder_are_masked_too(credit_small, grid):
     """A horizontal grid (each segment one holder) and a single client: no key to share, the
     holder's own pad alone hides its inner products; the run equals the encrypted one."""
     part = GridPartitioner(*grid, 1, 0).partition(credit_small.train)
-    plain = run_hyfdca(credit_small, part, _cfg(segment_inner_products="encrypted"))
-    masked = run_hyfdca(credit_small, part, _cfg())
+    plain = run_hyfdca(credit_small, part, _cfg(alignment="plaintext", segment_inner_products="encrypted"))
+    masked = run_hyfdca(credit_small, part, _cfg(alignment="plaintext"))
     w0, w1 = np.array(plain.summary["w"]), np.array(masked.summary["w"])
     assert np.linalg.norm(w0) > 0
     assert np.linalg.norm(w1 - w0) <= 1e-7 * np.linalg.norm(w0)
@@ -205,7 +213,7 @@ def _setup_messages(credit_small, **kw):
     """A masked federation after setup, and the recorded messages of its setup."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     raw: list[bytes] = []
-    fed = build_federation("hyfdca", credit_small, part, _cfg(**kw), recorder=raw.append)
+    fed = build_federation("hyfdca", credit_small, part, _cfg(**{"alignment": "plaintext", **kw}), recorder=raw.append)
     fed.setup()
     return fed, [decode(b) for b in raw]
 
@@ -268,7 +276,7 @@ def test_round_messages_with_a_bad_tag_or_bad_words_are_refused(credit_small):
     range: refused by name before the client changes anything."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     raw: list[bytes] = []
-    fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=1), recorder=raw.append)
+    fed = build_federation("hyfdca", credit_small, part, _cfg(alignment="plaintext", rounds=1), recorder=raw.append)
     fed.setup()
     n0 = len(raw)
     snapshot = {c: cl.get_state() for c, cl in fed.clients.items()}
@@ -316,7 +324,7 @@ def test_server_drops_a_reply_with_bad_words(credit_small):
     """A holder's reply whose masked shares are not uint64 of the batch's length is treated as
     missing: its segment loses the pass, nothing of it is added."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=2))
+    fed = build_federation("hyfdca", credit_small, part, _cfg(alignment="plaintext", rounds=2))
 
     def bad_words(msg, r):
         if msg.kind == "hyfdca.sweep" and msg.round == 1 and isinstance(r.payload.get("ip"), np.ndarray):
@@ -407,7 +415,7 @@ def test_server_refuses_a_bad_masked_setup_reply(credit_small, field, corrupt):
     sealed keys of another count or length, or either missing: the setup (which needs every
     client) stops with one PayloadError naming the holder and the field, before any key is relayed."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
-    fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=1))
+    fed = build_federation("hyfdca", credit_small, part, _cfg(alignment="plaintext", rounds=1))
     liar = sorted(fed.clients)[4]
 
     def bad_setup(msg, r):

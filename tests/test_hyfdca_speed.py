@@ -18,7 +18,18 @@ pytestmark = pytest.mark.usefixtures("isolated_cache")
 
 
 def _cfg(**kw) -> HyFDCAConfig:
-    base = dict(HYFDCA_BEFORE, lam=1e-2, rounds=4, eval_every=0, dual_mode="segment", batch_size=200, reference=False)
+    # alignment="plaintext": the same holder sets and sample order as PSI's (test_hyfdca_psi), without
+    # PSI's setup time; these tests are about the segment passes and their encryption, not the alignment
+    base = dict(
+        HYFDCA_BEFORE,
+        lam=1e-2,
+        rounds=4,
+        eval_every=0,
+        dual_mode="segment",
+        batch_size=200,
+        reference=False,
+        alignment="plaintext",
+    )
     base.update(kw)
     return HyFDCAConfig(**base)
 

@@ -193,12 +193,8 @@ def test_predict_cli_writes_predictions_and_metrics(runs, tmp_path, capsys):
     assert np.allclose(pred["margin"], load_model(d / "model").decision_function(test))
     # an existing output is never overwritten without --force
     before = out.read_bytes()
-    p = subprocess.run(
-        cli("predict", "--model", str(d / "model"), "--table", str(t), "--out", str(out)),
-        capture_output=True,
-        text=True,
-    )
-    assert p.returncode == 2 and "already exists" in p.stderr and "Traceback" not in p.stderr
+    code, _, err = run_cli("predict", "--model", str(d / "model"), "--table", str(t), "--out", str(out), capsys=capsys)
+    assert code == 2 and "already exists" in err and "Traceback" not in err
     assert out.read_bytes() == before
 
 

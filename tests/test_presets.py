@@ -14,7 +14,8 @@ from hybridfl.algorithms.presets import PRESETS
 from hybridfl.algorithms.spec import config_fields
 from hybridfl.config import parse_config
 from hybridfl.errors import ConfigError
-from tests.test_cli import assert_one_sentence_error, cli, write
+from tests.cli_helpers import cli_in_process
+from tests.test_cli import assert_one_sentence_error, write
 
 
 def test_hyfdca_defaults_are_the_recommended_settings():
@@ -69,15 +70,15 @@ def test_unknown_preset_and_removed_settings_are_one_sentence():
         assert f"setting '{key}' was removed; use {now}" in str(e.value)
 
 
-def test_removed_setting_through_the_cli(tmp_path: Path):
+def test_removed_setting_through_the_cli(tmp_path: Path, monkeypatch, capsys):
     cfg = write(tmp_path, "c.yaml", "algorithm: {name: hyfdca, step_average: true}\n")
-    p = cli("run", "--config", str(cfg), "--out", str(tmp_path / "out"))
+    p = cli_in_process(monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(tmp_path / "out"))
     assert_one_sentence_error(p, "setting 'step_average' was removed; use output: step_average")
     assert not (tmp_path / "out").exists()
 
 
-def test_describe_shows_the_paper_preset():
-    p = cli("algorithms", "--describe", "hyfdca")
+def test_describe_shows_the_paper_preset(monkeypatch, capsys):
+    p = cli_in_process(monkeypatch, capsys, "algorithms", "--describe", "hyfdca")
     assert p.returncode == 0, p.stderr
     text = " ".join(p.stdout.split())
     assert "preset: paper (explicit options override it): loss: hinge, fit_intercept: false, dual_mode: block" in text
@@ -85,7 +86,7 @@ def test_describe_shows_the_paper_preset():
     assert "output: one of last, average_last, step_average; default step_average" in text
 
 
-def test_hyfem_paper_preset_is_the_workshop_schedule():
+def test_hyfem_paper_preset_is_the_workshop_schedule(monkeypatch, capsys):
     from hybridfl.algorithms.hyfem import HyFEMConfig
 
     c = HyFEMConfig.model_validate({"preset": "paper", "rounds": 4})
@@ -99,7 +100,7 @@ def test_hyfem_paper_preset_is_the_workshop_schedule():
         0.0,
     )
     assert c.lr_at(9) == pytest.approx(0.005 * 0.2) and not c.secure_aggregation
-    p = cli("algorithms", "--describe", "hyfem")
+    p = cli_in_process(monkeypatch, capsys, "algorithms", "--describe", "hyfem")
     assert "preset: paper (explicit options override it): variant: avg, rounds: 32" in " ".join(p.stdout.split())
 
 
@@ -131,14 +132,14 @@ def test_fedbcd_paper_preset_is_the_mnist_cnn_setting_and_explicit_fields_win():
     assert "preset" not in mine.model_dump() and FedBCDConfig.model_validate(mine.model_dump()) == mine
 
 
-def test_fedbcd_unknown_preset_is_one_sentence_and_describe_lists_the_paper_preset(tmp_path: Path):
+def test_fedbcd_unknown_preset_is_one_sentence_and_describe_lists_the_paper_preset(tmp_path: Path, monkeypatch, capsys):
     with pytest.raises(ConfigError, match=r"preset 'fast' is not a preset of fedbcd \(presets: paper\)"):
         parse_config({"algorithm": {"name": "fedbcd", "preset": "fast"}})
     cfg = write(tmp_path, "c.yaml", "algorithm: {name: fedbcd, preset: [paper]}\n")
-    p = cli("run", "--config", str(cfg), "--out", str(tmp_path / "out"))
+    p = cli_in_process(monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(tmp_path / "out"))
     assert_one_sentence_error(p, "preset ['paper'] is not a preset of fedbcd (presets: paper)")
     assert not (tmp_path / "out").exists()
-    p = cli("algorithms", "--describe", "fedbcd")
+    p = cli_in_process(monkeypatch, capsys, "algorithms", "--describe", "fedbcd")
     assert p.returncode == 0, p.stderr
     text = " ".join(p.stdout.split())
     assert "preset: paper (explicit options override it): variant: p, local_steps: 5, batch_size: 256" in text

@@ -20,7 +20,7 @@ CONFIG = """
 seed: 3
 dataset: {name: digits}
 partition: {kind: class_block, num_clients: 4, classes_per_client: [5, 7], blocks_per_client: 3}
-algorithm: {name: hyfem, rounds: 12, local_steps: 40, lr: 0.05, momentum: 0.9, eval_every: 4, failure_rate: 0.2}
+algorithm: {name: hyfem, rounds: 6, local_steps: 20, lr: 0.05, momentum: 0.9, eval_every: 2, failure_rate: 0.2}
 """
 # FedBCD-p with MLP towers on UCI credit default, 3 parties, 20 % failures (rounds skipped)
 FEDBCD_CONFIG = """
@@ -76,7 +76,7 @@ def stop_and_resume(tmp_path: Path, config: str, rounds: int, stop_round: int) -
 
 
 def test_stopped_run_resumes_to_the_same_result(tmp_path):
-    res, _ = stop_and_resume(tmp_path, CONFIG, rounds=12, stop_round=3)
+    res, _ = stop_and_resume(tmp_path, CONFIG, rounds=6, stop_round=3)
     assert res["client_failures"] > 0
 
 
@@ -268,9 +268,12 @@ def test_sigint_stops_cleanly_with_a_checkpoint_and_resumes(tmp_path):
     assert strip(res.history) == strip(full.history)
 
 
-def test_cli_checkpoint_settings_and_their_cost_in_results(tmp_path):
+def test_cli_checkpoint_settings_and_their_cost_in_results(tmp_path, monkeypatch, capsys):
     """The config's ``checkpoint`` section and ``--checkpoint-every`` pick the checkpointed rounds;
-    results.json records what checkpointing cost."""
+    results.json records what checkpointing cost (the CLI's entry point in process; the runs above
+    are real processes)."""
+    from tests.cli_helpers import cli_in_process
+
     cfg = tmp_path / "c.yaml"
     cfg.write_text(
         "dataset: {name: digits}\n"
@@ -279,11 +282,8 @@ def test_cli_checkpoint_settings_and_their_cost_in_results(tmp_path):
         "checkpoint: {every: 1, max_share: null}\n"
     )
     out = tmp_path / "run"
-    p = subprocess.run(
-        cli("run", "--config", str(cfg), "--out", str(out), "-q", "--checkpoint-every", "2"),
-        capture_output=True,
-        text=True,
-        timeout=600,
+    p = cli_in_process(
+        monkeypatch, capsys, "run", "--config", str(cfg), "--out", str(out), "-q", "--checkpoint-every", "2"
     )
     assert p.returncode == 0, p.stderr
     res = json.loads((out / "results.json").read_text())
