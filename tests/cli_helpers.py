@@ -16,8 +16,7 @@ def cli(*args: str) -> list[str]:
 
 
 def cli_in_process(monkeypatch, capsys, *args: str) -> subprocess.CompletedProcess:
-    """``hybridfl <args>`` run in this process through the CLI's entry point (as
-    ``tests.test_prepare.run_cli``), returned as a completed process (exit status, stdout, stderr)
+    """``hybridfl <args>`` run in this process through the CLI's entry point, returned as a completed process (exit status, stdout, stderr)
     so the same output checks apply: no new interpreter to start, whose imports (torch) are most of
     the seconds of a command that stops at a bad input. Tests that check the entry point itself
     (``python -m hybridfl.cli.main``: import-time output, the real exit status) keep :func:`cli`."""

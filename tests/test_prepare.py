@@ -9,17 +9,16 @@ nothing written. The CLI runs in-process, as in test_bad_input_corpus.py.
 from __future__ import annotations
 
 import json
-import sys
 import tomllib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from hybridfl.cli import main as cli_main
 from hybridfl.data.export import load_client_dir
 from hybridfl.data.federation import FederationSchema, load_schema, schema_from_config, schema_to_toml
 from hybridfl.errors import ConfigError
+from tests.cli_helpers import cli_in_process
 
 CONFIG = """seed: 7
 dataset:
@@ -47,14 +46,9 @@ SHOP = "ID,visits,spend\n" + "".join(f"c{i},{i},{2.5 * i}\n" for i in range(2, 1
 
 
 def run_cli(monkeypatch, capsys, *args: str) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["hybridfl", *args])
-    code = 0
-    try:
-        cli_main.main()
-    except SystemExit as e:
-        code = int(e.code or 0)
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    """``hybridfl <args>`` in this process: exit status, stdout, stderr."""
+    proc = cli_in_process(monkeypatch, capsys, *args)
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def prepare_tables(tmp_path, schema, monkeypatch, capsys, tables: dict[str, str], *extra: str) -> list[Path]:
