@@ -193,3 +193,42 @@ def test_encrypted_duals_give_w_within_the_encoding_error(tiny, monkeypatch, sch
             rows = client.seg_rows[s]
             gap = np.abs(client.alpha[rows] - client.he.decrypt(fed.server.enc_alpha[g]))  # a client decrypts
             assert (gap <= err[rows] + 1e-12).all()
+
+
+def _closing_sweeps(fed, cid, client, tag: int) -> tuple[list[dict], dict]:
+    """The honest sweeps of the victim's pass (``_in_pass``) but the last, and its closing sweep
+    with secure-aggregation exchange number ``tag`` and every other client as its peers."""
+    sizes = [b.size for b in client.seg_batches[0]]
+    sweeps = [{"segs": [0], "u": [fed.server.he.encrypt(np.zeros(n))]} for n in sizes]
+    peers = [c for c in fed.transport.client_ids if c != cid]
+    return sweeps[:-1], {**sweeps[-1], "close": True, "sa_tag": tag, "sa_peers": peers, "sa_acked": False}
+
+
+def test_a_replayed_closing_sweep_is_refused_and_the_client_stops(tiny):
+    """A malicious server sends the victim's closing sweep twice (a second masked share of the same
+    pass, under the same exchange number): the first is answered with its masked share, the copy
+    is refused (out of order: a closing sweep follows only a start or a sweep) and the client
+    answers nothing more (fail closed)."""
+    fed, cid, client, _ = _in_pass(tiny)
+    sweeps, closing = _closing_sweeps(fed, cid, client, 10**6)
+    for p in sweeps:
+        client.handle(_msg("hyfdca.sweep", cid, 2, p))
+    reply = client.handle(_msg("hyfdca.sweep", cid, 2, closing))
+    assert reply.payload["masked"].dtype == np.uint64
+    with pytest.raises(ProtocolError, match="does not put it after 'close'"):
+        client.handle(_msg("hyfdca.sweep", cid, 2, closing))
+    with pytest.raises(ProtocolError, match="after refusing"):
+        client.handle(_msg("hyfdca.segstart", cid, 3, {}))
+
+
+def test_a_closing_sweep_reusing_an_exchange_number_is_refused(tiny):
+    """A closing sweep whose ``sa_tag`` is not above every tag the victim masked under (round 1's
+    exchanges used them): refused by name before its share is masked, its ``alpha`` unchanged."""
+    fed, cid, client, _ = _in_pass(tiny)
+    sweeps, closing = _closing_sweeps(fed, cid, client, 1)
+    for p in sweeps:
+        client.handle(_msg("hyfdca.sweep", cid, 2, p))
+    alpha = client.alpha.copy()
+    with pytest.raises(PayloadError, match="'sa_tag' refused .*reuse secure-aggregation tag 1"):
+        client.handle(_msg("hyfdca.sweep", cid, 2, closing))
+    assert np.array_equal(client.alpha, alpha)
