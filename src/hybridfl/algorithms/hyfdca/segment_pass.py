@@ -237,9 +237,7 @@ class SegmentPass:
             answered = srv.finish_masked(transport, stats, self.rnd, self.tag, list(self.K), self.closed)
         else:
             answered = srv.clear_shares([self.closed[cid] for cid in self.K])
-        for cid in answered:
-            srv.last_round[cid] = self.rnd
-        return self._result(done, answered, w_before)
+        return self._result(done, srv.took_part(self.rnd, answered), w_before)
 
     def _close(self, transport: Transport, stats: dict, done: set[int]) -> PassResult:
         """The fallback when a segment of the pass was not added (a holder's reply missing; the

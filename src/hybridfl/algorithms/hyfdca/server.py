@@ -511,7 +511,11 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         """The round's closing PrimalAggregation (Alg. 1 line 17; :meth:`_collect_shares`). Returns
         the clients that answered; they count as having taken part in round ``rnd`` (a failed
         client counts as absent: it returns next time)."""
-        answered = self._collect_shares(transport, msgs, stats)
+        return self.took_part(rnd, self._collect_shares(transport, msgs, stats))
+
+    def took_part(self, rnd: int, answered: set[str]) -> set[str]:
+        """Record the clients whose PrimalAggregation share was counted as having taken part in
+        round ``rnd`` (the others count as absent and get ``alpha`` when they return); returns them."""
         for cid in answered:
             self.last_round[cid] = rnd
         return answered
