@@ -50,9 +50,11 @@ def _passes(srv, segs) -> list[int]:
     ],
 )
 def test_hyfdca_exchanges_per_round(tiny, settings):
-    """Segment mode: sequential ``sum_s (1 + u + sweeps_s)``, parallel ``1 + u + max_s sweeps_s``
-    (the segment start, the sweeps, the last of which carries the PrimalAggregation shares, and
-    ``u`` = 1 with secure aggregation: the unmasking exchange); block mode ``3 + u``."""
+    """Segment mode: sequential ``sum_s (1 + sweeps_s)``, parallel ``1 + max_s sweeps_s`` (the
+    segment start and the sweeps, the last of which carries the PrimalAggregation shares, with
+    secure aggregation a one-shot masked exchange that needs no unmasking); block mode ``3 + u``
+    (``u`` = 1 with secure aggregation: the unmasking exchange). (A segment of one holder costs 1:
+    ``tests/test_hyfdca_close.py``; the tiny grid has none.)"""
     from hybridfl.algorithms.hyfdca import HyFDCAConfig
 
     split, part = tiny
@@ -64,9 +66,9 @@ def test_hyfdca_exchanges_per_round(tiny, settings):
     if cfg.dual_mode == "block":
         want = 3 + u
     elif cfg.segment_schedule == "sequential":
-        want = sum(1 + u + s for s in _passes(srv, segs))
+        want = sum(1 + s for s in _passes(srv, segs))
     else:
-        want = 1 + u + max(_passes(srv, segs))
+        want = 1 + max(_passes(srv, segs))
     assert len(srv.seg_n) == 2  # two segments: the sequential sum and the parallel max differ
     assert per_round == {1: want, 2: want}
     assert [int(r["exchanges"]) for r in rows] == [want, want]

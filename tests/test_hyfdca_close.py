@@ -71,7 +71,8 @@ def _run(split, part, cfg, fallback: bool, drop=None, monkeypatch=None):
 def test_closing_sweeps_give_the_same_w_as_primal_aggregation(tiny, monkeypatch, settings):
     """Plaintext: ``w`` (and the step average) after every round equal, bit for bit, to the run
     whose passes all end with ``hyfdca.primal`` (the clients compute the server's new ``alpha``
-    themselves, in the server's order of additions), with one exchange fewer per pass."""
+    themselves, in the server's order of additions), with one exchange fewer per pass, two with
+    secure aggregation (the closing sweep is a one-shot masked exchange: no ``hyfdca.unmask``)."""
     split, part = tiny
     cfg = _cfg(**settings)
     new, new_kinds, fed_new = _run(split, part, cfg, fallback=False)
@@ -82,8 +83,9 @@ def test_closing_sweeps_give_the_same_w_as_primal_aggregation(tiny, monkeypatch,
         assert np.array_equal(fed_new.server.w_step, fed_old.server.w_step)
     assert new_kinds.keys() == old_kinds.keys()
     for rnd, sent in new_kinds.items():
-        assert "hyfdca.primal" not in sent
-        assert len(old_kinds[rnd]) - len(sent) == old_kinds[rnd].count("hyfdca.segstart")
+        assert "hyfdca.primal" not in sent and "hyfdca.unmask" not in sent  # one-shot: never unmasked
+        per_pass = 2 if cfg.secure_aggregation else 1  # hyfdca.primal (and its hyfdca.unmask) saved
+        assert len(old_kinds[rnd]) - len(sent) == per_pass * old_kinds[rnd].count("hyfdca.segstart")
     assert sum(sent.count("hyfdca.segstart") for sent in new_kinds.values()) >= 2
     for cid, client in fed_new.clients.items():  # the copies the clients computed are the server's alpha
         for s, g in enumerate(client.seg_global):
@@ -107,7 +109,9 @@ def test_a_lost_closing_reply_falls_back_to_primal_aggregation(tiny, monkeypatch
     for a, b in zip(new, old):
         assert np.array_equal(a, b)
     assert kinds[2].count("hyfdca.primal") == 1 and "hyfdca.primal" not in kinds[1] + kinds[3]
-    assert len(kinds[2]) == len(kinds[1]) + 1
+    # the fallback's hyfdca.primal (and, secure, its hyfdca.unmask); the closing sweeps are never unmasked
+    assert kinds[2].count("hyfdca.unmask") == int(secure) and "hyfdca.unmask" not in kinds[1] + kinds[3]
+    assert len(kinds[2]) == len(kinds[1]) + 1 + int(secure)
     client = fed.clients[victim]
     for s, g in enumerate(client.seg_global):  # its copy is the server's alpha again
         assert np.array_equal(client.alpha[client.seg_rows[s]], fed.server.he.decrypt(fed.server.enc_alpha[g]))
@@ -232,3 +236,107 @@ def test_a_closing_sweep_reusing_an_exchange_number_is_refused(tiny):
     with pytest.raises(PayloadError, match="'sa_tag' refused .*reuse secure-aggregation tag 1"):
         client.handle(_msg("hyfdca.sweep", cid, 2, closing))
     assert np.array_equal(client.alpha, alpha)
+
+
+def test_the_closing_sweep_is_one_shot_and_an_unmask_after_it_is_refused(tiny):
+    """Adversary: a malicious server that got the victim's closing share (a one-shot masked
+    exchange: pair masks only, no self-mask shares) and asks for the masks of that exchange with
+    its peers named dropped (which would strip the masks): refused by name as out of order (no
+    unmasking follows a closing sweep), nothing revealed, and the client stops (fail closed)."""
+    fed, cid, client, _ = _in_pass(tiny)
+    sweeps, closing = _closing_sweeps(fed, cid, client, 10**6)
+    for p in sweeps:
+        client.handle(_msg("hyfdca.sweep", cid, 2, p))
+    reply = client.handle(_msg("hyfdca.sweep", cid, 2, closing))
+    assert reply.payload["masked"].dtype == np.uint64 and "self_shares" not in reply.payload
+    ask = {"tag": 10**6, "dropped": closing["sa_peers"], "survivors": [], "shares": []}
+    with pytest.raises(ProtocolError, match="does not put it after 'close'"):
+        client.handle(_msg("hyfdca.unmask", cid, 2, ask))
+    with pytest.raises(ProtocolError, match="after refusing"):
+        client.handle(_msg("hyfdca.segstart", cid, 3, {}))
+
+
+@pytest.fixture(scope="module")
+def solo(tiny):
+    """The 80 training digits on three clients whose segments include two with one holder: A holds
+    samples 0-49 (the first half of the blocks), B samples 30-79 (the second half), C every third
+    of samples 0-29 (the second half). Segments: {A} and {B} (one holder each), {A, C}, {A, B}."""
+    from hybridfl.data.partition import ClientShard, Partition
+
+    split, _ = tiny
+    ids, names = split.train.ids, split.train.block_names
+    first, second = tuple(names[: len(names) // 2]), tuple(names[len(names) // 2 :])
+    shards = [
+        ClientShard("A", ids[:50], first),
+        ClientShard("B", ids[30:], second),
+        ClientShard("C", ids[0:30:3], second),
+    ]
+    return split, Partition(shards)
+
+
+def _solo_off(monkeypatch) -> None:
+    """Every pass the ordinary way (start, sweeps, closing sweep), also over one-holder segments."""
+    monkeypatch.setattr(SegmentPass, "solo", lambda self: False)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"secure_aggregation": False, "segment_inner_products": "encrypted", "output": "last"},
+        {"segment_inner_products": "encrypted"},
+        {"loss": "logistic"},
+        {"segment_schedule": "parallel"},
+    ],
+)
+def test_a_pass_over_segments_of_one_holder_is_one_exchange(solo, monkeypatch, settings):
+    """A sequential pass over a segment with one holder is one ``hyfdca.segstart`` with ``solo``:
+    the holder walks every batch with its own inner products (the whole sum) and replies as a
+    closing sweep. Plaintext inner products (``encrypted`` under ``encryption: none``): ``w``
+    after every round equal, bit for bit, to the run that takes such passes the ordinary way (start,
+    sweeps, closing sweep), with ``sweeps`` exchanges fewer per such pass; masked inner products
+    (the default): within the fixed point's resolution. The parallel schedule (segments with
+    several holders in the pass) is unchanged."""
+    split, part = solo
+    cfg = _cfg(**settings)
+    new, new_kinds, fed = _run(split, part, cfg, fallback=False)
+    srv = fed.server
+    solo_segs = [g for g, h in enumerate(srv.seg_holders) if len(h) == 1]
+    assert len(solo_segs) == 2 and len(srv.seg_n) == 4
+    _solo_off(monkeypatch)
+    old, old_kinds, _ = _run(split, part, cfg, fallback=False)
+    monkeypatch.undo()
+    exact = cfg.segment_inner_products == "encrypted"
+    for a, b in zip(new, old):
+        assert np.array_equal(a, b) if exact else np.abs(a - b).max() <= 1e-6 * np.abs(b).max()
+    sweeps = sum(max(1, int(np.ceil(srv.seg_n[g] / cfg.batch_size))) for g in solo_segs)
+    for rnd, sent in new_kinds.items():
+        if cfg.segment_schedule == "parallel":
+            assert sent == old_kinds[rnd]
+        else:
+            assert len(old_kinds[rnd]) - len(sent) == sweeps
+    if cfg.segment_schedule == "sequential":
+        assert all(
+            client.protocol.stopped == "" for client in fed.clients.values()
+        )  # every client answered every message
+
+
+def test_a_solo_start_for_a_segment_with_other_holders_is_refused(solo):
+    """Adversary: a malicious server asks a client to walk a segment that has other holders alone
+    (``solo``), which would step on its own block's inner products only: refused by name before
+    anything changes, and the client stops."""
+    split, part = solo
+    fed = build_federation("hyfdca", split, part, _cfg(segment_inner_products="encrypted"))
+    fed.setup()
+    client = fed.clients["A"]
+    shared = [s for s in range(len(client.seg_rows)) if client.holder_count(s) > 1]
+    assert shared
+    s = shared[0]
+    n = len(client.seg_batches[s])
+    start = {"w": np.zeros(client.X.shape[1]), "segs": [s], "count": [n], "order": list(range(n)), "seed": 5}
+    sa = {"sa_tag": 10**6, "sa_peers": ["B", "C"], "sa_acked": False}
+    alpha = client.alpha.copy()
+    with pytest.raises(PayloadError, match="'solo' true for a segment with other holders"):
+        client.handle(_msg("hyfdca.segstart", "A", 1, {**start, "sigma": 1.0, "solo": True, **sa}))
+    assert np.array_equal(client.alpha, alpha)
+    with pytest.raises(ProtocolError, match="after refusing"):
+        client.handle(_msg("hyfdca.segstart", "A", 1, {**start, "sigma": 1.0}))

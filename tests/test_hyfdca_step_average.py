@@ -51,7 +51,9 @@ class StepRecorder:
     def __init__(self, monkeypatch):
         self.steps: list[tuple[int, int, str, float]] = []
         self.first: dict[int, str] = {}  # global segment -> the holder that records it
-        orig_sweep, orig_visit = SegmentClientMixin.segment_sweep, SegmentClientMixin._visit_order
+        self.round = 0
+        orig_start, orig_step = SegmentClientMixin.segment_start, SegmentClientMixin._step
+        orig_visit = SegmentClientMixin._visit_order
         rec = self
 
         def visit(client, s):
@@ -59,25 +61,25 @@ class StepRecorder:
             client.__dict__.setdefault("_seen_visits", {})[s] = order
             return order
 
-        def sweep(client, msg):
-            segs = [int(v) for v in msg.payload["segs"]]
-            before = {
-                s: (client.sweep[s]["delta"].copy(), client.sweep[s]["order"][client.sweep[s]["j"]]) for s in segs
-            }
-            out = orig_sweep(client, msg)
-            for s in segs:
-                g = client.seg_global[s]
-                if rec.first.setdefault(g, client.client_id) != client.client_id:
-                    continue
-                delta0, m = before[s]
-                rows = client.seg_batches[s][m]
-                d = client.sweep[s]["delta"][rows] - delta0[rows]
-                for local in client._seen_visits[s]:
-                    rec.steps.append((msg.round, g, str(client.ids[rows[local]]), float(d[local])))
-            return out
+        def start(client, msg):  # every pass starts here (a solo pass also ends here)
+            rec.round = int(msg.round)
+            return orig_start(client, msg)
+
+        def step(client, s, u0):  # one batch's steps, in an ordinary sweep or a solo pass
+            st = client.sweep[s]
+            rows = client.seg_batches[s][st["order"][st["j"]]]
+            delta0 = st["delta"].copy()
+            orig_step(client, s, u0)
+            g = client.seg_global[s]
+            if rec.first.setdefault(g, client.client_id) != client.client_id:
+                return
+            d = st["delta"][rows] - delta0[rows]
+            for local in client._seen_visits[s]:
+                rec.steps.append((rec.round, g, str(client.ids[rows[local]]), float(d[local])))
 
         monkeypatch.setattr(SegmentClientMixin, "_visit_order", visit)
-        monkeypatch.setattr(SegmentClientMixin, "segment_sweep", sweep)
+        monkeypatch.setattr(SegmentClientMixin, "segment_start", start)
+        monkeypatch.setattr(SegmentClientMixin, "_step", step)
 
 
 def _brute_force(split, part, cfg, steps, rnd, w_start):
@@ -322,9 +324,9 @@ def test_what_an_honest_but_curious_server_learns_of_the_position_shares(credit_
     exchange's clients. Parallel schedule on the 3 x 3 grid: three clients hold each feature, no
     client's true position share appears in any reply (float64 or fixed point). Sequential: one
     pass's exchange has one client per feature, so the sum *is* that client's position share
-    (pinned here; ``docs/privacy.md``), as its share change is today: no longer in its masked
-    words (the self-mask of double masking covers every coordinate) but in the unmasked sum the
-    server computes."""
+    (pinned here; ``docs/privacy.md``), as its share change is; the closing sweep is a one-shot
+    exchange (pair masks only, no unmasking round), so a coordinate no other client of the
+    exchange holds has no mask and its masked word is that value too: what the sum gives."""
     from hybridfl.privacy.secagg import to_fixed
     from hybridfl.runtime.messages import decode
 
@@ -341,7 +343,7 @@ def test_what_an_honest_but_curious_server_learns_of_the_position_shares(credit_
     from hybridfl.algorithms.hyfdca.secure import SecureSharesServerMixin
 
     sums: list[np.ndarray] = []  # the server's unmasked per-feature sums of the position shares
-    collect = SecureSharesServerMixin.finish_masked
+    collect = SecureSharesServerMixin._count  # every counted secure sum (one-shot or unmasked)
 
     def collect_spy(server, *a, **k):
         got = collect(server, *a, **k)
@@ -349,7 +351,7 @@ def test_what_an_honest_but_curious_server_learns_of_the_position_shares(credit_
             sums.append(server.position_sum.copy())
         return got
 
-    monkeypatch.setattr(SecureSharesServerMixin, "finish_masked", collect_spy)
+    monkeypatch.setattr(SecureSharesServerMixin, "_count", collect_spy)
     raw: list[bytes] = []
     fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=2, segment_schedule=schedule), recorder=raw.append)
     fed.setup()
@@ -357,22 +359,23 @@ def test_what_an_honest_but_curious_server_learns_of_the_position_shares(credit_
     # the shares ride on the closing sweeps' replies, beside the encrypted dual changes
     replies = [m for m in map(decode, raw) if m.receiver == SERVER and "masked" in m.payload]
     assert {m.kind for m in replies} == {"hyfdca.sweep"}
-    # with the masked words only the encrypted shares of the self-mask seed (double masking)
-    keys = {"masked", "self_shares", "client_seconds", "he_seconds", "ip", "ip_segs", "dalpha", "dalpha_segs"}
+    # a one-shot exchange: the masked words and no self-mask shares
+    keys = {"masked", "client_seconds", "he_seconds", "ip", "ip_segs", "dalpha", "dalpha_segs"}
     assert replies and all(set(m.payload) <= keys for m in replies)
     words = np.concatenate([m.payload["masked"] for m in replies])
     assert words.dtype == np.uint64
     nonzero = [v for v in true if np.abs(v).max() > 0]
     assert len(nonzero) >= 9  # every client sent a position share that is not zero
     seen = [np.isin(to_fixed(v, "p").view(np.uint64)[np.abs(v) > 1e-6], words).mean() for v in nonzero]
-    assert max(seen) < 0.01  # no masked reply holds a client's position share (double masking)
     assert not any(np.isin(v[np.abs(v) > 1e-6], words.view(np.float64)).any() for v in nonzero)
     in_sums = np.concatenate(sums) if sums else np.zeros(0)
     found = [np.isin(np.round(v[np.abs(v) > 1e-6], 6), np.round(in_sums, 6)).mean() for v in nonzero]
     if schedule == "parallel":
-        assert max(found) < 0.01  # three holders per feature: the sum hides each one
+        assert max(seen) < 0.01  # three holders per feature: the pair masks cover every word
+        assert max(found) < 0.01  # and the sum hides each one
     else:
         assert min(found) == 1.0  # one holder per feature in an exchange: the sum is its share
+        assert min(seen) == 1.0  # and so is its unmasked word (one-shot: no self-mask)
 
 
 def test_client_refuses_step_average_fields_it_was_not_set_up_for(credit_small):

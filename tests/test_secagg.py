@@ -120,6 +120,76 @@ def test_the_dropout_lie_yields_nothing():
     assert 0.4 < frac.mean() < 0.6 and abs(np.corrcoef(frac, x)[0, 1]) < 0.15
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    holders=st.lists(st.sets(st.sampled_from("abc"), min_size=1), min_size=2, max_size=5),
+    seed=st.integers(0, 2**31),
+    width=st.integers(1, 2),
+)
+def test_one_shot_masks_cancel_with_every_reply_and_send_no_shares(holders, seed, width):
+    """A one-shot exchange (HyFDCA's closing sweep): any layout over 2-5 clients, every client
+    replying: the sum of the masked words is the plain fixed-point sum, exactly, with no unmasking
+    round and no self-mask shares. One reply missing: in the sum of the others every coordinate
+    they share with the missing client stays masked (its pair masks; never unmasked)."""
+    sizes = {"a": 3, "b": 1, "c": 4}
+    layout = {f"c{i}": sorted(h) for i, h in enumerate(holders)}
+    cl = _clients(layout, sizes)
+    pos, d = _global(layout, sizes, "abc")
+    rng = np.random.default_rng(seed)
+    names = list(cl)
+    total = np.zeros((width, d), dtype=np.uint64)
+    want = np.zeros((width, d), dtype=np.int64)
+    masked, plain = {}, {}
+    for c in names:
+        plain[c] = to_fixed(rng.normal(scale=100, size=width * cl[c].dim), "x")
+        masked[c] = cl[c].mask(plain[c], 9, [o for o in names if o != c], one_shot=True)
+        assert cl[c].last_shares == []
+        total[:, pos[c]] += masked[c].reshape(width, -1)
+        want[:, pos[c]] += plain[c].reshape(width, -1)
+    assert np.array_equal(total.view(np.int64), want)
+    lost = names[0]
+    got_sum = np.zeros((width, d), dtype=np.uint64)
+    got_plain = np.zeros((width, d), dtype=np.int64)
+    for c in names[1:]:
+        got_sum[:, pos[c]] += masked[c].reshape(width, -1)
+        got_plain[:, pos[c]] += plain[c].reshape(width, -1)
+    shared = sorted({int(p) for c in names[1:] for p in np.intersect1d(pos[c], pos[lost])})
+    if shared:
+        assert (got_sum.view(np.int64)[:, shared] != got_plain[:, shared]).all()
+
+
+def test_one_shot_exchanges_are_never_unmasked():
+    """Adversary: a malicious server that received A's one-shot masked vector (pair masks only, no
+    self-mask) and asks for the masks that would strip it. A refuses to unmask a one-shot exchange;
+    B and C, told A dropped from an exchange of the same number that the server made an ordinary
+    double-masked one for them, reveal their pair masks with A, but of the other purpose's keys:
+    A's vector plus them is still uniform noise. The control: with the same keys (pair masks
+    without a self-mask, as before one-shot keys) the same two answers give A's vector exactly."""
+    x = to_fixed(np.linspace(-3, 3, 512), "x")
+    zero = to_fixed(np.zeros(512), "z")
+    for one_shot in (True, False):
+        cl = _clients({"A": ["a"], "B": ["a"], "C": ["a"]}, {"a": 512}, double=one_shot)
+        y = cl["A"].mask(x, 3, ["B", "C"], one_shot=one_shot)
+        for c in ("B", "C"):
+            cl[c].mask(zero, 3, ["A", "C" if c == "B" else "B"])
+        if one_shot:
+            with pytest.raises(ProtocolError, match="one-shot exchange it never unmasks"):
+                cl["A"].unmask(3, ["B"], ["C"], [cl["C"].last_shares[1]])
+            share_to = {"B": cl["C"].last_shares[1], "C": cl["B"].last_shares[1]}  # the other survivor's
+            words = [cl[c].unmask(3, ["A"], ["C" if c == "B" else "B"], [share_to[c]])[0] for c in ("B", "C")]
+        else:
+            words = [cl[c].correction(3, ["A"]) for c in ("B", "C")]
+        lie = y.copy()
+        for w in words:
+            lie += w  # the peers' masks with A carry the opposite sign: they cancel A's own
+        if one_shot:
+            assert not np.array_equal(lie.view(np.int64), x)
+            frac = lie.astype(np.float64) / 2.0**64
+            assert 0.4 < frac.mean() < 0.6 and abs(np.corrcoef(frac, x)[0, 1]) < 0.15
+        else:
+            assert np.array_equal(lie.view(np.int64), x)  # the control: the attack works on plain pair masks
+
+
 def test_a_masked_vector_reveals_nothing_of_the_value():
     """The server's view of one client: uniform 64-bit words, the same for two very different
     values up to chance (no value is collinear or correlated with what it hides)."""

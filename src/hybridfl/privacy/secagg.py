@@ -29,6 +29,13 @@ Privacy-Preserving Machine Learning" (CCS 2017, Sec. 4), on coordinates held by 
   rebuilt from ``k`` shares). A dropped client's vector was never received; a server that
   received a vector and calls its sender dropped gets that sender's pair masks but no share of its
   self-mask, so the vector stays masked (the dropout lie).
+- **One-shot exchanges** (``one_shot``; HyFDCA's closing segment sweep): the pair masks alone,
+  from pair keys of their own purpose (:data:`ONE_SHOT_PURPOSE`), no self-mask and no shares; the
+  client never answers an unmasking request for such an exchange. The server gets the sum only if
+  every client of the exchange replied (the masks then cancel) and otherwise drops the replies
+  unread; the unmasking round is saved. A server that received a one-shot vector and names its
+  sender dropped gets nothing (the sender refuses; its peers, asked about a double-masked exchange
+  of the same tag, reveal the masks of the other purpose, which do not cover it).
 - **Threshold** (the client's own rule, never the server's: against a malicious server): an exchange has ``m``
   clients (the client and the ``peers`` the server names, all from the peer table it got at setup).
   A client masks only in an exchange of at least :func:`mask_quorum` clients (``t``; by default
@@ -85,6 +92,8 @@ KEY_PURPOSE = "secagg-key"
 """The roster signature's purpose of a secure-aggregation X25519 key (:func:`key_fields`)."""
 
 
+ONE_SHOT_PURPOSE = "secagg one-shot v1"
+"""The pair-key purpose of one-shot exchanges' masks (never revealed; module docstring)."""
 SHARE_CONTEXT = "secagg share v1"
 """The pair-key purpose of the encrypted self-mask shares."""
 MAX_SHARE_PEERS = 255
@@ -278,7 +287,9 @@ class SecAggClient:
         self.threshold = int(threshold)
         self.double_masking = bool(double_masking)
         self.last_shares: list[bytes] = []
+        self.last_one_shot = False
         self._keys: dict[str, bytes] = {}
+        self._one_shot_keys: dict[str, bytes] = {}
 
     def public_bytes(self) -> bytes:
         """Its X25519 public key, 32 raw bytes (sent in the clear: public)."""
@@ -307,16 +318,17 @@ class SecAggClient:
             out[str(cid)] = (pk, [str(b) for b in bl])
         self.peers = out
         self.roster = None if roster is None else int(roster)
-        self._keys = {}
+        self._keys, self._one_shot_keys = {}, {}
 
     def run_size(self) -> int:
         """The run's clients as its thresholds count them: its roster's (:meth:`set_peers`), else its peers and itself."""
         return self.roster if self.roster is not None else len(self.peers) + 1
 
-    def _pair_key(self, cid: str) -> bytes:
-        if cid not in self._keys:
-            self._keys[cid] = self.pair_key(cid, "secagg v1")
-        return self._keys[cid]
+    def _pair_key(self, cid: str, one_shot: bool = False) -> bytes:
+        keys = self._one_shot_keys if one_shot else self._keys
+        if cid not in keys:
+            keys[cid] = self.pair_key(cid, ONE_SHOT_PURPOSE if one_shot else "secagg v1")
+        return keys[cid]
 
     def pair_key(self, cid: str, purpose: str) -> bytes:
         """The 32-byte key this client shares with peer ``cid`` for ``purpose`` (a label naming the
@@ -340,18 +352,18 @@ class SecAggClient:
             return np.zeros(0, dtype=np.int64)
         return np.concatenate([self._pos[b] for b in common])
 
-    def _pair_mask(self, cid: str, tag: int, width: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    def _pair_mask(self, cid: str, tag: int, width: int = 1, one_shot: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """Positions ``(m,)`` of the coordinates shared with ``cid`` and the pair's signed masks
         ``(width, m)`` for exchange ``tag`` (``width`` vectors of ``dim`` sent as one: row ``r`` masks
-        the ``r``-th; width 1 gives the single vector's masks)."""
+        the ``r``-th; width 1 gives the single vector's masks; ``one_shot``: the one-shot keys)."""
         pos = self.common(cid)
-        words = keystream(self._pair_key(cid), tag, pos.size * width).reshape(width, pos.size)
+        words = keystream(self._pair_key(cid, one_shot), tag, pos.size * width).reshape(width, pos.size)
         return pos, (words if self.client_id < cid else np.zeros_like(words) - words)
 
-    def _mask_sum(self, tag: int, peers: Sequence[str], width: int = 1) -> np.ndarray:
+    def _mask_sum(self, tag: int, peers: Sequence[str], width: int = 1, one_shot: bool = False) -> np.ndarray:
         out = np.zeros((width, self.dim), dtype=np.uint64)
         for cid in peers:
-            pos, m = self._pair_mask(cid, tag, width)
+            pos, m = self._pair_mask(cid, tag, width, one_shot)
             out[:, pos] += m
         return out.ravel()
 
@@ -369,10 +381,14 @@ class SecAggClient:
                 f"not {len(peers) + 1} (secure aggregation threshold)."
             )
 
-    def mask(self, fixed: np.ndarray, tag: int, peers: Sequence[str], cap: int | None = None) -> np.ndarray:
+    def mask(
+        self, fixed: np.ndarray, tag: int, peers: Sequence[str], cap: int | None = None, one_shot: bool = False
+    ) -> np.ndarray:
         """``fixed`` (int64 ``(dim,)``, from :func:`to_fixed`, or ``(width * dim,)``: ``width``
         vectors one after another, summed by the server vector by vector) plus its pair masks with
-        ``peers`` for exchange ``tag``, as ``uint64`` of the same shape.
+        ``peers`` for exchange ``tag``, as ``uint64`` of the same shape. ``one_shot``: a one-shot
+        exchange (module docstring): the one-shot pair masks only, no self-mask, no shares, and
+        never unmasked.
 
         Raises:
             ProtocolError: ``tag`` not above every tag it used before (keystream reuse), an
@@ -393,14 +409,16 @@ class SecAggClient:
             raise ProtocolError(
                 f"client {self.client_id!r} masks vectors of {self.dim} coordinates, not {fixed.size} values."
             )
-        if self.double_masking and len(peers) > MAX_SHARE_PEERS:
+        double = self.double_masking and not one_shot
+        if double and len(peers) > MAX_SHARE_PEERS:
             raise ProtocolError(
                 f"client {self.client_id!r} shares its self-mask with at most {MAX_SHARE_PEERS} peers, not {len(peers)}."
             )
         self.last_tag, self.last_peers, self.last_width = tag, list(peers), width
-        out = fixed.view(np.uint64) + self._mask_sum(tag, peers, width)
+        self.last_one_shot = bool(one_shot)
+        out = fixed.view(np.uint64) + self._mask_sum(tag, peers, width, bool(one_shot))
         self.last_shares = []
-        if self.double_masking and peers:  # an exchange of one has no masks at all (nobody to share with)
+        if double and peers:  # an exchange of one has no masks at all (nobody to share with)
             out = out + self._self_mask(tag, peers, out.size)
         return out
 
@@ -448,6 +466,10 @@ class SecAggClient:
             )
         if int(tag) == self.unmasked_tag:
             raise ProtocolError(f"client {self.client_id!r} was asked twice for the masks of exchange {tag}.")
+        if self.last_one_shot:
+            raise ProtocolError(
+                f"client {self.client_id!r} was asked for the masks of exchange {tag}, a one-shot exchange it never unmasks."
+            )
         if self.client_id in [str(d) for d in dropped]:
             raise ProtocolError(f"client {self.client_id!r} was asked to unmask itself.")
         dropped = self.check_peers(dropped)
@@ -532,6 +554,7 @@ class SecAggClient:
                     "last_peers": self.last_peers,
                     "last_width": self.last_width,
                     "unmasked_tag": self.unmasked_tag,
+                    "one_shot": self.last_one_shot,
                     "roster": self.roster,
                 }
             ),
@@ -542,14 +565,15 @@ class SecAggClient:
         """Restore :meth:`get_state` (missing entries keep their values)."""
         if "secagg_sk" in state:
             self._sk = X25519PrivateKey.from_private_bytes(bytes(state["secagg_sk"]))
-            self._keys = {}
+            self._keys, self._one_shot_keys = {}, {}
         if "secagg_peers" in state:
             d = json.loads(str(state["secagg_peers"]))
             self.peers = {cid: (bytes.fromhex(pk), list(bl)) for cid, (pk, bl) in d["peers"].items()}
             self.last_peers = list(d["last_peers"])
             self.last_width = int(d.get("last_width", 1))
             self.unmasked_tag = int(d.get("unmasked_tag", -1))
+            self.last_one_shot = bool(d.get("one_shot", False))
             self.roster = None if d.get("roster") is None else int(d["roster"])
-            self._keys = {}
+            self._keys, self._one_shot_keys = {}, {}
         if "secagg_tag" in state:
             self.last_tag = int(state["secagg_tag"])

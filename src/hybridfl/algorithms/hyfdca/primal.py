@@ -111,13 +111,15 @@ class PrimalClientMixin:
         extra = self.position_share(msg) if "avg_segs" in p and self.params.get("seg_step_average") else None
         return self.share_entries(msg, self.primal_share(msg), extra)
 
-    def share_entries(self, msg: Message, share: np.ndarray, extra: np.ndarray | None, prefix: str = "") -> dict:
+    def share_entries(
+        self, msg: Message, share: np.ndarray, extra: np.ndarray | None, prefix: str = "", one_shot: bool = False
+    ) -> dict:
         """The reply entries of its share ``(d_k,)`` (and position share ``extra``): with secure
         aggregation ``masked`` (its masked change, the exchange's fields named with ``prefix``:
-        :meth:`~.secure.SecureSharesClientMixin.masked_share`) and ``self_shares``; else ``share``
-        (and ``position_share``) in the clear."""
+        :meth:`~.secure.SecureSharesClientMixin.masked_share`) and ``self_shares`` (none in a
+        ``one_shot`` exchange); else ``share`` (and ``position_share``) in the clear."""
         if self.params.get("secure_aggregation"):
-            masked = self.masked_share(msg, share, extra, prefix)
+            masked = self.masked_share(msg, share, extra, prefix, one_shot)
             shares = {"self_shares": self.secagg.last_shares} if self.secagg.last_shares else {}  # double masking
             return {"masked": masked, **shares}
         if extra is not None:
@@ -175,7 +177,10 @@ class PrimalClientMixin:
         same floats; encrypted: the exact value of which the server holds an encoding). It takes
         it as its copy, projected as a decrypted one (:meth:`take_alpha`), and returns its share
         of it (and its position share, ``output: step_average``) as :meth:`share_entries` (the
-        exchange's secure-aggregation fields named ``sa_tag``, ``sa_peers``, ``sa_acked``). If
+        exchange's secure-aggregation fields named ``sa_tag``, ``sa_peers``, ``sa_acked``), masked
+        as a one-shot exchange (pair masks of their own keys, no self-mask, never unmasked:
+        :mod:`hybridfl.privacy.secagg`; the server adds the shares only when every client of the
+        pass replied, so no unmasking exchange follows). If
         the server does not add the pass (a holder's reply missing), it sends ``hyfdca.primal``
         with ``enc(alpha)`` instead, which replaces this copy.
 
@@ -196,4 +201,4 @@ class PrimalClientMixin:
         self.alpha_agg = new
         self.take_alpha(new.copy(), self.protocol.rounds_now(msg))
         extra = self.position_share_of(segs) if self.params.get("seg_step_average") else None
-        return self.share_entries(msg, self.own_share(), extra, "sa_")
+        return self.share_entries(msg, self.own_share(), extra, "sa_", one_shot=True)

@@ -19,10 +19,12 @@ returning client's ``hyfdca.primal`` carrying ``alpha`` (consensus mode, HyFDCA 
 - block and consensus: [``primal`` (returning) [``unmask``]] ``ip``, ``dual``, ``primal``
   [``unmask``];
 - segment: per pass ``segstart``, ``sweep`` ..., then either the closing sweep (a
-  ``hyfdca.sweep`` with ``close``, carrying the PrimalAggregation share) [``unmask``], or
+  ``hyfdca.sweep`` with ``close``, carrying the PrimalAggregation share, a one-shot masked
+  exchange that is never unmasked), or
   ``primal`` [``unmask``] (the server's fallback when a holder's reply is missing; also after a
-  closing sweep whose pass the server could not add) (the sequential schedule runs several
-  passes in a round).
+  closing sweep whose pass the server could not add); a pass over segments the client alone
+  holds is one ``hyfdca.segstart`` with ``solo`` (start and closing sweep at once), possibly
+  followed by that fallback (the sequential schedule runs several passes in a round).
 
 A round may end early at any point (the server stops asking a client whose reply it lost), and
 over Flower a message the server gave up on may never reach the node, so a phase may be skipped
@@ -66,7 +68,7 @@ SETUP = (kinds.HELLO, kinds.PSI_SERVE, kinds.PSI_RESULT, kinds.PSI_TAGS, kinds.I
 START = {
     "block": ("ip", "dual", "primal"),
     "consensus": ("primal_ret", "ip", "dual"),
-    "segment": ("segstart", "primal"),
+    "segment": ("segstart", "solo", "primal"),
 }
 """The phases a round may start with, per ``dual_mode``."""
 
@@ -83,9 +85,10 @@ NEXT = {
     "segment": {
         "segstart": ("sweep", "close", "primal"),
         "sweep": ("sweep", "close", "primal"),
-        "close": ("unmask", "primal", "segstart"),
-        "primal": ("unmask", "segstart"),
-        "unmask": ("segstart",),
+        "close": ("primal", "segstart", "solo"),  # a one-shot exchange: never unmasked
+        "solo": ("primal", "segstart", "solo"),  # start and closing sweep at once
+        "primal": ("unmask", "segstart", "solo"),
+        "unmask": ("segstart", "solo"),
     },
 }
 """Per ``dual_mode``: the phases that may follow each phase within a round (a phase is the
@@ -123,11 +126,15 @@ class ClientProtocol(FailClosed):
 
     def phase_of(self, msg: Message, mode: str) -> str:
         """The phase ``msg`` would take in the current round (``primal_ret``/``unmask_ret`` in
-        consensus mode before the round's ``ip``; ``close``: a ``hyfdca.sweep`` whose ``close`` is true)."""
+        consensus mode before the round's ``ip``; ``close``: a ``hyfdca.sweep`` whose ``close`` is
+        true; ``solo``: a ``hyfdca.segstart`` whose ``solo`` is true)."""
         kind = msg.kind.removeprefix("hyfdca.")
         close = msg.payload.get("close", False)
         if kind == "sweep" and isinstance(close, (bool, np.bool_)) and bool(close):
             return "close"  # the closing sweep (a ``close`` that is not a bool is refused by its check)
+        solo = msg.payload.get("solo", False)
+        if kind == "segstart" and isinstance(solo, (bool, np.bool_)) and bool(solo):
+            return "solo"  # a pass over segments it alone holds, in one exchange
         new_round = int(msg.round) > self.round
         if mode == "consensus" and kind in ("primal", "unmask"):
             early = new_round or self.phase in ("primal_ret", "unmask_ret")

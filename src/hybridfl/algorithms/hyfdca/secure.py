@@ -23,7 +23,11 @@ mode also a pass's closing ``hyfdca.sweep`` exchange, whose fields are named ``s
    ``masked = (fixed(share) - base) + masks`` (``uint64`` ``(d_k,)``).
    With it goes ``self_shares``: the encrypted Shamir shares of its self-mask seed, one per peer
    (double masking, :mod:`hybridfl.privacy.secagg`).
-3. The server adds the masked changes per feature (the pair masks cancel), then ``hyfdca.unmask``
+3. Segment mode's closing ``hyfdca.sweep`` is a *one-shot* exchange (pair masks of their own keys,
+   no self-mask, no ``self_shares``, never unmasked: :mod:`hybridfl.privacy.secagg`): the server
+   adds the shares only if every client of the pass replied, when the masks cancel
+   (:meth:`SecureSharesServerMixin.finish_one_shot`), and otherwise drops them unread and falls
+   back to ``hyfdca.primal``. Every other exchange: the server adds the masked changes per feature (the pair masks cancel), then ``hyfdca.unmask``
    asks every survivor once for its pair masks with the missing clients (``correction``) and the
    self-mask shares the other survivors sent it (``revealed``)
    (:func:`~hybridfl.runtime.secagg_messages.unmask_exchange`); if one of them fails too, or fewer
@@ -131,12 +135,18 @@ class SecureSharesClientMixin:
         sm.check_exchange(self.secagg, msg, self.exchange_cap(), prefix)
 
     def masked_share(
-        self, msg: Message, share: np.ndarray, extra: np.ndarray | None = None, prefix: str = ""
+        self,
+        msg: Message,
+        share: np.ndarray,
+        extra: np.ndarray | None = None,
+        prefix: str = "",
+        one_shot: bool = False,
     ) -> np.ndarray:
         """Its masked change of share for this exchange (uint64 ``(d_k,)``), after taking the
         server's ``acked`` for the previous one; with ``extra`` ``(d_k,)`` (``output: step_average``'s
         :meth:`position_share`, sent whole, not as a change) the two masked as one ``(2 d_k,)``.
-        The fields are named with ``prefix`` (:meth:`check_secure`).
+        The fields are named with ``prefix`` (:meth:`check_secure`); ``one_shot``: a one-shot
+        exchange (pair masks only, never unmasked: :mod:`hybridfl.privacy.secagg`).
 
         Raises:
             PayloadError: ``acked`` not a bool, ``tag`` not a non-negative integer above every
@@ -152,7 +162,7 @@ class SecureSharesClientMixin:
             self.sa_base = self.sa_pending
         words = fixed - self.sa_base if more is None else np.concatenate([fixed - self.sa_base, more])
         try:
-            masked = self.secagg.mask(words, tag, peers, self.exchange_cap())
+            masked = self.secagg.mask(words, tag, peers, self.exchange_cap(), one_shot)
         except ProtocolError as e:
             raise PayloadError(msg, prefix + ("tag" if "tag" in str(e) else "peers"), f"refused ({e})") from None
         self.sa_pending = fixed
@@ -215,13 +225,17 @@ class SecureSharesServerMixin:
         """The ``hyfdca.init`` entries for ``cid``: the other clients' names, keys, blocks and key signatures."""
         return sm.peer_table({c: self.sa_publics[c] for c in self.client_ids}, blocks, cid, self.sa_sigs)
 
-    def check_masked(self, peers: int):
+    def check_masked(self, peers: int, one_shot: bool = False):
         """The check of a masked reply in an exchange with ``peers`` other clients: ``masked``
-        ``uint64`` ``(sa_width * d_k,)`` and ``self_shares``."""
+        ``uint64`` ``(sa_width * d_k,)`` and ``self_shares`` (none in a one-shot exchange)."""
 
         def check(r: Message) -> None:
             sm.uint64_array(r, "masked", self.sa_width * len(self.feat[r.sender]))
-            sm.check_shares(r, peers)
+            if one_shot:
+                if "self_shares" in r.payload:
+                    raise PayloadError(r, "self_shares", "sent in a one-shot exchange")
+            else:
+                sm.check_shares(r, peers)
 
         return check
 
@@ -295,6 +309,25 @@ class SecureSharesServerMixin:
         if not ok:
             log.warning("HyFDCA: secure aggregation of exchange %d could not be unmasked; nothing counted.", tag)
             return set()
+        return self._count(total, got)
+
+    def finish_one_shot(self, tag: int, names: list[str], replies: Mapping[str, Message]) -> set[str]:
+        """Add the masked changes of one-shot exchange ``tag`` (:mod:`hybridfl.privacy.secagg`: pair
+        masks only, never unmasked) of the clients ``names`` and set ``w`` from the counted sum, if
+        every one of them replied (the masks then cancel); otherwise count nothing and leave the
+        replies unread (the caller falls back to a double-masked exchange). Returns the clients
+        whose change was counted. ``sa_width`` as :meth:`finish_masked`."""
+        if set(replies) != set(names):
+            log.warning("HyFDCA: one-shot exchange %d misses a reply; nothing of it is counted.", tag)
+            return set()
+        total = np.zeros((self.sa_width, self.d), dtype=np.uint64)
+        for r in replies.values():
+            total[:, self.feat[r.sender]] += r.payload["masked"].reshape(self.sa_width, -1)
+        return self._count(total, set(replies))
+
+    def _count(self, total: np.ndarray, got: set[str]) -> set[str]:
+        """Count the unmasked sum ``total`` ``(sa_width, d)`` of the clients ``got``: ``w``, and
+        ``position_sum`` with ``sa_width`` 2."""
         if self.sa_width == 2:
             self.position_sum = from_fixed(total[1])
         self.sa_sum += total[0]

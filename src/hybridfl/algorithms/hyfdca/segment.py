@@ -23,7 +23,8 @@ server marks it ``close``): the holders' steps are the same, so each knows the s
 aggregated ``alpha`` itself (the server's sum ``enc(alpha) + sum_h enc((nu/|B|) dalpha_h)``,
 added in the server's order: the same floats in plaintext,
 :meth:`~hybridfl.algorithms.hyfdca.primal.PrimalClientMixin.close_pass`) and its reply carries its
-share of it (masked with secure aggregation, whose unmasking exchange follows). The server uses
+share of it (masked with secure aggregation as a one-shot exchange: pair masks of their own keys,
+no self-mask, never unmasked, so no unmasking exchange follows: :mod:`hybridfl.privacy.secagg`). The server uses
 these shares only if every segment of the pass was added; otherwise (a holder's reply missing)
 it drops them unread (never unmasked) and sends ``hyfdca.primal`` with ``enc(alpha)`` as before
 (one exchange more, the fallback), which replaces the clients' own copies.
@@ -31,11 +32,14 @@ it drops them unread (never unmasked) and sends ``hyfdca.primal`` with ``enc(alp
 
 * ``sequential`` (default): one pass per segment, one segment after another (random order), each
   followed by PrimalAggregation, so the next segment starts from the ``w`` the previous one left.
+  A pass over a segment of one holder is one ``hyfdca.segstart`` with ``solo``: the holder's own
+  inner products are the whole sum, so it walks every batch itself and replies as a closing sweep.
   The round is then *exactly* one epoch of centralised SDCA over the active segments' samples
   (``sigma' = 1``), whatever the number of segments. Cost: ``1 + ceil(n_s / b)`` exchanges per
-  segment (one more with secure aggregation: the unmasking), the segments one after another.
+  segment (the closing sweep's one-shot shares need no unmasking; 1 for a segment of one holder),
+  the segments one after another.
 * ``parallel``: all active segments at once, aggregated once: CoCoA+ over segments with an exact
-  local solver, ``sigma'`` = number of active segments. ``1 + max ceil(n_s / b)`` exchanges per round (+1),
+  local solver, ``sigma'`` = number of active segments. ``1 + max ceil(n_s / b)`` exchanges per round,
   but the safe ``sigma'`` slows every segment down (``docs/results.md`` compares the two
   schedules on MNIST binary).
 

@@ -223,16 +223,22 @@ class SegmentClientMixin:
         Raises:
             DataError: masked, a value too large for the fixed point.
         """
+        v = self._own_ip(s, m)
+        st = self.sweep[s]
+        if self.params.get("seg_masked"):
+            fixed = to_fixed(v, f"the inner-product share of client {self.client_id!r}")
+            return self.segmask.mask(self.seg_global[s], st["tag"], fixed)
+        return self.he.encrypt(v)
+
+    def _own_ip(self, s: int, m: int) -> np.ndarray:
+        """``x_{k,i}^T (w_k + sigma' dw_k)`` ``(b,)`` (block-weighted) for mini-batch ``m`` of segment
+        ``s``: its own block's part of the batch's inner products, in plaintext."""
         colw = self.seg_colw[s]
         st = self.sweep[s]
         ww = self.w + st["sigma"] * st["dw"]
         if colw is not None:
             ww = ww * colw
-        v = np.asarray(self._batch(s, m)[0] @ ww, dtype=np.float64).ravel()
-        if self.params.get("seg_masked"):
-            fixed = to_fixed(v, f"the inner-product share of client {self.client_id!r}")
-            return self.segmask.mask(self.seg_global[s], st["tag"], fixed)
-        return self.he.encrypt(v)
+        return np.asarray(self._batch(s, m)[0] @ ww, dtype=np.float64).ravel()
 
     def _mask_tag(self, msg: Message) -> int | None:
         """Masked mode: the message's ``tag`` (a fresh exchange number, above every tag this
@@ -259,11 +265,17 @@ class SegmentClientMixin:
                 ``tag`` missing or not fresh) or a malformed ``alpha``.
         """
         p = msg.payload
-        validate.only_keys(msg, ("w", "segs", "count", "order", "seed", "sigma", "alpha", "tag"))
+        solo = p.get("solo", False)
+        if not isinstance(solo, (bool, np.bool_)):
+            raise PayloadError(msg, "solo", "not a bool")
+        secure = ("sa_tag", "sa_peers", "sa_acked") if solo and self.params.get("secure_aggregation") else ()
+        validate.only_keys(msg, ("w", "segs", "count", "order", "seed", "sigma", "alpha", "tag", "solo", *secure))
         w = self._w(msg)
         segs, counts, flat = int_list(msg, "segs"), int_list(msg, "count"), int_list(msg, "order")
         if len(set(segs)) != len(segs) or any(not 0 <= s < len(self.seg_rows) for s in segs):
             raise PayloadError(msg, "segs", "naming a segment twice or one the client does not hold")
+        if solo and any(self.holder_count(s) != 1 for s in segs):
+            raise PayloadError(msg, "solo", "true for a segment with other holders (their blocks' inner products)")
         if len(counts) != len(segs) or sum(counts) != len(flat) or any(c < 1 for c in counts):
             raise PayloadError(msg, "count", "not matching the segments and the order")
         pos = 0
@@ -296,8 +308,37 @@ class SegmentClientMixin:
             if self.params.get("seg_step_average"):  # each step's change times its place; steps so far
                 self.sweep[s].update(pdelta=np.zeros(self.ids.size), steps=0)
             pos += c
-            out.append(self._batch_share(s, self.sweep[s]["order"][0]))
+        if solo:
+            return self._solo_pass(msg)
+        out = [self._batch_share(s, self.sweep[s]["order"][0]) for s in segs]
         return {"ip": concat_words(out) if tag is not None else out}
+
+    def holder_count(self, s: int) -> int:
+        """The holders of its local segment ``s`` (``nu / seg_scale``, from the setup)."""
+        return int(round(float(self.params["nu"]) / self.seg_scale[s]))
+
+    def _solo_pass(self, msg: Message) -> dict:
+        """A ``hyfdca.segstart`` with ``solo`` (every segment of it held by this client alone): the
+        whole pass here, every batch's inner products its own (those of the sum the server would
+        return: the same floats in plaintext), then its reply as a closing sweep's: every
+        segment's ``enc((nu/|B|) dalpha)`` (``dalpha``, ``dalpha_segs``; no ``ip``) and its
+        PrimalAggregation share (:meth:`close_pass`). Nothing of the pass crosses but these.
+
+        Raises:
+            PayloadError: a bad secure-aggregation field (checked before any step).
+            DataError: the share too large for the fixed point.
+        """
+        if self.params.get("secure_aggregation"):
+            self.check_secure(msg, "sa_")
+        segs = list(self.sweep)
+        dal = []
+        for s in segs:
+            st = self.sweep[s]
+            while st["j"] < len(st["order"]):
+                self._step(s, self._own_ip(s, st["order"][st["j"]]))
+            dal.append(self.he.encrypt(st["delta"][self.seg_rows[s]] * self.seg_scale[s]))
+        ip: Any = concat_words([]) if self.params.get("seg_masked") else []
+        return {"ip": ip, "ip_segs": [], "dalpha": dal, "dalpha_segs": segs, **self.close_pass(msg)}
 
     def check_sweep(self, msg: Message) -> None:
         """Check a ``hyfdca.sweep`` before :meth:`segment_sweep`: only ``segs``, ``u``,
@@ -352,8 +393,6 @@ class SegmentClientMixin:
                 ``u`` decrypting to non-finite values (nothing changes then).
         """
         p = msg.payload
-        prm = self.params
-        lam_n = float(prm["lam"]) * float(prm["N"])
         segs = [int(v) for v in p["segs"]]
         for s in segs:
             st = self.sweep.get(s)
@@ -374,31 +413,8 @@ class SegmentClientMixin:
             raise ProtocolError(f"the server sent HyFDCA client {self.client_id!r} a sweep with non-finite 'u'.")
         nxt, nxt_segs, dal, dal_segs = [], [], [], []
         for s, u0 in zip(segs, u_all):
+            self._step(s, u0)
             st = self.sweep[s]
-            m = st["order"][st["j"]]
-            rows = self.seg_batches[s][m]
-            Xb, yb = self._batch(s, m)
-            a = self.alpha[rows] + st["delta"][rows]
-            visit = self._visit_order(s)
-            d = gram_steps(
-                visit,
-                a,
-                yb,
-                u0,
-                self.gram[s][m],
-                str(prm["loss"]),
-                lam_n,
-                st["sigma"],
-                0.0,
-            )
-            st["delta"][rows] += d
-            st["dw"] += _rmatvec(Xb, d) / lam_n
-            if "pdelta" in st:  # step_average: each step's change times its position in the pass
-                place = np.empty(rows.size)
-                place[visit] = st["steps"] + np.arange(rows.size)
-                st["pdelta"][rows] += place * d
-                st["steps"] += rows.size
-            st["j"] += 1
             if st["j"] < len(st["order"]):
                 nxt.append(self._batch_share(s, st["order"][st["j"]]))
                 nxt_segs.append(s)
@@ -408,6 +424,28 @@ class SegmentClientMixin:
         if self.params.get("seg_masked"):
             nxt = concat_words(nxt)
         return {"ip": nxt, "ip_segs": nxt_segs, "dalpha": dal, "dalpha_segs": dal_segs}
+
+    def _step(self, s: int, u0: np.ndarray) -> None:
+        """Exact SDCA steps on the current mini-batch of segment ``s`` given its exact inner
+        products ``u0`` ``(b,)`` (the batch Gram gives the changes within the batch); the pass moves
+        to its next batch."""
+        prm = self.params
+        lam_n = float(prm["lam"]) * float(prm["N"])
+        st = self.sweep[s]
+        m = st["order"][st["j"]]
+        rows = self.seg_batches[s][m]
+        Xb, yb = self._batch(s, m)
+        a = self.alpha[rows] + st["delta"][rows]
+        visit = self._visit_order(s)
+        d = gram_steps(visit, a, yb, u0, self.gram[s][m], str(prm["loss"]), lam_n, st["sigma"], 0.0)
+        st["delta"][rows] += d
+        st["dw"] += _rmatvec(Xb, d) / lam_n
+        if "pdelta" in st:  # step_average: each step's change times its position in the pass
+            place = np.empty(rows.size)
+            place[visit] = st["steps"] + np.arange(rows.size)
+            st["pdelta"][rows] += place * d
+            st["steps"] += rows.size
+        st["j"] += 1
 
     def position_share(self, msg: Message) -> np.ndarray:
         """``output: step_average``, PrimalAggregation (``hyfdca.primal``'s ``avg_segs``: its segments whose

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import numpy as np
 
 from hybridfl.algorithms.hyfdca import kinds
-from hybridfl.algorithms.hyfdca.segment import concat_words
+from hybridfl.algorithms.hyfdca.segment import concat_words, int_list
 from hybridfl.runtime.messages import SERVER, Message
 from hybridfl.runtime.transport import Transport
+from hybridfl.runtime.validate import PayloadError
 
 if TYPE_CHECKING:
     from hybridfl.algorithms.hyfdca.server import HyFDCAServer
@@ -124,14 +125,23 @@ class SegmentPass:
 
     def run(self, transport: Transport, stats: dict) -> PassResult:
         """The pass: ``hyfdca.segstart``, one ``hyfdca.sweep`` per batch position, each client's
-        last one closing (its reply carries its PrimalAggregation share); if a segment's pass was
-        not added (a holder's reply missing), ``hyfdca.primal`` instead (:meth:`_close`)."""
+        last one closing (its reply carries its PrimalAggregation share), or, when every segment
+        of the pass has one holder, one ``hyfdca.segstart`` with ``solo`` (:meth:`_solo`); if a
+        segment's pass was not added (a holder's reply missing), ``hyfdca.primal`` instead
+        (:meth:`_close`)."""
         self.srv.sa_width = 2 if self.srv.config.step_average else 1
-        running = self._start(transport, stats)
-        done = self._sweeps(transport, stats, running)
+        if self.solo():
+            done = self._solo(transport, stats)
+        else:
+            running = self._start(transport, stats)
+            done = self._sweeps(transport, stats, running)
         if done == set(self.orders) and set(self.closed) == set(self.K):
             return self._closed(transport, stats, done)
         return self._close(transport, stats, done)
+
+    def solo(self) -> bool:
+        """Whether every segment of the pass has one holder (the pass is one exchange: :meth:`_solo`)."""
+        return all(len(self.srv.seg_holders[g]) == 1 for g in self.orders)
 
     def _segs(self, cid: str, among: Any) -> list[int]:
         """The global segments of client ``cid`` that are in ``among``."""
@@ -141,26 +151,70 @@ class SegmentPass:
         """The lengths of the batches at position ``step`` of each of ``segs``' orders."""
         return [len(self.srv.seg_batches_of(g, self.orders[g][step])) for g in segs]
 
-    def _start(self, transport: Transport, stats: dict) -> dict[int, Any]:
-        """``hyfdca.segstart`` (with ``alpha`` for a client absent or failed last round); returns
-        the summed first-batch inner products of each segment all of whose holders answered."""
+    def _start_payload(self, cid: str, tag: dict) -> dict:
+        """Client ``cid``'s ``hyfdca.segstart`` entries (with ``alpha`` if it was absent or failed
+        last round; ``tag``: the masked inner products' exchange number, if any)."""
+        srv, orders = self.srv, self.orders
+        gs = self._segs(cid, orders)
+        payload: dict = {
+            "w": srv.w[srv.feat[cid]],
+            "segs": [self.local[cid][g] for g in gs],
+            "count": [len(orders[g]) for g in gs],
+            "order": [m for g in gs for m in orders[g]],
+            "seed": self.seed,
+            "sigma": self.sigma,
+            **tag,
+        }
+        if srv.last_round[cid] < self.rnd - 1:  # absent (or failed) last round: fresh alpha
+            payload["alpha"] = [srv.enc_alpha[g] for g in srv.client_segs[cid]]
+        return payload
+
+    def _solo(self, transport: Transport, stats: dict) -> set[int]:
+        """A pass whose segments each have one holder: one ``hyfdca.segstart`` with ``solo`` (and,
+        with secure aggregation, the closing exchange's ``sa_tag``, ``sa_peers``, ``sa_acked``): the
+        holder walks every batch itself (its inner products are the whole sum) and replies as a
+        closing sweep (its ``enc((nu/|B|) dalpha)`` per segment and its PrimalAggregation share),
+        so the pass is one exchange instead of ``1 + sweeps``. Returns the segments added."""
         srv, orders = self.srv, self.orders
         tag = srv._next_mask_tag()
+        if srv.config.secure_aggregation:
+            self.tag = srv.next_secure_tag()
         msgs = []
         for cid in self.K:
-            gs = self._segs(cid, orders)
-            payload: dict = {
-                "w": srv.w[srv.feat[cid]],
-                "segs": [self.local[cid][g] for g in gs],
-                "count": [len(orders[g]) for g in gs],
-                "order": [m for g in gs for m in orders[g]],
-                "seed": self.seed,
-                "sigma": self.sigma,
-                **tag,
-            }
-            if srv.last_round[cid] < self.rnd - 1:  # absent (or failed) last round: fresh alpha
-                payload["alpha"] = [srv.enc_alpha[g] for g in srv.client_segs[cid]]
+            sa = srv.secure_fields(self.tag, self.K, cid, "sa_") if srv.config.secure_aggregation else {}
+            payload = {**self._start_payload(cid, tag), "solo": True, **sa}
             msgs.append(Message(kinds.SEGSTART, SERVER, cid, self.rnd, payload))
+        share_check = (
+            srv.check_masked(len(self.K) - 1, one_shot=True) if srv.config.secure_aggregation else srv._check_share
+        )
+
+        def check(r: Message) -> None:
+            segs = srv.client_segs[r.sender]
+            ends = int_list(r, "dalpha_segs")
+            if int_list(r, "ip_segs") or sorted(ends) != sorted(
+                self.local[r.sender][g] for g in self._segs(r.sender, orders)
+            ):
+                raise PayloadError(r, "dalpha_segs", "not ending every segment of its solo pass")
+            srv._check_shares(r, "ip", [])
+            srv.check_ciphertexts(r, "dalpha", [srv.seg_n[segs[j]] for j in ends])
+            share_check(r)
+
+        done: set[int] = set()
+        for r in srv._exchange(transport, msgs, stats, check):
+            self.closed[r.sender] = r
+            segs = srv.client_segs[r.sender]
+            for j, c in zip(r.payload["dalpha_segs"], r.payload["dalpha"]):
+                g = segs[int(j)]
+                srv.enc_alpha[g] = srv.he.add([srv.enc_alpha[g], c])
+                done.add(g)
+        return done
+
+    def _start(self, transport: Transport, stats: dict) -> dict[int, Any]:
+        """``hyfdca.segstart`` (:meth:`_start_payload`); returns the summed first-batch inner
+        products of each segment all of whose holders answered."""
+        srv, orders = self.srv, self.orders
+        tag = srv._next_mask_tag()
+        msgs = [Message(kinds.SEGSTART, SERVER, cid, self.rnd, self._start_payload(cid, tag)) for cid in self.K]
         shares: dict[int, list[Any]] = defaultdict(list)
 
         def check(r: Message) -> None:
@@ -196,7 +250,9 @@ class SegmentPass:
                     msgs.append(Message(kinds.SWEEP, SERVER, cid, self.rnd, payload))
             nxt: dict[int, list[Any]] = defaultdict(list)
             dal: dict[int, list[bytes]] = defaultdict(list)
-            share_check = srv.check_masked(len(self.K) - 1) if srv.config.secure_aggregation else srv._check_share
+            share_check = (
+                srv.check_masked(len(self.K) - 1, one_shot=True) if srv.config.secure_aggregation else srv._check_share
+            )
 
             def check(r: Message, step: int = step) -> None:
                 srv._check_sweep(r, swept[r.sender], orders, step)
@@ -227,14 +283,15 @@ class SegmentPass:
     def _closed(self, transport: Transport, stats: dict, done: set[int]) -> PassResult:
         """PrimalAggregation from the closing sweeps' shares (HyFDCA Alg. 4 lines 5-6: every
         segment of the pass was added, so every client of the pass holds the server's new
-        ``alpha`` and sent its share of it): with secure aggregation the unmasking exchange
-        (:meth:`~.secure.SecureSharesServerMixin.finish_masked`), else the shares in the clear; the
-        clients counted took part in the round."""
+        ``alpha`` and sent its share of it): with secure aggregation the sum of the one-shot masked
+        shares, whose pair masks cancel because every client of the pass replied (no unmasking
+        exchange: :meth:`~.secure.SecureSharesServerMixin.finish_one_shot`), else the shares in the
+        clear; the clients counted took part in the round."""
         srv = self.srv
         w_before = srv.w.copy() if srv.config.step_average else None
         srv.position_sum = None
         if srv.config.secure_aggregation:
-            answered = srv.finish_masked(transport, stats, self.rnd, self.tag, list(self.K), self.closed)
+            answered = srv.finish_one_shot(self.tag, list(self.K), self.closed)
         else:
             answered = srv.clear_shares([self.closed[cid] for cid in self.K])
         return self._result(done, srv.took_part(self.rnd, answered), w_before)
