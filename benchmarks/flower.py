@@ -103,12 +103,21 @@ from hybridfl.runtime.simulation import single_threaded
 OUT = Path(__file__).resolve().parent / "results"
 SETTINGS = {
     # name: (fast launcher, warm executor, SuperNode poll interval, ServerApp poll interval, description)
+    "gated": (
+        True,
+        True,
+        0.05,
+        0.05,
+        "LocalFederation's default since 2026-11-28: `inline` with the SuperLink started by "
+        "`hybridfl.runtime.flower.superlink` (its six Control-API and plugin middleware layers skipped on the "
+        "Fleet and ServerAppIo requests they only pass on)",
+    ),
     "inline": (
         True,
         True,
         0.05,
         0.05,
-        "LocalFederation's default since 2026-11-27: fast SuperNode answering in its own process (`supernode "
+        "LocalFederation's default 2026-11-27 to 28: fast SuperNode answering in its own process (`supernode "
         "--inline`), pulling every 0.05 s right after a message, backing off to 0.2 s; ServerApp pulls every 0.05 s, "
         "backing off to 0.2 s in long exchanges; first object retries after 0.02 s (node) / 0.01 s (ServerApp)",
     ),
@@ -177,9 +186,10 @@ def flower_run(dirs, server_dir: Path, work: Path, setting: str, extra: dict) ->
         dirs,
         fast=fast,
         warm=warm,
-        inline=setting == "inline",
+        inline=setting in ("inline", "gated"),
+        gate=setting == "gated",
         poll_interval=min(node_poll, 3.0),
-        idle_poll_interval=None if setting == "inline" else min(node_poll, 3.0),
+        idle_poll_interval=None if setting in ("inline", "gated") else min(node_poll, 3.0),
         work_dir=work,
         start_timeout=180,
     )

@@ -182,6 +182,9 @@ class LocalFederation:
             instead of in memory (slower: about 0.35 s per exchange more, measured here).
         node_configs: per client directory, more node config entries of its SuperNode (e.g. an
             organisation's ``predict-table``, :mod:`hybridfl.runtime.flower.tasks`).
+        gate: start the SuperLink with :mod:`hybridfl.runtime.flower.superlink` (its six
+            Control-API and plugin middleware layers skipped where they would only pass a request
+            on; measured faster) instead of the stock ``flower-superlink``.
     """
 
     client_dirs: list[Path]
@@ -197,6 +200,7 @@ class LocalFederation:
     auth: bool = True
     hosts: Hosts | None = None
     node_configs: list[dict[str, str]] | None = None
+    gate: bool = True
     procs: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
     stopped: list[subprocess.Popen] = field(default_factory=list)
     node_cmds: list[list[str]] = field(default_factory=list)
@@ -283,7 +287,8 @@ class LocalFederation:
             link = self._spawn(
                 "superlink",
                 [
-                    str(self.bin / "flower-superlink"),
+                    *([sys.executable, "-m", "hybridfl.runtime.flower.superlink"] if self.gate else []),
+                    *([] if self.gate else [str(self.bin / "flower-superlink")]),
                     *link_sec,
                     "--host",
                     LOOPBACK if self.hosts is None else "0.0.0.0",

@@ -1,0 +1,144 @@
+"""``python -m hybridfl.runtime.flower.superlink <flower-superlink args>``: the stock
+``flower-superlink`` with its HTTP middleware gated by path.
+
+Flower 1.41's SuperLink is one FastAPI app whose every request (Fleet API from the SuperNodes,
+ServerAppIo from the ServerApp, Control API from ``flwr``) passes nine Starlette
+``BaseHTTPMiddleware`` layers (``flwr.superlink.main._get_middleware``). Six of them do nothing
+outside the Control API or without an optional plugin or setting, but each still costs a pass
+through Starlette's ``BaseHTTPMiddleware`` machinery (a task group and streams per layer: about
+0.18 ms of CPU per layer and request measured here, of the SuperLink's ~4.5 ms per request, and a
+3-SuperNode exchange is about 72 requests). This launcher wraps each of those six in
+:class:`PathGate`, a plain ASGI layer that sends a request straight to the next layer when the
+wrapped middleware would only pass it on, and through the middleware otherwise:
+
+- ``ControlSensitiveResponseMiddleware``, ``ControlAuthenticationMiddleware``,
+  ``ControlLicenseMiddleware``, ``ControlEventLogMiddleware``: only paths under ``/v1/control/``
+  (each of them passes every other request on untouched);
+- ``RuntimeTracingMiddleware``: only when ``FLWR_TRACING_ENABLED=1`` at start (else it passes
+  every request on);
+- ``FleetEventLogMiddleware``: only when ``FLWR_ENABLE_EVENT_LOG=1`` at start (its plugin exists
+  only then).
+
+The error translation, the protobuf translation and the SuperNode authentication
+(``NodeAuthMiddleware``) stay on every request, unchanged. If Flower's middleware list is not
+exactly the one this was written for (:data:`EXPECTED`), nothing is gated and a warning is
+logged; ``tests/test_flower_superlink.py`` fails loudly then (and checks that each gated
+middleware still passes on what the gate skips), so a new Flower is read before the pin moves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from collections.abc import Callable
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+CONTROL_PREFIX = "/v1/control/"
+"""The Control API's paths (Flower's ``_is_control_path``)."""
+
+EXPECTED = (
+    "ControlSensitiveResponseMiddleware",
+    "BaseHTTPMiddleware",  # dispatch=http_error_translator
+    "ControlAuthenticationMiddleware",
+    "ControlLicenseMiddleware",
+    "ProtobufTranslationMiddleware",
+    "RuntimeTracingMiddleware",
+    "ControlEventLogMiddleware",
+    "NodeAuthMiddleware",
+    "FleetEventLogMiddleware",
+)
+"""Flower 1.41's SuperLink middleware, outermost first (the classes' names)."""
+
+
+def _control(path: str) -> bool:
+    return path.startswith(CONTROL_PREFIX)
+
+
+def _never(path: str) -> bool:
+    return False
+
+
+def gates() -> dict[str, Callable[[str], bool]]:
+    """Middleware class name -> the paths it must see (the others skip it), for the six that pass
+    every other request on (module docstring); the two with a setting are gated only when it is off."""
+    out: dict[str, Callable[[str], bool]] = {
+        "ControlSensitiveResponseMiddleware": _control,
+        "ControlAuthenticationMiddleware": _control,
+        "ControlLicenseMiddleware": _control,
+        "ControlEventLogMiddleware": _control,
+    }
+    if os.getenv("FLWR_TRACING_ENABLED") != "1":
+        out["RuntimeTracingMiddleware"] = _never
+    if os.getenv("FLWR_ENABLE_EVENT_LOG") != "1":
+        out["FleetEventLogMiddleware"] = _never
+    return out
+
+
+class PathGate:
+    """A plain ASGI middleware: an HTTP request whose path ``applies`` rejects goes straight to
+    ``app``; every other request (and every non-HTTP scope) through ``inner(app, **kwargs)``."""
+
+    def __init__(self, app: Any, inner: type, applies: Callable[[str], bool], **kwargs: Any):
+        self.app = app
+        self.inner = inner(app, **kwargs)
+        self.applies = applies
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") == "http" and not self.applies(str(scope.get("path", ""))):
+            await self.app(scope, receive, send)
+            return
+        await self.inner(scope, receive, send)
+
+
+def gated(middleware: list) -> list:
+    """Flower's middleware list with the layers of :func:`gates` wrapped in :class:`PathGate`;
+    the list unchanged (and a warning) if its classes are not :data:`EXPECTED` (after any
+    extension middleware Flower puts first)."""
+    from starlette.middleware import Middleware
+
+    names = tuple(m.cls.__name__ for m in middleware)
+    if names[-len(EXPECTED) :] != EXPECTED:
+        log.warning("hybridfl: Flower's SuperLink middleware is not the one expected; none is gated: %s", names)
+        return middleware
+    skip = gates()
+    out = []
+    for m in middleware:
+        applies = skip.get(m.cls.__name__)
+        if applies is None or m.args:
+            out.append(m)
+        else:
+            out.append(Middleware(PathGate, inner=m.cls, applies=applies, **m.kwargs))
+    return out
+
+
+def install() -> None:
+    """Gate this process's SuperLink middleware (``flwr.superlink.main._get_middleware``, read by
+    its ``create_app`` at start), once."""
+    import flwr.superlink.main as link
+
+    original = link._get_middleware
+    if getattr(original, "hybridfl_gated", False):
+        return
+
+    def get_middleware() -> list:
+        return gated(original())
+
+    get_middleware.hybridfl_gated = True  # type: ignore[attr-defined]
+    link._get_middleware = get_middleware
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run ``flower-superlink`` with ``argv`` (default ``sys.argv[1:]``) after :func:`install`."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    install()
+    from flwr.superlink.cli import flower_superlink
+
+    sys.argv = ["flower-superlink", *args]
+    flower_superlink()
+
+
+if __name__ == "__main__":
+    main()
