@@ -473,16 +473,21 @@ def in_process(b: Built, snap_round: int = 0) -> dict:
 # ---------------------------------------------------------------- the deployed run
 
 
+GATE = True
+"""Start the SuperLink gated (``LocalFederation``'s default); ``--stock-superlink`` sets it off."""
+
+
 def deployed(b: Built, rounds: int, work: Path) -> dict:
     """``rounds`` rounds over Flower: :class:`LocalFederation` (TLS, SuperNode authentication,
-    inline SuperNodes), SuperNode ``i`` in network namespace ``i``. Returns the server's summary,
-    history and final arrays, and the seconds the federation took to start."""
+    inline SuperNodes, the gated SuperLink unless :data:`GATE` is off), SuperNode ``i`` in network
+    namespace ``i``. Returns the server's summary, history and final arrays, and the seconds the
+    federation took to start."""
     from hybridfl.runtime.flower.local import LocalFederation
     from hybridfl.runtime.flower.netns import Hosts
 
     res = work / "res"
     with Hosts(len(b.dirs), subnet=SUBNET) as hosts:
-        fed = LocalFederation(b.dirs, work_dir=work / "flower", start_timeout=180, hosts=hosts)
+        fed = LocalFederation(b.dirs, work_dir=work / "flower", start_timeout=180, hosts=hosts, gate=GATE)
         try:
             t0 = time.perf_counter()
             fed.start()
@@ -670,7 +675,14 @@ def main() -> None:
         default=[],
         help="write the rows of these folders' deployed.json (runs made at once into separate --out folders) into --out",
     )
+    p.add_argument(
+        "--stock-superlink",
+        action="store_true",
+        help="deploy with the stock flower-superlink instead of the gated one (for a comparison)",
+    )
     a = p.parse_args()
+    global GATE
+    GATE = not a.stock_superlink
     # SIGTERM unwinds like an exception: the federation's processes and the namespaces are removed
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     out = OUT if a.out == harness.RESULTS else a.out  # OUT: redirected by --smoke
@@ -707,7 +719,12 @@ def main() -> None:
     command = ("python -m benchmarks.deployed " + " ".join(sys.argv[1:])).strip()
     rows: list[dict] = []
     for case in cases:  # the report is written after every case (a long run keeps what it measured)
-        setting = {"case": case, "cap": a.cap, "deployed_rounds": a.deployed_rounds}
+        setting = {
+            "case": case,
+            "cap": a.cap,
+            "deployed_rounds": a.deployed_rounds,
+            "superlink": "gated" if GATE else "stock",
+        }
         rows += harness.run_grid(one, {case: setting}, a.seeds)
         rows[-1].update(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=command)
         kept = []
