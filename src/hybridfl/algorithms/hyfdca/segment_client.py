@@ -534,9 +534,10 @@ def _pack_gram(Xb: Any, colw: np.ndarray | None, out: np.ndarray, pos: int, scra
     """Write the upper triangle (row by row) of the partial Gram matrix ``X_B diag(colw) X_B^T``
     of a batch ``X_B`` ``(b, d_k)`` into ``out[pos : pos + b (b + 1) / 2]`` and return the end.
     Without column weights, a dense batch (:data:`DENSE_GRAM_LIMIT`) goes through BLAS ``dsyrk``
-    (one triangle: half the products of :func:`_partial_gram`'s ``D D^T``, the same values) into
-    the ``(b, d_k)`` and ``(b, b)`` work arrays kept in ``scratch`` per shape (reused batch after
-    batch, not allocated each time); otherwise :func:`_partial_gram`."""
+    straight into one triangle (NumPy's ``D @ D.T`` in :func:`_partial_gram` calls ``syrk`` too,
+    then mirrors the triangle and packs it again; the same bits in ``tests/test_segment_setup.py``),
+    with the ``(b, d_k)`` and ``(b, b)`` work arrays kept in ``scratch`` per shape (reused batch
+    after batch, not allocated each time); otherwise :func:`_partial_gram`."""
     b, d = Xb.shape
     if colw is not None or d == 0 or (sp.issparse(Xb) and b * d > DENSE_GRAM_LIMIT):
         tri = kernels.upper_triangle(_partial_gram(Xb, colw))
