@@ -41,10 +41,11 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
 
 from hybridfl.errors import ProtocolError
-from hybridfl.privacy.secagg import MAGNITUDE_LIMIT, SecAggClient, keystream
+from hybridfl.privacy.secagg import MAGNITUDE_LIMIT, SecAggClient
 
 PURPOSE = "segment key v1"
 """The :meth:`~hybridfl.privacy.secagg.SecAggClient.pair_key` purpose of the sealing keys."""
@@ -55,8 +56,43 @@ SEALED_BYTES = NONCE_BYTES + KEY_BYTES + 16
 """A sealed segment key: nonce, key, Poly1305 tag (60 bytes)."""
 
 
+PAD_CHUNK = 1 << 15
+"""Words per piece of :func:`add_pads` (256 KiB): the pads are made piece by piece into one
+reused buffer."""
+
+
 def _aad(sender: str, receiver: str, segment: int) -> bytes:
     return f"hybridfl segment key v1|{sender}|{receiver}|{int(segment)}".encode()
+
+
+def add_pads(out: np.ndarray, keys: Sequence[bytes], tag: int, sign: int) -> None:
+    """``out`` (``uint64`` ``(n,)``, changed in place) plus (``sign`` 1) or minus (``sign`` -1)
+    the pads ``keystream(key, tag, n)`` of every key in ``keys``, modulo ``2^64``.
+
+    The words are those of :func:`~hybridfl.privacy.secagg.keystream` (ChaCha20, nonce ``tag``,
+    block counter from 0; a test compares them), made :data:`PAD_CHUNK` words at a time: a
+    ChaCha20 encryptor continues its stream from one ``update`` to the next, so the pieces are the
+    whole keystream's consecutive parts. One buffer of a piece is reused for every key and piece
+    (an ``n``-word pad would allocate and fill three ``8 n``-byte arrays per key: zeros, stream,
+    copy)."""
+    n = int(out.size)
+    if n == 0 or not keys:
+        return
+    nonce = b"\0\0\0\0" + int(tag).to_bytes(12, "little")  # secagg.keystream's nonce
+    encs = [Cipher(algorithms.ChaCha20(key, nonce), mode=None).encryptor() for key in keys]
+    step = min(n, PAD_CHUNK)
+    zeros = memoryview(bytes(8 * step))
+    buf = bytearray(8 * step + 64)  # update_into may ask for room beyond the data
+    words = np.frombuffer(buf, dtype=np.uint64, count=step)
+    for start in range(0, n, step):
+        m = min(step, n - start)
+        part = out[start : start + m]
+        for enc in encs:
+            enc.update_into(zeros[: 8 * m], buf)
+            if sign > 0:
+                part += words[:m]
+            else:
+                part -= words[:m]
 
 
 class SegmentMasks:
@@ -159,8 +195,9 @@ class SegmentMasks:
     def mask(self, g: int, tag: int, fixed: np.ndarray) -> np.ndarray:
         """``fixed`` (int64 ``(n,)``, :func:`~hybridfl.privacy.secagg.to_fixed`) plus its own pad of
         segment ``g`` for exchange ``tag`` (taken before with :meth:`use_tag`), ``uint64`` ``(n,)``."""
-        pad = keystream(self.keys[int(g)][self.client_id], tag, fixed.size)
-        return np.asarray(fixed, dtype=np.int64).view(np.uint64) + pad
+        out = np.asarray(fixed, dtype=np.int64).view(np.uint64).copy()
+        add_pads(out, [self.keys[int(g)][self.client_id]], tag, 1)
+        return out
 
     def unmask(self, g: int, tag: int, total: np.ndarray) -> np.ndarray:
         """The float64 sum ``(n,)`` of the holders' values from the server's ``total`` (``uint64``
@@ -172,10 +209,10 @@ class SegmentMasks:
                 this exchange's words.
         """
         out = np.asarray(total, dtype=np.uint64).copy()
-        for key in self.keys[int(g)].values():
-            out -= keystream(key, tag, out.size)
-        vals = out.view(np.int64).astype(np.float64) / 2.0**32
-        if out.size and float(np.abs(vals).max()) > len(self.keys[int(g)]) * MAGNITUDE_LIMIT:
+        add_pads(out, list(self.keys[int(g)].values()), tag, -1)
+        vals = out.view(np.int64).astype(np.float64)
+        vals /= 2.0**32
+        if out.size and max(float(vals.max()), -float(vals.min())) > len(self.keys[int(g)]) * MAGNITUDE_LIMIT:
             raise ProtocolError(
                 f"client {self.client_id!r} got masked sums of segment {g} that unmask to values no holder can have sent."
             )

@@ -186,6 +186,22 @@ def upper_triangle(G):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def pack_lower_columns(C, out, start):  # pragma: no cover - compiled
+    """Write the lower triangle (diagonal included) of a square ``C`` ``(b, b)``, column by column,
+    into ``out[start : start + b (b + 1) / 2]`` and return the end. For a symmetric ``C`` this is
+    :func:`upper_triangle`'s order (column ``i`` of the lower triangle is row ``i`` of the upper
+    one), read contiguously from a Fortran-ordered ``C``: BLAS ``syrk``'s output, whose upper
+    triangle is not set."""
+    b = C.shape[0]
+    k = start
+    for i in range(b):
+        for j in range(i, b):
+            out[k] = C[j, i]
+            k += 1
+    return k
+
+
+@njit(cache=True, nogil=True)
 def symmetric_from_upper(upper, b):  # pragma: no cover - compiled
     """The symmetric ``(b, b)`` matrix whose upper triangle, row by row, is ``upper``
     (:func:`upper_triangle`'s inverse)."""

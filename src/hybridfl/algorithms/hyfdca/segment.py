@@ -173,6 +173,9 @@ class SegmentServerMixin:
                 gparts[g].append(c)
         # each segment's sum once, the same for all its holders (not once per holder)
         sums = {g: wrap_sum(parts) if self.masked else self.he.add(parts) for g, parts in gparts.items()}
+        for v in sums.values():
+            if isinstance(v, np.ndarray):  # masked: one array in the messages of all the segment's holders
+                v.setflags(write=False)
         out = {}
         for cid in self.client_ids:
             segs = self.client_segs[cid]
@@ -180,7 +183,7 @@ class SegmentServerMixin:
                 out[cid] = {"gram": [sums[g] for g in segs]}
                 continue
             out[cid] = {
-                "gram": concat_words([sums[g] for g in segs]),
+                "gram": sums[segs[0]] if len(segs) == 1 else concat_words([sums[g] for g in segs]),
                 "seg_keys": [sealed[(h, cid, g)] for g in segs for h in sorted(self.seg_holders[g]) if h != cid],
             }
         return out

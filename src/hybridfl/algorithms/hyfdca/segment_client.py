@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.linalg import blas
 
 from hybridfl.algorithms.convex import kernels
 from hybridfl.algorithms.convex.losses import gram_steps
@@ -65,12 +66,12 @@ class SegmentClientMixin:
             sealed = self.segmask.start(dict(zip(self.seg_global, p["seg_holder_names"])))
             self.segmask.use_tag(0)
         gram: list = []
+        scratch: dict = {}
         for s in range(len(self.seg_rows)):
-            colw = self.seg_colw[s]
-            parts = []
-            for m, rows in enumerate(self.seg_batches[s]):
-                parts.append(kernels.upper_triangle(_partial_gram(self._batch(s, m)[0], colw)))
-            v = np.concatenate(parts) if parts else np.zeros(0)
+            v = np.empty(sum(rows.size * (rows.size + 1) // 2 for rows in self.seg_batches[s]))
+            pos = 0
+            for m in range(len(self.seg_batches[s])):
+                pos = _pack_gram(self._batch(s, m)[0], self.seg_colw[s], v, pos, scratch)
             if masked:
                 fixed = to_fixed(v, f"the batch Gram matrices of client {self.client_id!r}")
                 gram.append(self.segmask.mask(self.seg_global[s], 0, fixed))
@@ -565,6 +566,32 @@ def _partial_gram(Xb: Any, colw: np.ndarray | None) -> np.ndarray:
         return kernels.as_f64((Xb @ Xw.T).toarray())
     D = kernels.as_f64(Xb.toarray() if sp.issparse(Xb) else Xb)
     return D @ (D if colw is None else D * colw).T
+
+
+def _pack_gram(Xb: Any, colw: np.ndarray | None, out: np.ndarray, pos: int, scratch: dict) -> int:
+    """Write the upper triangle (row by row) of the partial Gram matrix ``X_B diag(colw) X_B^T``
+    of a batch ``X_B`` ``(b, d_k)`` into ``out[pos : pos + b (b + 1) / 2]`` and return the end.
+    Without column weights, a dense batch (:data:`DENSE_GRAM_LIMIT`) goes through BLAS ``dsyrk``
+    straight into one triangle (NumPy's ``D @ D.T`` in :func:`_partial_gram` calls ``syrk`` too,
+    then mirrors the triangle and packs it again; the same bits in ``tests/test_segment_setup.py``),
+    with the ``(b, d_k)`` and ``(b, b)`` work arrays kept in ``scratch`` per shape (reused batch
+    after batch, not allocated each time); otherwise :func:`_partial_gram`."""
+    b, d = Xb.shape
+    if colw is not None or d == 0 or (sp.issparse(Xb) and b * d > DENSE_GRAM_LIMIT):
+        tri = kernels.upper_triangle(_partial_gram(Xb, colw))
+        out[pos : pos + tri.size] = tri
+        return pos + tri.size
+    if (b, d) not in scratch:
+        scratch[(b, d)] = (np.empty((b, d)), np.empty((b, b), order="F"))
+    D, C = scratch[(b, d)]
+    if sp.issparse(Xb):
+        D.fill(0.0)
+        Xb.toarray(out=D)  # adds the entries into D
+    else:
+        D[...] = Xb
+    # C = (D^T)^T D^T = D D^T, its lower triangle (column-major: row-major D^T is Fortran-ordered)
+    C = blas.dsyrk(1.0, D.T, trans=1, lower=1, c=C, overwrite_c=1)
+    return int(kernels.pack_lower_columns(C, out, pos))
 
 
 def _rmatvec(X: Any, d: np.ndarray) -> np.ndarray:
