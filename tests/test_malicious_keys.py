@@ -195,10 +195,10 @@ def test_hyfdca_masked_inner_products_server_key_is_refused(tiny, signed):
     key, own, gram = got.value.args
     assert key == own  # the victim's pad key for its first segment
     from hybridfl.algorithms.convex import kernels
-    from hybridfl.algorithms.hyfdca.segment_client import _partial_gram
+    from hybridfl.algorithms.hyfdca.gram import partial_gram
 
     # the first batch's upper triangle of the victim's partial Gram matrix, read off its masked words
-    want = to_fixed(kernels.upper_triangle(_partial_gram(victim._batch(0, 0)[0], victim.seg_colw[0])), "g")
+    want = to_fixed(kernels.upper_triangle(partial_gram(victim._batch(0, 0)[0], victim.seg_colw[0])), "g")
     n = want.size
     words = (np.asarray(gram[:n], dtype=np.uint64) - secagg.keystream(key, 0, n)).view(np.int64)
     assert np.abs(want).max() > 0 and np.array_equal(words, want)

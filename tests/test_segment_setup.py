@@ -1,6 +1,6 @@
 """The setup helpers of HyFDCA ``dual_mode: segment`` that avoid work, against the plain
 operations they replace: the packed batch Gram triangles through BLAS ``dsyrk``
-(``segment_client._pack_gram`` against ``_partial_gram`` and ``upper_triangle``) and the masks'
+(``gram.pack_gram`` against ``partial_gram`` and ``upper_triangle``) and the masks'
 pads made piece by piece (``segmask.add_pads`` against ``secagg.keystream``): the same bits."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import scipy.sparse as sp
 
 from hybridfl.algorithms.convex import kernels
-from hybridfl.algorithms.hyfdca.segment_client import _pack_gram, _partial_gram
+from hybridfl.algorithms.hyfdca.gram import pack_gram, partial_gram
 from hybridfl.privacy.secagg import keystream
 from hybridfl.privacy.segmask import PAD_CHUNK, add_pads
 
@@ -31,28 +31,28 @@ def _batches(rng: np.random.Generator) -> list:
 def test_packed_gram_is_the_upper_triangle_of_the_partial_gram_bit_for_bit():
     rng = np.random.default_rng(3)
     batches = _batches(rng)
-    want = np.concatenate([kernels.upper_triangle(_partial_gram(Xb, None)) for Xb in batches])
+    want = np.concatenate([kernels.upper_triangle(partial_gram(Xb, None)) for Xb in batches])
     got = np.full(want.size + 2, np.nan)
     pos, scratch = 1, {}
     for Xb in batches:  # into one vector, the work arrays reused across batches of a shape
-        pos = _pack_gram(Xb, None, got, pos, scratch)
+        pos = pack_gram(Xb, None, got, pos, scratch)
     assert pos == want.size + 1
     np.testing.assert_array_equal(got[1:-1].view(np.uint64), want.view(np.uint64))
     assert np.isnan(got[0]) and np.isnan(got[-1])  # nothing written outside its place
     again = np.empty(want.size)
     pos = 0
     for Xb in batches:
-        pos = _pack_gram(Xb, None, again, pos, scratch)
+        pos = pack_gram(Xb, None, again, pos, scratch)
     np.testing.assert_array_equal(again, want)
 
 
-def test_packed_gram_with_column_weights_is_the_weighted_partial_gram():
+def test_packed_gram_with_column_weights_is_the_weightedpartial_gram():
     rng = np.random.default_rng(4)
     colw = rng.random(40) + 0.5
     for Xb in _batches(rng)[4:6]:  # the (64, 40) batches, sparse and dense
         got = np.empty(64 * 65 // 2)
-        assert _pack_gram(Xb, colw, got, 0, {}) == got.size
-        np.testing.assert_array_equal(got, kernels.upper_triangle(_partial_gram(Xb, colw)))
+        assert pack_gram(Xb, colw, got, 0, {}) == got.size
+        np.testing.assert_array_equal(got, kernels.upper_triangle(partial_gram(Xb, colw)))
         D = Xb.toarray() if sp.issparse(Xb) else Xb
         np.testing.assert_allclose(got, (D @ np.diag(colw) @ D.T)[np.triu_indices(64)], rtol=1e-12)
 

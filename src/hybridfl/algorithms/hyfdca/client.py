@@ -320,7 +320,7 @@ class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixi
 
     def _on_norms(self, msg: Message) -> dict[str, Any]:
         """``hyfdca.norms``: the full squared norms ``q``, projected onto ``q >= 0`` (as the Gram
-        diagonals: :func:`~.segment_client._symmetric`), and, segment mode, the Gram matrices."""
+        diagonals: :func:`~.gram.symmetric_gram`), and, segment mode, the Gram matrices."""
         segment = self.params["dual_mode"] == "segment"
         keys = ("norms", "gram", "seg_keys") if self.params.get("seg_masked") else ("norms", "gram")
         validate.only_keys(msg, keys if segment else ("norms",))

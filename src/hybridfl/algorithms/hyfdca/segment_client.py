@@ -12,10 +12,10 @@ from typing import Any
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.linalg import blas
 
 from hybridfl.algorithms.convex import kernels
 from hybridfl.algorithms.convex.losses import gram_steps
+from hybridfl.algorithms.hyfdca.gram import pack_gram, symmetric_gram
 from hybridfl.algorithms.hyfdca.segment import concat_words, int_list, split_words
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import HEBackend
@@ -71,7 +71,7 @@ class SegmentClientMixin:
             v = np.empty(sum(rows.size * (rows.size + 1) // 2 for rows in self.seg_batches[s]))
             pos = 0
             for m in range(len(self.seg_batches[s])):
-                pos = _pack_gram(self._batch(s, m)[0], self.seg_colw[s], v, pos, scratch)
+                pos = pack_gram(self._batch(s, m)[0], self.seg_colw[s], v, pos, scratch)
             if masked:
                 fixed = to_fixed(v, f"the batch Gram matrices of client {self.client_id!r}")
                 gram.append(self.segmask.mask(self.seg_global[s], 0, fixed))
@@ -142,7 +142,7 @@ class SegmentClientMixin:
             if v.shape != (sum(sizes),) or not np.isfinite(v).all():
                 raise PayloadError(msg, "gram", "holding triangles of another size or non-finite values")
             ends = np.cumsum(sizes)
-            gram.append([_symmetric(v[e - n : e], rows.size) for rows, n, e in zip(batches, sizes, ends)])
+            gram.append([symmetric_gram(v[e - n : e], rows.size) for rows, n, e in zip(batches, sizes, ends)])
         self.gram = gram
 
     def _unmasked_grams(self, msg: Message, sizes: list[int]) -> list[np.ndarray]:
@@ -532,7 +532,7 @@ class SegmentClientMixin:
         if n_seg and self.seg_batches[0] and f"{pre}gram.0.0" in st:
             self.gram = [
                 [
-                    _symmetric(np.asarray(st[f"{pre}gram.{s}.{m}"], dtype=np.float64), rows.size)
+                    symmetric_gram(np.asarray(st[f"{pre}gram.{s}.{m}"], dtype=np.float64), rows.size)
                     for m, rows in enumerate(b)
                 ]
                 for s, b in enumerate(self.seg_batches)
@@ -552,61 +552,9 @@ class SegmentClientMixin:
         }
 
 
-DENSE_GRAM_LIMIT = 1 << 22
-"""A sparse batch ``(b, d_k)`` with at most this many entries (32 MiB as float64) has its Gram
-matrix computed dense (BLAS; several times faster than a sparse product at MNIST's density)."""
-
-
-def _partial_gram(Xb: Any, colw: np.ndarray | None) -> np.ndarray:
-    """``X_B diag(colw) X_B^T`` ``(b, b)`` float64 for a batch ``X_B`` ``(b, d_k)`` (``colw``
-    ``(d_k,)`` or None for ones): dense through BLAS when the batch has at most
-    :data:`DENSE_GRAM_LIMIT` entries, else as a sparse product."""
-    if sp.issparse(Xb) and Xb.shape[0] * Xb.shape[1] > DENSE_GRAM_LIMIT:
-        Xw = Xb if colw is None else Xb.multiply(colw[None, :]).tocsr()
-        return kernels.as_f64((Xb @ Xw.T).toarray())
-    D = kernels.as_f64(Xb.toarray() if sp.issparse(Xb) else Xb)
-    return D @ (D if colw is None else D * colw).T
-
-
-def _pack_gram(Xb: Any, colw: np.ndarray | None, out: np.ndarray, pos: int, scratch: dict) -> int:
-    """Write the upper triangle (row by row) of the partial Gram matrix ``X_B diag(colw) X_B^T``
-    of a batch ``X_B`` ``(b, d_k)`` into ``out[pos : pos + b (b + 1) / 2]`` and return the end.
-    Without column weights, a dense batch (:data:`DENSE_GRAM_LIMIT`) goes through BLAS ``dsyrk``
-    straight into one triangle (NumPy's ``D @ D.T`` in :func:`_partial_gram` calls ``syrk`` too,
-    then mirrors the triangle and packs it again; the same bits in ``tests/test_segment_setup.py``),
-    with the ``(b, d_k)`` and ``(b, b)`` work arrays kept in ``scratch`` per shape (reused batch
-    after batch, not allocated each time); otherwise :func:`_partial_gram`."""
-    b, d = Xb.shape
-    if colw is not None or d == 0 or (sp.issparse(Xb) and b * d > DENSE_GRAM_LIMIT):
-        tri = kernels.upper_triangle(_partial_gram(Xb, colw))
-        out[pos : pos + tri.size] = tri
-        return pos + tri.size
-    if (b, d) not in scratch:
-        scratch[(b, d)] = (np.empty((b, d)), np.empty((b, b), order="F"))
-    D, C = scratch[(b, d)]
-    if sp.issparse(Xb):
-        D.fill(0.0)
-        Xb.toarray(out=D)  # adds the entries into D
-    else:
-        D[...] = Xb
-    # C = (D^T)^T D^T = D D^T, its lower triangle (column-major: row-major D^T is Fortran-ordered)
-    C = blas.dsyrk(1.0, D.T, trans=1, lower=1, c=C, overwrite_c=1)
-    return int(kernels.pack_lower_columns(C, out, pos))
-
-
 def _rmatvec(X: Any, d: np.ndarray) -> np.ndarray:
     """``X^T d`` ``(d,)`` for a batch ``X`` ``(n, d)`` (CSR: compiled, rows with ``d_i = 0``
     skipped; the same values as scipy's product)."""
     if sp.issparse(X):
         return kernels.csr_rmatvec(X.indptr, X.indices, X.data, kernels.as_f64(d), X.shape[1])
     return np.asarray(X.T @ d, dtype=np.float64).ravel()
-
-
-def _symmetric(upper: np.ndarray, b: int) -> np.ndarray:
-    """The ``(b, b)`` symmetric matrix whose upper triangle (row by row) is ``upper``, its diagonal
-    (squared norms) projected onto ``>= 0``: a crafted negative one gives a step a negative
-    curvature, whose logistic Newton iteration can fail on one label's dual only (a refusal that
-    would tell the server a label); an honest one is ``>= 0`` up to the encoding noise."""
-    g = kernels.symmetric_from_upper(kernels.as_f64(upper), b)
-    np.fill_diagonal(g, np.maximum(np.diagonal(g), 0.0))
-    return g
