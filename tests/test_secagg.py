@@ -42,6 +42,15 @@ def _global(layout, sizes, blocks_order):
     return {c: np.concatenate([off[b] for b in bl]) for c, bl in layout.items()}, start
 
 
+def _layout(holders: list[set[str]]) -> tuple[dict[str, SecAggClient], dict, int]:
+    """Clients ``c0..`` holding the blocks ``holders`` (of a: 3, b: 1, c: 4 coordinates): the
+    clients, each one's positions in the global vector, and its length."""
+    sizes = {"a": 3, "b": 1, "c": 4}
+    layout = {f"c{i}": sorted(h) for i, h in enumerate(holders)}
+    pos, d = _global(layout, sizes, "abc")
+    return _clients(layout, sizes), pos, d
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     holders=st.lists(st.sets(st.sampled_from("abc"), min_size=1), min_size=2, max_size=5),
@@ -54,10 +63,7 @@ def test_masks_cancel_and_dropouts_are_unmasked(holders, dropped, seed, width):
     vectors masked as one (HyFDCA's ``step_average`` sends two): the unmasked sum equals the plain
     sum of the fixed-point values of the clients that arrived, vector by vector, exactly; with fewer
     survivors than the unmasking quorum (at least 2 and a majority, issue 28) every survivor refuses."""
-    sizes = {"a": 3, "b": 1, "c": 4}
-    layout = {f"c{i}": sorted(h) for i, h in enumerate(holders)}
-    cl = _clients(layout, sizes)
-    pos, d = _global(layout, sizes, "abc")
+    cl, pos, d = _layout(holders)
     rng = np.random.default_rng(seed)
     names = list(cl)
     got = [c for i, c in enumerate(names) if i not in dropped]
@@ -131,10 +137,7 @@ def test_one_shot_masks_cancel_with_every_reply_and_send_no_shares(holders, seed
     replying: the sum of the masked words is the plain fixed-point sum, exactly, with no unmasking
     round and no self-mask shares. One reply missing: in the sum of the others every coordinate
     they share with the missing client stays masked (its pair masks; never unmasked)."""
-    sizes = {"a": 3, "b": 1, "c": 4}
-    layout = {f"c{i}": sorted(h) for i, h in enumerate(holders)}
-    cl = _clients(layout, sizes)
-    pos, d = _global(layout, sizes, "abc")
+    cl, pos, d = _layout(holders)
     rng = np.random.default_rng(seed)
     names = list(cl)
     total = np.zeros((width, d), dtype=np.uint64)
