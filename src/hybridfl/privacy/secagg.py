@@ -288,8 +288,7 @@ class SecAggClient:
         self.double_masking = bool(double_masking)
         self.last_shares: list[bytes] = []
         self.last_one_shot = False
-        self._keys: dict[str, bytes] = {}
-        self._one_shot_keys: dict[str, bytes] = {}
+        self._keys: dict[tuple[str, bool], bytes] = {}  # (peer, one-shot) -> its mask key
 
     def public_bytes(self) -> bytes:
         """Its X25519 public key, 32 raw bytes (sent in the clear: public)."""
@@ -318,17 +317,16 @@ class SecAggClient:
             out[str(cid)] = (pk, [str(b) for b in bl])
         self.peers = out
         self.roster = None if roster is None else int(roster)
-        self._keys, self._one_shot_keys = {}, {}
+        self._keys = {}
 
     def run_size(self) -> int:
         """The run's clients as its thresholds count them: its roster's (:meth:`set_peers`), else its peers and itself."""
         return self.roster if self.roster is not None else len(self.peers) + 1
 
     def _pair_key(self, cid: str, one_shot: bool = False) -> bytes:
-        keys = self._one_shot_keys if one_shot else self._keys
-        if cid not in keys:
-            keys[cid] = self.pair_key(cid, ONE_SHOT_PURPOSE if one_shot else "secagg v1")
-        return keys[cid]
+        if (cid, one_shot) not in self._keys:
+            self._keys[cid, one_shot] = self.pair_key(cid, ONE_SHOT_PURPOSE if one_shot else "secagg v1")
+        return self._keys[cid, one_shot]
 
     def pair_key(self, cid: str, purpose: str) -> bytes:
         """The 32-byte key this client shares with peer ``cid`` for ``purpose`` (a label naming the
@@ -565,7 +563,7 @@ class SecAggClient:
         """Restore :meth:`get_state` (missing entries keep their values)."""
         if "secagg_sk" in state:
             self._sk = X25519PrivateKey.from_private_bytes(bytes(state["secagg_sk"]))
-            self._keys, self._one_shot_keys = {}, {}
+            self._keys = {}
         if "secagg_peers" in state:
             d = json.loads(str(state["secagg_peers"]))
             self.peers = {cid: (bytes.fromhex(pk), list(bl)) for cid, (pk, bl) in d["peers"].items()}
@@ -574,6 +572,6 @@ class SecAggClient:
             self.unmasked_tag = int(d.get("unmasked_tag", -1))
             self.last_one_shot = bool(d.get("one_shot", False))
             self.roster = None if d.get("roster") is None else int(d["roster"])
-            self._keys, self._one_shot_keys = {}, {}
+            self._keys = {}
         if "secagg_tag" in state:
             self.last_tag = int(state["secagg_tag"])

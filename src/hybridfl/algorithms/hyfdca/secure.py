@@ -279,9 +279,7 @@ class SecureSharesServerMixin:
         the unmasking failed). With ``sa_width`` 2 (``output: step_average``, set by the caller)
         every reply masks two vectors, the change and the position share: the sum of the latter
         goes to ``position_sum`` ``(d,)`` (left ``None`` if the unmasking failed)."""
-        total = np.zeros((self.sa_width, self.d), dtype=np.uint64)
-        for r in replies.values():
-            total[:, self.feat[r.sender]] += r.payload["masked"].reshape(self.sa_width, -1)
+        total = self._masked_total(replies)
         got = set(replies)
         quorum = unmask_quorum(self.config.secagg_threshold, len(self.client_ids), len(names))
         if got and len(names) > 1 and len(got) < quorum:  # the clients would refuse to unmask (their own rule)
@@ -320,10 +318,15 @@ class SecureSharesServerMixin:
         if set(replies) != set(names):
             log.warning("HyFDCA: one-shot exchange %d misses a reply; nothing of it is counted.", tag)
             return set()
+        total = self._masked_total(replies)
+        return self._count(total, set(replies))
+
+    def _masked_total(self, replies: Mapping[str, Message]) -> np.ndarray:
+        """The checked masked replies added per feature, modulo ``2^64``: ``(sa_width, d)`` ``uint64``."""
         total = np.zeros((self.sa_width, self.d), dtype=np.uint64)
         for r in replies.values():
             total[:, self.feat[r.sender]] += r.payload["masked"].reshape(self.sa_width, -1)
-        return self._count(total, set(replies))
+        return total
 
     def _count(self, total: np.ndarray, got: set[str]) -> set[str]:
         """Count the unmasked sum ``total`` ``(sa_width, d)`` of the clients ``got``: ``w``, and

@@ -112,16 +112,28 @@ class SegmentPass:
         ``gs``) its closing one: ``close`` when ``gs`` all end at ``step`` and its other segments
         of the pass were added; with secure aggregation also the masked exchange's ``sa_tag``,
         ``sa_peers`` (every client of the pass) and ``sa_acked``. ``{}`` otherwise."""
-        srv = self.srv
         if any(len(self.orders[g]) != step for g in gs) or any(
             g not in done for g in self._segs(cid, self.orders) if g not in gs
         ):
             return {}
+        return {"close": True, **self._share_fields(cid)}
+
+    def _share_fields(self, cid: str) -> dict[str, Any]:
+        """With secure aggregation, the entries that make client ``cid``'s message part of the
+        pass's one-shot closing exchange (``sa_tag``, drawn once a pass, ``sa_peers``: every client
+        of the pass, ``sa_acked``); ``{}`` without."""
+        srv = self.srv
         if not srv.config.secure_aggregation:
-            return {"close": True}
+            return {}
         if not self.tag:
             self.tag = srv.next_secure_tag()
-        return {"close": True, **srv.secure_fields(self.tag, self.K, cid, "sa_")}
+        return srv.secure_fields(self.tag, self.K, cid, "sa_")
+
+    def _share_check(self):
+        """The check of a closing reply's PrimalAggregation share: one-shot masked words, or the
+        share in the clear."""
+        srv = self.srv
+        return srv.check_masked(len(self.K) - 1, one_shot=True) if srv.config.secure_aggregation else srv._check_share
 
     def run(self, transport: Transport, stats: dict) -> PassResult:
         """The pass: ``hyfdca.segstart``, one ``hyfdca.sweep`` per batch position, each client's
@@ -177,16 +189,17 @@ class SegmentPass:
         so the pass is one exchange instead of ``1 + sweeps``. Returns the segments added."""
         srv, orders = self.srv, self.orders
         tag = srv._next_mask_tag()
-        if srv.config.secure_aggregation:
-            self.tag = srv.next_secure_tag()
-        msgs = []
-        for cid in self.K:
-            sa = srv.secure_fields(self.tag, self.K, cid, "sa_") if srv.config.secure_aggregation else {}
-            payload = {**self._start_payload(cid, tag), "solo": True, **sa}
-            msgs.append(Message(kinds.SEGSTART, SERVER, cid, self.rnd, payload))
-        share_check = (
-            srv.check_masked(len(self.K) - 1, one_shot=True) if srv.config.secure_aggregation else srv._check_share
-        )
+        msgs = [
+            Message(
+                kinds.SEGSTART,
+                SERVER,
+                cid,
+                self.rnd,
+                {**self._start_payload(cid, tag), "solo": True, **self._share_fields(cid)},
+            )
+            for cid in self.K
+        ]
+        share_check = self._share_check()
 
         def check(r: Message) -> None:
             segs = srv.client_segs[r.sender]
@@ -250,9 +263,7 @@ class SegmentPass:
                     msgs.append(Message(kinds.SWEEP, SERVER, cid, self.rnd, payload))
             nxt: dict[int, list[Any]] = defaultdict(list)
             dal: dict[int, list[bytes]] = defaultdict(list)
-            share_check = (
-                srv.check_masked(len(self.K) - 1, one_shot=True) if srv.config.secure_aggregation else srv._check_share
-            )
+            share_check = self._share_check()
 
             def check(r: Message, step: int = step) -> None:
                 srv._check_sweep(r, swept[r.sender], orders, step)
