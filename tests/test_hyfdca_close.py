@@ -340,3 +340,100 @@ def test_a_solo_start_for_a_segment_with_other_holders_is_refused(solo):
     assert np.array_equal(client.alpha, alpha)
     with pytest.raises(ProtocolError, match="after refusing"):
         client.handle(_msg("hyfdca.segstart", "A", 1, {**start, "sigma": 1.0}))
+
+
+def _solo_start(solo):
+    """Client A of the ``solo`` federation after setup, and an honest solo start of its one-holder
+    segment (secure aggregation on: an exchange of one, no peers)."""
+    split, part = solo
+    fed = build_federation("hyfdca", split, part, _cfg(segment_inner_products="encrypted"))
+    fed.setup()
+    client = fed.clients["A"]
+    s = next(s for s in range(len(client.seg_rows)) if client.holder_count(s) == 1)
+    n = len(client.seg_batches[s])
+    start = {"w": np.zeros(client.X.shape[1]), "segs": [s], "count": [n], "order": list(range(n)), "seed": 5}
+    sa = {"sa_tag": 10**6, "sa_peers": [], "sa_acked": False}
+    return client, {**start, "sigma": 1.0, "solo": True, **sa}
+
+
+@pytest.mark.parametrize(
+    "change,match",
+    [
+        ({"solo": "yes"}, "'solo' not a bool"),
+        ({"sa_acked": None}, "'sa_acked' missing or not a bool"),
+        ({"sa_peers": ["A"]}, "'sa_peers' refused"),  # itself as its peer
+        ({"solo": False}, "'sa_acked' not expected"),  # the closing exchange's fields without solo
+        ({"w": np.full(1, np.nan)}, "'w'"),
+    ],
+)
+def test_a_malformed_solo_start_is_refused_and_the_client_stops(solo, change, match):
+    """A solo start whose ``solo`` is not a bool, whose closing exchange's fields are missing or name
+    itself as a peer, that carries them without ``solo``, or brings a bad ``w``: refused by name before any
+    step, the client's duals unchanged, and it answers nothing more (fail closed). (A reused
+    exchange number: the next test.)"""
+    client, msg = _solo_start(solo)
+    alpha = client.alpha.copy()
+    with pytest.raises(PayloadError, match=match):
+        client.handle(_msg("hyfdca.segstart", "A", 1, {**msg, **change}))
+    assert np.array_equal(client.alpha, alpha)
+    with pytest.raises(ProtocolError, match="after refusing"):
+        client.handle(_msg("hyfdca.segstart", "A", 1, msg))
+
+
+def test_a_solo_start_sent_twice_is_refused(solo):
+    """The same solo start again (the server replaying it for a second share of the same pass):
+    its exchange number is used up, so it is refused by name and the client stops."""
+    client, msg = _solo_start(solo)
+    reply = client.handle(_msg("hyfdca.segstart", "A", 1, msg))
+    assert reply.payload["dalpha_segs"] == msg["segs"] and "masked" in reply.payload
+    with pytest.raises(PayloadError, match="'sa_tag' refused"):
+        client.handle(_msg("hyfdca.segstart", "A", 1, msg))
+    with pytest.raises(ProtocolError, match="after refusing"):
+        client.handle(_msg("hyfdca.segstart", "A", 2, msg))
+
+
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        {"ip_segs": [0]},  # a pass that goes on
+        {"dalpha_segs": []},  # a pass that does not end
+        {"self_shares": [b"\0" * 44]},  # self-mask shares in a one-shot exchange
+        {"masked": np.zeros(3, dtype=np.uint64)},  # another length
+    ],
+)
+def test_a_bad_solo_reply_is_dropped_and_the_run_goes_on(solo, corrupt):
+    """The server does not trust a solo reply: one that continues or does not end its pass, sends
+    self-mask shares in the one-shot exchange or masked words of another length is dropped (that
+    segment's pass is not added), the server falls back to ``hyfdca.primal`` for the pass and the
+    run goes on; every client's copy of ``alpha`` is the server's again."""
+    split, part = solo
+    fed = build_federation("hyfdca", split, part, _cfg(rounds=2))
+    honest = fed.clients["A"].handle
+    hit = []
+
+    def lie(msg):
+        r = honest(msg)
+        if msg.kind == "hyfdca.segstart" and msg.payload.get("solo") and not hit:
+            hit.append(msg.round)
+            return Message(r.kind, r.sender, r.receiver, r.round, {**r.payload, **corrupt})
+        return r
+
+    fed.clients["A"].handle = lie
+    kinds: list[str] = []
+    send = fed.transport.send_and_receive
+
+    def sending(messages):
+        messages = list(messages)
+        kinds.extend(m.kind for m in messages[:1])
+        return send(messages)
+
+    fed.transport.send_and_receive = sending
+    fed.setup()
+    for rnd in (1, 2):
+        fed.server.run_round(rnd, fed.transport)
+    assert hit and "hyfdca.primal" in kinds and np.isfinite(fed.server.w).all()
+    for client in fed.clients.values():
+        if client.protocol.stopped:
+            continue
+        for s, g in enumerate(client.seg_global):
+            assert np.array_equal(client.alpha[client.seg_rows[s]], fed.server.he.decrypt(fed.server.enc_alpha[g]))
