@@ -117,7 +117,7 @@ def test_the_gate_skips_only_what_it_may():
             calls.append(scope["path"])
             await self.app(scope, receive, send)
 
-    gate = superlink.PathGate(_endpoint([]), Recorder, superlink._control)
+    gate = superlink.PathGate(_endpoint([]), Recorder, superlink.gates()["ControlAuthenticationMiddleware"])
     app = Starlette()
     asyncio.run(_call(gate, _scope("/v1/control/start-run", app)))
     asyncio.run(_call(gate, _scope("/v1/fleet/pull-messages", app)))

@@ -12,8 +12,9 @@ through Starlette's ``BaseHTTPMiddleware`` machinery (a task group and streams p
 wrapped middleware would only pass it on, and through the middleware otherwise:
 
 - ``ControlSensitiveResponseMiddleware``, ``ControlAuthenticationMiddleware``,
-  ``ControlLicenseMiddleware``, ``ControlEventLogMiddleware``: only paths under ``/v1/control/``
-  (each of them passes every other request on untouched);
+  ``ControlLicenseMiddleware``, ``ControlEventLogMiddleware``: only Control API paths (Flower's
+  own ``_is_control_path``: under ``/v1/control/``; each of them passes every other request on
+  untouched);
 - ``RuntimeTracingMiddleware``: only when ``FLWR_TRACING_ENABLED=1`` at start (else it passes
   every request on);
 - ``FleetEventLogMiddleware``: only when ``FLWR_ENABLE_EVENT_LOG=1`` at start (its plugin exists
@@ -36,9 +37,6 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-CONTROL_PREFIX = "/v1/control/"
-"""The Control API's paths (Flower's ``_is_control_path``)."""
-
 EXPECTED = (
     "ControlSensitiveResponseMiddleware",
     "BaseHTTPMiddleware",  # dispatch=http_error_translator
@@ -53,22 +51,22 @@ EXPECTED = (
 """Flower 1.41's SuperLink middleware, outermost first (the classes' names)."""
 
 
-def _control(path: str) -> bool:
-    return path.startswith(CONTROL_PREFIX)
-
-
 def _never(path: str) -> bool:
     return False
 
 
 def gates() -> dict[str, Callable[[str], bool]]:
     """Middleware class name -> the paths it must see (the others skip it), for the six that pass
-    every other request on (module docstring); the two with a setting are gated only when it is off."""
+    every other request on (module docstring); the two with a setting are gated only when it is off.
+    The Control ones use Flower's own test of a Control path, the one they make before doing
+    anything (looked up once, here, at start)."""
+    from flwr.superlink.routers.control.middlewares import _is_control_path as control
+
     out: dict[str, Callable[[str], bool]] = {
-        "ControlSensitiveResponseMiddleware": _control,
-        "ControlAuthenticationMiddleware": _control,
-        "ControlLicenseMiddleware": _control,
-        "ControlEventLogMiddleware": _control,
+        "ControlSensitiveResponseMiddleware": control,
+        "ControlAuthenticationMiddleware": control,
+        "ControlLicenseMiddleware": control,
+        "ControlEventLogMiddleware": control,
     }
     if os.getenv("FLWR_TRACING_ENABLED") != "1":
         out["RuntimeTracingMiddleware"] = _never
