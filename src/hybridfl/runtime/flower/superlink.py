@@ -4,10 +4,11 @@
 Flower 1.41's SuperLink is one FastAPI app whose every request (Fleet API from the SuperNodes,
 ServerAppIo from the ServerApp, Control API from ``flwr``) passes nine Starlette
 ``BaseHTTPMiddleware`` layers (``flwr.superlink.main._get_middleware``). Six of them do nothing
-outside the Control API or without an optional plugin or setting, but each still costs a pass
+outside the Control API or without an optional plugin or setting, and a seventh (the SuperNode
+authentication) nothing on the ServerApp's own requests, but each still costs a pass
 through Starlette's ``BaseHTTPMiddleware`` machinery (a task group and streams per layer: about
 0.18 ms of CPU per layer and request measured here, of the SuperLink's ~4.5 ms per request, and a
-3-SuperNode exchange is about 72 requests). This launcher wraps each of those six in
+3-SuperNode exchange is about 72 requests). This launcher wraps each of those seven in
 :class:`PathGate`, a plain ASGI layer that sends a request straight to the next layer when the
 wrapped middleware would only pass it on, and through the middleware otherwise:
 
@@ -18,10 +19,13 @@ wrapped middleware would only pass it on, and through the middleware otherwise:
 - ``RuntimeTracingMiddleware``: only when ``FLWR_TRACING_ENABLED=1`` at start (else it passes
   every request on);
 - ``FleetEventLogMiddleware``: only when ``FLWR_ENABLE_EVENT_LOG=1`` at start (its plugin exists
-  only then).
+  only then);
+- ``NodeAuthMiddleware`` (the SuperNode authentication): every request but the ServerApp's
+  (ServerAppIo, under ``/v1/runtime/``; Flower's middleware authenticates only paths under
+  ``/v1/fleet/``, and passes every other request on untouched). Every Fleet request from a
+  SuperNode still goes through it, unchanged.
 
-The error translation, the protobuf translation and the SuperNode authentication
-(``NodeAuthMiddleware``) stay on every request, unchanged. If Flower's middleware list is not
+The error translation and the protobuf translation stay on every request, unchanged. If Flower's middleware list is not
 exactly the one this was written for (:data:`EXPECTED`), nothing is gated and a warning is
 logged; ``tests/test_flower_superlink.py`` fails loudly then (and checks that each gated
 middleware still passes on what the gate skips), so a new Flower is read before the pin moves.
@@ -55,8 +59,16 @@ def _never(path: str) -> bool:
     return False
 
 
+SERVERAPPIO = "/v1/runtime/"
+"""The path prefix of Flower 1.41's ServerAppIo API (the ServerApp's requests)."""
+
+
+def _not_serverappio(path: str) -> bool:
+    return not path.startswith(SERVERAPPIO)
+
+
 def gates() -> dict[str, Callable[[str], bool]]:
-    """Middleware class name -> the paths it must see (the others skip it), for the six that pass
+    """Middleware class name -> the paths it must see (the others skip it), for the seven that pass
     every other request on (module docstring); the two with a setting are gated only when it is off.
     The Control ones use Flower's own test of a Control path, the one they make before doing
     anything (looked up once, here, at start)."""
@@ -67,6 +79,7 @@ def gates() -> dict[str, Callable[[str], bool]]:
         "ControlAuthenticationMiddleware": control,
         "ControlLicenseMiddleware": control,
         "ControlEventLogMiddleware": control,
+        "NodeAuthMiddleware": _not_serverappio,
     }
     if os.getenv("FLWR_TRACING_ENABLED") != "1":
         out["RuntimeTracingMiddleware"] = _never
@@ -91,10 +104,78 @@ class PathGate:
         await self.inner(scope, receive, send)
 
 
+DIRECT = ("BaseHTTPMiddleware", "ProtobufTranslationMiddleware", "NodeAuthMiddleware")
+"""The middlewares (of :data:`EXPECTED`) that do work on Fleet or ServerAppIo requests, whose
+``dispatch`` :class:`DirectDispatch` runs there without Starlette's streaming machinery."""
+
+
+class DirectDispatch:
+    """A plain ASGI host for a Starlette ``BaseHTTPMiddleware``'s ``dispatch`` on unary requests:
+    the same ``dispatch(request, call_next)`` (Flower's code, unchanged), with a ``call_next`` that
+    runs the rest of the app directly and hands back its response whole, instead of through a task
+    group, memory streams and a streaming response per layer (``BaseHTTPMiddleware.__call__``:
+    most of each layer's ~0.18 ms of CPU per request).
+
+    Used on the paths ``stock`` rejects (Fleet and ServerAppIo: Flower's protobuf routes, whose
+    handlers each return one protobuf message; a streamed result is built by the protobuf
+    translation's own ``dispatch`` after ``call_next``, and sent as it comes). Every other request
+    (the Control API, whose routes stream, and any non-HTTP scope) goes through the stock
+    middleware ``middleware(app, **kwargs)``. As with ``BaseHTTPMiddleware``: the body is readable
+    by ``dispatch`` and then again by the app; an exception the app raises comes out of
+    ``call_next``; the request state is shared (``scope["state"]``)."""
+
+    def __init__(self, app: Any, middleware: type, stock: Callable[[str], bool], **kwargs: Any):
+        self.app = app
+        self.inner = middleware(app, **kwargs)
+        self.dispatch = self.inner.dispatch_func
+        self.stock = stock
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or self.stock(str(scope.get("path", ""))):
+            await self.inner(scope, receive, send)
+            return
+        from starlette.requests import Request
+        from starlette.responses import Response
+
+        request = Request(scope, receive)
+        body = await request.body()
+        replayed = False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def call_next(_request: Any) -> Any:
+            start: dict | None = None
+            chunks: list[bytes] = []
+
+            async def keep(message: dict) -> None:
+                nonlocal start
+                if message["type"] == "http.response.start":
+                    start = message
+                elif message["type"] == "http.response.body":
+                    chunks.append(message.get("body", b""))
+
+            await self.app(scope, replay, keep)
+            if start is None:
+                raise RuntimeError("No response returned.")
+            response = Response(b"".join(chunks), status_code=start["status"])
+            response.raw_headers = list(start["headers"])
+            return response
+
+        response = await self.dispatch(request, call_next)
+        await response(scope, receive, send)
+
+
 def gated(middleware: list) -> list:
-    """Flower's middleware list with the layers of :func:`gates` wrapped in :class:`PathGate`;
-    the list unchanged (and a warning) if its classes are not :data:`EXPECTED` (after any
-    extension middleware Flower puts first)."""
+    """Flower's middleware list with the layers of :func:`gates` wrapped in :class:`PathGate` and
+    those of :data:`DIRECT` run by :class:`DirectDispatch` outside the Control API; the list
+    unchanged (and a warning) if its classes are not :data:`EXPECTED` (after any extension
+    middleware Flower puts first)."""
+    from flwr.superlink.routers.control.middlewares import _is_control_path as control
     from starlette.middleware import Middleware
 
     names = tuple(m.cls.__name__ for m in middleware)
@@ -104,11 +185,18 @@ def gated(middleware: list) -> list:
     skip = gates()
     out = []
     for m in middleware:
-        applies = skip.get(m.cls.__name__)
-        if applies is None or m.args:
+        name = m.cls.__name__
+        applies = skip.get(name)
+        if m.args or (applies is None and name not in DIRECT):
             out.append(m)
+            continue
+        inner, kwargs = m.cls, dict(m.kwargs)
+        if name in DIRECT:
+            inner, kwargs = DirectDispatch, {"middleware": m.cls, "stock": control, **kwargs}
+        if applies is None:
+            out.append(Middleware(inner, **kwargs))
         else:
-            out.append(Middleware(PathGate, inner=m.cls, applies=applies, **m.kwargs))
+            out.append(Middleware(PathGate, inner=inner, applies=applies, **kwargs))
     return out
 
 
