@@ -31,12 +31,14 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from flwr.app import Message
 
 from hybridfl.errors import HybridFLError
 from hybridfl.privacy.credentials import NONCE_BYTES
+from hybridfl.runtime.flower.grid import pull_replies
 from hybridfl.runtime.flower.wire import (  # noqa: F401 (re-exported: the bridge's public names)
     ACKED,
     HELLO,
@@ -128,6 +130,7 @@ class FlowerTransport:
     ):
         self.grid = grid
         self.poll_interval = float(poll_interval)
+        self._pool: ThreadPoolExecutor | None = None  # pulls ready replies in parallel (flower.grid)
         self.max_poll_interval = (
             max(self.poll_interval, 0.2) if max_poll_interval is None else max(self.poll_interval, max_poll_interval)
         )
@@ -425,7 +428,9 @@ class FlowerTransport:
         ids = [*by_mid, *self._probes]
         if not ids:
             return
-        for r in self.grid.pull_messages(ids):
+        if self._pool is None and len(ids) > 1:
+            self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="hybridfl-pull")
+        for r in pull_replies(self.grid, ids, self._pool):
             mid = r.metadata.reply_to_message_id
             if mid in self._probes:
                 self._on_hello(self._probes.pop(mid), r)
