@@ -1,11 +1,14 @@
 """Homomorphic encryption backends: round trips, additions with public material only, no secret
 key at the server."""
 
+import struct
+
 import numpy as np
 import pytest
 
 from hybridfl.errors import ConfigError
 from hybridfl.privacy import KeyDealer, SecretKeyMissing, server_backend
+from hybridfl.privacy.he import PlainBackend
 
 
 @pytest.fixture(scope="module", params=["none", "paillier", "ckks"])
@@ -125,3 +128,27 @@ def test_seeded_ciphertexts_without_in_memory_files(monkeypatch):
     slow = sk.encrypt(v)
     assert abs(len(slow) - len(fast)) < 64 and len(slow) < 40_000
     np.testing.assert_allclose(sk.decrypt(slow), v, atol=1e-7)
+
+
+def test_plain_ciphertexts_are_the_header_and_the_float_bytes():
+    """The plaintext backend reads bodies in place and copies once; its bytes stay the length
+    header and the little-endian float64 values, its sum the sum from zero, its decryption a
+    writable copy, for bytes, bytearray and memoryview inputs alike."""
+    be = PlainBackend()
+    rng = np.random.default_rng(3)
+    a, b = rng.standard_normal(7), np.array([-0.0, 1e300, -2.5, 0.0, 3.0, -1e-300, 7.0], dtype=np.float32)
+    ca, cb = be.encrypt(a), be.encrypt(b)
+    assert ca == struct.pack(">I", 7) + a.astype("<f8").tobytes()
+    assert cb == struct.pack(">I", 7) + b.astype("<f8").tobytes()
+    want = struct.pack(">I", 7) + (np.zeros(7) + a + b.astype(np.float64)).tobytes()
+    for wrap in (bytes, bytearray, memoryview):
+        total = be.add([wrap(ca), wrap(cb)])
+        assert isinstance(total, bytes) and total == want
+        be.check(wrap(ca))
+        out = be.decrypt(wrap(ca))
+        assert out.dtype == np.float64 and out.flags.writeable and out.flags.owndata
+        out[0] = 99.0
+        assert np.array_equal(be.decrypt(ca), a)
+    assert be.encrypt(np.empty(0)) == struct.pack(">I", 0)
+    with pytest.raises(ValueError, match="has 48 bytes, not 56"):
+        be.check(ca[:-8])

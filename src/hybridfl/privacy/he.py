@@ -127,7 +127,7 @@ class HEBackend:
         """Encrypt a 1-D vector (``(n,)``, any real dtype; ``n`` may be 0) into one ``bytes``."""
         t = time.perf_counter()
         v = np.ascontiguousarray(np.asarray(vec, dtype=np.float64).ravel())
-        out = struct.pack(">I", v.size) + self._encrypt(v)
+        out = b"".join([struct.pack(">I", v.size), self._encrypt(v)])  # one copy of the body
         self.seconds += time.perf_counter() - t
         return out
 
@@ -144,7 +144,7 @@ class HEBackend:
         if len(sizes) != 1:
             raise ValueError(f"cannot add encrypted vectors of different lengths {sorted(sizes)}")
         n = sizes.pop()
-        out = items[0] if len(items) == 1 else struct.pack(">I", n) + self._add([c[4:] for c in items], n)
+        out = items[0] if len(items) == 1 else b"".join([struct.pack(">I", n), self._add(self._bodies(items), n)])
         self.seconds += time.perf_counter() - t
         return out
 
@@ -158,7 +158,7 @@ class HEBackend:
             raise SecretKeyMissing(f"the {self.name} backend here holds only public material and cannot decrypt.")
         t = time.perf_counter()
         (n,) = struct.unpack(">I", data[:4])
-        out = self._decrypt(data[4:], n)
+        out = self._decrypt(self._bodies([data])[0], n)
         self.seconds += time.perf_counter() - t
         return out
 
@@ -178,9 +178,13 @@ class HEBackend:
         """
         if len(data) < 4:
             raise ValueError(f"a {self.name} ciphertext of {len(data)} bytes is shorter than its length header")
-        self._check(bytes(data[4:]), self.length(data))
+        self._check(self._bodies([data])[0], self.length(data))
 
-    # -- subclass hooks (abstract)
+    # -- subclass hooks
+    def _bodies(self, items: list[bytes]) -> list[bytes]:
+        """The bodies of ciphertexts (after their 4-byte length header), as copies: ``bytes``."""
+        return [bytes(c[4:]) for c in items]
+
     def _check(self, body: bytes, n: int) -> None:  # pragma: no cover
         raise NotImplementedError
 
@@ -203,14 +207,19 @@ class PlainBackend(HEBackend):
         # Plaintext can always be read; ``can_decrypt`` is kept True so that code paths agree.
         super().__init__(True)
 
-    def _encrypt(self, v: np.ndarray) -> bytes:
-        return v.astype("<f8", copy=False).tobytes()
+    # The bodies are read in place (memoryviews) and the vector's bytes copied once, into the
+    # ciphertext that :meth:`HEBackend.encrypt` / :meth:`HEBackend.add` join behind the header.
+    def _bodies(self, items: list[bytes]) -> list[memoryview]:
+        return [memoryview(c).cast("B")[4:] for c in items]
 
-    def _add(self, items: list[bytes], n: int) -> bytes:
+    def _encrypt(self, v: np.ndarray) -> memoryview:
+        return memoryview(v.astype("<f8", copy=False)).cast("B")
+
+    def _add(self, items: list[bytes], n: int) -> memoryview:
         acc = np.zeros(n)
         for c in items:
             acc += np.frombuffer(c, dtype="<f8")
-        return acc.tobytes()
+        return memoryview(acc).cast("B")
 
     def _decrypt(self, data: bytes, n: int) -> np.ndarray:
         return np.frombuffer(data, dtype="<f8").astype(np.float64)

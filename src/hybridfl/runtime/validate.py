@@ -113,12 +113,15 @@ def strings(msg: Message, key: str, allowed: Sequence[str] | None = None) -> lis
         PayloadError: missing, not a list of strings, a repeat, or a value not allowed.
     """
     v = _get(msg, key)
-    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
+    # the types' set first: a list of 100,000 sample IDs is checked at C speed (str subclasses
+    # are strings too, checked item by item)
+    if not isinstance(v, list) or not (set(map(type, v)) <= {str} or all(isinstance(x, str) for x in v)):
         raise PayloadError(msg, key, "not a list of strings")
     if len(set(v)) != len(v):
         raise PayloadError(msg, key, "holding a repeated value")
     if allowed is not None:
-        bad = [x for x in v if x not in set(allowed)]
+        ok = set(allowed)
+        bad = [x for x in v if x not in ok]
         if bad:
             raise PayloadError(msg, key, f"holding the unknown value {bad[0]!r}")
     return list(v)

@@ -112,8 +112,8 @@ def plaintext_segments(
     server with ``alignment: plaintext`` and by the simulation's monitor (privileged) and tests."""
     holders: dict[str, list[str]] = defaultdict(list)
     for c in clients:
-        for s in holdings[c]:
-            holders[str(s)].append(c)
+        for s in map(str, holdings[c]):
+            holders[s].append(c)
     members: dict[Holders, list[str]] = defaultdict(list)
     for s, hs in holders.items():
         members[tuple(sorted(hs))].append(s)

@@ -270,7 +270,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 raise PartitionError(f"client {cid!r} holds no feature blocks.")
             blocks[cid] = bl
             if not psi_mode:
-                ids_of[cid] = [str(v) for v in r.payload["ids"]]
+                ids_of[cid] = list(map(str, r.payload["ids"]))
             self.feat[cid] = feature_index(bl, self.offsets)
         return hello, blocks, ids_of
 
@@ -288,7 +288,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         else:
             plain = plaintext_segments(ids_of, self.client_ids)
             segments = [(key, len(ids)) for key, ids in plain]
-            sample_seg = {str(v): g for g, (_, ids) in enumerate(plain) for v in ids}
+            sample_seg = {v: g for g, (_, ids) in enumerate(plain) for v in ids.tolist()}
         self.seg_holders = [list(key) for key, _ in segments]
         self.seg_n = [int(n) for _, n in segments]
         self.N = sum(self.seg_n)
@@ -321,7 +321,8 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 }
             else:
                 local = {g: j for j, g in enumerate(segs)}
-                where = {"segment": np.array([local[sample_seg[s]] for s in ids_of[cid]], dtype=np.int64)}
+                seg_of = map(local.__getitem__, map(sample_seg.__getitem__, ids_of[cid]))
+                where = {"segment": np.fromiter(seg_of, dtype=np.int64, count=len(ids_of[cid]))}
             bw = np.ones((len(segs), len(blocks[cid])))
             for j, g in enumerate(segs):
                 for bi, b in enumerate(blocks[cid]):
