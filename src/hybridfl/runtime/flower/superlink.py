@@ -25,10 +25,16 @@ wrapped middleware would only pass it on, and through the middleware otherwise:
   ``/v1/fleet/``, and passes every other request on untouched). Every Fleet request from a
   SuperNode still goes through it, unchanged.
 
-The error translation and the protobuf translation stay on every request, unchanged. If Flower's middleware list is not
-exactly the one this was written for (:data:`EXPECTED`), nothing is gated and a warning is
-logged; ``tests/test_flower_superlink.py`` fails loudly then (and checks that each gated
-middleware still passes on what the gate skips), so a new Flower is read before the pin moves.
+The error translation and the protobuf translation stay on every request, and the SuperNode
+authentication on every Fleet request: their own ``dispatch`` code, unchanged, but on Fleet and
+ServerAppIo requests run by :class:`DirectDispatch` (the rest of the app called directly and its
+one response handed back whole) instead of ``BaseHTTPMiddleware``'s task group and streams; the
+Control API keeps the stock machinery. If Flower's middleware list is not exactly the one this was
+written for (:data:`EXPECTED`), nothing is changed and a warning is logged;
+``tests/test_flower_superlink.py`` fails loudly then, checks that each gated middleware passes on
+what the gate skips, and runs Flower's real chain stock and as changed here on the same requests
+(success, a streamed result, bad input, failing handlers, an unsigned Fleet request) to show the
+same answers, so a new Flower is read before the pin moves.
 """
 
 from __future__ import annotations
