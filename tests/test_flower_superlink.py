@@ -177,7 +177,7 @@ def _route(mode: str):
     from starlette.responses import JSONResponse
 
     async def app(scope, receive, send):
-        body = (await receive())["body"]
+        body = (await receive()).get("body", b"")
         if mode == "raise":
             raise RuntimeError("a handler bug")
         if mode == "flower_error":
@@ -209,6 +209,8 @@ CASES = [  # (path, content type, body (None: a valid request), endpoint mode, s
     ("/v1/runtime/no-such-route", b"application/protobuf", None, "not_found", 404),
     ("/v1/fleet/pull-messages", b"application/protobuf", None, "ok", 401),
     ("/v1/fleet/pull-messages", b"application/protobuf", b"\xff\xff\xff", "ok", None),
+    ("/v1/runtime/pull-messages", b"application/protobuf", "disconnect", "ok", 500),
+    ("/v1/runtime/no-such-route", b"application/protobuf", "disconnect", "not_found", 404),
 ]
 
 
@@ -239,6 +241,8 @@ def test_the_gated_chain_answers_every_request_as_the_stock_chain(path, ctype, b
 
         async def receive() -> dict:
             asked.append(1)
+            if body == "disconnect":  # the client went away before sending its body
+                return {"type": "http.disconnect"}
             if len(asked) > 1:  # the body was read: the client waits, as a real one does
                 await asyncio.Event().wait()
             return {"type": "http.request", "body": data, "more_body": False}

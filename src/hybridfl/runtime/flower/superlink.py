@@ -144,15 +144,16 @@ class DirectDispatch:
         from starlette.responses import Response
 
         request = Request(scope, receive)
-        body = await request.body()
         replayed = False
 
         async def replay() -> dict:
+            # the body once more if ``dispatch`` read it (Starlette's Request keeps it as ``_body``,
+            # as BaseHTTPMiddleware's own cached request relies on), else straight from the client
             nonlocal replayed
-            if replayed:
+            if replayed or not hasattr(request, "_body"):
                 return await receive()
             replayed = True
-            return {"type": "http.request", "body": body, "more_body": False}
+            return {"type": "http.request", "body": request._body, "more_body": False}
 
         async def call_next(_request: Any) -> Any:
             start: dict | None = None
