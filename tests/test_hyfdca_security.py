@@ -19,10 +19,9 @@ from hybridfl.privacy.he import (
     CKKSBackend,
     KeyDealer,
     PlainBackend,
-    check_key_size,
-    key_size,
 )
 from hybridfl.privacy.keys import SECRET_FILE, write_secret
+from hybridfl.privacy.keysize import check_key_size, key_size
 from hybridfl.runtime.flower.bridge import SETUP
 from hybridfl.runtime.flower.node import client_step
 from hybridfl.runtime.messages import SERVER, Message, decode, encode

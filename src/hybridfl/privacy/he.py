@@ -43,7 +43,7 @@ Key sizes (the client's own policy, never the server's): a client refuses a key 
 Paillier modulus has fewer than :data:`MIN_PAILLIER_BITS` (2048) bits or whose CKKS parameters
 are below 128-bit security (degree under :data:`MIN_CKKS_DEGREE`, 4096, or a coefficient modulus
 above the HE standard's bound for its degree: :func:`~hybridfl.privacy.ckks_params.security_problem`), read from the key itself
-(:func:`check_key_size`). Only the test-only environment variable :data:`WEAK_KEYS_ENV`
+(:func:`hybridfl.privacy.keysize.check_key_size`). Only the test-only environment variable :data:`WEAK_KEYS_ENV`
 (``HYBRIDFL_ALLOW_WEAK_KEYS=1``, set in the client's own environment) lets it use smaller keys, so
 that tests can run with 512-bit Paillier keys; never set it in a deployment.
 
@@ -55,15 +55,14 @@ time of every encrypt / decrypt / add call (the "encryption time" reported apart
 from __future__ import annotations
 
 import math
-import os
 import struct
 import time
 from typing import Literal
 
 import numpy as np
 
-from hybridfl.errors import ConfigError, DataError, EncryptionPolicyError
-from hybridfl.privacy.ckks_params import MIN_DEGREE, SeededEncryptor, coeff_modulus_bits, security_problem
+from hybridfl.errors import ConfigError, DataError
+from hybridfl.privacy.ckks_params import MIN_DEGREE, SeededEncryptor, coeff_modulus_bits
 
 Scheme = Literal["none", "paillier", "ckks"]
 SCHEMES: tuple[str, ...] = ("none", "paillier", "ckks")
@@ -566,44 +565,3 @@ def server_backend(scheme: str, public: bytes, precision_bits: int = 40) -> HEBa
     if scheme == "none":
         return PlainBackend()
     raise ConfigError(f"unknown encryption scheme {scheme!r} (known: {', '.join(SCHEMES)}).")
-
-
-def weak_keys_allowed() -> bool:
-    """Whether this process's environment sets the test-only :data:`WEAK_KEYS_ENV` to ``1``."""
-    return os.environ.get(WEAK_KEYS_ENV, "").strip() == "1"
-
-
-def key_size(backend: HEBackend) -> int:
-    """The size of the key behind ``backend``, read from the key itself: the Paillier modulus ``n``
-    in bits, the CKKS polynomial modulus degree, ``0`` without encryption."""
-    if isinstance(backend, PaillierBackend):
-        return int(backend.pk.n).bit_length()
-    if isinstance(backend, CKKSBackend):
-        return int(backend.ctx.seal_context().data.first_context_data().parms().poly_modulus_degree())
-    return 0
-
-
-def check_key_size(backend: HEBackend, who: str) -> None:
-    """Refuse a key below :data:`MIN_PAILLIER_BITS` or CKKS parameters below 128-bit security
-    (:func:`~hybridfl.privacy.ckks_params.security_problem`) unless the test-only
-    :data:`WEAK_KEYS_ENV` is set; ``who`` names the key's holder.
-
-    Raises:
-        EncryptionPolicyError: the key is too small (one sentence).
-    """
-    if weak_keys_allowed():
-        return
-    size = key_size(backend)
-    if isinstance(backend, PaillierBackend) and size < MIN_PAILLIER_BITS:
-        raise EncryptionPolicyError(
-            f"{who} refuses its {size}-bit Paillier key, below the minimum {MIN_PAILLIER_BITS} bits; make a key "
-            f"of at least {MIN_PAILLIER_BITS} bits ({WEAK_KEYS_ENV}=1 allows weaker keys in tests only)."
-        )
-    if isinstance(backend, CKKSBackend):
-        bits = int(backend.ctx.seal_context().data.key_context_data().total_coeff_modulus_bit_count())
-        why = security_problem(size, bits)
-        if why:
-            raise EncryptionPolicyError(
-                f"{who} refuses its CKKS key of {why} (128-bit security); make a key with hybridfl he-keys "
-                f"({WEAK_KEYS_ENV}=1 allows weaker keys in tests only)."
-            )

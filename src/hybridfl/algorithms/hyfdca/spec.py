@@ -10,7 +10,7 @@ the same and builds its encrypt/add-only backend from it (:func:`build_server`).
 Encryption policy (the client's, never the server's): the run config a client gets in the hello
 comes from the server, so a client holding a key pair takes its scheme from the key, not from the
 config. It refuses a run asking for ``encryption: none`` or another scheme (no silent downgrade to
-plaintext) and a key below the minimum size (:func:`hybridfl.privacy.he.check_key_size`; the
+plaintext) and a key below the minimum size (:func:`hybridfl.privacy.keysize.check_key_size`; the
 test-only ``HYBRIDFL_ALLOW_WEAK_KEYS=1`` in the client's environment allows smaller keys), with
 :class:`~hybridfl.errors.EncryptionPolicyError`.
 
@@ -54,8 +54,9 @@ from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
 from hybridfl.errors import DataError, EncryptionPolicyError
 from hybridfl.inference.modeldir import ModelParts
-from hybridfl.privacy.he import CKKSBackend, HEBackend, KeyDealer, PlainBackend, check_key_size, server_backend
+from hybridfl.privacy.he import CKKSBackend, HEBackend, KeyDealer, PlainBackend, server_backend
 from hybridfl.privacy.keys import backend_from_secret
+from hybridfl.privacy.keysize import check_key_size
 from hybridfl.privacy.roster import peer_auth_of
 from hybridfl.privacy.secagg import own_threshold
 
