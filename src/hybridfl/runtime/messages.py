@@ -111,10 +111,10 @@ def encode(msg: Message) -> bytes:
         elif isinstance(v, (bool, int, float, str, np.integer, np.floating)) or v is None:
             values[key] = v.item() if isinstance(v, (np.integer, np.floating)) else v
             continue
-        elif isinstance(v, (list, tuple)) and _all_instances(v, _SCALARS):
+        elif isinstance(v, (list, tuple)) and all_instances(v, _SCALARS):
             values[key] = list(v)
             continue
-        elif isinstance(v, list) and _all_instances(v, (bytes, bytearray)):
+        elif isinstance(v, list) and all_instances(v, (bytes, bytearray)):
             for j, x in enumerate(v):
                 bodies.append(x)
                 entries.append({"k": key, "t": "l", "i": j, "o": offset, "n": len(x)})
@@ -237,7 +237,7 @@ def _is_scalar(v: Any) -> bool:
     return isinstance(v, _SCALARS)
 
 
-def _all_instances(items: Any, types: tuple[type, ...]) -> bool:
+def all_instances(items: Any, types: tuple[type, ...]) -> bool:
     """``all(isinstance(x, types) for x in items)``, decided at C speed (one set of the items'
     types) when every item's type is one of ``types`` exactly, as for a decoded JSON list or a
     list of sample IDs, and item by item otherwise (subclasses: ``bool`` of ``int``, NumPy's
@@ -262,7 +262,7 @@ def _header(raw: memoryview) -> dict[str, Any]:
     if not isinstance(h["v"], dict):
         raise MessageError("the message header's values (v) must be a JSON object.")
     for v in h["v"].values():
-        if not (v is None or _is_scalar(v) or (isinstance(v, list) and _all_instances(v, _SCALARS))):
+        if not (v is None or _is_scalar(v) or (isinstance(v, list) and all_instances(v, _SCALARS))):
             raise MessageError("a value in the message header is not a number, string, bool, null or flat list.")
     if not isinstance(h["e"], list):
         raise MessageError("the message header's entries (e) must be a JSON list.")

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from hybridfl.errors import ProtocolError
-from hybridfl.runtime.messages import Message
+from hybridfl.runtime.messages import Message, all_instances
 
 
 class PayloadError(ProtocolError):
@@ -113,9 +113,7 @@ def strings(msg: Message, key: str, allowed: Sequence[str] | None = None) -> lis
         PayloadError: missing, not a list of strings, a repeat, or a value not allowed.
     """
     v = _get(msg, key)
-    # the types' set first: a list of 100,000 sample IDs is checked at C speed (str subclasses
-    # are strings too, checked item by item)
-    if not isinstance(v, list) or not (set(map(type, v)) <= {str} or all(isinstance(x, str) for x in v)):
+    if not isinstance(v, list) or not all_instances(v, (str,)):  # 100,000 sample IDs at C speed
         raise PayloadError(msg, key, "not a list of strings")
     if len(set(v)) != len(v):
         raise PayloadError(msg, key, "holding a repeated value")
