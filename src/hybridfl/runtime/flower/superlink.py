@@ -135,15 +135,16 @@ class DirectDispatch:
         self.inner = middleware(app, **kwargs)
         self.dispatch = self.inner.dispatch_func
         self.stock = stock
+        from starlette.requests import Request
+        from starlette.responses import Response
+
+        self.request, self.response = Request, Response  # looked up once, not per request
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         if scope.get("type") != "http" or self.stock(str(scope.get("path", ""))):
             await self.inner(scope, receive, send)
             return
-        from starlette.requests import Request
-        from starlette.responses import Response
-
-        request = Request(scope, receive)
+        request = self.request(scope, receive)
         replayed = False
 
         async def replay() -> dict:
@@ -169,7 +170,7 @@ class DirectDispatch:
             await self.app(scope, replay, keep)
             if start is None:
                 raise RuntimeError("No response returned.")
-            response = Response(b"".join(chunks), status_code=start["status"])
+            response = self.response(b"".join(chunks), status_code=start["status"])
             response.raw_headers = list(start["headers"])
             return response
 
