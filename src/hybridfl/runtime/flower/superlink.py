@@ -35,10 +35,24 @@ written for (:data:`EXPECTED`), nothing is changed and a warning is logged;
 what the gate skips, and runs Flower's real chain stock and as changed here on the same requests
 (success, a streamed result, bad input, failing handlers, an unsigned Fleet request) to show the
 same answers, so a new Flower is read before the pin moves.
+
+With the SuperLink's state in memory (Flower's default ``--database``), small Fleet and
+ServerAppIo requests (a body of at most :data:`INLINE_BODY_LIMIT` bytes: polls, pulls, confirms,
+small objects) also run their handler, its plain (synchronous) dependencies and the SuperNode's
+signature check on the event loop (:class:`InlineHandlers`), not each in a worker thread of its
+own: FastAPI hands every synchronous dependency, Flower's protobuf route every synchronous handler
+and its SuperNode authentication the signature check to a thread (``run_in_threadpool``, four or
+five hand-offs per request, about a fifth of the SuperLink's CPU per request measured with
+``py-spy``); these handlers only read and write the in-memory state under its locks and return.
+A larger request (an object push that is hashed) and every Control API request keep the worker
+threads. :func:`install_inline_handlers` replaces ``run_in_threadpool`` in exactly the modules that
+call it for these requests (:data:`INLINE_MODULES`), and only if each still names Starlette's own;
+``tests/test_flower_superlink_inline.py`` pins that and runs Flower's real app both ways.
 """
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import os
 import sys
@@ -208,26 +222,128 @@ def gated(middleware: list) -> list:
     return out
 
 
-def install() -> None:
+INLINE_BODY_LIMIT = 64 * 1024
+"""Largest request body (bytes, from ``content-length``) whose handler :class:`InlineHandlers` runs
+on the event loop."""
+
+_inline = contextvars.ContextVar("hybridfl_inline_handler", default=False)
+
+INLINE_PREFIXES = ("/v1/fleet/", SERVERAPPIO)
+"""The paths whose small requests run inline: the Fleet API (SuperNodes) and ServerAppIo (the
+ServerApp)."""
+
+
+class InlineHandlers:
+    """A plain ASGI layer that marks (a context variable of this request's task only) each small
+    ``POST`` to the Fleet API or ServerAppIo: a ``content-length`` of at most ``limit`` bytes, under
+    :data:`INLINE_PREFIXES`. Marked requests run their synchronous dependencies and handler on the
+    event loop (:func:`run_inline_when_marked`); every other request as before."""
+
+    def __init__(self, app: Any, limit: int = INLINE_BODY_LIMIT):
+        self.app = app
+        self.limit = int(limit)
+
+    def marks(self, scope: dict) -> bool:
+        """Whether ``scope`` (an ASGI scope) is a request to run inline."""
+        if scope.get("type") != "http" or scope.get("method") != "POST":
+            return False
+        if not str(scope.get("path", "")).startswith(INLINE_PREFIXES):
+            return False
+        sizes = [v for k, v in scope.get("headers", ()) if k.lower() == b"content-length"]
+        return len(sizes) == 1 and sizes[0].isdigit() and int(sizes[0]) <= self.limit
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if not self.marks(scope):
+            await self.app(scope, receive, send)
+            return
+        token = _inline.set(True)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _inline.reset(token)
+
+
+def run_inline_when_marked(original: Callable) -> Callable:
+    """Starlette's ``run_in_threadpool`` (``original``) that calls ``func`` on the event loop
+    instead when this request is marked by :class:`InlineHandlers`."""
+
+    async def run_in_threadpool(func: Callable, *args: Any, **kwargs: Any) -> Any:
+        if _inline.get():
+            return func(*args, **kwargs)
+        return await original(func, *args, **kwargs)
+
+    run_in_threadpool.hybridfl_inline = True  # type: ignore[attr-defined]
+    return run_in_threadpool
+
+
+INLINE_MODULES = (
+    "fastapi.dependencies.utils",
+    "flwr.supercore.protobuf.routing",
+    "flwr.superlink.routers.fleet.node_auth",
+)
+"""The modules whose ``run_in_threadpool`` runs the Fleet and ServerAppIo routes' synchronous
+dependencies (FastAPI's ``solve_dependencies``), handlers (Flower's ``ProtobufRoute``) and the
+SuperNode's signature check (Flower's ``NodeAuthMiddleware``)."""
+
+
+def install_inline_handlers() -> bool:
+    """Replace ``run_in_threadpool`` in :data:`INLINE_MODULES` by :func:`run_inline_when_marked`,
+    once; nothing (and a warning) unless each still names Starlette's own. Returns whether the
+    handlers of marked requests now run inline."""
+    import importlib
+
+    from starlette.concurrency import run_in_threadpool
+
+    modules = [importlib.import_module(name) for name in INLINE_MODULES]
+    found = [getattr(m, "run_in_threadpool", None) for m in modules]
+    if all(getattr(f, "hybridfl_inline", False) for f in found):
+        return True
+    if any(f is not run_in_threadpool for f in found):
+        log.warning("hybridfl: FastAPI or Flower no longer hand handlers to run_in_threadpool as expected; none inline")
+        return False
+    for m in modules:
+        m.run_in_threadpool = run_inline_when_marked(run_in_threadpool)
+    return True
+
+
+def in_memory(args: list[str]) -> bool:
+    """Whether a ``flower-superlink`` started with ``args`` keeps its state in memory (no
+    ``--database``, or Flower's in-memory name)."""
+    from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME
+
+    for i, a in enumerate(args):
+        if a == "--database":
+            return i + 1 < len(args) and args[i + 1] == FLWR_IN_MEMORY_DB_NAME
+        if a.startswith("--database="):
+            return a.split("=", 1)[1] == FLWR_IN_MEMORY_DB_NAME
+    return True
+
+
+def install(inline: bool = False) -> None:
     """Gate this process's SuperLink middleware (``flwr.superlink.main._get_middleware``, read by
-    its ``create_app`` at start), once."""
+    its ``create_app`` at start), once; ``inline``: also run small Fleet and ServerAppIo requests'
+    handlers on the event loop (:class:`InlineHandlers`, :func:`install_inline_handlers`)."""
     import flwr.superlink.main as link
+    from starlette.middleware import Middleware
 
     original = link._get_middleware
     if getattr(original, "hybridfl_gated", False):
         return
+    inline = inline and install_inline_handlers()
 
     def get_middleware() -> list:
-        return gated(original())
+        out = gated(original())
+        return [Middleware(InlineHandlers), *out] if inline else out
 
     get_middleware.hybridfl_gated = True  # type: ignore[attr-defined]
     link._get_middleware = get_middleware
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run ``flower-superlink`` with ``argv`` (default ``sys.argv[1:]``) after :func:`install`."""
+    """Run ``flower-superlink`` with ``argv`` (default ``sys.argv[1:]``) after :func:`install`
+    (with the handlers of small requests inline when its state is in memory)."""
     args = list(sys.argv[1:] if argv is None else argv)
-    install()
+    install(inline=in_memory(args))
     from flwr.superlink.cli import flower_superlink
 
     sys.argv = ["flower-superlink", *args]
