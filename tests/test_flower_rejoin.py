@@ -528,7 +528,10 @@ def test_loopback_supernode_killed_and_restarted(tmp_path):
     state file). Every process group is gone afterwards."""
     from hybridfl.runtime.flower.local import LocalFederation
 
-    algo = {**HYFEM, "rounds": 2}
+    # 400 local steps: the victim's round-2 fit takes about a second, so the kill (within ~0.1 s of
+    # the SuperNode logging its receipt) lands while it computes, not while it uploads its reply (a
+    # node dying mid-upload is waited for until Flower's object-push session expires, 180 s)
+    algo = {**HYFEM, "rounds": 2, "local_steps": 400}
     prep, dirs, server_dir = _setup(tmp_path, algo, num_clients=2)
     with single_threaded():
         ref = run_hyfem(prep.split, prep.partition, HyFEMConfig(**{k: v for k, v in algo.items() if k != "name"}), 3)
