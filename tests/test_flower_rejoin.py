@@ -26,7 +26,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from hybridfl.algorithms.hyfem import HyFEMConfig, run_hyfem
 from hybridfl.errors import HybridFLError
-from hybridfl.runtime.flower.bridge import NODE_UNAVAILABLE, unpack_seq
+from hybridfl.runtime.flower.bridge import MESSAGE_UNAVAILABLE, NODE_UNAVAILABLE, unpack_seq
 from hybridfl.runtime.flower.clientapp import STATE_DIR, query
 from hybridfl.runtime.flower.node import HELLO, SETUP, StaleMessage, run_server, serve
 from hybridfl.runtime.messages import SERVER, decode, encode
@@ -68,10 +68,15 @@ class FakeGrid:
 
     ``slow = {(client index, sequence number)}``: the first pull of that message finds no reply (the
     server waits and looks at the node list). A ClientApp that raises is answered with an error
-    reply, as Flower does."""
+    reply, as Flower does.
 
-    def __init__(self, dirs, kill_at=None, stale=3, restart_after=2, run_id=7, lose=(), slow=()):
+    ``unfinished = {(client index, sequence number)}``: that node handles the message (its state is
+    saved) but its reply's upload never finishes: the pull gets Flower's MESSAGE_UNAVAILABLE error
+    (the SuperLink's object-push session expired)."""
+
+    def __init__(self, dirs, kill_at=None, stale=3, restart_after=2, run_id=7, lose=(), slow=(), unfinished=()):
         self.dirs = list(dirs)
+        self.unfinished = set(unfinished)
         self.lose = set(lose)
         self.slow = set(slow)
         self.kill_at = kill_at
@@ -156,6 +161,14 @@ class FakeGrid:
                     self.kill_at = None
                     self.kill(dst)
                     continue
+                if (i, seq) in self.unfinished:  # handled and saved; its reply's objects never reach the SuperLink
+                    self.unfinished.discard((i, seq))
+                    query(m, ctx)
+                    out.append(
+                        Message(Error(MESSAGE_UNAVAILABLE, "Reply message objects are unavailable."), reply_to=m)
+                    )
+                    self.answered.add(mid)
+                    continue
                 lost = (i, int(m.metadata.group_id)) in self.lose
                 if lost and not decode(unpack_seq(m.content)[0]).kind.endswith(".evaluate"):
                     query(m, ctx)  # handled and saved; the reply never leaves the node
@@ -228,6 +241,23 @@ def test_killed_node_rejoins_and_w_equals_simulation(tmp_path, run_id, hyfdca_se
     assert rj["state_seq"] == (seq if when == "after" else seq - 1) and rj["acked_seq"] == seq - 1 and rj["resent"] == 1
     assert summary["nodes"][f"client-{i}"] == grid.started[-1]
     assert json.loads((tmp_path / "res" / "progress.json").read_text())["round"] == 3
+
+
+def test_a_reply_that_never_finished_uploading_is_asked_for_again(tmp_path, run_id, hyfdca_setup):
+    """A node handles round 1's dual message (its state saved) but its reply's objects never reach
+    the SuperLink (Flower's MESSAGE_UNAVAILABLE, as when a SuperNode dies or stalls mid-upload): the
+    server sends the same message again, the ClientApp answers it with its saved reply, and the run
+    equals the simulation: no client counted as failed, no reply missing."""
+    dirs, server_dir, w_ref, log_ref = hyfdca_setup
+    _clean_state(dirs)
+    grid = FakeGrid(dirs, unfinished={(1, 5)})
+    summary = run_server(grid, server_dir, tmp_path / "res", poll_interval=0, reply_timeout=30, node_check=0)
+    assert not grid.unfinished
+    np.testing.assert_allclose(np.load(tmp_path / "res" / "final.npz")["w"], w_ref, rtol=1e-9, atol=1e-12)
+    assert summary["messages_total"] == log_ref.messages_total and summary["retried_messages"] == 1
+    # (the federated prediction after training needs an in-memory SuperNode, which this grid is not)
+    assert [b for b in summary["bad_replies"] if not b["kind"].startswith("predict.")] == []
+    assert summary["abandoned_messages"] == [] and summary["rejoins"] == []
 
 
 def test_node_that_never_comes_back_is_given_up(tmp_path, run_id, hyfdca_setup):

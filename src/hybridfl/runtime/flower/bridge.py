@@ -44,6 +44,7 @@ from hybridfl.runtime.flower.wire import (  # noqa: F401 (re-exported: the bridg
     HELLO,
     KEY,
     MESSAGE_TYPE,
+    MESSAGE_UNAVAILABLE,
     NODE_UNAVAILABLE,
     RECORD,
     SEQ,
@@ -76,6 +77,7 @@ class _Out:
     lost: str = ""  # why it waits (its node went offline, or the SuperLink refused it)
     reply: Message | None = None
     gave_up: bool = False  # its deadline passed: the reply counts as missing
+    asked_again: bool = False  # re-sent once after its reply's objects never reached the SuperLink
 
 
 class FlowerTransport:
@@ -444,9 +446,20 @@ class FlowerTransport:
                         o.node,
                     )
                     continue
+                if r.has_error() and r.error.code == MESSAGE_UNAVAILABLE and o.seq is not None and not o.asked_again:
+                    self._ask_again(o)
+                    continue
                 o.reply = r
                 if o.seq is not None and not r.has_error():
                     self.acked[o.msg.receiver] = max(self.acked[o.msg.receiver], o.seq)
+
+    def _ask_again(self, o: _Out) -> None:
+        """``o``'s reply objects never reached the SuperLink (``MESSAGE_UNAVAILABLE``: its node stopped
+        mid-upload): the same message once more (a ClientApp answers a repeat with its saved reply; a
+        dead node's successor with the rejoin) instead of counting the client as failed."""
+        o.asked_again = True
+        log.warning("hybridfl: client %s: its reply never finished uploading; asking again", o.msg.receiver)
+        self._push([o], retry=True)
 
     def _give_up(self, o: _Out) -> None:
         """The deadline of ``o`` passed: its reply counts as missing (recorded in :attr:`abandoned`)."""

@@ -21,6 +21,7 @@ ACKED = "acked"
 HELLO = "deploy.hello"
 SETUP = "deploy.setup"
 NODE_UNAVAILABLE = 5  # flwr.common.constant.ErrorCode.NODE_UNAVAILABLE
+MESSAGE_UNAVAILABLE = 3  # flwr.common.constant.ErrorCode.MESSAGE_UNAVAILABLE: a reply listed, its objects never came
 
 
 def pack(raw: bytes, seq: int | None = None, acked: int | None = None) -> RecordDict:
