@@ -260,6 +260,42 @@ def test_a_reply_that_never_finished_uploading_is_asked_for_again(tmp_path, run_
     assert summary["abandoned_messages"] == [] and summary["rejoins"] == []
 
 
+def test_a_node_that_always_claims_an_unfinished_upload_is_asked_once_and_the_run_goes_on(
+    tmp_path, run_id, hyfdca_setup
+):
+    """Adversary: client-1's SuperNode answers round 1's dual message, every time it gets it, with
+    Flower's MESSAGE_UNAVAILABLE error instead of a reply (a node may push an error reply of any
+    code). The server asks again exactly once, then counts the second error as the client's bad
+    reply (missing, one strike) and finishes the run: no loop of re-sends, no stop."""
+    dirs, server_dir, w_ref, _ = hyfdca_setup
+    _clean_state(dirs)
+    delivered: list[str] = []
+
+    class Claims(FakeGrid):
+        def pull_messages(self, ids):
+            out, rest = [], []
+            for mid in ids:
+                m = self.msgs[mid]
+                holder = self.alive.get(m.metadata.dst_node_id, (None, None))[0]
+                if mid not in self.answered and holder == 1 and unpack_seq(m.content)[1] == 5:
+                    delivered.append(mid)
+                    self.answered.add(mid)
+                    out.append(
+                        Message(Error(MESSAGE_UNAVAILABLE, "Reply message objects are unavailable."), reply_to=m)
+                    )
+                else:
+                    rest.append(mid)
+            return out + super().pull_messages(rest)
+
+    grid = Claims(dirs)
+    summary = run_server(grid, server_dir, tmp_path / "res", poll_interval=0, reply_timeout=30, node_check=0)
+    assert len(delivered) == 2 and summary["retried_messages"] == 1
+    bad = [b for b in summary["bad_replies"] if not b["kind"].startswith("predict.")]
+    assert [(b["client"], b["round"]) for b in bad] == [("client-1", 1)] and "Flower error 3" in bad[0]["why"]
+    assert json.loads((tmp_path / "res" / "progress.json").read_text())["round"] == 3
+    assert not np.allclose(np.load(tmp_path / "res" / "final.npz")["w"], w_ref)
+
+
 def test_node_that_never_comes_back_is_given_up(tmp_path, run_id, hyfdca_setup):
     """The transport contract: a client whose node died and never came back is missing from the
     replies after ``reply_timeout`` (named, with the reason, in ``abandoned_messages``); the run
