@@ -1,7 +1,8 @@
 """The compiled SDCA loops (``algorithms/convex/kernels.py``, issue 17) against plain-Python
 references written here: the coordinate step of every loss, the Gram loop of ``dual_mode:
-segment`` (bit for bit), the row loops (sparse and dense), the batch product ``X_B^T dalpha``
-(bit for bit with scipy), and the per-pass visit orders after a restored state."""
+segment`` (bit for bit), a holder's whole batch step in one call against the NumPy calls it
+replaces (bit for bit), the row loops (sparse and dense), the batch products ``X_B^T dalpha`` and
+``X_B w`` (bit for bit with scipy), and the per-pass visit orders after a restored state."""
 
 from __future__ import annotations
 
@@ -178,6 +179,57 @@ def test_batch_transpose_product_is_bitwise_scipy(seed, n, d):
     assert np.array_equal(_rmatvec(X, dal), np.asarray(X.T @ dal).ravel())
     Xd = X.toarray()
     np.testing.assert_allclose(_rmatvec(Xd, dal), Xd.T @ dal, rtol=1e-12, atol=1e-15)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), b=st.integers(1, 30), d=st.integers(1, 12), average=st.booleans())
+@pytest.mark.parametrize("loss", LOSSES)
+def test_a_whole_batch_step_in_one_call_is_the_numpy_sequence_bit_for_bit(loss, seed, b, d, average):
+    """``kernels.csr_batch_steps`` (``SegmentClientMixin._step`` on a CSR batch) against the
+    NumPy calls it replaced: the batch's duals gathered, ``gram_steps``, ``delta[rows] += d``,
+    ``dw += X_B^T d / lam_n`` and (step average) ``pdelta[rows] += place * d``."""
+    rng = np.random.default_rng(seed)
+    n = b + 7
+    rows = rng.permutation(n)[:b]
+    Xb = sp.random(b, d, density=0.5, format="csr", random_state=rng)
+    Xb.sort_indices()
+    y = rng.choice([-1.0, 1.0], size=b)
+    alpha, delta0 = rng.normal(size=n), np.zeros(n)  # feasible duals: y_i alpha_i in (0, 1) but squared's
+    if loss == "squared":
+        delta0 = rng.normal(size=n) * 0.01
+    else:
+        alpha[rows] = y * rng.uniform(0.05, 0.95, size=b)
+    G = Xb.toarray() @ Xb.toarray().T
+    u0, visit = rng.normal(size=b), rng.permutation(b)
+    lam_n, sigma, steps = 3.0, 1.0, int(rng.integers(0, 50))
+    dw1 = rng.normal(size=d)
+    dw2, delta1, delta2 = dw1.copy(), delta0.copy(), delta0.copy()
+    pd1 = rng.normal(size=n) if average else np.zeros(0)
+    pd2 = pd1.copy()
+    # the NumPy sequence
+    a = alpha[rows] + delta2[rows]
+    dd = gram_steps(visit, a, y, u0, G, loss, lam_n, sigma, 0.0)
+    delta2[rows] += dd
+    dw2 += _rmatvec(Xb, dd) / lam_n
+    if average:
+        place = np.empty(b)
+        place[visit] = steps + np.arange(b)
+        pd2[rows] += place * dd
+    kernels.csr_batch_steps(
+        visit, rows, alpha, delta1, y, u0, G, kernels.LOSS_CODES[loss], sigma / lam_n, 0.0,
+        Xb.indptr, Xb.indices, Xb.data, lam_n, dw1, pd1, steps,
+    )  # fmt: skip
+    for got, want in ((delta1, delta2), (dw1, dw2), (pd1, pd2)):
+        assert np.array_equal(got, want)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), n=st.integers(0, 40), d=st.integers(1, 30))
+def test_batch_product_with_the_weights_is_bitwise_scipy(seed, n, d):
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, d, density=0.3, format="csr", random_state=rng)
+    w = rng.normal(size=d)
+    assert np.array_equal(kernels.csr_matvec(X.indptr, X.indices, X.data, w), np.asarray(X @ w).ravel())
 
 
 def test_visit_orders_continue_after_a_restored_state(credit_small):

@@ -1,7 +1,9 @@
 """The setup helpers of HyFDCA ``dual_mode: segment`` that avoid work, against the plain
-operations they replace: the packed batch Gram triangles through BLAS ``dsyrk``
-(``gram.pack_gram`` against ``partial_gram`` and ``upper_triangle``) and the masks'
-pads made piece by piece (``segmask.add_pads`` against ``secagg.keystream``): the same bits."""
+operations they replace: the packed batch Gram triangles through BLAS ``dsyrk`` on the batch
+without its empty columns (``gram.pack_gram`` and ``dense_batch`` against ``partial_gram``,
+``upper_triangle`` and the full product), the masks' pads made piece by piece
+(``segmask.add_pads`` against ``secagg.keystream``): the same bits; the Gram sums read in
+place (``HEBackend.decrypt(copy=False)``) and checked without a temporary (``kernels.all_finite``)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,9 @@ import pytest
 import scipy.sparse as sp
 
 from hybridfl.algorithms.convex import kernels
-from hybridfl.algorithms.hyfdca.gram import pack_gram, partial_gram
+from hybridfl.algorithms.hyfdca.gram import dense_batch, pack_gram, partial_gram
+from hybridfl.privacy import KeyDealer
+from hybridfl.privacy.he import PlainBackend
 from hybridfl.privacy.secagg import keystream
 from hybridfl.privacy.segmask import PAD_CHUNK, add_pads
 
@@ -74,3 +78,34 @@ def test_pads_made_piece_by_piece_are_the_keystreams(n, sign):
     np.testing.assert_array_equal(got, want)
     if n:
         assert not np.array_equal(got, start)
+
+
+def test_a_sparse_batch_drops_its_empty_columns_and_keeps_its_gram():
+    rng = np.random.default_rng(5)
+    for Xb in _batches(rng)[::2]:  # the sparse ones; column 0 is empty in each
+        D = dense_batch(Xb)
+        full = Xb.toarray()
+        used = np.flatnonzero(np.abs(full).sum(axis=0) > 0)
+        assert D.flags.c_contiguous and D.dtype == np.float64
+        np.testing.assert_array_equal(D, full[:, used])  # the used columns, in order
+        np.testing.assert_allclose(partial_gram(Xb, None), full @ full.T, rtol=1e-13, atol=1e-13)
+    dup = sp.csr_matrix((np.array([1.0, 2.0, 4.0]), np.array([3, 3, 1]), np.array([0, 2, 3])), shape=(2, 5))
+    np.testing.assert_array_equal(dense_batch(dup), dup.toarray()[:, [1, 3]])  # duplicate entries add up
+    dense = rng.random((6, 4))
+    assert np.array_equal(dense_batch(dense), dense)  # a dense batch keeps every column
+
+
+def test_plaintext_gram_sums_are_read_in_place_and_checked_without_a_temporary():
+    he = PlainBackend()
+    v = np.arange(7.0) - 3.0
+    ct = he.encrypt(v)
+    view = he.decrypt(ct, copy=False)
+    np.testing.assert_array_equal(view, v)
+    assert not view.flags.writeable  # the message's bytes: read, never changed
+    copied = he.decrypt(ct)
+    assert copied.flags.writeable and np.array_equal(copied, v)
+    assert kernels.all_finite(v) and kernels.all_finite(np.zeros(0))
+    for bad in (np.nan, np.inf, -np.inf):
+        assert not kernels.all_finite(np.r_[v, bad])
+    ckks = KeyDealer("ckks").client_backend()  # another scheme decodes into a new array either way
+    np.testing.assert_allclose(ckks.decrypt(ckks.encrypt(v), copy=False), v, atol=1e-6)

@@ -213,3 +213,62 @@ def symmetric_from_upper(upper, b):  # pragma: no cover - compiled
             G[j, i] = upper[k]
             k += 1
     return G
+
+
+@njit(cache=True, nogil=True)
+def csr_scatter(indptr, indices, data, colmap, D):  # pragma: no cover - compiled
+    """Add a CSR matrix ``(r, c)`` (``indptr``, ``indices``, ``data``) into the dense ``D``
+    ``(r, c')``, column ``j`` into column ``colmap[j]`` (``gram.dense_batch``)."""
+    for r in range(indptr.shape[0] - 1):
+        for p in range(indptr[r], indptr[r + 1]):
+            D[r, colmap[indices[p]]] += data[p]
+
+
+@njit(cache=True, nogil=True)
+def all_finite(v):  # pragma: no cover - compiled
+    """Whether every value of the 1-D ``v`` is finite (``np.isfinite(v).all()`` without its
+    temporary array)."""
+    for x in v:
+        if not np.isfinite(x):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def csr_batch_steps(
+    order, rows, alpha, delta, y, u0, G, loss, c, gamma, indptr, indices, data, lam_n, dw, pdelta, steps
+):  # pragma: no cover - compiled
+    """A holder's exact steps on one mini-batch of a segment pass (HyFDCA ``dual_mode: segment``,
+    ``SegmentClientMixin._step`` with a CSR batch), in one call: the batch's current duals
+    ``alpha[rows] + delta[rows]``, :func:`gram_loop` over ``order`` with ``c = sigma / lam_n``, then
+    ``delta[rows] += d``, ``dw += (X_B^T d) / lam_n`` (:func:`csr_rmatvec`) and, when ``pdelta`` is
+    not empty (``output: step_average``), ``pdelta[rows[i]] += (steps + t) d_i`` for the ``t``-th
+    step ``i``. The same operations in the same order as the NumPy calls they replace."""
+    b = rows.shape[0]
+    a = np.empty(b)
+    for k in range(b):
+        a[k] = alpha[rows[k]] + delta[rows[k]]
+    d = gram_loop(order, a, y, u0, G, loss, c, gamma)
+    for k in range(b):
+        delta[rows[k]] += d[k]
+    change = csr_rmatvec(indptr, indices, data, d, dw.shape[0])
+    for j in range(dw.shape[0]):
+        dw[j] += change[j] / lam_n
+    if pdelta.shape[0] > 0:
+        for t in range(b):
+            i = order[t]
+            pdelta[rows[i]] += (steps + t) * d[i]
+
+
+@njit(cache=True, nogil=True)
+def csr_matvec(indptr, indices, data, v):  # pragma: no cover - compiled
+    """``X v`` ``(n,)`` for CSR ``X`` ``(n, m)``: each row's products added in index order from
+    0.0 (scipy's ``csr_matvec``, the same values)."""
+    n = indptr.shape[0] - 1
+    out = np.empty(n)
+    for i in range(n):
+        acc = 0.0
+        for p in range(indptr[i], indptr[i + 1]):
+            acc += data[p] * v[indices[p]]
+        out[i] = acc
+    return out

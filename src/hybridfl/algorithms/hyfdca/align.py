@@ -110,13 +110,18 @@ def plaintext_segments(
     """The reference alignment from every client's sample IDs: per segment (in
     :func:`segment_order`) its holder set and its sample IDs ``(n_g,)`` (str, sorted). Used by the
     server with ``alignment: plaintext`` and by the simulation's monitor (privileged) and tests."""
-    holders: dict[str, list[str]] = defaultdict(list)
-    for c in clients:
+    # each sample's holder set as a bit mask over ``clients`` (ints: no list per sample to build
+    # and collect), then the samples grouped by mask
+    masks: dict[str, int] = {}
+    get = masks.get
+    for i, c in enumerate(clients):
+        bit = 1 << i
         for s in map(str, holdings[c]):
-            holders[s].append(c)
-    members: dict[Holders, list[str]] = defaultdict(list)
-    for s, hs in holders.items():
-        members[tuple(sorted(hs))].append(s)
+            masks[s] = get(s, 0) | bit
+    by_mask: dict[int, list[str]] = defaultdict(list)
+    for s, m in masks.items():
+        by_mask[m].append(s)
+    members = {tuple(sorted(c for i, c in enumerate(clients) if m >> i & 1)): ids for m, ids in by_mask.items()}
     return [(key, np.array(sorted(members[key]))) for key in segment_order(members, clients)]
 
 

@@ -26,6 +26,9 @@ from hybridfl.runtime import validate
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError
 
+_EMPTY = np.zeros(0)
+"""No ``pdelta`` (``output`` other than ``step_average``) for :func:`kernels.csr_batch_steps`."""
+
 
 class SegmentClientMixin:
     """The client steps of ``dual_mode: segment`` (mixed into ``HyFDCAClient``, whose attributes
@@ -135,11 +138,12 @@ class SegmentClientMixin:
         if self.params.get("seg_masked"):
             vecs = self._unmasked_grams(msg, [sum(t) for t in tri])
         else:
-            vecs = [self.he.decrypt(ct) for ct in validate.blobs(msg, "gram", len(self.seg_batches))]
+            # read in place (plaintext: no copy of the message's bytes; the full matrices are built from it)
+            vecs = [self.he.decrypt(ct, copy=False) for ct in validate.blobs(msg, "gram", len(self.seg_batches))]
         gram = []
         for batches, vec, sizes in zip(self.seg_batches, vecs, tri):
             v = np.asarray(vec, dtype=np.float64)
-            if v.shape != (sum(sizes),) or not np.isfinite(v).all():
+            if v.shape != (sum(sizes),) or not kernels.all_finite(v):
                 raise PayloadError(msg, "gram", "holding triangles of another size or non-finite values")
             ends = np.cumsum(sizes)
             gram.append([symmetric_gram(v[e - n : e], rows.size) for rows, n, e in zip(batches, sizes, ends)])
@@ -239,7 +243,10 @@ class SegmentClientMixin:
         ww = self.w + st["sigma"] * st["dw"]
         if colw is not None:
             ww = ww * colw
-        return np.asarray(self._batch(s, m)[0] @ ww, dtype=np.float64).ravel()
+        Xb = self._batch(s, m)[0]
+        if sp.issparse(Xb):
+            return kernels.csr_matvec(Xb.indptr, Xb.indices, Xb.data, ww)
+        return np.asarray(Xb @ ww, dtype=np.float64).ravel()
 
     def _mask_tag(self, msg: Message) -> int | None:
         """Masked mode: the message's ``tag`` (a fresh exchange number, above every tag this
@@ -436,8 +443,32 @@ class SegmentClientMixin:
         m = st["order"][st["j"]]
         rows = self.seg_batches[s][m]
         Xb, yb = self._batch(s, m)
-        a = self.alpha[rows] + st["delta"][rows]
         visit = self._visit_order(s)
+        if sp.issparse(Xb):  # one compiled call: the same operations as below
+            kernels.csr_batch_steps(
+                visit,
+                rows,
+                self.alpha,
+                st["delta"],
+                kernels.as_f64(yb),
+                kernels.as_f64(u0),
+                self.gram[s][m],
+                kernels.LOSS_CODES[str(prm["loss"])],
+                st["sigma"] / lam_n,
+                0.0,
+                Xb.indptr,
+                Xb.indices,
+                Xb.data,
+                lam_n,
+                st["dw"],
+                st.get("pdelta", _EMPTY),
+                st.get("steps", 0),
+            )
+            if "pdelta" in st:
+                st["steps"] += rows.size
+            st["j"] += 1
+            return
+        a = self.alpha[rows] + st["delta"][rows]
         d = gram_steps(visit, a, yb, u0, self.gram[s][m], str(prm["loss"]), lam_n, st["sigma"], 0.0)
         st["delta"][rows] += d
         st["dw"] += _rmatvec(Xb, d) / lam_n
