@@ -60,6 +60,39 @@ def test_parallel_steps_send_the_same_bytes_as_one_process(monkeypatch):
     assert [a[i] for i in c2.intersect(setup2, resp2)] == psi.plaintext_intersection(a, b)
 
 
+def _pid(_: int) -> int:
+    import os
+
+    return os.getpid()
+
+
+def test_one_pool_serves_every_step_of_its_block_and_ends_with_it(monkeypatch):
+    """Inside ``psi.one_pool`` the parallel steps run in one set of forked workers (the same
+    processes step after step) and give the same bytes; the workers end with the block; outside
+    it every step forks its own."""
+    import multiprocessing
+    import os
+
+    monkeypatch.setattr(psi, "default_workers", lambda: 2)  # as on this project's 2-core machines
+    monkeypatch.setattr(psi, "PARALLEL_MIN_IDS", 8)
+    a = [f"a{i}" for i in range(0, 120, 2)]
+    b = [f"a{i}" for i in range(0, 120, 3)]
+    c1, s1, req1, setup1, resp1 = pair(a, b, workers=1)
+    with psi.one_pool():
+        first = set(psi._run(_pid, [(i,) for i in range(8)], 2))
+        c2 = psi.PSIClient(a, key=c1.secret_key(), workers=2)
+        s2 = psi.PSIServer(b, key=s1.secret_key(), workers=2)
+        assert c2.request() == req1 and s2.setup(len(a)) == setup1 and s2.respond(req1) == resp1
+        assert list(c2.intersect(setup1, resp1)) == list(c1.intersect(setup1, resp1))
+        again = set(psi._run(_pid, [(i,) for i in range(8)], 2))
+        workers = multiprocessing.active_children()
+        assert again <= first and os.getpid() not in first and workers
+    assert not any(p.is_alive() for p in workers)  # nothing outlives the block
+    assert not multiprocessing.active_children()
+    outside = [set(psi._run(_pid, [(i,) for i in range(8)], 2)) for _ in range(2)]
+    assert not outside[0] & outside[1] and not outside[0] & first  # a pool per step
+
+
 def test_fresh_keys_make_unlinkable_blobs():
     """Two runs on the same IDs share no blinded element: the blobs are no deterministic function
     of the IDs that an observer could compare or test guesses against."""

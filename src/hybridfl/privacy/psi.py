@@ -44,8 +44,9 @@ import hmac
 import multiprocessing
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -116,13 +117,44 @@ def default_workers() -> int:
     return max(1, len(os.sched_getaffinity(0)))
 
 
+_SHARED: dict[str, Any] = {}
+"""The pool of :func:`one_pool` while its block runs (``pool``, ``pid``, ``workers``)."""
+
+
+@contextmanager
+def one_pool(workers: int | None = None) -> Iterator[None]:
+    """Every parallel PSI step inside the block (of this process) runs in one pool of
+    ``workers`` forked processes (default :func:`default_workers`), forked at the first such step
+    and shut down when the block ends, so no process outlives it; without the block each step
+    forks a pool of its own. For the in-process simulation, whose clients all run in this one
+    process: its PSI alignment is dozens of steps (three per pair of clients), and forking a
+    process that holds a whole federation's data costs tens of milliseconds each time. Nested
+    blocks use the outer pool."""
+    if _SHARED or workers == 1 or default_workers() <= 1:
+        yield
+        return
+    _SHARED.update(pool=None, pid=os.getpid(), workers=default_workers() if workers is None else max(1, workers))
+    try:
+        yield
+    finally:
+        pool = _SHARED.get("pool")
+        _SHARED.clear()
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+
 def _run(fn: Callable[..., Any], tasks: list[tuple], workers: int) -> list[Any]:
     """``[fn(*t) for t in tasks]``, in a pool of ``workers`` forked processes when there are
-    several tasks. Forked, not spawned: a spawned worker re-imports the caller's main script
-    (which breaks scripts without a ``__main__`` guard) and hybridfl (half a second); a fork copies
-    the loaded library in milliseconds. The pool lives for one step only, so no process outlives it."""
+    several tasks (inside :func:`one_pool`, in its pool). Forked, not spawned: a spawned worker
+    re-imports the caller's main script (which breaks scripts without a ``__main__`` guard) and
+    hybridfl (half a second); a fork copies the loaded library in milliseconds. The pool lives for
+    one step only (or :func:`one_pool`'s block), so no process outlives it."""
     if workers <= 1 or len(tasks) <= 1:
         return [fn(*t) for t in tasks]
+    if _SHARED.get("pid") == os.getpid():
+        if _SHARED["pool"] is None:
+            _SHARED["pool"] = ProcessPoolExecutor(_SHARED["workers"], mp_context=multiprocessing.get_context("fork"))
+        return list(_SHARED["pool"].map(fn, *zip(*tasks)))
     with ProcessPoolExecutor(
         max_workers=min(workers, len(tasks)), mp_context=multiprocessing.get_context("fork")
     ) as ex:

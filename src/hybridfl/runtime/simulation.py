@@ -29,6 +29,7 @@ from hybridfl.algorithms.spec import AlgorithmSpec, get_algorithm
 from hybridfl.data.dataset import DatasetSplit, HybridDataset
 from hybridfl.data.export import ClientData, ServerData
 from hybridfl.data.partition import Partition
+from hybridfl.privacy import psi
 from hybridfl.runtime.checkpoint import (
     CheckpointPolicy,
     exit_for_tests,
@@ -180,8 +181,10 @@ class Federation:
     monitor: Any = None
 
     def setup(self) -> None:
-        """The server's one-off setup exchanges."""
-        self.server.setup(self.transport, self.transport.client_ids)
+        """The server's one-off setup exchanges (every client's PSI steps in one pool of worker
+        processes: :func:`hybridfl.privacy.psi.one_pool`)."""
+        with psi.one_pool():
+            self.server.setup(self.transport, self.transport.client_ids)
 
     def loop(
         self, progress: ProgressFn | None = None, on_round: Callable | None = None, monitor: bool = True
