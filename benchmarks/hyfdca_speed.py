@@ -145,7 +145,7 @@ PROFILE_PARTS = {
     ],
     "sparse products (scipy X_B w and segment shares; compiled X_B^T dalpha)": [
         ("_compressed.py", "_matmul_vector"),
-        ("segment.py", "_rmatvec"),
+        ("kernels.py", "rmatvec"),
     ],
     "reply and message checks (runtime.validate, HyFDCA reply checks)": CHECKS,
 }
@@ -160,7 +160,7 @@ PROFILE_PARTS_CKKS = {
     "clients: CKKS decryption (privacy.he decrypt: deserialise, decrypt, decode)": [("he.py", "decrypt")],
     "sparse products (scipy X_B w and segment shares; compiled X_B^T dalpha)": [
         ("_compressed.py", "_matmul_vector"),
-        ("segment.py", "_rmatvec"),
+        ("kernels.py", "rmatvec"),
     ],
     "reply and message checks (runtime.validate, HyFDCA reply checks)": CHECKS,
 }

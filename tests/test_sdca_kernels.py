@@ -17,7 +17,6 @@ from hypothesis import strategies as st
 from hybridfl.algorithms.convex import kernels
 from hybridfl.algorithms.convex.losses import LOSSES, RowData, coordinate_step, gram_steps, row_norms_sq
 from hybridfl.algorithms.hyfdca import HyFDCAConfig
-from hybridfl.algorithms.hyfdca.segment_client import _rmatvec
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.simulation import build_federation
 from tests.conftest import HYFDCA_BEFORE
@@ -176,9 +175,9 @@ def test_batch_transpose_product_is_bitwise_scipy(seed, n, d):
     X = sp.random(n, d, density=0.3, format="csr", random_state=rng)
     X.sort_indices()
     dal = rng.normal(size=n) * (rng.random(n) < 0.3)
-    assert np.array_equal(_rmatvec(X, dal), np.asarray(X.T @ dal).ravel())
+    assert np.array_equal(kernels.rmatvec(X, dal), np.asarray(X.T @ dal).ravel())
     Xd = X.toarray()
-    np.testing.assert_allclose(_rmatvec(Xd, dal), Xd.T @ dal, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(kernels.rmatvec(Xd, dal), Xd.T @ dal, rtol=1e-12, atol=1e-15)
 
 
 @settings(max_examples=25, deadline=None)
@@ -210,7 +209,7 @@ def test_a_whole_batch_step_in_one_call_is_the_numpy_sequence_bit_for_bit(loss, 
     a = alpha[rows] + delta2[rows]
     dd = gram_steps(visit, a, y, u0, G, loss, lam_n, sigma, 0.0)
     delta2[rows] += dd
-    dw2 += _rmatvec(Xb, dd) / lam_n
+    dw2 += kernels.rmatvec(Xb, dd) / lam_n
     if average:
         place = np.empty(b)
         place[visit] = steps + np.arange(b)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import scipy.sparse as sp
 from numba import njit
 
 HINGE, LOGISTIC, SQUARED = 0, 1, 2
@@ -150,6 +151,14 @@ def dense_row_loop(order, alpha, y, u0, q, X, loss, lam_n, sigma, cross, dw, gam
 def as_f64(v) -> np.ndarray:
     """``v`` as a C-contiguous float64 array (no copy when it already is one)."""
     return np.ascontiguousarray(v, dtype=np.float64)
+
+
+def rmatvec(X, d) -> np.ndarray:
+    """``X^T d`` ``(m,)`` for ``X`` ``(n, m)`` (CSR: compiled, rows with ``d_i = 0`` skipped, the
+    same values as scipy's product: :func:`csr_rmatvec`; dense: NumPy's)."""
+    if sp.issparse(X):
+        return csr_rmatvec(X.indptr, X.indices, X.data, as_f64(d), X.shape[1])
+    return np.asarray(X.T @ d, dtype=np.float64).ravel()
 
 
 def as_index(v) -> np.ndarray:

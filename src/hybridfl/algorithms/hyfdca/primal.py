@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from hybridfl.algorithms.convex.kernels import rmatvec
 from hybridfl.runtime import validate
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError
@@ -162,7 +163,7 @@ class PrimalClientMixin:
         Alg. 4 lines 2-4)."""
         share = np.zeros(self.X.shape[1])
         for s, rows in enumerate(self.seg_rows):
-            v = np.asarray(self._seg_matrix(s).T @ self.alpha[rows]).ravel()
+            v = rmatvec(self._seg_matrix(s), self.alpha[rows])  # compiled for CSR; skips the zero duals
             colw = self.seg_colw[s]
             share += v if colw is None else v * colw
         return share

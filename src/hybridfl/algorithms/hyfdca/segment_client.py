@@ -471,7 +471,7 @@ class SegmentClientMixin:
         a = self.alpha[rows] + st["delta"][rows]
         d = gram_steps(visit, a, yb, u0, self.gram[s][m], str(prm["loss"]), lam_n, st["sigma"], 0.0)
         st["delta"][rows] += d
-        st["dw"] += _rmatvec(Xb, d) / lam_n
+        st["dw"] += kernels.rmatvec(Xb, d) / lam_n
         if "pdelta" in st:  # step_average: each step's change times its position in the pass
             place = np.empty(rows.size)
             place[visit] = st["steps"] + np.arange(rows.size)
@@ -508,7 +508,7 @@ class SegmentClientMixin:
         for s in segs:
             st = self.sweep[s]
             weights = st["pdelta"][self.seg_rows[s]] / max(1, st["steps"])
-            v = _rmatvec(self._seg_matrix(s), weights)  # compiled; skips the samples that did not change
+            v = kernels.rmatvec(self._seg_matrix(s), weights)  # compiled; skips the samples that did not change
             colw = self.seg_colw[s]
             out += v if colw is None else v * colw
         return out
@@ -581,11 +581,3 @@ class SegmentClientMixin:
             }
             for k, v in json.loads(str(st["sweep"])).items()
         }
-
-
-def _rmatvec(X: Any, d: np.ndarray) -> np.ndarray:
-    """``X^T d`` ``(d,)`` for a batch ``X`` ``(n, d)`` (CSR: compiled, rows with ``d_i = 0``
-    skipped; the same values as scipy's product)."""
-    if sp.issparse(X):
-        return kernels.csr_rmatvec(X.indptr, X.indices, X.data, kernels.as_f64(d), X.shape[1])
-    return np.asarray(X.T @ d, dtype=np.float64).ravel()
