@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import harness
+from benchmarks.harness import dispatch
 from hybridfl.algorithms.convex.losses import RowData, primal, row_norms_sq
 from hybridfl.algorithms.convex.monitor import build_problem
 from hybridfl.algorithms.convex.reference import reference_optimum
@@ -40,7 +41,9 @@ from hybridfl.data import load_mnist
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.simulation import single_threaded
 
-DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data"
+OUT = ROOT / "benchmarks" / "results"
 LAM, TARGET, POSITIVE = 1e-3, 1e-3, [5, 6, 7, 8, 9]
 ORDERS = ["random", "fresh:512", "fixed:512", "alt2:512", "fixed:256", "alt2:256"]
 
@@ -92,7 +95,7 @@ def run_order(prob, p_star: float, spec: str, seed: int, epochs: int) -> list[fl
     return out
 
 
-def main() -> None:
+def run_main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=12)
@@ -134,7 +137,16 @@ def main() -> None:
             "random: a fresh permutation of all samples; fresh: segment mode's order with the batches cut anew each epoch; fixed: cut once (segment mode as it is); alt2: two cuts in alternate epochs.",
             "median: None when a seed did not reach 1e-3 within the epochs.",
         ],
+        out=OUT,
     )
+
+
+PARTS = {"": (run_main, ["--seeds", "1", "--epochs", "2", "--orders", "random,fixed:64,alt2:64"])}
+
+
+def main() -> None:
+    """``python -m benchmarks.sdca_orders [options] [--smoke]`` (see :func:`benchmarks.harness.dispatch`)."""
+    dispatch("sdca_orders", PARTS, globals())
 
 
 if __name__ == "__main__":
