@@ -228,7 +228,8 @@ def test_batch_product_with_the_weights_is_bitwise_scipy(seed, n, d):
     rng = np.random.default_rng(seed)
     X = sp.random(n, d, density=0.3, format="csr", random_state=rng)
     w = rng.normal(size=d)
-    assert np.array_equal(kernels.csr_matvec(X.indptr, X.indices, X.data, w), np.asarray(X @ w).ravel())
+    assert np.array_equal(kernels.matvec(X, w), np.asarray(X @ w).ravel())
+    np.testing.assert_allclose(kernels.matvec(X.toarray(), w), X.toarray() @ w, rtol=1e-12, atol=1e-15)
 
 
 def test_visit_orders_continue_after_a_restored_state(credit_small):

@@ -160,7 +160,7 @@ class HEBackend:
         t = time.perf_counter()
         (n,) = struct.unpack(">I", data[:4])
         body = self._bodies([data])[0]
-        out = np.frombuffer(body, dtype="<f8") if self.name == "none" and not copy else self._decrypt(body, n)
+        out = self._decrypt(body, n) if copy else self._decrypt_view(body, n)
         self.seconds += time.perf_counter() - t
         return out
 
@@ -199,6 +199,10 @@ class HEBackend:
     def _decrypt(self, data: bytes, n: int) -> np.ndarray:  # pragma: no cover
         raise NotImplementedError
 
+    def _decrypt_view(self, data: bytes, n: int) -> np.ndarray:
+        """``decrypt(copy=False)``: a new array unless the scheme can read ``data`` in place."""
+        return self._decrypt(data, n)
+
 
 class PlainBackend(HEBackend):
     """No encryption: the "ciphertext" is the float64 bytes of the vector (anyone can read it)."""
@@ -225,6 +229,9 @@ class PlainBackend(HEBackend):
 
     def _decrypt(self, data: bytes, n: int) -> np.ndarray:
         return np.frombuffer(data, dtype="<f8").astype(np.float64)
+
+    def _decrypt_view(self, data: bytes, n: int) -> np.ndarray:
+        return np.frombuffer(data, dtype="<f8")  # read-only, the message's own bytes
 
     def _check(self, body: bytes, n: int) -> None:
         if len(body) != 8 * n:

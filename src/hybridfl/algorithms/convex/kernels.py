@@ -161,6 +161,14 @@ def rmatvec(X, d) -> np.ndarray:
     return np.asarray(X.T @ d, dtype=np.float64).ravel()
 
 
+def matvec(X, v) -> np.ndarray:
+    """``X v`` ``(n,)`` for ``X`` ``(n, m)`` (CSR: compiled, :func:`csr_matvec`, the same values as
+    scipy's product; dense: NumPy's)."""
+    if sp.issparse(X):
+        return csr_matvec(X.indptr, X.indices, X.data, as_f64(v))
+    return np.asarray(X @ v, dtype=np.float64).ravel()
+
+
 def as_index(v) -> np.ndarray:
     """``v`` as a C-contiguous int64 index array."""
     return np.ascontiguousarray(v, dtype=np.int64)

@@ -243,10 +243,7 @@ class SegmentClientMixin:
         ww = self.w + st["sigma"] * st["dw"]
         if colw is not None:
             ww = ww * colw
-        Xb = self._batch(s, m)[0]
-        if sp.issparse(Xb):
-            return kernels.csr_matvec(Xb.indptr, Xb.indices, Xb.data, ww)
-        return np.asarray(Xb @ ww, dtype=np.float64).ravel()
+        return kernels.matvec(self._batch(s, m)[0], ww)
 
     def _mask_tag(self, msg: Message) -> int | None:
         """Masked mode: the message's ``tag`` (a fresh exchange number, above every tag this
