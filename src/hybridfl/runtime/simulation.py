@@ -40,6 +40,7 @@ from hybridfl.runtime.checkpoint import (
     stop_round_for_tests,
 )
 from hybridfl.runtime.loop import ProgressFn, RoundLoop
+from hybridfl.runtime.memory import keep_freed_memory
 from hybridfl.runtime.transport import CommLog, InProcessTransport
 
 
@@ -378,6 +379,7 @@ def _run(
     baselines, summary and plots (the shared second half of :func:`simulate` and
     :func:`simulate_directories`)."""
     spec, config = fed.spec, fed.config
+    keep_freed_memory()
     fed.setup()
     if resume:
         restore_federation(values, meta["server"], fed.server, fed.clients)
