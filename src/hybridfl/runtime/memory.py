@@ -4,16 +4,20 @@ An in-process federation moves every message through the codec, so a run with bi
 allocates and frees buffers of tens of megabytes again and again: HyFDCA segment mode's setup on
 MNIST binary at batch 512 makes about six 42 MB buffers per holder (its packed Gram vector, the
 ciphertext, the encoded message, the server's decoded copy and sum, the holder's decoded copy)
-and 80 MB of batch Gram matrices. By default glibc serves each block over 128 KiB-32 MiB from a
+and 80 MB of batch Gram matrices. By default glibc serves each block above its mmap threshold
+(128 KiB, rising to at most 32 MiB, so always the 42 MB ones) from a
 fresh ``mmap`` and unmaps it when it is freed, so every buffer costs its first-touch page faults
-again: measured here, 0.3-0.6 s of a 1.9-2.2 s setup.
+again: measured here (the second run in a process), 0.6 s of a 2.0-2.1 s setup; 1.2-1.4 s of
+the first run's 3.8-4.0 s.
 
 :func:`keep_freed_memory` asks glibc (``mallopt``) to serve large blocks from the heap
 (``M_MMAP_MAX`` 0), to keep freed memory for reuse instead of returning it to the system
-(``M_TRIM_THRESHOLD`` 2 GiB, the largest ``int``) and to grow the heap in steps of 256 MiB (``M_TOP_PAD``). The
-process's peak memory then stays allocated until it exits (the peak itself is the same:
-3.05 GB against 3.01 GB maximum resident size in that run). :func:`~hybridfl.runtime.simulation.simulate`
-and :func:`~hybridfl.runtime.simulation.simulate_directories` call it once per process. It does
+(``M_TRIM_THRESHOLD`` 2 GiB, the largest ``int``) and to grow the heap in steps of 256 MiB
+(``M_TOP_PAD``). The process's peak memory then stays allocated until it exits; the peak itself
+barely moves (3.05 GB against 2.97 GB maximum resident size in that run).
+:func:`~hybridfl.runtime.simulation.simulate` and
+:func:`~hybridfl.runtime.simulation.simulate_directories` call it once per process, before the
+setup (not at import: importing hybridfl changes nothing). It does
 nothing outside glibc (macOS, musl) or when the environment variable ``HYBRIDFL_MALLOC`` is
 ``default``.
 """
