@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import os
 import platform
 
@@ -34,21 +35,16 @@ SETTINGS = ((M_MMAP_MAX, 0), (M_TRIM_THRESHOLD, 2**31 - 1), (M_TOP_PAD, 256 << 2
 """``(mallopt parameter, value)`` pairs that :func:`keep_freed_memory` sets, in order."""
 OPT_OUT = "HYBRIDFL_MALLOC"
 
-_done: list[bool] = []
 
-
+@functools.cache
 def keep_freed_memory() -> bool:
     """Apply :data:`SETTINGS` with glibc's ``mallopt``, once per process. Returns whether they are
     in effect (False outside glibc, with ``HYBRIDFL_MALLOC=default``, or when ``mallopt`` refuses
     one). Never raises."""
-    if _done:
-        return _done[0]
-    ok = False
-    if os.environ.get(OPT_OUT, "").strip().lower() != "default" and platform.libc_ver()[0] == "glibc":
-        try:
-            libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-            ok = all(libc.mallopt(ctypes.c_int(p), ctypes.c_int(v)) == 1 for p, v in SETTINGS)
-        except (OSError, AttributeError, ValueError, OverflowError):
-            ok = False
-    _done.append(ok)
-    return ok
+    if os.environ.get(OPT_OUT, "").strip().lower() == "default" or platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return all(libc.mallopt(ctypes.c_int(p), ctypes.c_int(v)) == 1 for p, v in SETTINGS)
+    except (OSError, AttributeError, ValueError, OverflowError):
+        return False
