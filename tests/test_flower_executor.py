@@ -288,6 +288,35 @@ def test_poll_intervals_back_off_while_no_message_comes(monkeypatch):
     assert FlowerTransport(None, poll_interval=0).wait_interval(30.0) == 0.0
 
 
+def test_polls_start_an_interval_apart_so_a_held_poll_is_followed_at_once(monkeypatch):
+    """The SuperNode's idle sleep and the ServerApp's wait between pulls count from the start of the
+    last pull: after a quick pull they wait the rest of the interval, after a pull the SuperLink held
+    (``superlink.HeldPolls``) for longer than the interval they pull again at once."""
+    from hybridfl.runtime.flower import grid, supernode
+
+    now, slept = [100.0], []
+    monkeypatch.setattr(supernode._time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(supernode._time, "sleep", slept.append)
+    clock = supernode._FastTime(0.05, 0.01, 0.2)
+    clock.touch()
+    clock.pulling()
+    now[0] += 0.01  # a quick pull: the rest of the 0.05 s interval
+    clock.sleep(3)
+    assert slept[-1] == pytest.approx(0.04)
+    clock.pulling()
+    now[0] += 0.5  # a held pull
+    clock.sleep(3)
+    assert slept[-1] == 0.0
+    clock.sleep(0.5)  # the SuperNode's wait for its own reply: capped, not paced
+    assert slept[-1] == 0.01
+    monkeypatch.setattr(grid.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(grid.time, "sleep", slept.append)
+    grid.pace(now[0] - 0.02, 0.05)
+    assert slept[-1] == pytest.approx(0.03)
+    grid.pace(now[0] - 0.5, 0.05)
+    assert slept[-1] == 0.0
+
+
 # ------------------------------------------------------------------------------ real processes
 # the executor as a process of its own (26 s) runs with -m slow; the inline default runs in CI
 @pytest.mark.parametrize(

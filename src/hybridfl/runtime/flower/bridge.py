@@ -38,7 +38,7 @@ from flwr.app import Message
 
 from hybridfl.errors import HybridFLError
 from hybridfl.privacy.credentials import NONCE_BYTES
-from hybridfl.runtime.flower.grid import pull_replies
+from hybridfl.runtime.flower.grid import pace, pull_replies
 from hybridfl.runtime.flower.wire import (  # noqa: F401 (re-exported: the bridge's public names)
     ACKED,
     HELLO,
@@ -221,6 +221,7 @@ class FlowerTransport:
         try:
             while not want <= {str(r.payload.get("client_id")) for r in found.values()}:
                 self._discover(min(self.node_check, 0.2))
+                pulled = time.monotonic()
                 self._pull([])
                 if want <= {str(r.payload.get("client_id")) for r in found.values()}:
                     break
@@ -233,7 +234,7 @@ class FlowerTransport:
                         + (f"; refused: {why}" if why else "")
                         + ")."
                     )
-                time.sleep(self.poll_interval)
+                pace(pulled, self.poll_interval)
         finally:
             self._found = None
         return self.send_setup({nid: str(r.payload["client_id"]) for nid, r in found.items()})
@@ -271,6 +272,7 @@ class FlowerTransport:
         out: dict[int, HMessage] = {}
         deadline = time.monotonic() + self.timeout
         while want:
+            pulled = time.monotonic()
             for r in self.grid.pull_messages(list(want)):
                 nid = want.pop(str(r.metadata.reply_to_message_id), None)
                 if nid is not None:
@@ -281,7 +283,7 @@ class FlowerTransport:
                     f"client {nodes[nid]!r} (node {nid}) did not answer the run's setup in {self.timeout:g} s."
                 )
             if want:
-                time.sleep(self.poll_interval)
+                pace(pulled, self.poll_interval)
         return out
 
     def wait_interval(self, elapsed: float) -> float:
@@ -520,6 +522,7 @@ class FlowerTransport:
         try:
             self._push(outs)
             while any(o.reply is None and not o.gave_up for o in outs):
+                pulled = time.monotonic()
                 self._pull(outs)
                 if all(o.reply is not None for o in outs):
                     break
@@ -530,7 +533,7 @@ class FlowerTransport:
                         self._give_up(o)
                 if all(o.reply is not None or o.gave_up for o in outs):
                     break
-                time.sleep(self.wait_interval(time.perf_counter() - t0))
+                pace(pulled, self.wait_interval(time.perf_counter() - t0))
         finally:
             self._inflight = []
         result = []

@@ -22,6 +22,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import inspect
+import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -118,3 +119,10 @@ def _pull_one(grid: Any, run_id: int, msg_proto: Any, msg_tree: Any) -> Any:
     message = hg.inflate_object_from_contents(msg_id, contents)
     message.metadata.__dict__["_message_id"] = msg_id
     return message
+
+
+def pace(pulled: float, interval: float) -> None:
+    """Sleep until ``interval`` seconds after ``pulled`` (``time.monotonic()`` as the last pull
+    started): polls start at most every ``interval`` seconds, and at once after a pull the
+    SuperLink held until there was news or its hold ran out (``superlink.HeldPolls``)."""
+    time.sleep(max(0.0, interval - (time.monotonic() - pulled)))

@@ -5,10 +5,12 @@ Flower 1.41's SuperNode sleeps a fixed 3 s whenever a pull from the SuperLink fi
 (``flwr/supernode/start_client_internal.py``), waits 0.5 s between checks for the ClientApp's
 reply, and waits 1 s before it first retries pulling a message's objects that the ServerApp has
 not uploaded yet (``PULL_INITIAL_BACKOFF``); there is no option for any of them. This launcher runs
-the stock ``flower-supernode`` with the idle sleep replaced: ``--poll-interval`` seconds (default
-0.05) right after a message, then a tenth (:data:`BACKOFF`) of the time since the last message,
-up to ``--idle-poll-interval`` (default 0.2: an idle node costs the SuperLink 5 requests a
-second); the reply wait at 0.01 s (a check of its own memory, no request); the first object retry
+the stock ``flower-supernode`` with the idle sleep replaced: the next pull starts ``--poll-interval``
+seconds (default 0.05) after the last one started right after a message, then a tenth
+(:data:`BACKOFF`) of the time since the last message after it, up to ``--idle-poll-interval``
+(default 0.2: an idle node costs a stock SuperLink 5 requests a second), and at once after a
+pull that took longer (one our SuperLink held until there was news, ``superlink.HeldPolls``);
+the reply wait at 0.01 s (a check of its own memory, no request); the first object retry
 at ``--object-retry`` (default 0.02 s, then doubling up to 1 s); and it sets
 ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (Flower's own setting, default 1 s) for the SuperExec that
 starts the ClientApp processes.
@@ -52,18 +54,27 @@ class _FastTime:
         self.wait_cap = cap if wait_cap is None else wait_cap
         self.idle_cap = max(cap, cap if idle_cap is None else idle_cap)
         self.last = float("-inf")
+        self.pulled = float("-inf")
 
     def touch(self) -> None:
         """A message arrived or was answered: poll every ``cap`` seconds again."""
         self.last = _time.monotonic()
 
+    def pulling(self) -> None:
+        """A pull from the SuperLink starts now."""
+        self.pulled = _time.monotonic()
+
     def interval(self) -> float:
-        """Seconds until the next pull from the SuperLink."""
+        """Seconds between the starts of two pulls from the SuperLink."""
         return min(self.idle_cap, max(self.cap, BACKOFF * (_time.monotonic() - self.last)))
 
     def sleep(self, s: float) -> None:
         s = float(s)
-        _time.sleep(min(s, self.interval() if s >= 3.0 else self.wait_cap))
+        if s >= 3.0:  # the idle sleep: the next pull starts an interval after the last one started
+            # (at once after a pull the SuperLink held: superlink.HeldPolls)
+            _time.sleep(max(0.0, min(s, self.interval()) - (_time.monotonic() - self.pulled)))
+        else:
+            _time.sleep(min(s, self.wait_cap))
 
     def __getattr__(self, name: str):
         return getattr(_time, name)
@@ -105,14 +116,16 @@ def executor_command(args: list[str], poll_interval: float = 0.02, wake_fd: int 
     return [*cmd, "--poll-interval", str(poll_interval), "--parent-pid", str(os.getpid())]
 
 
-def _announce_tasks(sci, fd: int | None, on_message=None) -> None:
+def _announce_tasks(sci, fd: int | None, on_message=None, on_pull=None) -> None:
     """Write a byte to ``fd`` whenever the SuperNode has stored a message pulled from the SuperLink
     (with its objects: its task can run now), so the executor need not poll for it; call
-    ``on_message()`` then too."""
+    ``on_message()`` then too, and ``on_pull()`` as each pull starts."""
     pull_and_store = sci._pull_and_store_message
 
     @functools.wraps(pull_and_store)
     def announcing(*a, **kw):
+        if on_pull is not None:
+            on_pull()
         run_id = pull_and_store(*a, **kw)
         if run_id is not None:
             if on_message is not None:
@@ -127,16 +140,19 @@ def _announce_tasks(sci, fd: int | None, on_message=None) -> None:
     sci._pull_and_store_message = announcing
 
 
-def _answer_inline(sci, on_message=None) -> None:
+def _answer_inline(sci, on_message=None, on_pull=None) -> None:
     """Answer each message in this (the SuperNode's) process, right after the SuperNode stored it:
     an :class:`~hybridfl.runtime.flower.executor.Executor` on Flower's Runtime API handlers and the
     SuperNode's own ``NodeState`` (no executor process, no HTTP request, no poll), so the SuperNode's
-    loop finds the reply at once and pushes it. ``on_message()`` is called after each message."""
+    loop finds the reply at once and pushes it. ``on_message()`` is called after each message,
+    ``on_pull()`` as each pull starts."""
     pull_and_store = sci._pull_and_store_message
     holder: dict = {}
 
     @functools.wraps(pull_and_store)
     def answering(*a, **kw):
+        if on_pull is not None:
+            on_pull()
         run_id = pull_and_store(*a, **kw)
         if run_id is not None:
             if on_message is not None:
@@ -195,16 +211,16 @@ def main(argv: list[str] | None = None) -> None:
             _take(args, "--isolation")
         args += ["--isolation", "process"]
     if inline:
-        _answer_inline(sci, clock.touch)
+        _answer_inline(sci, clock.touch, clock.pulling)
     elif warm:
         r, w = os.pipe()
         os.set_blocking(w, False)
-        _announce_tasks(sci, w, clock.touch)
+        _announce_tasks(sci, w, clock.touch, clock.pulling)
         # the executor's poll interval: at most the SuperNode's, never below 0.01 s
         subprocess.Popen(executor_command(args, max(min(cap, 0.02), 0.01), r), pass_fds=(r,))
         os.close(r)
     else:
-        _announce_tasks(sci, None, clock.touch)
+        _announce_tasks(sci, None, clock.touch, clock.pulling)
     sys.argv = ["flower-supernode", *args]
     flower_supernode()
 
