@@ -461,15 +461,20 @@ def in_memory(args: list[str]) -> bool:
 
 def install(inline: bool = False) -> None:
     """Gate this process's SuperLink middleware (``flwr.superlink.main._get_middleware``, read by
-    its ``create_app`` at start), once; ``inline``: also run small Fleet and ServerAppIo requests'
-    handlers on the event loop (:class:`InlineHandlers`, :func:`install_inline_handlers`)."""
+    its ``create_app`` at start), once, with the polls held (:class:`HeldPolls`) and verified
+    SuperNode signatures remembered (:func:`~hybridfl.runtime.flower.signing.remember_verified`);
+    ``inline``: also run small Fleet and ServerAppIo requests' handlers on the event loop
+    (:class:`InlineHandlers`, :func:`install_inline_handlers`)."""
     import flwr.superlink.main as link
     from starlette.middleware import Middleware
+
+    from hybridfl.runtime.flower.signing import install_remember_verified
 
     original = link._get_middleware
     if getattr(original, "hybridfl_gated", False):
         return
     inline = inline and install_inline_handlers()
+    install_remember_verified()
 
     def get_middleware() -> list:
         out = gated(original())

@@ -198,8 +198,11 @@ def main(argv: list[str] | None = None) -> None:
     import flwr.supernode.start_client_internal as sci
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
+    from hybridfl.runtime.flower.signing import reuse_signed_timestamps
+
     clock = _FastTime(cap, min(cap, 0.01), idle)
     sci.time = clock  # type: ignore[assignment]
+    reuse_signed_timestamps()  # one signature a second, not one a request (signing.py)
     # first retry of a message's objects after `retry` seconds instead of 1 s (the SuperLink lists a
     # message before the ServerApp has uploaded its objects), doubling up to 1 s; no limit on the
     # number of tries (Flower's PULL_MAX_TIME still applies)
