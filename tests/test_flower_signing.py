@@ -88,6 +88,7 @@ def _requests(remember: bool, monkeypatch) -> tuple[list[int], int]:
     verified = []
     real = node_auth.verify_signature
     monkeypatch.setattr(node_auth, "verify_signature", lambda *a: verified.append(1) or real(*a))
+    monkeypatch.setattr(node_auth, "bytes_to_public_key", node_auth.bytes_to_public_key)  # restored after
     if remember:
         signing.install_remember_verified()
     app = link.create_app()
@@ -133,3 +134,31 @@ def test_the_superlink_accepts_and_refuses_as_flowers_check_verifying_each_tripl
     assert stock == remembered == [200, 200, 401, 401, 401]
     assert stock_verified == 4  # the stale header fails on its age, before any verification
     assert verified == 3  # the repeated header is not verified again; the tampered one is
+
+
+def test_a_remembered_triple_is_tied_to_its_key_object():
+    """:func:`signing.remember_verified` answers from memory only for the very key object it
+    verified with (``loaded_once`` hands out one per key's bytes); a failed check is never
+    remembered."""
+    from flwr.supercore.primitives.asymmetric import (
+        bytes_to_public_key,
+        generate_key_pairs,
+        public_key_to_bytes,
+        sign_message,
+        verify_signature,
+    )
+
+    calls = []
+    verify = signing.remember_verified(lambda *a: calls.append(1) or verify_signature(*a), size=2)
+    load = signing.loaded_once(bytes_to_public_key)
+    private, public = generate_key_pairs()
+    raw = public_key_to_bytes(public)
+    key = load(raw)
+    assert load(raw) is key
+    sig = sign_message(private, b"t1")
+    assert verify(key, b"t1", sig) and verify(key, b"t1", sig) and len(calls) == 1
+    assert verify(bytes_to_public_key(raw), b"t1", sig) and len(calls) == 2  # another object: checked
+    assert not verify(key, b"t2", sig) and not verify(key, b"t2", sig) and len(calls) == 4
+    for t in (b"t3", b"t4"):  # pushes the first out (size 2)
+        verify(key, t, sign_message(private, t))
+    assert verify(key, b"t1", sig) and len(calls) == 7

@@ -19,7 +19,7 @@ of the about 27 Fleet requests of an exchange with 3 SuperNodes.
 - :func:`remember_verified` (the SuperLink, :mod:`hybridfl.runtime.flower.superlink`):
   ``authenticate_node``'s ``verify_signature`` remembers the (public key, timestamp, signature)
   triples it verified (the last :data:`REMEMBERED`); the same triple again is accepted without
-  verifying it again. Verification is a deterministic function of the triple, so every request is
+  verifying it again (and :func:`loaded_once`: a key's bytes are loaded into a key object once). Verification is a deterministic function of the triple, so every request is
   accepted or refused exactly as by Flower's check: the timestamp window, the key's node and a
   signature never seen are all checked on every request as before; a signature that fails is never
   remembered.
@@ -33,6 +33,7 @@ and SuperLink app with both and checks every acceptance and refusal against the 
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections import OrderedDict
@@ -81,23 +82,23 @@ def reuse_signed_timestamps(module: Any = None, seconds: float = REUSE_SECONDS) 
 
 def remember_verified(original: Callable, size: int = REMEMBERED) -> Callable:
     """``verify_signature(public_key, message, signature) -> bool`` (Flower's ``original``) that
-    remembers the last ``size`` triples it verified, keyed by the public key's bytes, and returns
-    True for them without verifying again; a triple that fails is verified every time."""
-    from flwr.supercore.primitives.asymmetric import public_key_to_bytes
-
-    seen: OrderedDict[tuple[bytes, bytes, bytes], bool] = OrderedDict()
+    remembers the last ``size`` triples it verified and returns True for them without verifying
+    again; a triple that fails is verified every time. The key is remembered as the object itself
+    (:func:`loaded_once` hands out one object per key's bytes; an entry keeps its key object alive,
+    so no other object can take its ``id`` while the entry exists)."""
+    seen: OrderedDict[tuple[int, bytes, bytes], Any] = OrderedDict()
     lock = threading.Lock()
 
     def verify_signature(public_key: Any, message: bytes, signature: bytes) -> bool:
-        key = (public_key_to_bytes(public_key), bytes(message), bytes(signature))
+        entry = (id(public_key), bytes(message), bytes(signature))
         with lock:
-            if key in seen:
-                seen.move_to_end(key)
+            if seen.get(entry) is public_key:
+                seen.move_to_end(entry)
                 return True
         ok = bool(original(public_key, message, signature))
         if ok:
             with lock:
-                seen[key] = True
+                seen[entry] = public_key
                 while len(seen) > size:
                     seen.popitem(last=False)
         return ok
@@ -106,10 +107,19 @@ def remember_verified(original: Callable, size: int = REMEMBERED) -> Callable:
     return verify_signature
 
 
+def loaded_once(original: Callable, size: int = REMEMBERED) -> Callable:
+    """``bytes_to_public_key(data)`` (Flower's ``original``) that returns the same key object for the
+    same bytes (the last ``size`` keys; key objects are immutable); bytes that do not load raise
+    as before, every time."""
+    return functools.lru_cache(maxsize=size)(original)
+
+
 def install_remember_verified() -> None:
-    """Replace ``verify_signature`` in Flower's SuperNode authentication
-    (``flwr.superlink.routers.fleet.node_auth``) by :func:`remember_verified`, once."""
+    """Replace ``verify_signature`` and ``bytes_to_public_key`` in Flower's SuperNode
+    authentication (``flwr.superlink.routers.fleet.node_auth``) by :func:`remember_verified` and
+    :func:`loaded_once`, once."""
     import flwr.superlink.routers.fleet.node_auth as node_auth
 
     if not getattr(node_auth.verify_signature, "hybridfl_remembers", False):
+        node_auth.bytes_to_public_key = loaded_once(node_auth.bytes_to_public_key)
         node_auth.verify_signature = remember_verified(node_auth.verify_signature)
