@@ -110,7 +110,8 @@ SETTINGS = {
         0.05,
         "LocalFederation's default since 2026-11-28: `inline` with the SuperLink started by "
         "`hybridfl.runtime.flower.superlink` (its six Control-API and plugin middleware layers skipped on the "
-        "Fleet and ServerAppIo requests they only pass on)",
+        "Fleet and ServerAppIo requests they only pass on; since 16:50 UTC also empty polls held until news, "
+        "`HeldPolls`, and verified SuperNode signatures remembered, `signing.py`)",
     ),
     "inline": (
         True,
