@@ -94,36 +94,44 @@ def test_an_empty_poll_is_held_and_asked_again_when_the_hold_ends():
     assert app.runs == [(APPIO, b"req"), (APPIO, b"req")]  # the app ran again at the end
 
 
+PUSH = {FLEET: "/v1/fleet/push-object", APPIO: "/v1/runtime/push-object"}  # a side's push
+
+
 @pytest.mark.parametrize("held, waker", [(FLEET, APPIO), (APPIO, FLEET)])
-def test_a_held_poll_is_answered_when_the_other_side_polls(held, waker):
+def test_a_held_poll_is_answered_when_the_other_side_polls_after_a_push(held, waker):
     """The ServerApp polls right after pushing (wakes the SuperNodes' polls); a SuperNode polls right
-    after pushing a reply (wakes the ServerApp's poll)."""
+    after pushing a reply (wakes the ServerApp's poll). A poll of a side that pushed nothing since
+    the last wake wakes nothing."""
     app = StandIn()
     layer = superlink.HeldPolls(app, hold=1.0)
 
     async def scenario():
         poll = asyncio.ensure_future(_request(layer, held))
-        await asyncio.sleep(0.2)
-        assert not poll.done()  # held: nothing new
+        await asyncio.sleep(0.1)
+        idle = asyncio.ensure_future(_request(layer, waker))  # no push before it: no wake
+        await asyncio.sleep(0.1)
+        assert not poll.done()
         app.messages[held] = 2  # the news arrives
+        await _request(layer, PUSH[waker], b"object")  # the other side pushes it, then polls
         other = asyncio.ensure_future(_request(layer, waker))  # itself held: nothing for it
-        return await poll, await other
+        return await poll, await other, await idle
 
-    (status, body, seconds), other = asyncio.run(scenario())
+    (status, body, seconds), other, idle = asyncio.run(scenario())
     assert (status, body) == (200, _answer(held, 2))
     assert 0.2 <= seconds < 0.8  # answered on the wake, not at the end of its 1 s hold
-    assert other[1] == _answer(waker, 0) and other[2] >= 1.0
-    assert [p for p, _ in app.runs].count(held) == 2
+    assert other[1] == idle[1] == _answer(waker, 0) and min(other[2], idle[2]) >= 1.0
+    assert [p for p, _ in app.runs].count(held) == 2  # on arrival and on the one wake
 
 
-def test_a_poll_woken_without_news_is_held_on_until_its_hold_ends():
+def test_a_poll_woken_without_news_for_it_is_held_on_until_its_hold_ends():
     app = StandIn()
     layer = superlink.HeldPolls(app, hold=0.5)
 
     async def scenario():
         poll = asyncio.ensure_future(_request(layer, FLEET))
         await asyncio.sleep(0.1)
-        await _request(layer, "/v1/fleet/push-object")  # not a wake
+        await _request(layer, "/v1/fleet/push-object")  # a SuperNode's push: news for the ServerApp only
+        await _request(layer, PUSH[APPIO])  # the ServerApp's push, for another node
         other = asyncio.ensure_future(_request(layer, APPIO))  # a wake, but still nothing for this node
         await asyncio.sleep(0.05)
         assert not poll.done()
@@ -135,6 +143,26 @@ def test_a_poll_woken_without_news_is_held_on_until_its_hold_ends():
     assert [p for p, _ in app.runs].count(FLEET) == 3  # first, on the wake, at the end
 
 
+def test_many_held_polls_are_woken_once_per_push_not_per_poll():
+    """n held SuperNode polls, the ServerApp polling ten times after one push: the n polls run again
+    once (O(n) per exchange, not O(n^2))."""
+    app = StandIn()
+    layer = superlink.HeldPolls(app, hold=0.6)
+
+    async def scenario():
+        polls = [asyncio.ensure_future(_request(layer, FLEET)) for _ in range(20)]
+        await asyncio.sleep(0.05)
+        await _request(layer, PUSH[APPIO])
+        servers = []
+        for _ in range(10):
+            servers.append(asyncio.ensure_future(_request(layer, APPIO)))
+            await asyncio.sleep(0.01)
+        await asyncio.gather(*polls, *servers)
+
+    asyncio.run(scenario())
+    assert [p for p, _ in app.runs].count(FLEET) == 20 * 3  # on arrival, the one wake, the hold's end
+
+
 def test_a_client_that_leaves_while_held_gets_nothing_and_the_app_is_not_run_for_it():
     """No message is handed out to a client that is gone."""
     app = StandIn()
@@ -143,6 +171,7 @@ def test_a_client_that_leaves_while_held_gets_nothing_and_the_app_is_not_run_for
     async def scenario():
         out = await _request(layer, FLEET, leave_after=0.1)
         app.messages[FLEET] = 1
+        await _request(layer, PUSH[APPIO])
         other = asyncio.ensure_future(_request(layer, APPIO))  # would wake it
         await asyncio.sleep(0.05)
         other.cancel()

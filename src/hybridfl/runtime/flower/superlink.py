@@ -316,7 +316,16 @@ HOLD_SECONDS = 0.5
 """Longest time (seconds) :class:`HeldPolls` holds a poll that finds nothing."""
 
 WAKES = {SERVERAPPIO_POLL: FLEET_POLL, FLEET_POLL: SERVERAPPIO_POLL}
-"""A poll arriving on the key's path wakes the polls held on the value's path (:class:`HeldPolls`)."""
+"""A poll arriving on the key's path wakes the polls held on the value's path (:class:`HeldPolls`),
+if its side pushed since (:data:`PUSHES`)."""
+
+PUSHES = {
+    SERVERAPPIO + "push-messages": FLEET_POLL,
+    SERVERAPPIO + "push-object": FLEET_POLL,
+    "/v1/fleet/push-messages": SERVERAPPIO_POLL,
+    "/v1/fleet/push-object": SERVERAPPIO_POLL,
+}
+"""A push on the key's path is news for the polls held on the value's path."""
 
 
 def _empty_poll(path: str, start: dict | None, body: bytes) -> bool:
@@ -346,7 +355,11 @@ class HeldPolls:
     (:data:`WAKES`): the ServerApp polls for replies right after it has pushed its messages and
     all their objects (Flower's ``HttpGrid.push_messages`` returns only then), so its poll wakes
     the SuperNodes' held polls; a SuperNode polls again right after it has pushed a reply and its
-    objects (Flower's SuperNode loop), so its poll wakes the ServerApp's held poll. A poll that
+    objects (Flower's SuperNode loop), so its poll wakes the ServerApp's held poll. A poll wakes
+    only if its side pushed something (:data:`PUSHES`) since the last wake: idle SuperNodes polling
+    again at the end of their holds do not wake the ServerApp, nor the ServerApp's polls for the
+    rest of the replies every SuperNode (one wake of the n held polls per exchange, not per reply,
+    so an exchange with n SuperNodes runs O(n) polls, not O(n^2)). A poll that
     finds a message, an error, and every other request are answered as before, unchanged. A
     client that disconnects while its poll is held gets nothing, and the app is not run again for
     it (no message is handed out to a client that is gone).
@@ -364,6 +377,7 @@ class HeldPolls:
         self.hold = float(hold)
         self.generation = dict.fromkeys(WAKES, 0)
         self.events: dict[str, Any] = {}
+        self.news = dict.fromkeys(WAKES, False)  # a push since the last wake, per held path
 
     def wake(self, path: str) -> None:
         """Run the polls held on ``path`` again."""
@@ -375,9 +389,13 @@ class HeldPolls:
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
         path = str(scope.get("path", "")) if scope.get("type") == "http" and scope.get("method") == "POST" else ""
         if path not in WAKES:
+            if path in PUSHES:
+                self.news[PUSHES[path]] = True
             await self.app(scope, receive, send)
             return
-        self.wake(WAKES[path])
+        if self.news[WAKES[path]]:
+            self.news[WAKES[path]] = False
+            self.wake(WAKES[path])
         if self.hold <= 0:
             await self.app(scope, receive, send)
             return
