@@ -416,6 +416,7 @@ class HeldPolls:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.hold
         gone: Any = None
+        waiting: Any = None
         try:
             while True:
                 seen = self.generation[path]
@@ -433,8 +434,11 @@ class HeldPolls:
                 if gone in done:
                     return
         finally:
-            if gone is not None:
-                gone.cancel()
+            for task in (gone, waiting):
+                if task is not None:
+                    task.cancel()
+        if start is None:
+            raise RuntimeError("No response returned.")
         await send(start)
         await send({"type": "http.response.body", "body": answer, "more_body": False})
 
