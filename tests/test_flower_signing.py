@@ -73,17 +73,14 @@ def _requests(remember: bool, monkeypatch) -> tuple[list[int], int]:
     import httpx
     from flwr.common.constant import TIMESTAMP_HEADER
     from flwr.proto.fleet_pb2 import (
-        ActivateNodeRequest,
         PullMessagesRequest,
-        RegisterNodeFleetRequest,
-        RegisterNodeFleetResponse,
     )
     from flwr.proto.node_pb2 import Node
     from flwr.supercore.constant import FLEET_HTTP_SIGNATURE_HEADER
     from flwr.supercore.primitives.asymmetric import generate_key_pairs, public_key_to_bytes
     from flwr.superlink.routers.fleet import node_auth
 
-    from tests.test_flower_superlink_inline import _signed
+    from tests.test_flower_superlink_inline import _signed, registered_node
 
     verified = []
     real = node_auth.verify_signature
@@ -100,14 +97,7 @@ def _requests(remember: bool, monkeypatch) -> tuple[list[int], int]:
 
     async def run():
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://superlink") as c:
-            r = await c.post(
-                "/v1/fleet/register-node",
-                content=RegisterNodeFleetRequest(public_key=public).SerializeToString(),
-                headers=proto | _signed(private, public),
-            )
-            node = RegisterNodeFleetResponse.FromString(r.content).node_id
-            activate = ActivateNodeRequest(public_key=public, heartbeat_interval=30).SerializeToString()
-            await c.post("/v1/fleet/activate-node", content=activate, headers=proto | _signed(private, public))
+            node = await registered_node(c, private, public)
             verified.clear()
             pull = PullMessagesRequest(node=Node(node_id=node)).SerializeToString()
             header = _signed(private, public)

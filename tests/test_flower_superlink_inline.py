@@ -97,6 +97,23 @@ def _signed(private_key, public: bytes) -> dict:
     }
 
 
+async def registered_node(client, private_key, public: bytes) -> int:
+    """Register and activate a SuperNode with key ``public`` on the SuperLink app behind the httpx
+    ``client`` (signed as Flower's SuperNode does); its node ID."""
+    from flwr.proto.fleet_pb2 import ActivateNodeRequest, RegisterNodeFleetRequest, RegisterNodeFleetResponse
+
+    proto = {"content-type": "application/protobuf"}
+    r = await client.post(
+        "/v1/fleet/register-node",
+        content=RegisterNodeFleetRequest(public_key=public).SerializeToString(),
+        headers=proto | _signed(private_key, public),
+    )
+    node = RegisterNodeFleetResponse.FromString(r.content).node_id
+    activate = ActivateNodeRequest(public_key=public, heartbeat_interval=30).SerializeToString()
+    await client.post("/v1/fleet/activate-node", content=activate, headers=proto | _signed(private_key, public))
+    return node
+
+
 def _session(inline: bool, monkeypatch) -> tuple[list, dict]:
     """Flower's SuperLink app (in-memory state), stock or with the gate and the inline switch, and a
     SuperNode's requests against it: (per request: status, content type, body with the node's

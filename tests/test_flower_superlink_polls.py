@@ -199,16 +199,13 @@ def test_flowers_superlink_answers_an_empty_poll_the_same_after_the_hold(monkeyp
     import flwr.superlink.main as link
     import httpx
     from flwr.proto.fleet_pb2 import (
-        ActivateNodeRequest,
         PullMessagesRequest,
-        RegisterNodeFleetRequest,
-        RegisterNodeFleetResponse,
     )
     from flwr.proto.node_pb2 import Node
     from flwr.supercore.primitives.asymmetric import generate_key_pairs, public_key_to_bytes
     from starlette.middleware import Middleware
 
-    from tests.test_flower_superlink_inline import _signed
+    from tests.test_flower_superlink_inline import _signed, registered_node
 
     stock = link._get_middleware
 
@@ -224,14 +221,7 @@ def test_flowers_superlink_answers_an_empty_poll_the_same_after_the_hold(monkeyp
 
         async def run():
             async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://superlink") as c:
-                r = await c.post(
-                    "/v1/fleet/register-node",
-                    content=RegisterNodeFleetRequest(public_key=public).SerializeToString(),
-                    headers=proto | _signed(private, public),
-                )
-                node = RegisterNodeFleetResponse.FromString(r.content).node_id
-                activate = ActivateNodeRequest(public_key=public, heartbeat_interval=30).SerializeToString()
-                await c.post("/v1/fleet/activate-node", content=activate, headers=proto | _signed(private, public))
+                node = await registered_node(c, private, public)
                 t0 = time.monotonic()
                 r = await c.post(
                     FLEET,

@@ -124,6 +124,23 @@ class PathGate:
         await self.inner(scope, receive, send)
 
 
+async def collect(app: Any, scope: dict, receive: Any) -> tuple[dict | None, bytes]:
+    """Run the ASGI ``app`` on ``scope`` and ``receive`` and keep its answer instead of sending it:
+    its ``http.response.start`` message (None if it sent none) and its whole body."""
+    start: dict | None = None
+    chunks: list[bytes] = []
+
+    async def keep(message: dict) -> None:
+        nonlocal start
+        if message["type"] == "http.response.start":
+            start = message
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+
+    await app(scope, receive, keep)
+    return start, b"".join(chunks)
+
+
 DIRECT = ("BaseHTTPMiddleware", "ProtobufTranslationMiddleware", "NodeAuthMiddleware")
 """The middlewares (of :data:`EXPECTED`) that do work on Fleet or ServerAppIo requests, whose
 ``dispatch`` :class:`DirectDispatch` runs there without Starlette's streaming machinery."""
@@ -171,20 +188,10 @@ class DirectDispatch:
             return {"type": "http.request", "body": request._body, "more_body": False}
 
         async def call_next(_request: Any) -> Any:
-            start: dict | None = None
-            chunks: list[bytes] = []
-
-            async def keep(message: dict) -> None:
-                nonlocal start
-                if message["type"] == "http.response.start":
-                    start = message
-                elif message["type"] == "http.response.body":
-                    chunks.append(message.get("body", b""))
-
-            await self.app(scope, replay, keep)
+            start, body = await collect(self.app, scope, replay)
             if start is None:
                 raise RuntimeError("No response returned.")
-            response = self.response(b"".join(chunks), status_code=start["status"])
+            response = self.response(body, status_code=start["status"])
             response.raw_headers = list(start["headers"])
             return response
 
@@ -446,8 +453,6 @@ class HeldPolls:
         """The rest of the app on this request (its body replayed): its start message and body."""
         import asyncio
 
-        start: dict | None = None
-        chunks: list[bytes] = []
         sent = False
 
         async def replay() -> dict:
@@ -457,15 +462,7 @@ class HeldPolls:
             sent = True
             return {"type": "http.request", "body": body, "more_body": False}
 
-        async def keep(message: dict) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start":
-                start = message
-            elif message["type"] == "http.response.body":
-                chunks.append(message.get("body", b""))
-
-        await self.app(scope, replay, keep)
-        return start, b"".join(chunks)
+        return await collect(self.app, scope, replay)
 
 
 def in_memory(args: list[str]) -> bool:
