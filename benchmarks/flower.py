@@ -851,6 +851,7 @@ def cmdline(pid: int) -> str:
 def role_of(cmd: str) -> str:
     for key, name in (
         ("flower-superlink", "superlink"),
+        ("runtime.flower.superlink", "superlink"),  # our launcher (LocalFederation's default)
         ("flwr-serverapp", "serverapp"),
         ("flower-superexec", "superexec"),
         ("runtime.flower.executor", "executor"),
@@ -871,7 +872,10 @@ def all_pids(pgids: list[int]) -> list[int]:
 
 
 def sample_cpu(pgids: list[int], seconds: float) -> dict[str, float]:
-    """CPU seconds per second of every process of the groups over ``seconds`` (by role and pid)."""
+    """CPU seconds per second of every process of the groups over ``seconds`` (by role and pid);
+    nothing when ``seconds`` is not positive (``trace --idle 0``)."""
+    if seconds <= 0:
+        return {}
     pids = all_pids(pgids)
     c0 = {p: cpu_seconds(p) for p in pids}
     time.sleep(seconds)
@@ -1102,6 +1106,7 @@ def main_trace() -> None:
                     f"{e['path'].rsplit('/', 1)[-1]:26s} {e['resp']}"
                 )
     if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
         Path(a.out).write_text(
             json.dumps(
                 {"pings": pings, "phases": ph, "idle_cpu": idle_nodes, "load": [la0, la1], "requests": agg}, indent=1
