@@ -369,3 +369,50 @@ def test_a_record_with_a_bad_acked_or_seq_is_one_sentence(bad):
         with pytest.raises(ValueError) as e:
             unpack_meta(rec)
         assert "\n" not in str(e.value) and f"{key!r}" in str(e.value) and "non-negative integer" in str(e.value)
+
+
+def test_the_supernodes_object_pulls_and_pushes_reuse_one_pool():
+    """The SuperNode launcher gives Flower's object pulls and pushes one long-lived pool per worker
+    count (``supernode._SharedPool``): the same objects come back, the threads are reused across
+    calls, a failing pull fails as with Flower's own pools, and Flower still makes its pools
+    through ``concurrent.futures.ThreadPoolExecutor`` and lets them go with ``cancel_futures``."""
+    import inspect
+    import threading
+    import types
+
+    import flwr.supercore.inflatable.inflatable_utils as real
+    from flwr.supercore.inflatable.inflatable_utils import ObjectPullError
+
+    from hybridfl.runtime.flower import supernode
+
+    src = inspect.getsource(real)
+    assert src.count("concurrent.futures.ThreadPoolExecutor(max_workers=num_workers)") == 2
+    assert src.count("executor.shutdown(wait=False, cancel_futures=True)") == 2
+    module = types.ModuleType("inflatable_utils_copy")  # the same functions on a copy of the module's names
+    module.__dict__.update({k: v for k, v in vars(real).items() if not k.startswith("__")})
+    for name in ("pull_objects", "push_object_contents_from_iterable"):
+        f = getattr(real, name)
+        setattr(module, name, types.FunctionType(f.__code__, module.__dict__, name, f.__defaults__, f.__closure__))
+        module.__dict__[name].__kwdefaults__ = f.__kwdefaults__
+    supernode._share_object_pools(module)
+    store = {f"id{i}": f"object {i}".encode() for i in range(5)}
+    pushed: dict = {}
+    threads: set[str] = set()
+
+    def pull(object_id: str) -> bytes:
+        threads.add(threading.current_thread().name)
+        return store[object_id]
+
+    for _ in range(20):
+        assert module.pull_objects(list(store), pull) == store
+        module.push_object_contents_from_iterable(store.items(), lambda i, c: pushed.__setitem__(i, c))
+    assert pushed == store
+    workers = real.get_num_workers(real.FLWR_PRIVATE_MAX_CONCURRENT_OBJ_PULLS)
+    assert len(threads) <= workers and all(t.startswith("hybridfl-objects") for t in threads)  # reused
+
+    def missing(object_id: str) -> bytes:
+        raise ObjectPullError(object_id, "gone")
+
+    with pytest.raises(ObjectPullError):
+        module.pull_objects(["x", "y"], missing)
+    assert module.pull_objects(list(store), store.__getitem__) == store  # the pool still serves

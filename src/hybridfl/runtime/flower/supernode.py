@@ -14,6 +14,8 @@ the reply wait at 0.01 s (a check of its own memory, no request); the first obje
 at ``--object-retry`` (default 0.02 s, then doubling up to 1 s); and it sets
 ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` (Flower's own setting, default 1 s) for the SuperExec that
 starts the ClientApp processes.
+It also signs one authentication timestamp a second (:mod:`hybridfl.runtime.flower.signing`)
+and gives Flower's object pulls and pushes one long-lived thread pool (:class:`_SharedPool`).
 
 ``--inline`` (what ``LocalFederation`` and ``deploy-local`` run): run the SuperNode with
 ``--isolation process`` and answer each message in this process right after the SuperNode stored
@@ -37,6 +39,7 @@ import os
 import subprocess
 import sys
 import time as _time
+from typing import Any
 
 BACKOFF = 0.1
 """The SuperNode waits at most this fraction of the time since its last message between two pulls
@@ -78,6 +81,51 @@ class _FastTime:
 
     def __getattr__(self, name: str):
         return getattr(_time, name)
+
+
+class _SharedPool:
+    """``concurrent.futures.ThreadPoolExecutor`` as Flower's object pulls and pushes use it
+    (``flwr.supercore.inflatable.inflatable_utils``: a pool per call, ``submit``, then
+    ``shutdown(wait=False, cancel_futures=True)``), on one long-lived pool per worker count instead
+    of new threads per call. The SuperNode calls them one at a time from its loop, so each call
+    still has its ``max_workers`` threads; its own futures are cancelled at its shutdown."""
+
+    pools: dict[int, Any] = {}
+
+    def __init__(self, max_workers: int | None = None, **_: Any):
+        import concurrent.futures as cf
+
+        n = max(1, int(max_workers or 1))
+        if n not in self.pools:
+            self.pools[n] = cf.ThreadPoolExecutor(max_workers=n, thread_name_prefix="hybridfl-objects")
+        self.pool, self.futures = self.pools[n], []
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+        future = self.pool.submit(fn, *args, **kwargs)
+        self.futures.append(future)
+        return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        import concurrent.futures as cf
+
+        if cancel_futures:
+            for f in self.futures:
+                f.cancel()
+        if wait:
+            cf.wait(self.futures)
+
+
+def _share_object_pools(module: Any = None) -> None:
+    """Give Flower's object pulls and pushes in this process (``module``, default
+    ``flwr.supercore.inflatable.inflatable_utils``) :class:`_SharedPool` for their thread pools."""
+    import concurrent.futures as cf
+    import types
+
+    if module is None:
+        import flwr.supercore.inflatable.inflatable_utils as module
+    futures = types.SimpleNamespace(**{k: getattr(cf, k) for k in dir(cf) if not k.startswith("__")})
+    futures.ThreadPoolExecutor = _SharedPool
+    module.concurrent = types.SimpleNamespace(futures=futures)
 
 
 def _take(args: list[str], flag: str, default: str | None = None, has_value: bool = True) -> str | None:
@@ -203,6 +251,7 @@ def main(argv: list[str] | None = None) -> None:
     clock = _FastTime(cap, min(cap, 0.01), idle)
     sci.time = clock  # type: ignore[assignment]
     reuse_signed_timestamps()  # one signature a second, not one a request (signing.py)
+    _share_object_pools()
     # first retry of a message's objects after `retry` seconds instead of 1 s (the SuperLink lists a
     # message before the ServerApp has uploaded its objects), doubling up to 1 s; no limit on the
     # number of tries (Flower's PULL_MAX_TIME still applies)
