@@ -34,6 +34,7 @@ class StandIn:
     def __init__(self, status: int = 200):
         self.messages = {FLEET: 0, APPIO: 0}
         self.status = status
+        self.refused: set[str] = set()  # paths answered 401 (an unsigned or unauthorised request)
         self.runs: list[tuple[str, bytes]] = []
 
     async def __call__(self, scope, receive, send):
@@ -41,7 +42,8 @@ class StandIn:
         path = scope["path"]
         self.runs.append((path, body))
         answer = _answer(path, self.messages.get(path, 0)) if path in self.messages else b"other"
-        await send({"type": "http.response.start", "status": self.status, "headers": [(b"x-run", b"1")]})
+        status = 401 if path in self.refused else self.status
+        await send({"type": "http.response.start", "status": status, "headers": [(b"x-run", b"1")]})
         await send({"type": "http.response.body", "body": answer})
 
 
@@ -141,6 +143,28 @@ def test_a_poll_woken_without_news_for_it_is_held_on_until_its_hold_ends():
     status, body, seconds = asyncio.run(scenario())
     assert (status, body) == (200, _answer(FLEET, 0)) and 0.5 <= seconds < 2.0
     assert [p for p, _ in app.runs].count(FLEET) == 3  # first, on the wake, at the end
+
+
+@pytest.mark.parametrize("refused", ["push", "poll"])
+def test_a_push_or_poll_the_app_refuses_wakes_nothing(refused):
+    """Held polls are run again only for requests the app accepted: an unsigned push (or a poll
+    without the ServerApp's token) from outside the federation cannot make the SuperLink re-run the
+    SuperNodes' held polls."""
+    app = StandIn()
+    app.refused.add(PUSH[APPIO] if refused == "push" else APPIO)
+    layer = superlink.HeldPolls(app, hold=0.5)
+
+    async def scenario():
+        polls = [asyncio.ensure_future(_request(layer, FLEET)) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        pushed = await _request(layer, PUSH[APPIO], b"object")
+        polled = await _request(layer, APPIO)
+        return pushed, polled, await asyncio.gather(*polls)
+
+    pushed, polled, polls = asyncio.run(scenario())
+    assert (pushed[0], polled[0]) == ((401, 200) if refused == "push" else (200, 401))
+    assert all(r[2] >= 0.5 for r in polls)
+    assert [p for p, _ in app.runs].count(FLEET) == 5 * 2  # on arrival and at the hold's end only
 
 
 def test_many_held_polls_are_woken_once_per_push_not_per_poll():

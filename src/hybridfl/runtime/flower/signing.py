@@ -19,10 +19,10 @@ of the about 27 Fleet requests of an exchange with 3 SuperNodes.
 - :func:`remember_verified` (the SuperLink, :mod:`hybridfl.runtime.flower.superlink`):
   ``authenticate_node``'s ``verify_signature`` remembers the (public key, timestamp, signature)
   triples it verified (the last :data:`REMEMBERED`); the same triple again is accepted without
-  verifying it again (and :func:`loaded_once`: a key's bytes are loaded into a key object once). Verification is a deterministic function of the triple, so every request is
-  accepted or refused exactly as by Flower's check: the timestamp window, the key's node and a
-  signature never seen are all checked on every request as before; a signature that fails is never
-  remembered.
+  verifying it again (and :func:`loaded_once`: a key's bytes are loaded into a key object once).
+  Verification is a deterministic function of the triple, so every request is accepted or refused
+  exactly as by Flower's check: the timestamp window, the key's node and a signature never seen
+  are all checked on every request as before; a signature that fails is never remembered.
 
 Adversary: as Flower's SuperNode authentication (a party without the node's private key, which
 cannot forge a signed timestamp; TLS keeps headers from others on the path). Reusing a signed

@@ -362,7 +362,9 @@ class HeldPolls:
     (:data:`WAKES`): the ServerApp polls for replies right after it has pushed its messages and
     all their objects (Flower's ``HttpGrid.push_messages`` returns only then), so its poll wakes
     the SuperNodes' held polls; a SuperNode polls again right after it has pushed a reply and its
-    objects (Flower's SuperNode loop), so its poll wakes the ServerApp's held poll. A poll wakes
+    objects (Flower's SuperNode loop), so its poll wakes the ServerApp's held poll. Only requests
+    the app accepts count (:meth:`accepted`): an unsigned or unauthorised push or poll wakes nothing,
+    so no one outside the federation can make the SuperLink run the held polls again. A poll wakes
     only if its side pushed something (:data:`PUSHES`) since the last wake: idle SuperNodes polling
     again at the end of their holds do not wake the ServerApp, nor the ServerApp's polls for the
     rest of the replies every SuperNode (one wake of the n held polls per exchange, not per reply,
@@ -393,17 +395,30 @@ class HeldPolls:
         if event is not None:
             event.set()
 
-    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        path = str(scope.get("path", "")) if scope.get("type") == "http" and scope.get("method") == "POST" else ""
-        if path not in WAKES:
-            if path in PUSHES:
-                self.news[PUSHES[path]] = True
-            await self.app(scope, receive, send)
+    def accepted(self, path: str, start: dict | None) -> None:
+        """A request on ``path`` was answered with ``start``: a push the app accepted is news for
+        the other side's polls; a poll it accepted wakes them if there is news. A request the app
+        refuses (no SuperNode signature, no ServerApp token, a bad body) wakes nothing."""
+        if start is None or start.get("status") != 200:
             return
-        if self.news[WAKES[path]]:
+        if path in PUSHES:
+            self.news[PUSHES[path]] = True
+        elif path in WAKES and self.news[WAKES[path]]:
             self.news[WAKES[path]] = False
             self.wake(WAKES[path])
-        if self.hold <= 0:
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        path = str(scope.get("path", "")) if scope.get("type") == "http" and scope.get("method") == "POST" else ""
+        if path in PUSHES:
+
+            async def noting(message: dict) -> None:
+                if message["type"] == "http.response.start":
+                    self.accepted(path, message)
+                await send(message)
+
+            await self.app(scope, receive, noting)
+            return
+        if path not in WAKES or self.hold <= 0:
             await self.app(scope, receive, send)
             return
         await self._held(path, scope, receive, send)
@@ -425,9 +440,13 @@ class HeldPolls:
         gone: Any = None
         waiting: Any = None
         try:
+            first = True
             while True:
                 seen = self.generation[path]
                 start, answer = await self._run(dict(scope), body)
+                if first:  # the poll is accepted (authenticated): it may wake the other side
+                    first = False
+                    self.accepted(path, start)
                 left = deadline - loop.time()
                 if left <= 0 or not _empty_poll(path, start, answer):
                     break
