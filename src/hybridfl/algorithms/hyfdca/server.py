@@ -211,12 +211,9 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 self._check_segment_init(r)
 
         replies = self._setup_exchange(transport, init_msgs, stats, check_init)
-        parts: dict[int, list[bytes]] = defaultdict(list)
-        for r in replies:
-            for j, c in enumerate(r.payload["norms"]):
-                parts[self.client_segs[r.sender][j]].append(c)
-        enc_q = {g: self.he.add(v) for g, v in parts.items()}
+        enc_q = self._norm_sums(replies)
         seg_entries = self._segment_norms_payloads(replies) if segment else {}
+        del replies  # the holders' Gram shares (378 MB on MNIST at b = 512): freed before the sums go out
         self.seg_tag = 0  # masked segment passes: the exchange counter (the Gram used tag 0)
         norms_msgs = []
         for cid in self.client_ids:
@@ -226,6 +223,15 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         self.enc_alpha = [self.he.encrypt(np.zeros(n)) for n in self.seg_n]
         self.last_round = {c: -10 for c in self.client_ids}
         self.setup_stats = self._finish(stats, t0, he0)
+
+    def _norm_sums(self, replies: list[Message]) -> dict[int, bytes]:
+        """Setup: ``enc(q)`` of each segment, the sum of its holders' encrypted squared norms
+        (the ``norms`` of the ``hyfdca.init`` replies, one per segment of the sender)."""
+        parts: dict[int, list[bytes]] = defaultdict(list)
+        for r in replies:
+            for j, c in enumerate(r.payload["norms"]):
+                parts[self.client_segs[r.sender][j]].append(c)
+        return {g: self.he.add(v) for g, v in parts.items()}
 
     def _hello(
         self, transport: Transport, stats: dict
