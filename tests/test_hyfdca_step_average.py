@@ -418,3 +418,28 @@ def test_step_average_under_ckks_equals_the_plaintext_run(credit_small):
         runs[enc] = fed.server
     assert np.abs(runs["none"].w_step - runs["none"].w).max() > 1e-2
     np.testing.assert_allclose(runs["ckks"].w_step, runs["none"].w_step, atol=1e-7, rtol=0)
+
+
+def test_a_state_without_the_position_products_rebuilds_them_from_the_places(credit_small):
+    """The holders add up ``pw = X_s^T (place * dalpha)`` batch by batch during the pass (one read
+    of each batch's rows with ``dw``'s) instead of one product over the segment at its close; a
+    state written before ``pw`` existed (``sweep_pdelta`` only) gets it back as that product, and
+    the position shares agree with it."""
+    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+    fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=1))
+    fed.setup()
+    fed.server.run_round(1, fed.transport)
+    checked = 0
+    for cid, c in fed.clients.items():
+        state = c.get_state()
+        old = {k: v for k, v in state.items() if not k.startswith("sweep_pw.")}
+        assert len(old) < len(state)
+        fresh = build_federation("hyfdca", credit_small, part, _cfg(rounds=1)).clients[cid]
+        fresh.set_state(old)
+        for s, st in c.sweep.items():
+            np.testing.assert_allclose(fresh.sweep[s]["pw"], st["pw"], rtol=1e-12, atol=1e-12)
+            assert np.abs(st["pw"]).max() > 0
+            checked += 1
+        segs = sorted(c.sweep)
+        np.testing.assert_allclose(fresh.position_share_of(segs), c.position_share_of(segs), rtol=1e-12, atol=1e-12)
+    assert checked >= 9

@@ -186,7 +186,9 @@ def test_batch_transpose_product_is_bitwise_scipy(seed, n, d):
 def test_a_whole_batch_step_in_one_call_is_the_numpy_sequence_bit_for_bit(loss, seed, b, d, average):
     """``kernels.csr_batch_steps`` (``SegmentClientMixin._step`` on a CSR batch) against the
     NumPy calls it replaced: the batch's duals gathered, ``gram_steps``, ``delta[rows] += d``,
-    ``dw += X_B^T d / lam_n`` and (step average) ``pdelta[rows] += place * d``."""
+    ``dw += X_B^T d / lam_n`` and (step average) ``pdelta[rows] += place * d`` and
+    ``pw += X_B^T (place * d)``; ``kernels.dense_batch_steps`` on the same batch dense: the same
+    steps, its products equal up to rounding."""
     rng = np.random.default_rng(seed)
     n = b + 7
     rows = rng.permutation(n)[:b]
@@ -205,6 +207,8 @@ def test_a_whole_batch_step_in_one_call_is_the_numpy_sequence_bit_for_bit(loss, 
     dw2, delta1, delta2 = dw1.copy(), delta0.copy(), delta0.copy()
     pd1 = rng.normal(size=n) if average else np.zeros(0)
     pd2 = pd1.copy()
+    pw1 = rng.normal(size=d) if average else np.zeros(0)
+    pw2 = pw1.copy()
     # the NumPy sequence
     a = alpha[rows] + delta2[rows]
     dd = gram_steps(visit, a, y, u0, G, loss, lam_n, sigma, 0.0)
@@ -214,12 +218,25 @@ def test_a_whole_batch_step_in_one_call_is_the_numpy_sequence_bit_for_bit(loss, 
         place = np.empty(b)
         place[visit] = steps + np.arange(b)
         pd2[rows] += place * dd
+        pw2 += kernels.rmatvec(Xb, place * dd)
     kernels.csr_batch_steps(
         visit, rows, alpha, delta1, y, u0, G, kernels.LOSS_CODES[loss], sigma / lam_n, 0.0,
-        Xb.indptr, Xb.indices, Xb.data, lam_n, dw1, pd1, steps,
+        Xb.indptr, Xb.indices, Xb.data, lam_n, dw1, pd1, pw1, steps,
     )  # fmt: skip
-    for got, want in ((delta1, delta2), (dw1, dw2), (pd1, pd2)):
+    for got, want in ((delta1, delta2), (dw1, dw2), (pd1, pd2), (pw1, pw2)):
         assert np.array_equal(got, want)
+    # a dense block: the same steps; its products summed row by row (not BLAS's order)
+    dw3, delta3, pd3, pw3 = dw2 - kernels.rmatvec(Xb, dd) / lam_n, delta0.copy(), pd2.copy(), pw2.copy()
+    if average:
+        pd3[rows] -= place * dd
+        pw3 -= kernels.rmatvec(Xb, place * dd)
+    kernels.dense_batch_steps(
+        visit, rows, alpha, delta3, y, u0, G, kernels.LOSS_CODES[loss], sigma / lam_n, 0.0,
+        Xb.toarray(), lam_n, dw3, pd3, pw3, steps,
+    )  # fmt: skip
+    assert np.array_equal(delta3, delta2) and np.array_equal(pd3, pd2)
+    np.testing.assert_allclose(dw3, dw2, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(pw3, pw2, rtol=1e-12, atol=1e-9)
 
 
 @settings(max_examples=30, deadline=None)

@@ -252,15 +252,10 @@ def all_finite(v):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def csr_batch_steps(
-    order, rows, alpha, delta, y, u0, G, loss, c, gamma, indptr, indices, data, lam_n, dw, pdelta, steps
-):  # pragma: no cover - compiled
-    """A holder's exact steps on one mini-batch of a segment pass (HyFDCA ``dual_mode: segment``,
-    ``SegmentClientMixin._step`` with a CSR batch), in one call: the batch's current duals
-    ``alpha[rows] + delta[rows]``, :func:`gram_loop` over ``order`` with ``c = sigma / lam_n``, then
-    ``delta[rows] += d``, ``dw += (X_B^T d) / lam_n`` (:func:`csr_rmatvec`) and, when ``pdelta`` is
-    not empty (``output: step_average``), ``pdelta[rows[i]] += (steps + t) d_i`` for the ``t``-th
-    step ``i``. The same operations in the same order as the NumPy calls they replace."""
+def _batch_duals(order, rows, alpha, delta, y, u0, G, loss, c, gamma, pdelta, steps):  # pragma: no cover - compiled
+    """The part of :func:`csr_batch_steps` and :func:`dense_batch_steps` before the products: the
+    batch's steps ``d`` ``(b,)`` (``delta[rows] += d``) and, when ``pdelta`` is not empty, each
+    step's change times its place, ``placed`` ``(b,)`` (``pdelta[rows] += placed``)."""
     b = rows.shape[0]
     a = np.empty(b)
     for k in range(b):
@@ -268,13 +263,72 @@ def csr_batch_steps(
     d = gram_loop(order, a, y, u0, G, loss, c, gamma)
     for k in range(b):
         delta[rows[k]] += d[k]
-    change = csr_rmatvec(indptr, indices, data, d, dw.shape[0])
-    for j in range(dw.shape[0]):
-        dw[j] += change[j] / lam_n
+    placed = np.zeros(b)
     if pdelta.shape[0] > 0:
         for t in range(b):
             i = order[t]
-            pdelta[rows[i]] += (steps + t) * d[i]
+            placed[i] = (steps + t) * d[i]
+            pdelta[rows[i]] += placed[i]
+    return d, placed
+
+
+@njit(cache=True, nogil=True)
+def csr_batch_steps(
+    order, rows, alpha, delta, y, u0, G, loss, c, gamma, indptr, indices, data, lam_n, dw, pdelta, pw, steps
+):  # pragma: no cover - compiled
+    """A holder's exact steps on one mini-batch of a segment pass (HyFDCA ``dual_mode: segment``,
+    ``SegmentClientMixin._step`` with a CSR batch), in one call: the batch's current duals
+    ``alpha[rows] + delta[rows]``, :func:`gram_loop` over ``order`` with ``c = sigma / lam_n``, then
+    ``delta[rows] += d`` and ``dw += (X_B^T d) / lam_n`` (:func:`csr_rmatvec`'s sums). When
+    ``pdelta`` is not empty (``output: step_average``), the ``t``-th step ``i`` also adds its change
+    times its place, ``(steps + t) d_i``, to ``pdelta[rows[i]]``, and ``pw`` ``(d_k,)`` gets the
+    batch's part of the position share, ``X_B^T`` of those values (:func:`csr_rmatvec`'s sums, from
+    the same pass over the batch's rows as ``dw``'s). The same operations in the same order as the
+    NumPy calls they replace."""
+    d, placed = _batch_duals(order, rows, alpha, delta, y, u0, G, loss, c, gamma, pdelta, steps)
+    average = pdelta.shape[0] > 0
+    change = np.zeros(dw.shape[0])
+    pchange = np.zeros(pw.shape[0] if average else 0)
+    for k in range(rows.shape[0]):
+        dk = d[k]
+        if dk != 0.0:
+            pk = placed[k]
+            for p in range(indptr[k], indptr[k + 1]):
+                change[indices[p]] += data[p] * dk
+                if average and pk != 0.0:
+                    pchange[indices[p]] += data[p] * pk
+    for j in range(dw.shape[0]):
+        dw[j] += change[j] / lam_n
+    for j in range(pchange.shape[0]):
+        pw[j] += pchange[j]
+
+
+@njit(cache=True, nogil=True)
+def dense_batch_steps(
+    order, rows, alpha, delta, y, u0, G, loss, c, gamma, X, lam_n, dw, pdelta, pw, steps
+):  # pragma: no cover - compiled
+    """:func:`csr_batch_steps` for a dense C-ordered float64 batch ``X`` ``(b, d_k)``: the same
+    steps, ``delta``, ``pdelta`` and ``pw``; ``X_B^T d`` and ``X_B^T placed`` added row by row in
+    one pass over the rows that changed (their sums in another order than NumPy's BLAS product,
+    equal to it up to rounding)."""
+    d, placed = _batch_duals(order, rows, alpha, delta, y, u0, G, loss, c, gamma, pdelta, steps)
+    average = pdelta.shape[0] > 0
+    width = X.shape[1]
+    change = np.zeros(width)
+    pchange = np.zeros(width if average else 0)
+    for k in range(rows.shape[0]):
+        dk = d[k]
+        if dk != 0.0:
+            for j in range(width):
+                change[j] += X[k, j] * dk
+            pk = placed[k]
+            if average and pk != 0.0:
+                for j in range(width):
+                    pchange[j] += X[k, j] * pk
+    for j in range(width):
+        dw[j] += change[j] / lam_n
+    for j in range(pchange.shape[0]):
+        pw[j] += pchange[j]
 
 
 @njit(cache=True, nogil=True)

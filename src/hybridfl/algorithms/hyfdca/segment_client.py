@@ -14,7 +14,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from hybridfl.algorithms.convex import kernels
-from hybridfl.algorithms.convex.losses import gram_steps
 from hybridfl.algorithms.hyfdca.gram import pack_gram, symmetric_gram
 from hybridfl.algorithms.hyfdca.segment import concat_words, int_list, split_words
 from hybridfl.errors import ProtocolError
@@ -27,7 +26,10 @@ from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError
 
 _EMPTY = np.zeros(0)
-"""No ``pdelta`` (``output`` other than ``step_average``) for :func:`kernels.csr_batch_steps`."""
+"""No ``pdelta`` and ``pw`` (``output`` other than ``step_average``) for :func:`kernels.csr_batch_steps`."""
+
+_SWEEP_ARRAYS = ("dw", "delta", "pdelta", "pw")
+"""The arrays of a pass under way, kept beside its JSON in the state (``sweep_<name>.<s>``)."""
 
 
 class SegmentClientMixin:
@@ -39,7 +41,8 @@ class SegmentClientMixin:
     ``seg_batches`` the row positions of each fixed mini-batch, ``gram`` ``(b, b)`` the full Gram
     matrix of each mini-batch, ``sweep`` this round's pass over each active segment (batch
     ``order``, position ``j``, ``seed``, ``sigma``, ``tag`` the mask tag of its last shares or
-    ``None`` unmasked, ``dw`` ``(d_k,)``, ``delta`` ``(n_k,)``); masked, also ``segmask``
+    ``None`` unmasked, ``dw`` ``(d_k,)``, ``delta`` ``(n_k,)``; step average, also ``pdelta``
+    ``(n_k,)`` each change times its place, ``pw`` ``(d_k,)`` ``X^T pdelta`` and ``steps``); masked, also ``segmask``
     (:class:`~hybridfl.privacy.segmask.SegmentMasks`: the segment keys and the last tag).
     """
 
@@ -197,6 +200,8 @@ class SegmentClientMixin:
             if sp.issparse(Xb):
                 Xb = sp.csr_matrix(Xb, dtype=np.float64)
                 Xb.sort_indices()
+            else:  # the compiled steps' layout (C-ordered float64), made once
+                Xb = np.ascontiguousarray(Xb, dtype=np.float64)
             hit = cache[(s, m)] = (Xb, np.ascontiguousarray(self.y[rows]))
         return hit
 
@@ -310,8 +315,8 @@ class SegmentClientMixin:
                 "sigma": float(p.get("sigma", self.params["sigma"])),
                 "tag": tag,
             }
-            if self.params.get("seg_step_average"):  # each step's change times its place; steps so far
-                self.sweep[s].update(pdelta=np.zeros(self.ids.size), steps=0)
+            if self.params.get("seg_step_average"):  # each step's change times its place, X^T of it; steps so far
+                self.sweep[s].update(pdelta=np.zeros(self.ids.size), pw=np.zeros(self.X.shape[1]), steps=0)
             pos += c
         if solo:
             return self._solo_pass(msg)
@@ -432,8 +437,9 @@ class SegmentClientMixin:
 
     def _step(self, s: int, u0: np.ndarray) -> None:
         """Exact SDCA steps on the current mini-batch of segment ``s`` given its exact inner
-        products ``u0`` ``(b,)`` (the batch Gram gives the changes within the batch); the pass moves
-        to its next batch."""
+        products ``u0`` ``(b,)`` (the batch Gram gives the changes within the batch), in one
+        compiled call (:func:`~hybridfl.algorithms.convex.kernels.csr_batch_steps` or, for a dense
+        block, ``dense_batch_steps``); the pass moves to its next batch."""
         prm = self.params
         lam_n = float(prm["lam"]) * float(prm["N"])
         st = self.sweep[s]
@@ -441,38 +447,24 @@ class SegmentClientMixin:
         rows = self.seg_batches[s][m]
         Xb, yb = self._batch(s, m)
         visit = self._visit_order(s)
-        if sp.issparse(Xb):  # one compiled call: the same operations as below
-            kernels.csr_batch_steps(
-                visit,
-                rows,
-                self.alpha,
-                st["delta"],
-                kernels.as_f64(yb),
-                kernels.as_f64(u0),
-                self.gram[s][m],
-                kernels.LOSS_CODES[str(prm["loss"])],
-                st["sigma"] / lam_n,
-                0.0,
-                Xb.indptr,
-                Xb.indices,
-                Xb.data,
-                lam_n,
-                st["dw"],
-                st.get("pdelta", _EMPTY),
-                st.get("steps", 0),
-            )
-            if "pdelta" in st:
-                st["steps"] += rows.size
-            st["j"] += 1
-            return
-        a = self.alpha[rows] + st["delta"][rows]
-        d = gram_steps(visit, a, yb, u0, self.gram[s][m], str(prm["loss"]), lam_n, st["sigma"], 0.0)
-        st["delta"][rows] += d
-        st["dw"] += kernels.rmatvec(Xb, d) / lam_n
-        if "pdelta" in st:  # step_average: each step's change times its position in the pass
-            place = np.empty(rows.size)
-            place[visit] = st["steps"] + np.arange(rows.size)
-            st["pdelta"][rows] += place * d
+        head = (
+            kernels.as_index(visit),
+            rows,
+            self.alpha,
+            st["delta"],
+            kernels.as_f64(yb),
+            kernels.as_f64(u0),
+            self.gram[s][m],
+            kernels.LOSS_CODES[str(prm["loss"])],
+            st["sigma"] / lam_n,
+            0.0,
+        )
+        tail = (lam_n, st["dw"], st.get("pdelta", _EMPTY), st.get("pw", _EMPTY), st.get("steps", 0))
+        if sp.issparse(Xb):  # one compiled call each
+            kernels.csr_batch_steps(*head, Xb.indptr, Xb.indices, Xb.data, *tail)
+        else:
+            kernels.dense_batch_steps(*head, Xb, *tail)
+        if "pdelta" in st:
             st["steps"] += rows.size
         st["j"] += 1
 
@@ -504,8 +496,7 @@ class SegmentClientMixin:
         out = np.zeros(self.X.shape[1])
         for s in segs:
             st = self.sweep[s]
-            weights = st["pdelta"][self.seg_rows[s]] / max(1, st["steps"])
-            v = kernels.rmatvec(self._seg_matrix(s), weights)  # compiled; skips the samples that did not change
+            v = st["pw"] / max(1, st["steps"])  # X_s^T (place * dalpha), added up batch by batch in the pass
             colw = self.seg_colw[s]
             out += v if colw is None else v * colw
         return out
@@ -514,7 +505,7 @@ class SegmentClientMixin:
         """The segment-mode part of ``get_state`` (``{}`` in the other modes): ``seg_global``,
         ``seg_batches.<s>`` (batch sizes), ``static:batch.<s>.<m>`` rows, ``static:gram.<s>.<m>``
         upper triangles, the pass under way (``sweep`` JSON plus ``sweep_dw.<s>``,
-        ``sweep_delta.<s>``). The ``static:`` arrays are fixed at setup: they are built once and
+        ``sweep_delta.<s>`` and, ``output: step_average``, ``sweep_pdelta.<s>``, ``sweep_pw.<s>``). The ``static:`` arrays are fixed at setup: they are built once and
         the same objects returned every time, so a checkpoint writes them once
         (:data:`~hybridfl.runtime.checkpoint.STATIC_MARK`)."""
         if not self.seg_global:
@@ -533,12 +524,13 @@ class SegmentClientMixin:
         for s, batches in enumerate(self.seg_batches):
             st[f"seg_batches.{s}"] = np.asarray([rows.size for rows in batches], dtype=np.int64)
         st["sweep"] = json.dumps(
-            {str(k): {f: x for f, x in v.items() if f not in ("dw", "delta", "pdelta")} for k, v in self.sweep.items()}
+            {str(k): {f: x for f, x in v.items() if f not in _SWEEP_ARRAYS} for k, v in self.sweep.items()}
         )
         for k, v in self.sweep.items():
             st[f"sweep_dw.{k}"], st[f"sweep_delta.{k}"] = v["dw"].copy(), v["delta"].copy()
-            if "pdelta" in v:
-                st[f"sweep_pdelta.{k}"] = v["pdelta"].copy()
+            for f in ("pdelta", "pw"):
+                if f in v:
+                    st[f"sweep_{f}.{k}"] = v[f].copy()
         return st
 
     def _set_segment_state(self, st: Mapping[str, Any]) -> None:
@@ -570,11 +562,14 @@ class SegmentClientMixin:
                 **v,
                 "dw": np.asarray(st[f"sweep_dw.{k}"], dtype=np.float64).copy(),
                 "delta": np.asarray(st[f"sweep_delta.{k}"], dtype=np.float64).copy(),
-                **(
-                    {"pdelta": np.asarray(st[f"sweep_pdelta.{k}"], dtype=np.float64).copy()}
-                    if f"sweep_pdelta.{k}" in st
-                    else {}
-                ),
+                **{
+                    f: np.asarray(st[f"sweep_{f}.{k}"], dtype=np.float64).copy()
+                    for f in ("pdelta", "pw")
+                    if f"sweep_{f}.{k}" in st
+                },
             }
             for k, v in json.loads(str(st["sweep"])).items()
         }
+        for s, v in self.sweep.items():  # a state from before ``pw``: X_s^T pdelta, what it adds up to
+            if "pdelta" in v and "pw" not in v:
+                v["pw"] = kernels.rmatvec(self._seg_matrix(s), v["pdelta"][self.seg_rows[s]])
