@@ -126,9 +126,8 @@ def encode(msg: Message) -> bytes:
             raise TypeError(f"payload entry {key!r} of message {msg.kind!r} has unsupported type {type(v).__name__}.")
         bodies.append(raw)
         offset += len(raw)
-    header = json.dumps(
-        {"kind": msg.kind, "from": msg.sender, "to": msg.receiver, "round": msg.round, "v": values, "e": entries},
-        separators=(",", ":"),
+    header = _HEADER_ENCODER.encode(
+        {"kind": msg.kind, "from": msg.sender, "to": msg.receiver, "round": msg.round, "v": values, "e": entries}
     ).encode()
     _check_header_size(len(header), header.count(b","), msg.kind)
     size = 4 + len(header) + offset
@@ -226,6 +225,14 @@ def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return d
 
 
+_HEADER_ENCODER = json.JSONEncoder(separators=(",", ":"))
+"""The header's encoder (``json.dumps`` with compact separators), built once: ``dumps`` with
+arguments builds one per call."""
+
+_HEADER_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates)
+"""The header's decoder (``json.loads`` refusing repeated keys), built once."""
+
+
 def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
@@ -248,7 +255,7 @@ def all_instances(items: Any, types: tuple[type, ...]) -> bool:
 def _header(raw: memoryview) -> dict[str, Any]:
     """The parsed, type-checked JSON header (see :func:`encode` for its keys)."""
     try:
-        h = json.loads(str(raw, "utf-8"), object_pairs_hook=_no_duplicates)
+        h = _HEADER_DECODER.decode(str(raw, "utf-8"))
     except MessageError:
         raise
     except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
