@@ -19,7 +19,7 @@ from hypothesis.extra import numpy as hnp
 
 from hybridfl.errors import HybridFLError, MessageError
 from hybridfl.runtime import messages
-from hybridfl.runtime.messages import MAX_MESSAGE_BYTES, Message, decode, encode
+from hybridfl.runtime.messages import MAX_MESSAGE_BYTES, Message, decode, decode_parts, encode, encode_parts
 
 PROPS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -130,6 +130,50 @@ def test_round_trip(msg):
             assert v.flags.writeable and v.flags.owndata  # a copy, not a view of the input
 
 
+@PROPS
+@given(msg=msgs)
+def test_pieces_decode_to_the_message_of_their_join(msg):
+    """:func:`decode_parts` of :func:`encode_parts`'s pieces is :func:`decode` of their join (which
+    is :func:`encode`'s bytes): the same message; a ``bytes`` value comes back as the sender's own
+    object (it cannot change), an array as a writable copy that shares no memory with the sender's."""
+    head, bodies = encode_parts(msg)
+    raw = b"".join([head, *bodies])
+    assert raw == encode(msg)
+    back = decode_parts(head, bodies)
+    assert same_message(back, decode(raw)) and same_message(back, msg)
+    for k, v in back.payload.items():
+        if isinstance(v, np.ndarray):
+            assert v.flags.writeable and v.flags.owndata and not np.shares_memory(v, msg.payload[k])
+        elif isinstance(v, bytes):
+            assert v is msg.payload[k]
+        elif isinstance(v, list) and v and all(isinstance(x, bytes) for x in v):
+            assert all(a is b for a, b in zip(v, msg.payload[k], strict=True))
+
+
+def test_mutable_bodies_are_copied_and_malformed_pieces_refused():
+    """A ``bytearray`` value is copied (the sender may change it later); pieces that do not make
+    one message are refused with one sentence: a body missing or extra, a body of another length,
+    a header piece with more than its header, a body that is not a byte buffer."""
+    buf = bytearray(b"abcdef")
+    msg = Message("k", "a", "b", 1, {"x": np.arange(3.0), "blob": buf, "ids": [b"u", b"vw"]})
+    head, bodies = encode_parts(msg)
+    back = decode_parts(head, bodies)
+    buf[0] = ord("z")
+    assert back.payload["blob"] == b"abcdef" and type(back.payload["blob"]) is bytes
+    cases = {
+        "bodies for": (head, bodies[:-1]),
+        "another length": (head, [*bodies[:-2], b"uv", b"w"]),  # the same bytes in all
+        "past the end": (head, [*bodies[:-1], b"v"]),
+        "header piece": (head + b"x", bodies),
+        "contiguous byte buffer": (head, [*bodies[:-1], 7]),
+    }
+    for why, (h, b) in cases.items():
+        with pytest.raises(MessageError, match=why):
+            decode_parts(h, b)
+    with pytest.raises(MessageError):
+        decode_parts(head[:-3], bodies)  # a truncated header
+
+
 def test_zero_dim_array():
     """A 0-d array comes back as shape (1,) (the encoder's long-standing behaviour, kept so the
     bytes of existing files do not change); a 0-d array entry written by hand decodes as 0-d."""
@@ -210,6 +254,18 @@ def test_fuzz_mutations_decode_or_raise_message_error(msg, data):
     for _ in range(data.draw(st.integers(1, 3))):
         raw = _mutate(raw, data)
     _accept_or_message_error(raw)
+    # the same bytes as pieces: the claimed header, then the rest cut where a piece may end
+    hlen = struct.unpack(">I", raw[:4])[0] if len(raw) >= 4 else 0
+    cut = min(len(raw), 4 + hlen)
+    rest = raw[cut:]
+    ends = sorted(data.draw(st.lists(st.integers(0, len(rest)), max_size=3)))
+    pieces = [rest[a:b] for a, b in zip([0, *ends], [*ends, len(rest)])]
+    try:
+        m = decode_parts(raw[:cut], pieces)
+    except MessageError as e:
+        assert str(e).endswith(".") and "\n" not in str(e)
+    else:
+        assert same_message(m, decode(raw))  # pieces that make a message make the join's
 
 
 @PROPS

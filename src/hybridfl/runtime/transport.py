@@ -31,7 +31,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from hybridfl.errors import HybridFLError
-from hybridfl.runtime.messages import SERVER, Message, decode, encode
+from hybridfl.runtime.messages import SERVER, Message, decode, decode_parts, encode_parts
 
 MAX_STRIKES = 3
 """Bad replies after which a client is dropped for the run (:class:`Strikes`)."""
@@ -233,11 +233,16 @@ class InProcessTransport:
         return list(self.clients)
 
     def _cross(self, msg: Message) -> Message:
-        raw = encode(msg)
-        self.log.add(msg, len(raw))
+        """``msg`` as the other side reads it: encoded and counted, then decoded (from the encoded
+        pieces, :func:`~hybridfl.runtime.messages.decode_parts`, unless a recorder wants the bytes)."""
+        head, bodies = encode_parts(msg)
         if self.recorder is not None:
+            raw = b"".join([head, *bodies])
+            self.log.add(msg, len(raw))
             self.recorder(raw)
-        return decode(raw)
+            return decode(raw)
+        self.log.add(msg, len(head) + sum(memoryview(b).nbytes for b in bodies))
+        return decode_parts(head, bodies)
 
     def send_and_receive(self, messages: Iterable[Message]) -> list[Message]:
         """Deliver each message to its client's :meth:`~ClientEndpoint.handle` (both directions
