@@ -297,10 +297,7 @@ def csr_batch_steps(
                 change[indices[p]] += data[p] * dk
                 if average and pk != 0.0:
                     pchange[indices[p]] += data[p] * pk
-    for j in range(dw.shape[0]):
-        dw[j] += change[j] / lam_n
-    for j in range(pchange.shape[0]):
-        pw[j] += pchange[j]
+    _add_products(dw, change, lam_n, pw, pchange)
 
 
 @njit(cache=True, nogil=True)
@@ -325,7 +322,14 @@ def dense_batch_steps(
             if average and pk != 0.0:
                 for j in range(width):
                     pchange[j] += X[k, j] * pk
-    for j in range(width):
+    _add_products(dw, change, lam_n, pw, pchange)
+
+
+@njit(cache=True, nogil=True)
+def _add_products(dw, change, lam_n, pw, pchange):  # pragma: no cover - compiled
+    """The end of :func:`csr_batch_steps` and :func:`dense_batch_steps`: ``dw += change / lam_n``
+    and ``pw += pchange`` (``pchange`` empty without the step average)."""
+    for j in range(dw.shape[0]):
         dw[j] += change[j] / lam_n
     for j in range(pchange.shape[0]):
         pw[j] += pchange[j]

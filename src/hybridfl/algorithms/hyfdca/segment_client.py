@@ -26,7 +26,8 @@ from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError
 
 _EMPTY = np.zeros(0)
-"""No ``pdelta`` and ``pw`` (``output`` other than ``step_average``) for :func:`kernels.csr_batch_steps`."""
+"""No ``pdelta`` and ``pw`` (``output`` other than ``step_average``) for the compiled batch steps
+(:func:`kernels.csr_batch_steps`, ``dense_batch_steps``)."""
 
 _SWEEP_ARRAYS = ("dw", "delta", "pdelta", "pw")
 """The arrays of a pass under way, kept beside its JSON in the state (``sweep_<name>.<s>``)."""
@@ -527,8 +528,7 @@ class SegmentClientMixin:
             {str(k): {f: x for f, x in v.items() if f not in _SWEEP_ARRAYS} for k, v in self.sweep.items()}
         )
         for k, v in self.sweep.items():
-            st[f"sweep_dw.{k}"], st[f"sweep_delta.{k}"] = v["dw"].copy(), v["delta"].copy()
-            for f in ("pdelta", "pw"):
+            for f in _SWEEP_ARRAYS:  # dw and delta always, the step average's two when it is on
                 if f in v:
                     st[f"sweep_{f}.{k}"] = v[f].copy()
         return st
