@@ -120,5 +120,5 @@ HYFDCA_BEFORE = {
     "batch_size": 512,
 }
 """HyFDCA's defaults before the measured best settings became the defaults (plaintext block mode,
-the last iterate, encrypted inner products, batch 512): the settings the tests that use them were
-written for, given explicitly (each valid in every dual mode)."""
+the last iterate, encrypted inner products, batch 512, float64 batch Gram matrices): the settings
+the tests that use them were written for, given explicitly (each valid in every dual mode)."""

@@ -285,14 +285,17 @@ def test_kernels_module_names_every_loss():
 @pytest.mark.parametrize("b", [1, 2, 7, 64])
 def test_gram_triangles_pack_and_unpack_like_numpy(b):
     """The packed upper triangle is ``G[np.triu_indices(b)]`` and unpacking gives the symmetric
-    matrix back, bit for bit."""
+    matrix back, bit for bit (into float32: each value rounded as NumPy rounds it)."""
     rng = np.random.default_rng(b)
     X = rng.normal(size=(b, 5))
     G = X @ X.T
     up = kernels.upper_triangle(G)
     assert np.array_equal(up, G[np.triu_indices(b)])
-    S = kernels.symmetric_from_upper(up, b)
+    S = kernels.symmetric_from_upper(up, np.empty((b, b)))
     assert np.array_equal(S, np.triu(G) + np.triu(G, 1).T)
+    S32 = kernels.symmetric_from_upper(up, np.empty((b, b), dtype=np.float32))
+    assert S32.dtype == np.float32
+    assert np.array_equal(S32, (np.triu(G) + np.triu(G, 1).T).astype(np.float32))
 
 
 def test_gram_steps_refuse_an_unknown_loss():

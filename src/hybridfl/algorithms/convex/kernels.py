@@ -87,7 +87,8 @@ def _move(i, u, s, alpha, delta, y, loss, gamma):  # pragma: no cover - compiled
 
 @njit(cache=True, nogil=True)
 def gram_loop(order, alpha, y, u0, G, loss, c, gamma):  # pragma: no cover - compiled
-    """Sequential steps on a mini-batch with Gram matrix ``G`` ``(b, b)``: for each ``i`` in
+    """Sequential steps on a mini-batch with Gram matrix ``G`` ``(b, b)`` (float64 or float32; the
+    sums are float64 either way): for each ``i`` in
     ``order``, ``u = u0[i] + c sum_j delta_j G[i, j]``, the step with ``s = c G[i, i]``; ``alpha``
     ``(b,)`` is updated in place; returns the ``(b,)`` change (``losses.gram_steps``)."""
     n = u0.shape[0]
@@ -219,10 +220,11 @@ def pack_lower_columns(C, out, start):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
-def symmetric_from_upper(upper, b):  # pragma: no cover - compiled
-    """The symmetric ``(b, b)`` matrix whose upper triangle, row by row, is ``upper``
-    (:func:`upper_triangle`'s inverse)."""
-    G = np.empty((b, b))
+def symmetric_from_upper(upper, G):  # pragma: no cover - compiled
+    """Fill the square ``G`` ``(b, b)`` (float64 or float32: each value rounded to its dtype) with
+    the symmetric matrix whose upper triangle, row by row, is ``upper`` (:func:`upper_triangle`'s
+    inverse); returns ``G``."""
+    b = G.shape[0]
     k = 0
     for i in range(b):
         for j in range(i, b):
@@ -242,11 +244,12 @@ def csr_scatter(indptr, indices, data, colmap, D):  # pragma: no cover - compile
 
 
 @njit(cache=True, nogil=True)
-def all_finite(v):  # pragma: no cover - compiled
-    """Whether every value of the 1-D ``v`` is finite (``np.isfinite(v).all()`` without its
-    temporary array)."""
+def all_finite(v, bound=np.inf):  # pragma: no cover - compiled
+    """Whether every value of the 1-D ``v`` is finite and at most ``bound`` in magnitude
+    (``np.isfinite(v).all()`` without its temporary array; ``bound`` float32's largest value for
+    values that must stay finite in float32)."""
     for x in v:
-        if not np.isfinite(x):
+        if not np.isfinite(x) or abs(x) > bound:
             return False
     return True
 

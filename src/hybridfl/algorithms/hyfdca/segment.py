@@ -10,7 +10,8 @@ random split at every holder); at setup the holders' partial Gram matrices ``X_{
 of each batch (upper triangles, all batches of a segment packed into one encrypted vector) are
 added under encryption and returned, so every holder knows the batch's full
 Gram ``X_B X_B^T`` (all blocks; a leak the other modes do not have: the holders learn the inner
-products between pairs of their own samples in a batch). Each round (``hyfdca.segstart``, then one
+products between pairs of their own samples in a batch; each holder keeps it in float32: the steps are
+then exact to float32's rounding of the within-batch changes, :mod:`.gram`). Each round (``hyfdca.segstart``, then one
 ``hyfdca.sweep`` per batch) the holders walk the batches in a common random
 order; before each batch the server adds their encrypted shares ``x_{k,i}^T (w_k + sigma' dw_k)``
 (their block with the segment's changes so far) and every holder decrypts the exact inner
@@ -70,6 +71,7 @@ from typing import Any
 
 import numpy as np
 
+from hybridfl.algorithms.hyfdca import gram
 from hybridfl.privacy.segmask import SEALED_BYTES
 from hybridfl.runtime import secagg_messages as sm
 from hybridfl.runtime import validate
@@ -123,8 +125,15 @@ class SegmentServerMixin:
     def _segment_init_payload(self, segs: list[int], batch_seed: int) -> dict[str, Any]:
         """The segment-mode entries of one client's ``hyfdca.init``: ``batch_size``, the global
         segment IDs ``seg_global`` and the ``batch_seed`` of the fixed mini-batches; masked, also
-        ``seg_masked`` and ``seg_holders`` (per segment a JSON list of its holders' names, sorted)."""
-        out: dict[str, Any] = {"batch_size": self.config.batch_size, "seg_global": list(segs), "batch_seed": batch_seed}
+        ``seg_masked`` and ``seg_holders`` (per segment a JSON list of its holders' names, sorted);
+        ``gram_dtype``, the precision of the batch Gram matrices (every holder of a segment must
+        round the same sums alike to make the same steps; :data:`.gram.GRAM_DTYPE`)."""
+        out: dict[str, Any] = {
+            "batch_size": self.config.batch_size,
+            "seg_global": list(segs),
+            "batch_seed": batch_seed,
+            "gram_dtype": gram.GRAM_DTYPE,
+        }
         if self.config.step_average:
             out["seg_step_average"] = True
         if self.masked:

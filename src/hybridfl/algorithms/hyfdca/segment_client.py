@@ -14,7 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hybridfl.algorithms.convex import kernels
-from hybridfl.algorithms.hyfdca.gram import pack_gram, symmetric_gram
+from hybridfl.algorithms.hyfdca.gram import GRAM_DTYPES, pack_gram, symmetric_gram
 from hybridfl.algorithms.hyfdca.segment import concat_words, int_list, split_words
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import HEBackend
@@ -40,7 +40,7 @@ class SegmentClientMixin:
 
     State (all part of the client's ``get_state``): ``seg_global`` the global segment IDs,
     ``seg_batches`` the row positions of each fixed mini-batch, ``gram`` ``(b, b)`` the full Gram
-    matrix of each mini-batch, ``sweep`` this round's pass over each active segment (batch
+    matrix of each mini-batch (float32 or float64: ``params["gram_dtype"]``), ``sweep`` this round's pass over each active segment (batch
     ``order``, position ``j``, ``seed``, ``sigma``, ``tag`` the mask tag of its last shares or
     ``None`` unmasked, ``dw`` ``(d_k,)``, ``delta`` ``(n_k,)``; step average, also ``pdelta``
     ``(n_k,)`` each change times its place, ``pw`` ``(d_k,)`` ``X^T pdelta`` and ``steps``); masked, also ``segmask``
@@ -58,7 +58,8 @@ class SegmentClientMixin:
         the server adds them slot by slot). Returns the reply entries: ``gram``, and with
         ``segment_inner_products: masked`` (:mod:`hybridfl.privacy.segmask`) the Gram vectors
         masked instead of encrypted (one ``uint64`` array, the client's segments one after another,
-        exchange tag 0) and ``seg_keys``, its segment keys sealed for the other holders."""
+        exchange tag 0) and ``seg_keys``, its segment keys sealed for the other holders. The
+        products are computed in ``gram_dtype`` (:mod:`~hybridfl.algorithms.hyfdca.gram`)."""
         b = int(p["batch_size"])
         self.seg_global = [int(g) for g in p["seg_global"]]
         self._batch_cache = {}
@@ -68,6 +69,8 @@ class SegmentClientMixin:
             self.seg_batches.append([perm[m : m + b] for m in range(0, rows.size, b)])
         masked = self.params["seg_masked"] = bool(p.get("seg_masked", False))
         self.params["seg_step_average"] = bool(p.get("seg_step_average", False))
+        self.params["gram_dtype"] = str(p.get("gram_dtype", "float64"))
+        dtype = self._gram_dtype()
         sealed = []
         if masked:
             sealed = self.segmask.start(dict(zip(self.seg_global, p["seg_holder_names"])))
@@ -78,7 +81,7 @@ class SegmentClientMixin:
             v = np.empty(sum(rows.size * (rows.size + 1) // 2 for rows in self.seg_batches[s]))
             pos = 0
             for m in range(len(self.seg_batches[s])):
-                pos = pack_gram(self._batch(s, m)[0], self.seg_colw[s], v, pos, scratch)
+                pos = pack_gram(self._batch(s, m)[0], self.seg_colw[s], v, pos, scratch, dtype)
             if masked:
                 fixed = to_fixed(v, f"the batch Gram matrices of client {self.client_id!r}")
                 gram.append(self.segmask.mask(self.seg_global[s], 0, fixed))
@@ -101,6 +104,9 @@ class SegmentClientMixin:
         p = msg.payload
         if not isinstance(p.get("seg_step_average", False), (bool, np.bool_)):
             raise PayloadError(msg, "seg_step_average", "not a bool")
+        dtype = p.get("gram_dtype", "float64")
+        if not isinstance(dtype, str) or dtype not in GRAM_DTYPES:
+            raise PayloadError(msg, "gram_dtype", f"not one of {sorted(GRAM_DTYPES)}")
         flag = p.get("seg_masked", False)
         if not isinstance(flag, (bool, np.bool_)):
             raise PayloadError(msg, "seg_masked", "not a bool")
@@ -136,7 +142,8 @@ class SegmentClientMixin:
         segment, the upper triangles of its batches one after another (:meth:`_segment_init`).
 
         Raises:
-            PayloadError: not one ciphertext per segment, one of another length, or non-finite values.
+            PayloadError: not one ciphertext per segment, one of another length, or values that are
+                not finite in ``gram_dtype`` (float32: over 3.4e38 in magnitude).
         """
         tri = [[rows.size * (rows.size + 1) // 2 for rows in batches] for batches in self.seg_batches]
         if self.params.get("seg_masked"):
@@ -144,14 +151,21 @@ class SegmentClientMixin:
         else:
             # read in place (plaintext: no copy of the message's bytes; the full matrices are built from it)
             vecs = [self.he.decrypt(ct, copy=False) for ct in validate.blobs(msg, "gram", len(self.seg_batches))]
-        gram = []
+        gram, dtype = [], self._gram_dtype()
         for batches, vec, sizes in zip(self.seg_batches, vecs, tri):
             v = np.asarray(vec, dtype=np.float64)
-            if v.shape != (sum(sizes),) or not kernels.all_finite(v):
-                raise PayloadError(msg, "gram", "holding triangles of another size or non-finite values")
+            if v.shape != (sum(sizes),) or not kernels.all_finite(v, float(np.finfo(dtype).max)):
+                raise PayloadError(
+                    msg, "gram", f"holding triangles of another size or values not finite in {dtype.__name__}"
+                )
             ends = np.cumsum(sizes)
-            gram.append([symmetric_gram(v[e - n : e], rows.size) for rows, n, e in zip(batches, sizes, ends)])
+            gram.append([symmetric_gram(v[e - n : e], rows.size, dtype) for rows, n, e in zip(batches, sizes, ends)])
         self.gram = gram
+
+    def _gram_dtype(self) -> Any:
+        """The dtype of the batch Gram matrices (``hyfdca.init``'s ``gram_dtype``, checked by
+        :meth:`check_segment_init`; float64 when a server or a state from before it gave none)."""
+        return GRAM_DTYPES[self.params.get("gram_dtype", "float64")]
 
     def _unmasked_grams(self, msg: Message, sizes: list[int]) -> list[np.ndarray]:
         """Masked setup (``hyfdca.norms`` with ``seg_keys``, its keys checked by the caller): open
@@ -552,7 +566,9 @@ class SegmentClientMixin:
         if n_seg and self.seg_batches[0] and f"{pre}gram.0.0" in st:
             self.gram = [
                 [
-                    symmetric_gram(np.asarray(st[f"{pre}gram.{s}.{m}"], dtype=np.float64), rows.size)
+                    symmetric_gram(
+                        np.asarray(st[f"{pre}gram.{s}.{m}"], dtype=np.float64), rows.size, self._gram_dtype()
+                    )
                     for m, rows in enumerate(b)
                 ]
                 for s, b in enumerate(self.seg_batches)
