@@ -107,17 +107,28 @@ def _brute_force(split, part, cfg, steps, rnd, w_start):
 
 
 def _check_rounds(fed, split, part, cfg, rec, rounds=3):
+    """Each round's own mean iterate ``w_step`` is the brute force's; the output model is the mean
+    of the iterates of the round and the round before (``STEP_WINDOW``), each round's mean weighted
+    by its steps."""
     server = fed.server
     fed.setup()
+    before = None  # the round before: (its brute-force mean, its steps)
     for rnd in range(1, rounds + 1):
         w0 = server.w.copy()
         server.run_round(rnd, fed.transport)
         mean, last = _brute_force(split, part, cfg, rec.steps, rnd, w0)
+        steps = sum(1 for x in rec.steps if x[0] == rnd)
         assert server.w_step is not None
         np.testing.assert_allclose(server.w, last, atol=1e-7)
         np.testing.assert_allclose(server.w_step, mean, atol=1e-7)
         assert np.abs(server.w_step - server.w).max() > 1e-3  # a different model, not the last iterate
-        np.testing.assert_array_equal(server.output_w(), server.w_step)
+        if before is None:
+            np.testing.assert_array_equal(server.output_w(), server.w_step)
+        else:
+            window = (before[1] * before[0] + steps * mean) / (before[1] + steps)
+            np.testing.assert_allclose(server.output_w(), window, atol=1e-7)
+            assert np.abs(server.output_w() - server.w_step).max() > 1e-4  # not the round's own mean
+        before = (mean, steps)
 
 
 @pytest.mark.parametrize("schedule", ["sequential", "parallel"])
@@ -453,3 +464,41 @@ def test_a_state_without_the_position_products_rebuilds_them_from_the_places(cre
         segs = sorted(c.sweep)
         np.testing.assert_allclose(fresh.position_share_of(segs), c.position_share_of(segs), rtol=1e-12, atol=1e-12)
     assert checked >= 9
+
+
+def test_the_output_window_weights_two_rounds_by_their_steps_and_restarts_after_a_round_without():
+    """``OutputModelMixin``'s window (``STEP_WINDOW`` = 2): the output is the steps-weighted mean
+    of the last two rounds' own mean iterates; a round without a step average outputs the last
+    iterate and empties the window; a checkpoint restores it."""
+    from types import SimpleNamespace
+
+    from hybridfl.algorithms.hyfdca.output import STEP_WINDOW, OutputModelMixin
+
+    class Stub(OutputModelMixin):
+        def __init__(self):
+            self.d, self.N, self.config = 3, 10, SimpleNamespace(lam=0.1)  # lambda N = 1
+            self.w = np.zeros(3)
+            self._output_reset()
+
+    assert STEP_WINDOW == 2
+    srv = Stub()
+    rounds = []
+    for steps, shift in [(10, 1.0), (30, 2.0), (20, 4.0)]:
+        srv.w = srv.w + shift  # one pass that moved w by ``shift``, its position sum 0: its mean is w
+        srv.set_step_average([(np.full(3, shift), np.zeros(3), steps)])
+        rounds.append((srv.w_step.copy(), steps))
+        np.testing.assert_array_equal(srv.w_step, srv.w)
+    _, (b, tb), (c, tc) = rounds
+    np.testing.assert_allclose(srv.round_output(), (tb * b + tc * c) / (tb + tc))  # the last two only
+    arrays, meta = srv.output_state()
+    again = Stub()
+    again.set_output_state(arrays, meta)
+    np.testing.assert_array_equal(again.round_output(), srv.round_output())
+    srv.set_step_average([(np.ones(3), None, 5)])  # a pass without its position sum: no step average
+    assert srv.w_step is None and srv.step_window == []
+    np.testing.assert_array_equal(srv.round_output(), srv.w)
+    srv.set_step_average([(np.ones(3), np.zeros(3), 8)])
+    np.testing.assert_array_equal(srv.round_output(), srv.w_step)  # the window starts again
+    old = Stub()  # a checkpoint from before the window: w_step alone
+    old.set_output_state({"w_step": np.arange(3.0)}, {})
+    np.testing.assert_array_equal(old.round_output(), np.arange(3.0))

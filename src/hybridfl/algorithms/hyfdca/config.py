@@ -105,7 +105,7 @@ class HyFDCAConfig(BaseModel):
     )
     output: Literal["last", "average_last", "step_average"] = Field(
         "step_average",
-        description="the output model: last: each round's last iterate (HyFDCA Alg. 1); average_last: the mean of the iterates of the second half of the rounds (suffix averaging, SDCA's averaged output for non-smooth losses; w and alpha both averaged, so the duality gap still certifies it); step_average: segment mode, each round's output is the mean of the iterates after every SDCA step of the round (Shalev-Shwartz & Zhang 2013 Thm. 2 over one round; one more vector per client in each PrimalAggregation; the server learns this model too; our addition: hybridfl.algorithms.hyfdca.output). The default step_average applies in segment mode, last otherwise",
+        description="the output model: last: each round's last iterate (HyFDCA Alg. 1); average_last: the mean of the iterates of the second half of the rounds (suffix averaging, SDCA's averaged output for non-smooth losses; w and alpha both averaged, so the duality gap still certifies it); step_average: segment mode, each round's output is the mean of the iterates after every SDCA step of the round and the round before (Shalev-Shwartz & Zhang 2013 Thm. 2 over two rounds; one more vector per client in each PrimalAggregation; the server learns this model too; our addition: hybridfl.algorithms.hyfdca.output). The default step_average applies in segment mode, last otherwise",
     )
     participation: float = Field(
         1.0,

@@ -2,10 +2,12 @@
 
 A round's output iterate is its last iterate ``w`` (``output: last``, HyFDCA Alg. 1), or with
 ``output: step_average`` (segment mode; our option, the default) the mean of the iterates after every SDCA step of the
-round: SDCA's averaged output (Shalev-Shwartz & Zhang 2013, Thm. 2, for Lipschitz losses such as
-the hinge) taken over one round. On MNIST binary (3 x 3 grid, batch 512) segment mode's last
-iterate reaches relative suboptimality 1e-3 after 41 rounds or more, its step average after 9-10
-(``benchmarks/results/hyfdca_speed.md``, batch 512). The protocol still steps from the last iterate.
+round and of the round before (:data:`STEP_WINDOW` rounds): SDCA's averaged output
+(Shalev-Shwartz & Zhang 2013, Thm. 2, for Lipschitz losses such as the hinge) taken over the
+last two rounds. On MNIST binary (3 x 3 grid, batch 512) segment mode's last iterate reaches
+relative suboptimality 1e-3 after 41 rounds or more, the mean over one round after 9-12, over
+two rounds after 9-10 (``benchmarks/results/hyfdca_speed.md``; :data:`STEP_WINDOW`). The protocol
+still steps from the last iterate.
 How the server gets the mean without any iterate but its own ``w``: pass ``k`` of the round
 (``T_k`` steps, ``off_k`` steps before it, ``T`` in the round) changed ``w`` by ``dw_k``; its holders
 send, with their PrimalAggregation share, their *position share* ``sum_i (p_i / T_k) delta_i x_i``
@@ -32,11 +34,30 @@ from __future__ import annotations
 
 import numpy as np
 
+STEP_WINDOW = 2
+"""``output: step_average`` averages the iterates of this many rounds: the round's own mean
+iterate ``w_step`` and the one before, weighted by their steps. Measured on MNIST binary (3 x 3
+grid, rounds to relative suboptimality 1e-3; seeds 0, 1, 2 at batch 512, seed 0 at 128, seeds
+0, 1 at 1024): one round 11, 10, 9, 12, 10, 10; two rounds 10, 9, 9, 10, 10, 9 (never later;
+three rounds: the same at 1e-3, later at 2e-3 in two runs; the mean since the middle round:
+later in three)."""
+
 
 class OutputModelMixin:
     """The averaged output model of :class:`~hybridfl.algorithms.hyfdca.server.HyFDCAServer`
     (uses its ``config``, ``he``, ``w``, ``enc_alpha``, ``seg_holders``, ``w_sum``, ``alpha_sum``,
-    ``w_step`` and ``avg_count``)."""
+    ``w_step``, ``step_window`` and ``avg_count``)."""
+
+    def _output_reset(self) -> None:
+        """No averages yet: suffix averaging's (``output: average_last``) running sums of ``w`` and
+        ``enc(alpha)`` since :attr:`average_start` and their count; the step average's
+        (``output: step_average``) last round's mean iterate ``w_step`` and the output's rounds
+        ``step_window`` (:meth:`set_step_average`)."""
+        self.w_sum = np.zeros(self.d)
+        self.alpha_sum: list[bytes] = []
+        self.avg_count = 0
+        self.w_step: np.ndarray | None = None
+        self.step_window: list[tuple[np.ndarray, int]] = []
 
     @property
     def average_start(self) -> int | None:
@@ -83,10 +104,47 @@ class OutputModelMixin:
             off += t
         return out
 
+    def set_step_average(self, passes: list[tuple[np.ndarray, np.ndarray | None, int]]) -> None:
+        """``output: step_average``, the end of a round: its own mean iterate ``w_step``
+        (:meth:`step_average_of` of its passes, ``None`` without one) and the output window, the
+        last :data:`STEP_WINDOW` rounds' ``(w_step, steps)`` in a row (a round without a step
+        average empties it)."""
+        self.w_step = self.step_average_of(passes)
+        if self.w_step is None:
+            self.step_window = []
+            return
+        steps = sum(t for _, _, t in passes)
+        self.step_window = [*self.step_window, (self.w_step, steps)][-STEP_WINDOW:]
+
     def round_output(self) -> np.ndarray:
-        """The last round's output iterate ``(d,)``: its step average (``output: step_average``) when it
-        has one, else the last iterate ``w``."""
-        return self.w_step if self.w_step is not None else self.w
+        """The last round's output iterate ``(d,)``: with a step average (``output: step_average``)
+        the mean of the iterates of its window, the last :data:`STEP_WINDOW` rounds (each round's
+        ``w_step`` weighted by its steps; the round's own when the window made no step), else the
+        last iterate ``w``."""
+        if self.w_step is None:
+            return self.w
+        total = sum(t for _, t in self.step_window)
+        if len(self.step_window) < 2 or total == 0:
+            return self.w_step
+        return sum((t / total) * m for m, t in self.step_window)
+
+    def output_state(self) -> tuple[dict[str, np.ndarray], dict]:
+        """The step average's part of the server's checkpoint: the window's iterates
+        ``w_step.<j>`` (the last is ``w_step``) and, in the meta, their steps."""
+        arrays = {f"w_step.{j}": m.copy() for j, (m, _) in enumerate(self.step_window)}
+        return arrays, {"step_window": [int(t) for _, t in self.step_window]}
+
+    def set_output_state(self, arrays: dict, meta: dict) -> None:
+        """Restore :meth:`output_state` (a checkpoint from before the window: ``w_step`` alone)."""
+        steps = meta.get("step_window")
+        if steps is None:
+            w = arrays.get("w_step")
+            self.step_window = [] if w is None else [(np.asarray(w, dtype=np.float64).copy(), 1)]
+        else:
+            self.step_window = [
+                (np.asarray(arrays[f"w_step.{j}"], dtype=np.float64).copy(), int(t)) for j, t in enumerate(steps)
+            ]
+        self.w_step = self.step_window[-1][0] if self.step_window else None
 
     def output_w(self) -> np.ndarray:
         """The output model ``(d,)``: the mean of the rounds' output iterates over the averaged

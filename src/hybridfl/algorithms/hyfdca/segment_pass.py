@@ -60,7 +60,7 @@ def run_segment_round(
         sigmas.append(sigma)
         results.append(SegmentPass(srv, rnd, selected, group, sigma).run(transport, stats))
     if cfg.step_average:
-        srv.w_step = srv.step_average_of([r.average for r in results])
+        srv.set_step_average([r.average for r in results])
     srv._accumulate_average(rnd)
     out = srv._finish(stats, t0, he0)
     if cfg.step_average:

@@ -120,11 +120,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         self.N = 0
         self.sigma = 1.0
         self.setup_stats: dict = {}
-        # suffix averaging (``output: average_last``): running sums of w and enc(alpha) since avg_start
-        self.w_sum = np.zeros(self.d)
-        self.alpha_sum: list[bytes] = []
-        self.avg_count = 0
-        self.w_step: np.ndarray | None = None  # ``output: step_average``: the last round's mean iterate
+        self._output_reset()  # the averaged output models (:mod:`.output`)
         self.bad: set[str] = set()  # clients whose reply failed its check this round (treated as failed)
         self._secure_reset()  # secure aggregation of the primal shares (:mod:`.secure`)
 
@@ -531,9 +527,10 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
     def get_state(self) -> tuple[dict[str, np.ndarray], dict]:
         """What changes from round to round (checkpoints): ``(arrays, json_meta)`` with ``w`` ``(d,)``,
         the ``enc(alpha)`` and cached inner-product ciphertexts (as uint8 arrays), the clients'
-        last primal shares, the averaging sums (``output: average_last``), the last round's step average
-        ``w_step`` (``output: step_average``), and in ``meta`` each client's last round, the participation
-        RNG state, the number of averaged rounds and the encryption scheme. The segment layout is rebuilt by :meth:`setup`."""
+        last primal shares, the averaging sums (``output: average_last``), the step averages of the
+        output's rounds (``output: step_average``: :meth:`output_state`), and in ``meta`` each client's last
+        round, the participation RNG state, the number of averaged rounds and the encryption scheme.
+        The segment layout is rebuilt by :meth:`setup`."""
         arrays: dict[str, np.ndarray] = {"w": self.w.copy()}
         for g, c in enumerate(self.enc_alpha):
             arrays[f"alpha.{g}"] = np.frombuffer(c, dtype=np.uint8).copy()
@@ -543,8 +540,8 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         share_keys = list(self.share_cache)  # insertion order: the order w sums the shares in
         for j, cid in enumerate(share_keys):
             arrays[f"share.{j}"] = self.share_cache[cid].copy()
-        if self.w_step is not None:
-            arrays["w_step"] = self.w_step.copy()
+        out_arrays, out_meta = self.output_state()
+        arrays.update(out_arrays)
         if self.avg_count:
             arrays["w_sum"] = self.w_sum.copy()
             for g, c in enumerate(self.alpha_sum):
@@ -558,6 +555,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             "avg_count": self.avg_count,
             "encryption": self.config.encryption,
             "seg_tag": int(self.seg_tag),
+            **out_meta,
         }
         sa_arrays, sa_meta = self._secure_state()
         return {**arrays, **sa_arrays}, {**meta, **sa_meta}
@@ -578,7 +576,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                 f"the checkpoint has {meta['segments']} sample segments, this federation {len(self.seg_n)}."
             )
         self.w = np.asarray(arrays["w"], dtype=np.float64).copy()
-        self.w_step = np.asarray(arrays["w_step"], dtype=np.float64).copy() if "w_step" in arrays else None
+        self.set_output_state(arrays, meta)
         self.enc_alpha = [np.asarray(arrays[f"alpha.{g}"], dtype=np.uint8).tobytes() for g in range(len(self.seg_n))]
         self.ip_cache = {
             (str(c), int(g)): np.asarray(arrays[f"ip.{j}"], dtype=np.uint8).tobytes()
