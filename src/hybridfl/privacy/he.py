@@ -222,8 +222,9 @@ class PlainBackend(HEBackend):
         return memoryview(v.astype("<f8", copy=False)).cast("B")
 
     def _add(self, items: list[bytes], n: int) -> memoryview:
-        acc = np.zeros(n)
-        for c in items:
+        # from a copy of the first, not from zeros: one pass less, the same sums (0 + x is x; a -0.0 stays -0.0)
+        acc = np.frombuffer(items[0], dtype="<f8").astype(np.float64)
+        for c in items[1:]:
             acc += np.frombuffer(c, dtype="<f8")
         return memoryview(acc).cast("B")
 

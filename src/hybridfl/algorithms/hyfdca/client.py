@@ -102,7 +102,7 @@ from hybridfl.runtime.handlers import handler
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError
 
-_VECTORS = ("alpha", "alpha_agg", "u", "q", "w", "own_sq")
+_VECTORS = ("alpha", "alpha_agg", "u", "q", "w")
 """The client's float64 state vectors (``(n_k,)`` but ``w`` ``(d_k,)``)."""
 
 
@@ -127,9 +127,9 @@ class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixi
 
     State kept between messages (:meth:`get_state`): ``alpha`` ``(n_k,)`` its copy of the dual
     variables, ``u`` ``(n_k,)`` the last decrypted inner products, ``q`` ``(n_k,)`` full squared
-    norms, ``own_sq`` ``(n_k,)`` squared norms of its own blocks, ``w`` ``(d_k,)`` the primal
-    weights of its features, ``pending`` (block mode: new duals awaiting the server's commit), the
-    constants of ``hyfdca.init`` (``params``), the segment layout, the segment-mode state
+    norms, ``w`` ``(d_k,)`` the primal weights of its features, ``pending`` (block mode: new duals
+    awaiting the server's commit), the constants of ``hyfdca.init`` (``params``), the segment
+    layout, the segment-mode state
     (:class:`~hybridfl.algorithms.hyfdca.segment_client.SegmentClientMixin`) and its own view of the
     protocol (``protocol``: :class:`~hybridfl.algorithms.hyfdca.protocol.ClientProtocol`: order,
     own counters, whether it stopped after a refusal).
@@ -164,7 +164,6 @@ class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixi
         self.alpha_agg = np.zeros(n)  # its replica of the server's aggregated alpha (:mod:`.primal`)
         self.u = np.zeros(n)
         self.q = np.zeros(n)
-        self.own_sq = np.zeros(n)
         self.w = np.zeros(d)
         self.pending: np.ndarray | None = None  # block mode: new own duals awaiting the server's commit
         self.alpha_round = 0  # consensus/segment mode: the round of the last accepted server alpha (0: setup)
@@ -349,11 +348,12 @@ class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixi
 
     def get_state(self) -> dict[str, Any]:
         """Everything the client keeps between two messages, as codec values (checkpoints and
-        Flower's per-message rebuild both use it): the vectors ``alpha``, ``u``, ``q``,
-        ``own_sq`` ``(n_k,)`` and ``w`` ``(d_k,)``; ``alpha_round``; ``pending`` ``(n_k,)`` if set; after
-        ``hyfdca.init`` the constants ``params`` (JSON), ``seg_scale`` ``(S,)``, ``seg_rows.<s>``
-        and ``seg_colw.<s>`` per segment; in segment mode the batches, Gram matrices and the pass
-        under way. The data, labels and backend come from the constructor."""
+        Flower's per-message rebuild both use it): the vectors ``alpha``, ``u``, ``q`` ``(n_k,)`` and
+        ``w`` ``(d_k,)``; ``alpha_round``; ``pending`` ``(n_k,)`` if set; after ``hyfdca.init`` the
+        constants ``params`` (JSON), ``seg_scale`` ``(S,)``, ``seg_rows.<s>`` and ``seg_colw.<s>``
+        per segment; in segment mode the batches, Gram matrices and the pass under way. The data,
+        labels and backend come from the constructor. (A state's ``own_sq`` from before is
+        ignored: nothing used it.)"""
         st: dict[str, Any] = {k: getattr(self, k).copy() for k in _VECTORS}
         st["alpha_round"] = int(self.alpha_round)
         if self.pending is not None:
@@ -423,11 +423,6 @@ class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixi
             colw = self.seg_colw[s]
             norms = np.asarray(sq @ (colw if colw is not None else np.ones(Xs.shape[1]))).ravel()
             out.append(self.he.encrypt(norms))
-        self.own_sq = (
-            np.asarray(self.X.multiply(self.X).sum(axis=1)).ravel()
-            if sp.issparse(self.X)
-            else np.einsum("ij,ij->i", self.X, self.X)
-        )
         seg = self._segment_init(p) if self.params["dual_mode"] == "segment" else {}
         return out, seg
 
