@@ -18,8 +18,8 @@ the settings of ``examples/configs/hyfdca_mnist.yaml``):
    (``average_last: 0``). Then the same with ``step_average: true`` (our option, each round's
    output model the mean of its iterates, SDCA's averaged output; ``--step-average-rounds``
    rounds): the same steps, another output model; then the same again, to the round it reached
-   the target in, without the monitor (:func:`unmonitored`: the time a real run takes, whose rounds
-   do not find the caches emptied by an evaluation between them);
+   the target in, without the monitor (:func:`unmonitored`: the time a real run takes, with no
+   evaluation between its rounds; a check that the monitor does not distort the timing);
 3. CKKS (``encryption: ckks``, degree 8192 until the default became 4096) against plaintext for ``--ckks-rounds`` rounds each,
    one after the other, the clients encrypting with the public key (the default) and with the
    secret key (``ckks_secret_key_encryption``), each with the inner products encrypted (the
@@ -299,9 +299,8 @@ def unmonitored(split, part, prob, cfg: HyFDCAConfig, hy: dict, ll: dict) -> dic
     """``cfg`` run again to the round ``hy`` reached the target in, without the monitor (no
     evaluation between rounds, as a real run): its setup and rounds timed, the relative
     suboptimality of its output model (the monitored run's at that round: the same seed) and the
-    CPU ratio to liblinear ``ll`` with the setup. The monitored run's rounds pay for the
-    evaluation's passes over the 60,000 x 784 matrix between them (the caches emptied), although
-    the timing leaves the evaluation itself out."""
+    CPU ratio to liblinear ``ll`` with the setup: whether the evaluation's passes over the
+    60,000 x 784 matrix between the monitored rounds (left out of their timing) slow them."""
     res, times = run(split, part, cfg.model_copy(update={"rounds": hy["round"], "eval_every": 0, "reference": False}))
     p_star = hy["reference_objective"]
     w = np.asarray(res.summary["w"], dtype=np.float64)
@@ -471,8 +470,8 @@ SPEED_NOTES = [
     "the load, CPU times much less). HyFDCA / liblinear: HyFDCA's CPU seconds for the rounds to relative "
     "suboptimality 1e-3 (plaintext, evaluated every round, the setup excluded) over liblinear's (median of the "
     "solves); `step_average`: the same with `step_average: true`; run again without the monitor: the same "
-    "settings and seed run again to that round without the evaluation between rounds (as a real run; the "
-    "monitored rounds find the caches emptied by the evaluation's passes over the data), the setup included. CKKS degree 8192 (4,096 slots) in the committed "
+    "settings and seed run again to that round without the evaluation between rounds (as a real run; a check "
+    "that the monitor does not distort the timing), the setup included. CKKS degree 8192 (4,096 slots) in the committed "
     "runs (4096, 2,048 slots, and seed-compressed client ciphertexts since); one "
     "exchange = one ciphertext per holder of `b` values (masked: `b` uint64 words per holder, the duals still "
     "under CKKS); the ratios are of the mean CPU seconds of the `--ckks-rounds` rounds run one after the "
