@@ -85,13 +85,13 @@ def pack_gram(
         out[pos : pos + tri.size] = tri
         return pos + tri.size
     single = np.dtype(dtype) == np.float32
-    key = (b, single)
-    if key not in scratch:
-        scratch[key] = np.empty((b, b), order="F", dtype=np.float32 if single else np.float64)
-    D = dense_batch(Xb, np.float32 if single else np.float64)
+    dt = np.float32 if single else np.float64
+    if (b, single) not in scratch:
+        scratch[(b, single)] = np.empty((b, b), order="F", dtype=dt)
+    D = dense_batch(Xb, dt)
     # C = (D^T)^T D^T = D D^T, its lower triangle (column-major: row-major D^T is Fortran-ordered)
     syrk = blas.ssyrk if single else blas.dsyrk
-    C = syrk(1.0, D.T, trans=1, lower=1, c=scratch[key], overwrite_c=1)
+    C = syrk(1.0, D.T, trans=1, lower=1, c=scratch[(b, single)], overwrite_c=1)
     return int(kernels.pack_lower_columns(C, out, pos))
 
 

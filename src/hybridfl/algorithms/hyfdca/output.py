@@ -46,18 +46,22 @@ later in three)."""
 class OutputModelMixin:
     """The averaged output model of :class:`~hybridfl.algorithms.hyfdca.server.HyFDCAServer`
     (uses its ``config``, ``he``, ``w``, ``enc_alpha``, ``seg_holders``, ``w_sum``, ``alpha_sum``,
-    ``w_step``, ``step_window`` and ``avg_count``)."""
+    ``step_window`` and ``avg_count``)."""
 
     def _output_reset(self) -> None:
         """No averages yet: suffix averaging's (``output: average_last``) running sums of ``w`` and
         ``enc(alpha)`` since :attr:`average_start` and their count; the step average's
-        (``output: step_average``) last round's mean iterate ``w_step`` and the output's rounds
-        ``step_window`` (:meth:`set_step_average`)."""
+        (``output: step_average``) output rounds ``step_window`` (:meth:`set_step_average`)."""
         self.w_sum = np.zeros(self.d)
         self.alpha_sum: list[bytes] = []
         self.avg_count = 0
-        self.w_step: np.ndarray | None = None
         self.step_window: list[tuple[np.ndarray, int]] = []
+
+    @property
+    def w_step(self) -> np.ndarray | None:
+        """The last round's own mean iterate ``(d,)`` (``output: step_average``), the newest of
+        ``step_window``; ``None`` when that round had no step average (or before any round)."""
+        return self.step_window[-1][0] if self.step_window else None
 
     @property
     def average_start(self) -> int | None:
@@ -105,16 +109,15 @@ class OutputModelMixin:
         return out
 
     def set_step_average(self, passes: list[tuple[np.ndarray, np.ndarray | None, int]]) -> None:
-        """``output: step_average``, the end of a round: its own mean iterate ``w_step``
-        (:meth:`step_average_of` of its passes, ``None`` without one) and the output window, the
-        last :data:`STEP_WINDOW` rounds' ``(w_step, steps)`` in a row (a round without a step
-        average empties it)."""
-        self.w_step = self.step_average_of(passes)
-        if self.w_step is None:
+        """``output: step_average``, the end of a round: the output window gets its own mean
+        iterate (:meth:`step_average_of` of its passes), the last :data:`STEP_WINDOW` rounds'
+        ``(w_step, steps)`` in a row kept; a round without a step average empties it."""
+        mean = self.step_average_of(passes)
+        if mean is None:
             self.step_window = []
             return
         steps = sum(t for _, _, t in passes)
-        self.step_window = [*self.step_window, (self.w_step, steps)][-STEP_WINDOW:]
+        self.step_window = [*self.step_window, (mean, steps)][-STEP_WINDOW:]
 
     def round_output(self) -> np.ndarray:
         """The last round's output iterate ``(d,)``: with a step average (``output: step_average``)
@@ -144,7 +147,6 @@ class OutputModelMixin:
             self.step_window = [
                 (np.asarray(arrays[f"w_step.{j}"], dtype=np.float64).copy(), int(t)) for j, t in enumerate(steps)
             ]
-        self.w_step = self.step_window[-1][0] if self.step_window else None
 
     def output_w(self) -> np.ndarray:
         """The output model ``(d,)``: the mean of the rounds' output iterates over the averaged
