@@ -1,6 +1,7 @@
-"""Why HyFDCA segment mode needs about 11 rounds on MNIST binary (issue 30): exact centralised SDCA
-in the visit orders segment mode can make, each epoch's output the mean of its iterates (the
-``output: step_average`` of a round), to relative suboptimality 1e-3.
+"""Why HyFDCA segment mode needs about 10 rounds on MNIST binary (issue 30): exact centralised SDCA
+in the visit orders segment mode can make, each epoch's output the mean of the iterates of that
+epoch and the ``--window - 1`` before it (the ``output: step_average`` of a round, over
+:data:`~hybridfl.algorithms.hyfdca.output.STEP_WINDOW` rounds), to relative suboptimality 1e-3.
 
 The problem of ``benchmarks/hyfdca_speed.py``: MNIST binary (60,000 x 784, 0-4 vs 5-9), hinge,
 ``lambda = 1e-3``, no intercept; ``P*`` from :func:`~hybridfl.algorithms.convex.reference.reference_optimum`.
@@ -13,14 +14,21 @@ One epoch is one exact SDCA pass (:meth:`~hybridfl.algorithms.convex.losses.RowD
   a random order inside (segment mode's ``sequential`` schedule, were the batches cut anew);
 * ``fixed``: the same, the batches cut once and kept (segment mode as it is: a batch's Gram matrix
   is summed once, at setup);
-* ``alt2``: two such cuts, used in alternate epochs (twice the Gram matrices of one cut).
+* ``alt2``: two such cuts, used in alternate epochs (twice the Gram matrices of one cut);
+* ``stored``: ``fixed``, each batch visited in the order it was cut in, the same every epoch (what
+  would let a holder read its Gram rows one after another instead of at random);
+* ``split4``: ``fixed``, each batch split every epoch into 4 random parts, the parts of a segment
+  visited in a random order (4 times the exchanges of a round; each part's Gram is a block of its
+  batch's).
 
-The mean iterate of an epoch that changed ``alpha`` by ``delta`` (step ``i`` at place ``p_i`` of
-``T``): ``w_0 + sum_i delta_i x_i (T - p_i) / (T lambda N)`` (:mod:`hybridfl.algorithms.hyfdca.output`).
+The mean iterate of the last ``R`` epochs (``--window``), which changed ``alpha`` by ``delta``
+(step ``i`` at place ``p_i`` of the ``T = R N`` steps, 0-based): ``w_0 + sum_i delta_i x_i (T - p_i)
+/ (T lambda N)`` (:mod:`hybridfl.algorithms.hyfdca.output`); the first epochs average over as many
+epochs as there were.
 Reported per order: the first epoch at or below 1e-3 for each seed and their median, and the mean
 curve. Single-threaded, about a minute per order and five seeds::
 
-    OMP_NUM_THREADS=1 python -m benchmarks.sdca_orders [--seeds 5] [--epochs 12] [--orders random,fresh:512,...]
+    OMP_NUM_THREADS=1 python -m benchmarks.sdca_orders [--seeds 5] [--epochs 12] [--window 2] [--orders random,fresh:512,...]
 
 Writes ``benchmarks/results/sdca_orders.json`` and ``.md``.
 """
@@ -37,6 +45,7 @@ from benchmarks.harness import dispatch
 from hybridfl.algorithms.convex.losses import RowData, primal, row_norms_sq
 from hybridfl.algorithms.convex.monitor import build_problem
 from hybridfl.algorithms.convex.reference import reference_optimum
+from hybridfl.algorithms.hyfdca.output import STEP_WINDOW
 from hybridfl.data import load_mnist
 from hybridfl.data.partitioners import GridPartitioner
 from hybridfl.runtime.simulation import single_threaded
@@ -45,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT.parent / "shared" / "data"
 OUT = ROOT / "benchmarks" / "results"
 LAM, TARGET, POSITIVE = 1e-3, 1e-3, [5, 6, 7, 8, 9]
-ORDERS = ["random", "fresh:512", "fixed:512", "alt2:512", "fixed:256", "alt2:256"]
+ORDERS = ["random", "fresh:512", "fixed:512", "alt2:512", "fixed:256", "alt2:256", "stored:512", "split4:512"]
 
 
 def cut(groups: list[np.ndarray], b: int, rng: np.random.Generator) -> list[list[np.ndarray]]:
@@ -64,13 +73,19 @@ def epoch_order(kind: str, b: int, cuts: list, groups: list[np.ndarray], epoch: 
     batches = cut(groups, b, rng) if kind == "fresh" else cuts[epoch % len(cuts)]
     parts = []
     for s in rng.permutation(len(groups)):
+        if kind == "split4":
+            pieces = [p for bt in batches[s] for p in np.array_split(bt[rng.permutation(bt.size)], 4)]
+            parts += [pieces[m] for m in rng.permutation(len(pieces))]
+            continue
         for m in rng.permutation(len(batches[s])):
-            parts.append(batches[s][m][rng.permutation(batches[s][m].size)])
+            bt = batches[s][m]
+            parts.append(bt if kind == "stored" else bt[rng.permutation(bt.size)])
     return np.concatenate(parts)
 
 
-def run_order(prob, p_star: float, spec: str, seed: int, epochs: int) -> list[float]:
-    """Relative suboptimality of each epoch's mean iterate for the order ``spec`` (``kind[:b]``)."""
+def run_order(prob, p_star: float, spec: str, seed: int, epochs: int, window: int = 2) -> list[float]:
+    """Relative suboptimality after each epoch of the mean iterate of the last ``window`` epochs,
+    for the order ``spec`` (``kind[:b]``)."""
     kind, _, size = spec.partition(":")
     b = int(size or 0)
     X, y = prob.X, np.asarray(prob.y, dtype=np.float64)
@@ -79,9 +94,10 @@ def run_order(prob, p_star: float, spec: str, seed: int, epochs: int) -> list[fl
     rows, q = RowData(X), row_norms_sq(X)
     setup = np.random.default_rng([seed, 1])
     groups = np.array_split(setup.permutation(n), 3)
-    cuts = [cut(groups, b, setup) for _ in range(2 if kind == "alt2" else 1)] if kind in ("fixed", "alt2") else []
+    cuts = [cut(groups, b, setup) for _ in range(2 if kind == "alt2" else 1)] if kind != "random" else []
     rng = np.random.default_rng([seed, 2])
     alpha, w, out = np.zeros(n), np.zeros(X.shape[1]), []
+    recent: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (w at the epoch's start, delta, place)
     for ep in range(epochs):
         order = epoch_order(kind, b, cuts, groups, ep, rng)
         u0 = np.asarray(X @ w).ravel()
@@ -89,7 +105,11 @@ def run_order(prob, p_star: float, spec: str, seed: int, epochs: int) -> list[fl
         delta = rows.dot_and_add(order, alpha, y, u0, q, "hinge", lam_n, 1.0, 1.0, dw)
         place = np.empty(n)
         place[order] = np.arange(n)
-        mean_w = w + np.asarray(X.T @ (delta * (n - place) / n)).ravel() / lam_n
+        recent = [*recent, (w, delta, place)][-window:]
+        T = n * len(recent)
+        mean_w = recent[0][0].copy()
+        for k, (_, dk, pk) in enumerate(recent):
+            mean_w += np.asarray(X.T @ (dk * (T - (k * n + pk)) / T)).ravel() / lam_n
         w = w + dw
         out.append((float(primal(X, y, mean_w, LAM, "hinge")) - p_star) / abs(p_star))
     return out
@@ -100,6 +120,7 @@ def run_main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--orders", default=",".join(ORDERS))
+    ap.add_argument("--window", type=int, default=STEP_WINDOW, help="epochs averaged (output.STEP_WINDOW)")
     a = ap.parse_args()
     with single_threaded():
         split = harness.shrink(load_mnist(DATA / "mnist", layout="tiles", tiles=7, flatten=True))
@@ -108,7 +129,7 @@ def run_main() -> None:
         p_star = reference_optimum(prob.X, np.asarray(prob.y, dtype=np.float64), LAM, "hinge").objective
         rows = []
         for spec in a.orders.split(","):
-            curves = [run_order(prob, p_star, spec, s, a.epochs) for s in range(a.seeds)]
+            curves = [run_order(prob, p_star, spec, s, a.epochs, a.window) for s in range(a.seeds)]
             hits = [next((i + 1 for i, v in enumerate(c) if v <= TARGET), None) for c in curves]
             reached = [h for h in hits if h is not None]
             rows.append(
@@ -128,20 +149,20 @@ def run_main() -> None:
         command="OMP_NUM_THREADS=1 python -m benchmarks.sdca_orders"
         + (
             ""
-            if (a.seeds, a.epochs, a.orders) == (5, 12, ",".join(ORDERS))
-            else f" --seeds {a.seeds} --epochs {a.epochs} --orders {a.orders}"
+            if (a.seeds, a.epochs, a.orders, a.window) == (5, 12, ",".join(ORDERS), STEP_WINDOW)
+            else f" --seeds {a.seeds} --epochs {a.epochs} --window {a.window} --orders {a.orders}"
         ),
         columns=["order", "epochs_to_1e-3", "median", "load"],
         notes=[
-            "Each epoch's output is the mean of its iterates (HyFDCA's step_average); relative suboptimality against the reference optimum.",
-            "random: a fresh permutation of all samples; fresh: segment mode's order with the batches cut anew each epoch; fixed: cut once (segment mode as it is); alt2: two cuts in alternate epochs.",
+            f"Each epoch's output is the mean of the iterates of the last {a.window} epochs (HyFDCA's step_average over output.STEP_WINDOW rounds); relative suboptimality against the reference optimum.",
+            "random: a fresh permutation of all samples; fresh: segment mode's order with the batches cut anew each epoch; fixed: cut once (segment mode as it is); alt2: two cuts in alternate epochs; stored: fixed, each batch in the order it was cut in every epoch; split4: fixed, each batch split into 4 random parts every epoch, a segment's parts in a random order (4x the exchanges).",
             "median: None when a seed did not reach 1e-3 within the epochs.",
         ],
         out=OUT,
     )
 
 
-PARTS = {"": (run_main, ["--seeds", "1", "--epochs", "2", "--orders", "random,fixed:64,alt2:64"])}
+PARTS = {"": (run_main, ["--seeds", "1", "--epochs", "3", "--orders", "random,fixed:64,alt2:64,stored:64,split4:64"])}
 
 
 def main() -> None:
