@@ -2,7 +2,8 @@
 :mod:`hybridfl.algorithms.hyfdca.gram`): the float32 matrices against float64 ones. The products and the kept matrices are float32;
 the holders of a sample still make the same steps; ``w = w(alpha)`` and the duality gap stay exact;
 the run follows the float64 run to float32's rounding; a rebuilt client keeps its float32
-matrices bit for bit; a client refuses an unknown ``gram_dtype`` by name."""
+matrices bit for bit; a client computes in its own precision and refuses an init declaring
+another (a malicious server splitting a segment's holders between float32 and float64) by name."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from hybridfl.algorithms.hyfdca import HyFDCAConfig, Monitor, build_problem, dea
 from hybridfl.algorithms.hyfdca.gram import pack_gram, partial_gram, symmetric_gram
 from hybridfl.algorithms.hyfdca.protocol import SETUP, ClientProtocol
 from hybridfl.data.partitioners import GridPartitioner
+from hybridfl.errors import ProtocolError
 from hybridfl.runtime.messages import SERVER, Message, decode
 from hybridfl.runtime.simulation import build_federation
 from hybridfl.runtime.validate import PayloadError
@@ -109,20 +111,47 @@ def test_a_rebuilt_client_keeps_its_float32_matrices(credit_small):
     np.testing.assert_array_equal(fed.server.w_step, ref.server.w_step)
 
 
-@pytest.mark.parametrize("bad", ["float16", "", 32, None, ["float32"]])
-def test_client_refuses_an_unknown_gram_dtype_by_name(credit_small, bad):
-    part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
+def _init_and_client(split):
+    """A recorded run's first ``hyfdca.init`` to a client and that client, set back to where the
+    init comes."""
+    part = GridPartitioner(3, 3, 1, 0).partition(split.train)
     raw: list[bytes] = []
-    fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=1), recorder=raw.append)
+    fed = build_federation("hyfdca", split, part, _cfg(rounds=1), recorder=raw.append)
     fed.setup()
     init = next(m for m in map(decode, raw) if m.kind == "hyfdca.init" and m.receiver != SERVER)
     assert init.payload["gram_dtype"] == "float32"
     client = fed.clients[init.receiver]
-    client.protocol = ClientProtocol(init.receiver)  # a client where init comes
+    client.protocol = ClientProtocol(init.receiver)
     client.protocol.setup = SETUP.index("hyfdca.init") - 1
+    return init, client
+
+
+@pytest.mark.parametrize("bad", ["float64", "float16", "", 32, None, ["float32"]])
+def test_client_refuses_a_gram_dtype_other_than_its_own_by_name(credit_small, bad):
+    """A float32 client refuses an init declaring anything else, a valid ``"float64"`` included: a
+    server sending float32 to one holder of a segment and float64 to another (whose steps would
+    then differ) is refused by the second before it computes anything, and the refusal stops that
+    client for the run (fail closed: it depends on the server's message only)."""
+    init, client = _init_and_client(credit_small)
     with pytest.raises(PayloadError) as e:
         client.handle(Message(init.kind, SERVER, init.receiver, init.round, {**init.payload, "gram_dtype": bad}))
     assert e.value.field == "gram_dtype"
+    assert "float32" in str(e.value)
+    assert client.protocol.stopped
+    with pytest.raises(ProtocolError):
+        client.handle(init)  # the honest init afterwards: still refused
+
+
+def test_client_without_a_declared_gram_dtype_uses_its_own(credit_small, monkeypatch):
+    """An init without ``gram_dtype`` (a server from before it): the client computes in its own
+    precision, float32, or float64 where it is set so."""
+    for own in ("float32", "float64"):
+        init, client = _init_and_client(credit_small)
+        monkeypatch.setattr(gram, "GRAM_DTYPE", own)
+        payload = {k: v for k, v in init.payload.items() if k != "gram_dtype"}
+        client.handle(Message(init.kind, SERVER, init.receiver, init.round, payload))
+        assert client.params["gram_dtype"] == own
+        monkeypatch.undo()
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

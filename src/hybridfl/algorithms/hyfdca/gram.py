@@ -4,8 +4,9 @@ symmetric matrix rebuilt from the summed triangle), used by
 :class:`~hybridfl.algorithms.hyfdca.segment_client.SegmentClientMixin`.
 
 The precision of the holders' Gram products (BLAS ``ssyrk`` or ``dsyrk``) and of the full
-matrices they keep is the ``gram_dtype`` of the server's ``hyfdca.init`` (:data:`GRAM_DTYPE`,
-float32; a client takes float32 or float64 and refuses anything else); the packed triangles cross
+matrices they keep is each client's own :data:`GRAM_DTYPE` (float32), which the server declares
+as the ``gram_dtype`` of its ``hyfdca.init``; a client refuses an init that declares another, so a
+server cannot put a segment's holders on different precisions; the packed triangles cross
 as float64 either way, and the steps' sums are float64. The Gram matrices only carry the changes
 *within* a batch into the inner products (the inner products between batches are exact, from
 ``w``), so float32 perturbs each step by about float32's rounding (relative 1e-7) and never the
@@ -36,7 +37,9 @@ GRAM_DTYPES = {"float32": np.float32, "float64": np.float64}
 """``gram_dtype`` -> the NumPy dtype of the Gram products and of the matrices kept."""
 
 GRAM_DTYPE = "float32"
-"""The ``gram_dtype`` the server sends in ``hyfdca.init`` (read when each setup builds it)."""
+"""The precision every client computes and keeps its batch Gram matrices in, and the ``gram_dtype``
+the server declares in ``hyfdca.init`` (read at each setup, by both; the tests that compare with
+sequential SDCA bit for bit set ``"float64"``)."""
 
 
 def dense_batch(Xb: Any, dtype: Any = np.float64) -> np.ndarray:

@@ -126,8 +126,9 @@ class SegmentServerMixin:
         """The segment-mode entries of one client's ``hyfdca.init``: ``batch_size``, the global
         segment IDs ``seg_global`` and the ``batch_seed`` of the fixed mini-batches; masked, also
         ``seg_masked`` and ``seg_holders`` (per segment a JSON list of its holders' names, sorted);
-        ``gram_dtype``, the precision of the batch Gram matrices (every holder of a segment must
-        round the same sums alike to make the same steps; :data:`.gram.GRAM_DTYPE`)."""
+        ``gram_dtype``, the precision of the batch Gram matrices, declared (every holder of a
+        segment must round the same sums alike to make the same steps, so each computes in its own
+        :data:`.gram.GRAM_DTYPE` and refuses an init declaring another)."""
         out: dict[str, Any] = {
             "batch_size": self.config.batch_size,
             "seg_global": list(segs),

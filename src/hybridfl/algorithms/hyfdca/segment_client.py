@@ -14,6 +14,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from hybridfl.algorithms.convex import kernels
+from hybridfl.algorithms.hyfdca import gram as gram_mod
 from hybridfl.algorithms.hyfdca.gram import GRAM_DTYPES, pack_gram, symmetric_gram
 from hybridfl.algorithms.hyfdca.segment import concat_words, int_list, split_words
 from hybridfl.errors import ProtocolError
@@ -69,7 +70,7 @@ class SegmentClientMixin:
             self.seg_batches.append([perm[m : m + b] for m in range(0, rows.size, b)])
         masked = self.params["seg_masked"] = bool(p.get("seg_masked", False))
         self.params["seg_step_average"] = bool(p.get("seg_step_average", False))
-        self.params["gram_dtype"] = str(p.get("gram_dtype", "float64"))
+        self.params["gram_dtype"] = gram_mod.GRAM_DTYPE  # its own (checked: the init declared no other)
         dtype = self._gram_dtype()
         sealed = []
         if masked:
@@ -96,7 +97,10 @@ class SegmentClientMixin:
         ``seg_masked`` a bool; if true, ``seg_holders`` one JSON list of names per segment (as many
         as ``holders`` counts), each with this client once and otherwise known peers of secure
         aggregation (whose keys seal the segment keys; ``secure``: the message carried its peer
-        table). Returns the holder names per segment, or ``None`` without masking.
+        table); ``gram_dtype``, if sent, this client's own (:data:`.gram.GRAM_DTYPE`: the holders
+        compute in their own precision, which the server only declares, so a server cannot put a
+        segment's holders on different precisions, whose steps would then differ). Returns the
+        holder names per segment, or ``None`` without masking.
 
         Raises:
             PayloadError: any of these fails, or masking is asked without secure aggregation's peers.
@@ -104,9 +108,10 @@ class SegmentClientMixin:
         p = msg.payload
         if not isinstance(p.get("seg_step_average", False), (bool, np.bool_)):
             raise PayloadError(msg, "seg_step_average", "not a bool")
-        dtype = p.get("gram_dtype", "float64")
-        if not isinstance(dtype, str) or dtype not in GRAM_DTYPES:
-            raise PayloadError(msg, "gram_dtype", f"not one of {sorted(GRAM_DTYPES)}")
+        own = gram_mod.GRAM_DTYPE
+        dtype = p.get("gram_dtype", own)
+        if not isinstance(dtype, str) or dtype != own:
+            raise PayloadError(msg, "gram_dtype", f"not this client's {own!r}")
         flag = p.get("seg_masked", False)
         if not isinstance(flag, (bool, np.bool_)):
             raise PayloadError(msg, "seg_masked", "not a bool")
@@ -163,8 +168,8 @@ class SegmentClientMixin:
         self.gram = gram
 
     def _gram_dtype(self) -> Any:
-        """The dtype of the batch Gram matrices (``hyfdca.init``'s ``gram_dtype``, checked by
-        :meth:`check_segment_init`; float64 when a server or a state from before it gave none)."""
+        """The dtype of the batch Gram matrices (this client's :data:`.gram.GRAM_DTYPE` at its
+        setup, kept in ``params``; float64 for a state from before the precision was kept)."""
         return GRAM_DTYPES[self.params.get("gram_dtype", "float64")]
 
     def _unmasked_grams(self, msg: Message, sizes: list[int]) -> list[np.ndarray]:
