@@ -105,6 +105,14 @@ from hybridfl.runtime.validate import PayloadError
 _VECTORS = ("alpha", "alpha_agg", "u", "q", "w")
 """The client's float64 state vectors (``(n_k,)`` but ``w`` ``(d_k,)``)."""
 
+CSR_DENSITY = 0.5
+"""``sparse: auto``: a client's features are CSR below this share of non-zeros. Its passes over
+its rows (the inner products, ``X^T alpha``, the steps' updates of ``w``) stream 12 bytes per
+non-zero as CSR and 8 per entry dense, so CSR reads fewer bytes below 2/3; measured on MNIST
+binary's 3 x 3 grid (batch 512), whose middle block group has 32 % non-zeros: as CSR the 10
+rounds to 1e-3 took 1.40 s of CPU against 1.48 s dense (medians of five alternating pairs in one
+process), the setup the same (0.79 s)."""
+
 
 class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixin, AlignClientMixin):
     """Client-side steps of HyFDCA for one client.
@@ -115,7 +123,8 @@ class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixi
         positive: class indices labelled +1.
         he: its encryption backend (holds the shared secret key; from the clients' key pair).
         seed: seeds its coordinate sampling (round ``t`` uses ``default_rng([seed, t])``).
-        sparse: ``auto`` | ``dense`` | ``sparse`` feature storage.
+        sparse: ``auto`` (CSR below :data:`CSR_DENSITY` non-zeros) | ``dense`` | ``sparse``
+            feature storage.
         require_secagg: refuse a run without secure aggregation of the primal shares (its own
             policy: set when it holds an HE key pair; :mod:`.secure`).
         secagg_threshold: ``t``, the fewest clients of a masked exchange it answers in
@@ -154,7 +163,7 @@ class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixi
         self.ids = np.asarray(data.ids).astype(str)
         self.blocks = list(data.block_names)
         self.block_sizes = [int(np.prod(data.block_shapes[b])) for b in self.blocks]
-        self.X = features(data, sparse="auto" if sparse == "auto" else sparse == "sparse")
+        self.X = features(data, sparse="auto" if sparse == "auto" else sparse == "sparse", density=CSR_DENSITY)
         self.rows = RowData(self.X)
         self.y = signed_labels(data.y, positive)
         self.he = he

@@ -35,7 +35,7 @@ REMOVED = {
     "smoothing_min": "nothing (the local steps solve the plain hinge)",
     "bandwidth_mbps": "nothing (results.json counts each round's bytes)",
     "latency": f"nothing (the modelled time uses the paper's {PAPER_LATENCY} s per exchange; results.json counts the exchanges)",
-    "sparse": "nothing (features are stored as CSR below 25 % non-zeros)",
+    "sparse": "nothing (a client stores its features as CSR below 50 % non-zeros)",
     "local_steps": "local_fraction (H as a share of the client's samples)",
     "cyclic_groups": "participation (cyclic mode forms round(1 / participation) groups)",
     "precision_bits": "the key's own setting (hybridfl he-keys --precision-bits; simulation: 40)",
