@@ -76,6 +76,13 @@ def clocks() -> tuple[float, float]:
     return time.perf_counter(), time.process_time()
 
 
+def timed_liblinear(prob) -> tuple[np.ndarray, float, float]:
+    """liblinear's solution of ``prob`` and its wall and CPU seconds."""
+    w0, c0 = clocks()
+    w = liblinear_solve(prob.X, prob.y, LAM, "hinge")
+    return w, time.perf_counter() - w0, time.process_time() - c0
+
+
 @contextmanager
 def timed_server(times: dict, cpu=time.process_time):
     """Time ``HyFDCAServer.setup`` and each ``run_round`` (wall, and CPU by the clock ``cpu``;
@@ -306,20 +313,20 @@ def unmonitored(split, part, prob, cfg: HyFDCAConfig, hy: dict, ll: dict, repeat
     their timing, slow them), and the median run's to the median of the solves around them (both
     timed under the same load of this shared machine, which moves liblinear's time by up to 2x
     between runs of the benchmark)."""
-    runs, solves = [], []
+    runs, solves, w = [], [], None
     for k in range(repeats + 1):
-        c0 = time.process_time()
-        liblinear_solve(prob.X, prob.y, LAM, "hinge")
-        solves.append(time.process_time() - c0)
+        solves.append(timed_liblinear(prob)[2])
         if k == repeats:
             break
         res, times = run(
             split, part, cfg.model_copy(update={"rounds": hy["round"], "eval_every": 0, "reference": False})
         )
-        runs.append((times, np.asarray(res.summary["w"], dtype=np.float64)))
-    times, w = runs[0]
+        runs.append(times)
+        if w is None:  # the first run's output model (the others are the same seed's)
+            w = np.asarray(res.summary["w"], dtype=np.float64)
+    times = runs[0]
     p_star = hy["reference_objective"]
-    totals = [float(sum(t[1] for t in tm["rounds"]) + tm["setup"][1]) for tm, _ in runs]
+    totals = [float(sum(t[1] for t in tm["rounds"]) + tm["setup"][1]) for tm in runs]
     return {
         "rounds": hy["round"],
         "setup_cpu_seconds": times["setup"][1],
@@ -400,9 +407,8 @@ def run_main() -> None:
         # 1. liblinear on the centralised problem
         runs = []
         for _ in range(a.liblinear_repeats):
-            w0, c0 = clocks()
-            w_ll = liblinear_solve(prob.X, prob.y, LAM, "hinge")
-            runs.append((time.perf_counter() - w0, time.process_time() - c0))
+            w_ll, wall, cpu = timed_liblinear(prob)
+            runs.append((wall, cpu))
         ll = {
             "solver": "sklearn LinearSVC(loss='hinge', dual=True, tol=1e-4), C = 1 / (lambda N)",
             "wall_seconds": [r[0] for r in runs],

@@ -97,7 +97,8 @@ def run_order(prob, p_star: float, spec: str, seed: int, epochs: int, window: in
     cuts = [cut(groups, b, setup) for _ in range(2 if kind == "alt2" else 1)] if kind != "random" else []
     rng = np.random.default_rng([seed, 2])
     alpha, w, out = np.zeros(n), np.zeros(X.shape[1]), []
-    recent: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (w at the epoch's start, delta, place)
+    # per epoch of the window: w at its start, X^T delta and X^T (place * delta), each made once
+    recent: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
     for ep in range(epochs):
         order = epoch_order(kind, b, cuts, groups, ep, rng)
         u0 = np.asarray(X @ w).ravel()
@@ -105,11 +106,11 @@ def run_order(prob, p_star: float, spec: str, seed: int, epochs: int, window: in
         delta = rows.dot_and_add(order, alpha, y, u0, q, "hinge", lam_n, 1.0, 1.0, dw)
         place = np.empty(n)
         place[order] = np.arange(n)
-        recent = [*recent, (w, delta, place)][-window:]
+        xd, xpd = (np.asarray(X.T @ v).ravel() for v in (delta, place * delta))
+        recent = [*recent, (w, xd, xpd)][-window:]
         T = n * len(recent)
-        mean_w = recent[0][0].copy()
-        for k, (_, dk, pk) in enumerate(recent):
-            mean_w += np.asarray(X.T @ (dk * (T - (k * n + pk)) / T)).ravel() / lam_n
+        # step i of window epoch k weighs (T - k n - p_i) / T: the iterates from it to the window's end
+        mean_w = recent[0][0] + sum((T - k * n) * a - c for k, (_, a, c) in enumerate(recent)) / (T * lam_n)
         w = w + dw
         out.append((float(primal(X, y, mean_w, LAM, "hinge")) - p_star) / abs(p_star))
     return out
