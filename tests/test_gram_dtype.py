@@ -126,7 +126,7 @@ def _init_and_client(split):
     return init, client
 
 
-@pytest.mark.parametrize("bad", ["float64", "float16", "", 32, None, ["float32"]])
+@pytest.mark.parametrize("bad", ["float64", "float16", "", 32, None, float("nan"), ["float32"], np.array([1.0, 2.0])])
 def test_client_refuses_a_gram_dtype_other_than_its_own_by_name(credit_small, bad):
     """A float32 client refuses an init declaring anything else, a valid ``"float64"`` included: a
     server sending float32 to one holder of a segment and float64 to another (whose steps would
