@@ -67,6 +67,29 @@ def test_symmetric_gram_rounds_to_its_dtype_and_clips_the_diagonal():
     assert symmetric_gram(up, 3).dtype == np.float64
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_checked_grams_are_the_symmetric_grams_or_none(dtype):
+    """``checked_symmetric_grams`` (the holder's setup: check and fill in one pass) gives
+    ``symmetric_gram`` of each batch's triangle bit for bit, and ``None`` for a NaN, an infinity or
+    (float32) a value over float32's range anywhere, or a vector of another length."""
+    rng = np.random.default_rng(3)
+    sizes = [4, 1, 3]
+    ends = np.cumsum([b * (b + 1) // 2 for b in sizes])
+    packed = rng.standard_normal(int(ends[-1])) * 10
+    got = gram.checked_symmetric_grams(packed, sizes, dtype)
+    starts = np.r_[0, ends[:-1]]
+    for g, b, s0, e in zip(got, sizes, starts, ends):
+        assert g.dtype == dtype
+        np.testing.assert_array_equal(g, symmetric_gram(packed[s0:e], b, dtype))
+    for bad in [np.nan, np.inf, -np.inf] + ([1e39] if dtype == np.float32 else []):
+        for where in (0, 7, int(ends[-1]) - 1):
+            v = packed.copy()
+            v[where] = bad
+            assert gram.checked_symmetric_grams(v, sizes, dtype) is None
+    assert gram.checked_symmetric_grams(packed[:-1], sizes, dtype) is None
+    assert gram.checked_symmetric_grams(np.r_[packed, 1.0], sizes, dtype) is None
+
+
 def _run(split, part, cfg, dtype, monkeypatch):
     monkeypatch.setattr(gram, "GRAM_DTYPE", dtype)
     fed = build_federation("hyfdca", split, part, cfg)

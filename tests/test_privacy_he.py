@@ -152,3 +152,20 @@ def test_plain_ciphertexts_are_the_header_and_the_float_bytes():
     assert be.encrypt(np.empty(0)) == struct.pack(">I", 0)
     with pytest.raises(ValueError, match="has 48 bytes, not 56"):
         be.check(ca[:-8])
+
+
+def test_plain_check_finds_a_non_finite_value_in_any_piece():
+    """The plaintext check reads a long vector piece by piece (no temporary of its length): a NaN
+    or an infinity in the first, a middle or the last piece, or in a short vector, is refused."""
+    from hybridfl.privacy import he
+
+    be = PlainBackend()
+    n = 3 * he._FINITE_CHUNK + 5
+    for size in (n, 3):
+        for where in {w for w in (0, he._FINITE_CHUNK + 1, size - 1) if w < size}:
+            for bad in (np.nan, np.inf, -np.inf):
+                v = np.ones(size)
+                v[where] = bad
+                with pytest.raises(ValueError, match="NaN or infinite"):
+                    be.check(be.encrypt(v))
+        be.check(be.encrypt(np.ones(size)))

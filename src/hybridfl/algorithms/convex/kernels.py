@@ -235,6 +235,25 @@ def symmetric_from_upper(upper, G):  # pragma: no cover - compiled
 
 
 @njit(cache=True, nogil=True)
+def checked_symmetric_from_upper(upper, start, G, bound):  # pragma: no cover - compiled
+    """:func:`symmetric_from_upper` of ``upper[start : start + b (b + 1) / 2]`` into ``G`` ``(b, b)``,
+    checking each value on the way (one pass over ``upper`` instead of a check and a fill): returns
+    False at the first value that is not finite or over ``bound`` in magnitude (``G`` then partly
+    written), True otherwise."""
+    b = G.shape[0]
+    k = start
+    for i in range(b):
+        for j in range(i, b):
+            x = upper[k]
+            if not np.isfinite(x) or abs(x) > bound:
+                return False
+            G[i, j] = x
+            G[j, i] = x
+            k += 1
+    return True
+
+
+@njit(cache=True, nogil=True)
 def csr_scatter(indptr, indices, data, colmap, D):  # pragma: no cover - compiled
     """Add a CSR matrix ``(r, c)`` (``indptr``, ``indices``, ``data``) into the dense ``D``
     ``(r, c')``, column ``j`` into column ``colmap[j]`` (``gram.dense_batch``)."""

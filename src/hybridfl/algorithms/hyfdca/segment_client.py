@@ -15,7 +15,7 @@ import scipy.sparse as sp
 
 from hybridfl.algorithms.convex import kernels
 from hybridfl.algorithms.hyfdca import gram as gram_mod
-from hybridfl.algorithms.hyfdca.gram import GRAM_DTYPES, pack_gram, symmetric_gram
+from hybridfl.algorithms.hyfdca.gram import GRAM_DTYPES, checked_symmetric_grams, pack_gram, symmetric_gram
 from hybridfl.algorithms.hyfdca.segment import concat_words, int_list, split_words
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import HEBackend
@@ -157,14 +157,13 @@ class SegmentClientMixin:
             # read in place (plaintext: no copy of the message's bytes; the full matrices are built from it)
             vecs = [self.he.decrypt(ct, copy=False) for ct in validate.blobs(msg, "gram", len(self.seg_batches))]
         gram, dtype = [], self._gram_dtype()
-        for batches, vec, sizes in zip(self.seg_batches, vecs, tri):
-            v = np.asarray(vec, dtype=np.float64)
-            if v.shape != (sum(sizes),) or not kernels.all_finite(v, float(np.finfo(dtype).max)):
+        for batches, vec in zip(self.seg_batches, vecs):
+            mats = checked_symmetric_grams(np.asarray(vec), [rows.size for rows in batches], dtype)
+            if mats is None:
                 raise PayloadError(
                     msg, "gram", f"holding triangles of another size or values not finite in {dtype.__name__}"
                 )
-            ends = np.cumsum(sizes)
-            gram.append([symmetric_gram(v[e - n : e], rows.size, dtype) for rows, n, e in zip(batches, sizes, ends)])
+            gram.append(mats)
         self.gram = gram
 
     def _gram_dtype(self) -> Any:
