@@ -284,6 +284,19 @@ def test_old_files_still_decode_and_encode_is_unchanged():
     assert same_message(decode(memoryview(GOLDEN)), GOLDEN_MSG)
 
 
+def test_the_header_scan_keeps_the_decoders_whitespace_and_refusals():
+    """The header is scanned by the C scanner straight away and handed to the full JSON decoder
+    only when the scan does not end at its end: whitespace around the JSON object is accepted as
+    before, and a second value, trailing garbage or a truncated object is refused."""
+    n = struct.unpack(">I", GOLDEN[:4])[0]
+    head, body = GOLDEN[4 : 4 + n], GOLDEN[4 + n :]
+    for spaced in (b" " + head, head + b"\n", b"\t" + head + b"  "):
+        assert same_message(decode(struct.pack(">I", len(spaced)) + spaced + body), GOLDEN_MSG)
+    for bad in (head + b"{}", head + b"x", head[:-1], b"[" + head + b"]"):
+        with pytest.raises(MessageError):
+            decode(struct.pack(">I", len(bad)) + bad + body)
+
+
 def test_overlapping_entries_are_refused():
     """The blow-up: 300 array entries all pointing at the same 1 MiB body (a 1.02 MiB message
     that decoded to 300 MiB of arrays) is refused."""

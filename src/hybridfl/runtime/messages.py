@@ -25,6 +25,7 @@ import json
 import math
 import struct
 from dataclasses import dataclass, field
+from json.encoder import c_make_encoder, encode_basestring_ascii
 from typing import Any
 
 import numpy as np
@@ -66,6 +67,8 @@ _ENTRY_KEYS = {
     "b": frozenset({"k", "t", "o", "n"}),  # bytes
     "l": frozenset({"k", "t", "i", "o", "n"}),  # item i of a list of bytes
 }
+_ENTRY_INTS = {t: tuple(sorted(keys & {"o", "n", "i"})) for t, keys in _ENTRY_KEYS.items()}
+"""Per entry type, its integer fields (exactly ``int``: JSON's integers; a bool is not one)."""
 _DTYPE_KINDS = "biufc"  # bool, signed and unsigned integers, floats, complex numbers
 _MAX_DIMS = 32
 
@@ -112,6 +115,16 @@ def encode_parts(msg: Message) -> tuple[bytes, list[Any]]:
     bodies: list[Any] = []  # bytes-like views of the bodies (encode copies them once, by its join)
     offset = 0
     for key, v in msg.payload.items():
+        t = type(v)
+        if t in _SCALAR_TYPES or v is None:  # the common values first, by their exact type
+            values[key] = v
+            continue
+        if t is list and v and type(v[0]) is bytes and all_instances(v, _BYTES):  # ciphertexts
+            for j, x in enumerate(v):
+                bodies.append(x)
+                entries.append({"k": key, "t": "l", "i": j, "o": offset, "n": len(x)})
+                offset += len(x)
+            continue
         if isinstance(v, np.ndarray):
             arr = np.ascontiguousarray(v)
             if arr.dtype == object:
@@ -125,13 +138,13 @@ def encode_parts(msg: Message) -> tuple[bytes, list[Any]]:
         elif isinstance(v, (bytes, bytearray)):
             raw = v
             entries.append({"k": key, "t": "b", "o": offset, "n": len(raw)})
-        elif isinstance(v, (bool, int, float, str, np.integer, np.floating)) or v is None:
+        elif isinstance(v, (bool, int, float, str, np.integer, np.floating)):
             values[key] = v.item() if isinstance(v, (np.integer, np.floating)) else v
             continue
         elif isinstance(v, (list, tuple)) and all_instances(v, _SCALARS):
             values[key] = list(v)
             continue
-        elif isinstance(v, list) and all_instances(v, (bytes, bytearray)):
+        elif isinstance(v, list) and all_instances(v, _BYTES):
             for j, x in enumerate(v):
                 bodies.append(x)
                 entries.append({"k": key, "t": "l", "i": j, "o": offset, "n": len(x)})
@@ -143,8 +156,11 @@ def encode_parts(msg: Message) -> tuple[bytes, list[Any]]:
             raise TypeError(f"payload entry {key!r} of message {msg.kind!r} has unsupported type {type(v).__name__}.")
         bodies.append(raw)
         offset += len(raw)
-    header = _HEADER_ENCODER.encode(
-        {"kind": msg.kind, "from": msg.sender, "to": msg.receiver, "round": msg.round, "v": values, "e": entries}
+    header = "".join(
+        _HEADER_ENCODE(
+            {"kind": msg.kind, "from": msg.sender, "to": msg.receiver, "round": msg.round, "v": values, "e": entries},
+            0,
+        )
     ).encode()
     _check_header_size(len(header), header.count(b","), msg.kind)
     size = 4 + len(header) + offset
@@ -296,6 +312,23 @@ _HEADER_ENCODER = json.JSONEncoder(separators=(",", ":"))
 """The header's encoder (``json.dumps`` with compact separators), built once: ``dumps`` with
 arguments builds one per call."""
 
+
+def _make_header_encode():
+    """The C encoder that ``_HEADER_ENCODER.encode`` builds anew on every call (its settings:
+    compact separators, ASCII, ``NaN`` allowed, keys in insertion order), built once and without
+    the check for circular references (a header is a fresh tree of dicts, lists and scalars);
+    ``_HEADER_ENCODER``'s own pure-Python iterator where the C module is missing. Called as
+    ``encode(obj, 0)``, it returns the JSON text's chunks."""
+    enc = _HEADER_ENCODER
+    if c_make_encoder is None:  # pragma: no cover - CPython has the C encoder
+        return lambda obj, _level: enc.iterencode(obj, _one_shot=False)
+    return c_make_encoder(
+        None, enc.default, encode_basestring_ascii, None, enc.key_separator, enc.item_separator, False, False, True
+    )
+
+
+_HEADER_ENCODE = _make_header_encode()
+
 _HEADER_DECODER = json.JSONDecoder(object_pairs_hook=_no_duplicates)
 """The header's decoder (``json.loads`` refusing repeated keys), built once."""
 
@@ -305,6 +338,10 @@ def _is_int(v: Any) -> bool:
 
 
 _SCALARS = (str, int, float, bool)
+_SCALAR_TYPES = frozenset(_SCALARS)
+"""Exactly these types go in the header as they are (subclasses, NumPy's scalars among them, take
+the checked path)."""
+_BYTES = (bytes, bytearray)
 
 
 def _is_scalar(v: Any) -> bool:
@@ -322,29 +359,37 @@ def all_instances(items: Any, types: tuple[type, ...]) -> bool:
 def _header(raw: memoryview) -> dict[str, Any]:
     """The parsed, type-checked JSON header (see :func:`encode` for its keys)."""
     try:
-        h = _HEADER_DECODER.decode(str(raw, "utf-8"))
+        text = str(raw, "utf-8")
+        try:  # the C scanner straight away (what ``decode`` calls after its whitespace handling)
+            h, end = _HEADER_DECODER.scan_once(text, 0)
+        except StopIteration:
+            h, end = None, -1
+        if end != len(text):  # leading or trailing whitespace, or not JSON: the full decoder decides
+            h = _HEADER_DECODER.decode(text)
     except MessageError:
         raise
     except (ValueError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise MessageError("the message header is not valid UTF-8 JSON.") from None
-    if not isinstance(h, dict) or set(h) != _HEADER_KEYS:
+    if type(h) is not dict or h.keys() != _HEADER_KEYS:
         raise MessageError(f"the message header must be a JSON object with exactly the keys {sorted(_HEADER_KEYS)}.")
-    if not all(isinstance(h[k], str) for k in ("kind", "from", "to")):
+    if not (isinstance(h["kind"], str) and isinstance(h["from"], str) and isinstance(h["to"], str)):
         raise MessageError("the message header's kind, from and to must be strings.")
     if not _is_int(h["round"]):
         raise MessageError("the message header's round must be an integer.")
     if not isinstance(h["v"], dict):
         raise MessageError("the message header's values (v) must be a JSON object.")
     for v in h["v"].values():
-        if not (v is None or _is_scalar(v) or (isinstance(v, list) and all_instances(v, _SCALARS))):
+        if not (
+            v is None or type(v) in _SCALAR_TYPES or (isinstance(v, list) and all_instances(v, _SCALARS))
+        ):  # the types JSON gives: exact (a dict or a nested list is none of them)
             raise MessageError("a value in the message header is not a number, string, bool, null or flat list.")
     if not isinstance(h["e"], list):
         raise MessageError("the message header's entries (e) must be a JSON list.")
     for j, e in enumerate(h["e"]):
-        keys = _ENTRY_KEYS.get(e.get("t")) if isinstance(e, dict) and isinstance(e.get("t"), str) else None
-        if keys is None or set(e) != keys:
+        keys = _ENTRY_KEYS.get(e.get("t")) if type(e) is dict and type(e.get("t")) is str else None
+        if keys is None or e.keys() != keys:
             raise MessageError(f"entry {j} of the message header does not have the keys of an array, bytes or list.")
-        if not isinstance(e["k"], str) or not all(_is_int(e[x]) for x in keys & {"o", "n", "i"}):
+        if type(e["k"]) is not str or not all(type(e[x]) is int for x in _ENTRY_INTS[e["t"]]):
             raise MessageError(f"entry {j} of the message header has a non-string key or a non-integer offset/length.")
     return h
 
