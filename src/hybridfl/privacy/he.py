@@ -114,6 +114,8 @@ _FINITE_CHUNK = 1 << 15
 def _all_finite(v: np.ndarray) -> bool:
     """``np.isfinite(v).all()`` for a 1-D ``v``, piece by piece: no temporary of ``v``'s length (a
     HyFDCA setup's Gram sums are 42 MB each on MNIST, checked at the server for every holder)."""
+    if v.size <= _FINITE_CHUNK:  # a short vector (a sweep's 512 inner products) in one call
+        return bool(np.isfinite(v).all())
     return all(np.isfinite(v[i : i + _FINITE_CHUNK]).all() for i in range(0, v.size, _FINITE_CHUNK))
 
 
