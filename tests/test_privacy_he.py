@@ -137,7 +137,7 @@ def test_plain_ciphertexts_are_the_header_and_the_float_bytes():
     be = PlainBackend()
     rng = np.random.default_rng(3)
     a, b = rng.standard_normal(7), np.array([-0.0, 1e300, -2.5, 0.0, 3.0, -1e-300, 7.0], dtype=np.float32)
-    ca, cb = be.encrypt(a), be.encrypt(b)
+    ca, cb = be.encrypt(a), be.encrypt(b.astype(np.float64))
     assert ca == struct.pack(">I", 7) + a.astype("<f8").tobytes()
     assert cb == struct.pack(">I", 7) + b.astype("<f8").tobytes()
     want = struct.pack(">I", 7) + (np.zeros(7) + a + b.astype(np.float64)).tobytes()
@@ -169,3 +169,37 @@ def test_plain_check_finds_a_non_finite_value_in_any_piece():
                 with pytest.raises(ValueError, match="NaN or infinite"):
                     be.check(be.encrypt(v))
         be.check(be.encrypt(np.ones(size)))
+
+
+def test_plain_float32_vectors_cross_as_float32():
+    """A float32 vector (HyFDCA's batch Gram values) is a float32 plaintext: the length header with
+    its top bit (``FLOAT32``) and the float32 bytes; its length and check read the header without
+    the bit; a sum of float32 vectors is the float32 rounding of their float64 sum, and float64
+    when one of them is float64; decryption gives float64 values (a view of the float32 values
+    with ``copy=False``); a body of the wrong size or with a NaN is refused."""
+    from hybridfl.privacy.he import FLOAT32, HEBackend
+
+    be = PlainBackend()
+    rng = np.random.default_rng(4)
+    a, b, c = (rng.standard_normal(9).astype(np.float32) for _ in range(3))
+    ca, cb, cc = be.encrypt(a), be.encrypt(b), be.encrypt(c)
+    assert ca == struct.pack(">I", 9 | FLOAT32) + a.astype("<f4").tobytes()
+    assert HEBackend.length(ca) == 9 and len(ca) == 4 + 36
+    be.check(ca)
+    total = be.add([ca, cb, cc])
+    want = (a.astype(np.float64) + b + c).astype(np.float32)
+    assert total == struct.pack(">I", 9 | FLOAT32) + want.tobytes()
+    mixed = be.add([ca, be.encrypt(b.astype(np.float64))])
+    assert mixed == struct.pack(">I", 9) + (a.astype(np.float64) + b).tobytes()
+    out = be.decrypt(total)
+    assert out.dtype == np.float64 and np.array_equal(out, want.astype(np.float64))
+    view = be.decrypt(total, copy=False)
+    assert view.dtype == np.float32 and np.array_equal(view, want)
+    with pytest.raises(ValueError, match="has 32 bytes, not 36"):
+        be.check(ca[:-4])
+    bad = a.copy()
+    bad[3] = np.nan
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        be.check(be.encrypt(bad))
+    with pytest.raises(ValueError, match="different lengths"):
+        be.add([ca, be.encrypt(a[:5])])

@@ -6,8 +6,11 @@ symmetric matrix rebuilt from the summed triangle), used by
 The precision of the holders' Gram products (BLAS ``ssyrk`` or ``dsyrk``) and of the full
 matrices they keep is each client's own :data:`GRAM_DTYPE` (float32), which the server declares
 as the ``gram_dtype`` of its ``hyfdca.init``; a client refuses an init that declares another, so a
-server cannot put a segment's holders on different precisions; the packed triangles cross
-as float64 either way, and the steps' sums are float64. The Gram matrices only carry the changes
+server cannot put a segment's holders on different precisions. The packed triangles of float32
+``ssyrk`` products cross as float32 in plaintext (:func:`packed_vector`; the server's sum is the
+float32 rounding of the exact float64 sum, which is what the holder rounds it to anyway: the same
+matrices as float64 triangles, in half the bytes), as float64 otherwise, and under CKKS or
+masking in their own encodings; the steps' sums are float64. The Gram matrices only carry the changes
 *within* a batch into the inner products (the inner products between batches are exact, from
 ``w``), so float32 perturbs each step by about float32's rounding (relative 1e-7) and never the
 pair ``(w, alpha)``: ``w = w(alpha)`` and the duality gap stay exact. Every holder of a segment
@@ -71,6 +74,18 @@ def partial_gram(Xb: Any, colw: np.ndarray | None) -> np.ndarray:
     return D @ D.T
 
 
+def packed_vector(X: Any, sizes: list[int], colw: np.ndarray | None, dtype: Any) -> np.ndarray:
+    """The empty packed Gram vector ``(sum_B b_B (b_B + 1) / 2,)`` of a holder's segment of
+    ``X``'s rows ``(n, d_k)`` cut into batches of ``sizes``: float32 when ``dtype`` is float32 and
+    every batch's product is a float32 ``ssyrk`` (:func:`pack_gram`: no column weights, no sparse
+    batch over :data:`DENSE_GRAM_LIMIT`), so each packed value is a float32 exactly and the
+    plaintext backend sends it in 4 bytes; float64 otherwise (a float64 product kept exact until
+    the holder rounds the summed value to its ``dtype``)."""
+    big = sp.issparse(X) and max(sizes, default=0) * X.shape[1] > DENSE_GRAM_LIMIT
+    single = np.dtype(dtype) == np.float32 and colw is None and not big
+    return np.empty(sum(b * (b + 1) // 2 for b in sizes), dtype=np.float32 if single else np.float64)
+
+
 def pack_gram(
     Xb: Any, colw: np.ndarray | None, out: np.ndarray, pos: int, scratch: dict, dtype: Any = np.float64
 ) -> int:
@@ -111,11 +126,12 @@ def symmetric_gram(upper: np.ndarray, b: int, dtype: Any = np.float64) -> np.nda
 
 def checked_symmetric_grams(packed: np.ndarray, sizes: list[int], dtype: Any = np.float64) -> list[np.ndarray] | None:
     """:func:`symmetric_gram` of each batch's triangle in ``packed`` ``(sum_B b_B (b_B + 1) / 2,)``
-    (float64; the batches' upper triangles one after another, batch ``B`` of ``sizes[B]`` samples),
+    (float64 or float32, read as it is; the batches' upper triangles one after another, batch ``B`` of ``sizes[B]`` samples),
     each value checked finite and within ``dtype``'s range on the way (one pass over the 42 MB
     vector of a MNIST client at batch 512, not a check and then a fill). Returns the ``(b_B, b_B)``
     matrices, or ``None`` if a value fails (or ``packed`` is not of that length)."""
-    v = kernels.as_f64(packed)
+    v = np.asarray(packed)
+    v = np.ascontiguousarray(v) if v.dtype in (np.float32, np.float64) else kernels.as_f64(v)
     if v.ndim != 1 or v.size != sum(b * (b + 1) // 2 for b in sizes):
         return None
     bound = float(np.finfo(dtype).max)

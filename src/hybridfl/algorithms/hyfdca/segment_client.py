@@ -15,7 +15,13 @@ import scipy.sparse as sp
 
 from hybridfl.algorithms.convex import kernels
 from hybridfl.algorithms.hyfdca import gram as gram_mod
-from hybridfl.algorithms.hyfdca.gram import GRAM_DTYPES, checked_symmetric_grams, pack_gram, symmetric_gram
+from hybridfl.algorithms.hyfdca.gram import (
+    GRAM_DTYPES,
+    checked_symmetric_grams,
+    pack_gram,
+    packed_vector,
+    symmetric_gram,
+)
 from hybridfl.algorithms.hyfdca.segment import concat_words, int_list, split_words
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import HEBackend
@@ -79,8 +85,7 @@ class SegmentClientMixin:
         gram: list = []
         scratch: dict = {}
         for s in range(len(self.seg_rows)):
-            v = np.empty(sum(rows.size * (rows.size + 1) // 2 for rows in self.seg_batches[s]))
-            pos = 0
+            v, pos = packed_vector(self.X, [rows.size for rows in self.seg_batches[s]], self.seg_colw[s], dtype), 0
             for m in range(len(self.seg_batches[s])):
                 pos = pack_gram(self._batch(s, m)[0], self.seg_colw[s], v, pos, scratch, dtype)
             if masked:
