@@ -73,6 +73,7 @@ from typing import Any
 import numpy as np
 
 from hybridfl.algorithms.hyfdca import kinds
+from hybridfl.algorithms.hyfdca.idlists import shared_lists
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy import psi
 from hybridfl.privacy.credentials import SIGNATURE_BYTES
@@ -110,13 +111,15 @@ def plaintext_segments(
     """The reference alignment from every client's sample IDs: per segment (in
     :func:`segment_order`) its holder set and its sample IDs ``(n_g,)`` (str, sorted). Used by the
     server with ``alignment: plaintext`` and by the simulation's monitor (privileged) and tests."""
-    # each sample's holder set as a bit mask over ``clients`` (ints: no list per sample to build
-    # and collect), then the samples grouped by mask
-    masks: dict[str, int] = {}
-    get = masks.get
+    # each sample's holder set as a bit mask over ``clients`` (ints: no list per sample to build and
+    # collect), clients with equal ID lists (shared_lists) adding their bits in one pass over it
+    shared, bits, masks = shared_lists({c: holdings[c] for c in clients}), defaultdict(int), {}
     for i, c in enumerate(clients):
-        bit = 1 << i
-        for s in map(str, holdings[c]):
+        bits[id(shared[c])] |= 1 << i
+    get = masks.get
+    for ids in {id(v): v for v in shared.values()}.values():  # each distinct list once
+        bit = bits[id(ids)]
+        for s in map(str, ids):
             masks[s] = get(s, 0) | bit
     by_mask: dict[int, list[str]] = defaultdict(list)
     for s, m in masks.items():

@@ -51,7 +51,7 @@ import numpy as np
 
 from hybridfl.algorithms.convex.problem import block_offsets, feature_index
 from hybridfl.algorithms.hyfdca import kinds
-from hybridfl.algorithms.hyfdca.align import AlignServerMixin, check_psi_hello, plaintext_segments
+from hybridfl.algorithms.hyfdca.align import AlignServerMixin, check_psi_hello, plaintext_segments, shared_lists
 from hybridfl.algorithms.hyfdca.checks import ReplyChecksMixin, check_hello
 from hybridfl.algorithms.hyfdca.config import PAPER_LATENCY, HyFDCAConfig
 from hybridfl.algorithms.hyfdca.output import OutputModelMixin
@@ -274,7 +274,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             if not psi_mode:
                 ids_of[cid] = list(map(str, r.payload["ids"]))
             self.feat[cid] = feature_index(bl, self.offsets)
-        return hello, blocks, ids_of
+        return hello, blocks, dict(shared_lists(ids_of))  # equal ID lists as one object (the layout's passes)
 
     def _layout(
         self, transport: Transport, stats: dict, hello: list[Message], ids_of: dict[str, list[str]]
@@ -310,6 +310,7 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         cfg = self.config
         batch_seed = int(np.random.default_rng([self.seed, 11]).integers(2**31))
         msgs = []
+        seg_arrays: dict[int, np.ndarray] = {}  # plaintext: per distinct ID list (equal lists, equal segments)
         for cid in self.client_ids:
             segs = [g for g, hs in enumerate(self.seg_holders) if cid in hs]
             self.client_segs[cid] = segs
@@ -322,9 +323,11 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
                     )
                 }
             else:
-                local = {g: j for j, g in enumerate(segs)}
-                seg_of = map(local.__getitem__, map(sample_seg.__getitem__, ids_of[cid]))
-                where = {"segment": np.fromiter(seg_of, dtype=np.int64, count=len(ids_of[cid]))}
+                ids, local = ids_of[cid], {g: j for j, g in enumerate(segs)}
+                if id(ids) not in seg_arrays:
+                    seg_of = map(local.__getitem__, map(sample_seg.__getitem__, ids))
+                    seg_arrays[id(ids)] = np.fromiter(seg_of, dtype=np.int64, count=len(ids))
+                where = {"segment": seg_arrays[id(ids)].copy()}
             bw = np.ones((len(segs), len(blocks[cid])))
             for j, g in enumerate(segs):
                 for bi, b in enumerate(blocks[cid]):
