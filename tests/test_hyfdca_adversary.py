@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from hybridfl.algorithms.hyfdca import HyFDCAConfig
+from hybridfl.algorithms.hyfdca.idlists import pack_ids, unpack_ids
 from hybridfl.errors import ProtocolError
 from hybridfl.privacy.he import KeyDealer
 from hybridfl.runtime.messages import SERVER, Message, decode, encode
@@ -345,7 +346,8 @@ def test_a_bad_setup_reply_stops_the_run(tiny):
     cid = fed.transport.client_ids[0]
 
     def repeat_ids(p):
-        p["ids"] = p["ids"][:1] * 2
+        ids = unpack_ids(Message("hyfdca.hello", cid, SERVER, 0, p), "ids")
+        p["ids"] = pack_ids(ids[:1] * 2)
         return p
 
     fed.clients[cid] = fed.transport.clients[cid] = _Corrupting(fed.clients[cid], "hyfdca.hello", 0, repeat_ids)

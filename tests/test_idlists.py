@@ -42,3 +42,31 @@ def test_plaintext_segments_with_shared_lists_are_the_client_by_client_layout(ba
             assert (shared[a] is shared[b]) == (holdings[a] == holdings[b])
     arrays = {c: np.array(v, dtype=str) if k % 2 else v for k, (c, v) in enumerate(holdings.items())}
     assert [(k, list(v)) for k, v in plaintext_segments(arrays, clients)] == _naive(holdings, clients)
+
+
+def test_ids_cross_as_one_byte_string_and_bad_ones_are_refused_by_name():
+    """``pack_ids``/``unpack_ids``: any list of IDs (empty IDs, non-ASCII, none at all) comes back
+    equal; the client refuses to send an ID with a NUL in one sentence; the server refuses, naming
+    ``ids``, bytes that are not UTF-8, not NUL-ended, of another type, or with a repeated ID."""
+    import pytest
+
+    from hybridfl.algorithms.hyfdca.idlists import pack_ids, unpack_ids
+    from hybridfl.errors import DataError
+    from hybridfl.runtime.messages import SERVER, Message, decode, encode
+    from hybridfl.runtime.validate import PayloadError
+
+    def reply(v):
+        return decode(encode(Message("hyfdca.hello", "c", SERVER, 0, {"ids": v})))
+
+    for ids in ([], [""], ["a", "", "b"], ["é", "日本", "x y"], [str(i) for i in range(1000)]):
+        assert unpack_ids(reply(pack_ids(ids)), "ids") == ids
+    with pytest.raises(DataError, match="NUL"):
+        pack_ids(["a", "b\x00c"])
+    for bad, why in [
+        (b"\xff\x00", "not UTF-8"),
+        (b"a\x00b", "not a list of NUL-ended IDs"),
+        (b"a\x00a\x00", "repeated value"),
+        (["a", "b"], "not bytes"),
+    ]:
+        with pytest.raises(PayloadError, match=f"'ids'.*{why}"):
+            unpack_ids(reply(bad), "ids")

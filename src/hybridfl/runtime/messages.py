@@ -59,7 +59,8 @@ MAX_HEADER_BYTES = 8 * 1024**2
 MAX_HEADER_ITEMS = 300_000
 """The most commas a header may hold (so at most about as many JSON values: list items, payload
 values and body entries together); checked on the raw bytes before parsing. Long vectors belong in
-the body as arrays; a list of sample IDs (plain alignment) of up to about 290,000 IDs fits."""
+the body as arrays or bytes (HyFDCA's plain alignment sends its sample IDs as one byte string,
+:func:`hybridfl.algorithms.hyfdca.idlists.pack_ids`)."""
 
 _HEADER_KEYS = frozenset({"kind", "from", "to", "round", "v", "e"})
 _ENTRY_KEYS = {

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from hybridfl.algorithms.hyfdca.idlists import unpack_ids
 from hybridfl.runtime import validate
 from hybridfl.runtime.messages import Message
 from hybridfl.runtime.validate import PayloadError
@@ -60,7 +61,8 @@ class ReplyChecksMixin:
 
 
 def check_hello(r: Message) -> None:
-    """A hello reply: ``ids`` and ``blocks`` lists of strings without repeats (the blocks' names
-    are checked against the schema by :meth:`HyFDCAServer.setup`)."""
-    validate.strings(r, "ids")
+    """A hello reply: ``ids`` (:func:`~.idlists.pack_ids`'s bytes) and ``blocks`` (a list of
+    strings), each without repeats (the blocks' names are checked against the schema by
+    :meth:`HyFDCAServer.setup`)."""
+    unpack_ids(r, "ids")
     validate.strings(r, "blocks")

@@ -88,6 +88,7 @@ from hybridfl.algorithms.convex.losses import RowData
 from hybridfl.algorithms.convex.problem import features, signed_labels
 from hybridfl.algorithms.hyfdca import kinds
 from hybridfl.algorithms.hyfdca.align import AlignClientMixin
+from hybridfl.algorithms.hyfdca.idlists import pack_ids
 from hybridfl.algorithms.hyfdca.primal import PrimalClientMixin
 from hybridfl.algorithms.hyfdca.protocol import ClientProtocol
 from hybridfl.algorithms.hyfdca.secure import SecureSharesClientMixin
@@ -302,7 +303,7 @@ class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixi
             raise PayloadError(msg, "alignment", "not 'psi' or 'plaintext'")
         if alignment == "plaintext":  # the paper's setting: the server learns its IDs
             validate.only_keys(msg, ("alignment", "run"))
-        ids = self.align_hello(msg) if alignment == "psi" else {"ids": self.ids.tolist()}
+        ids = self.align_hello(msg) if alignment == "psi" else {"ids": pack_ids(self.ids.tolist())}
         return {**ids, "blocks": self.blocks, "n_samples": int(self.ids.size), **self.secure_hello_entries(msg)}
 
     def _on_init(self, msg: Message) -> dict[str, Any]:

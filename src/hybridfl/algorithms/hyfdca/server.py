@@ -51,9 +51,10 @@ import numpy as np
 
 from hybridfl.algorithms.convex.problem import block_offsets, feature_index
 from hybridfl.algorithms.hyfdca import kinds
-from hybridfl.algorithms.hyfdca.align import AlignServerMixin, check_psi_hello, plaintext_segments, shared_lists
+from hybridfl.algorithms.hyfdca.align import AlignServerMixin, check_psi_hello, plaintext_segments
 from hybridfl.algorithms.hyfdca.checks import ReplyChecksMixin, check_hello
 from hybridfl.algorithms.hyfdca.config import PAPER_LATENCY, HyFDCAConfig
+from hybridfl.algorithms.hyfdca.idlists import shared_lists, unpack_ids
 from hybridfl.algorithms.hyfdca.output import OutputModelMixin
 from hybridfl.algorithms.hyfdca.secure import SecureSharesServerMixin
 from hybridfl.algorithms.hyfdca.segment import SegmentServerMixin
@@ -258,11 +259,12 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             stats,
             check_reply,
         )
-        ids_of: dict[str, list[str]] = {}
-        blocks: dict[str, list[str]] = {}
+        ids_of, blocks = {}, {}  # client -> its IDs, its blocks
         for r in hello:
             cid = r.sender
-            if (int(r.payload["n_samples"]) if psi_mode else len(r.payload["ids"])) == 0:
+            if not psi_mode:
+                ids_of[cid] = unpack_ids(r, "ids")
+            if (int(r.payload["n_samples"]) if psi_mode else len(ids_of[cid])) == 0:
                 raise PartitionError(f"client {cid!r} holds no samples.")
             bl = list(r.payload["blocks"])
             unknown = [b for b in bl if b not in self.offsets]
@@ -271,8 +273,6 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
             if not bl:
                 raise PartitionError(f"client {cid!r} holds no feature blocks.")
             blocks[cid] = bl
-            if not psi_mode:
-                ids_of[cid] = list(map(str, r.payload["ids"]))
             self.feat[cid] = feature_index(bl, self.offsets)
         return hello, blocks, dict(shared_lists(ids_of))  # equal ID lists as one object (the layout's passes)
 
