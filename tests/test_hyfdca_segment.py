@@ -238,7 +238,7 @@ def test_segment_server_receives_only_ciphertexts(credit_small):
         # the unmasking round's pair masks with dropped clients (uint64 keystream words) are arrays too
         allowed = {"hyfdca.psi_tags": {"sets", "counts"}, "hyfdca.unmask": {"correction"}}.get(m.kind, {"masked"})
         assert arrays <= allowed, (m.kind, arrays)
-    assert kinds == {"ip", "dalpha", "norms", "gram"}
+    assert kinds == {"ip", "dalpha", "gram"}  # no squared norms: the steps read the Gram diagonals
     blob = b"".join(raw)
     c = next(iter(clients.values()))
     G = c.gram[0][0]
@@ -249,16 +249,16 @@ def test_segment_server_receives_only_ciphertexts(credit_small):
 
 
 def test_setup_adds_each_segments_gram_shares_once(credit_small, monkeypatch):
-    """Setup, 3 x 3 grid: the server adds the holders' Gram vectors once per segment (and the
-    squared norms once per segment), not once per holder that receives the sum; every holder
-    still gets its segments' full batch Gram matrices."""
+    """Setup, 3 x 3 grid: the server adds the holders' Gram vectors once per segment, not once per
+    holder that receives the sum (and no squared norms: the steps read the Gram diagonals); every
+    holder still gets its segments' full batch Gram matrices."""
     part = GridPartitioner(3, 3, 1, 0).partition(credit_small.train)
     fed = build_federation("hyfdca", credit_small, part, _cfg(rounds=1, batch_size=300))
     calls = []
     add = fed.server.he.add
     monkeypatch.setattr(fed.server.he, "add", lambda items: calls.append(len(items)) or add(items))
     fed.setup()
-    assert calls == [3] * 6  # 3 segments x (squared norms, Gram vectors), 3 holders each
+    assert calls == [3] * 3  # 3 segments' Gram vectors, 3 holders each
     prob = build_problem(credit_small, part, "hinge", 1e-2, [1])
     for c in fed.clients.values():
         for s, batches in enumerate(c.seg_batches):

@@ -325,18 +325,19 @@ class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixi
             p = {**p, "seg_holder_names": self.check_segment_init(msg, secure)}
         norms, seg = self.init(p)
         self.params["secure_aggregation"] = secure
-        return {"norms": norms, **seg}
+        return seg if p.get("dual_mode") == "segment" else {"norms": norms}
 
     def _on_norms(self, msg: Message) -> dict[str, Any]:
         """``hyfdca.norms``: the full squared norms ``q``, projected onto ``q >= 0`` (as the Gram
-        diagonals: :func:`~.gram.symmetric_gram`), and, segment mode, the Gram matrices."""
-        segment = self.params["dual_mode"] == "segment"
-        keys = ("norms", "gram", "seg_keys") if self.params.get("seg_masked") else ("norms", "gram")
-        validate.only_keys(msg, keys if segment else ("norms",))
+        diagonals: :func:`~.gram.symmetric_gram`), or, segment mode, the batch Gram matrices
+        (whose diagonals are the squared norms its steps use)."""
+        if self.params["dual_mode"] == "segment":
+            validate.only_keys(msg, ("gram", "seg_keys") if self.params.get("seg_masked") else ("gram",))
+            self._store_gram(msg)
+            return {}
+        validate.only_keys(msg, ("norms",))
         q = self.q.copy()
         self._decrypt_segments(msg, "norms", q)
-        if segment:
-            self._store_gram(msg)
         self.q = np.maximum(q, 0.0)
         return {}
 
@@ -410,9 +411,10 @@ class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixi
     def init(self, p: Mapping[str, Any]) -> tuple[list[bytes], dict[str, Any]]:
         """Setup (``hyfdca.init``; the full squared norms ``q_i`` the closed form of
         HyFDCA Sec. 5 needs, obtained once by the same secure sum as Alg. 2's, ours): store the problem constants and segment layout; return the encrypted partial
-        squared norms ``sum_b ||x_{k,i,b}||^2 / c(s, b)`` per segment and (segment mode) the
-        reply entries of :meth:`_segment_init` (the partial Gram matrices, encrypted or masked);
-        the client keeps neither."""
+        squared norms ``sum_b ||x_{k,i,b}||^2 / c(s, b)`` per segment (none in segment mode, whose
+        steps read them from the batch Gram diagonals) and (segment mode) the reply entries of
+        :meth:`_segment_init` (the partial Gram matrices, encrypted or masked); the client keeps
+        neither."""
         self.params = {k: p[k] for k in ("N", "lam", "loss", "H", "sigma", "nu", "dual_mode")}
         self.params["epochs"] = int(p.get("epochs", 1))
         seg = np.asarray(p["segment"], dtype=np.int64)
@@ -427,7 +429,7 @@ class HyFDCAClient(PrimalClientMixin, SegmentClientMixin, SecureSharesClientMixi
             self.seg_colw.append(None if np.all(colw == 1.0) else colw)
             self.seg_scale.append(float(self.params["nu"]) / holders[s])
         out = []
-        for s in range(holders.size):
+        for s in range(0 if self.params["dual_mode"] == "segment" else holders.size):  # segment: Gram diagonals
             Xs = self._seg_matrix(s)
             sq = Xs.multiply(Xs) if sp.issparse(Xs) else Xs * Xs
             colw = self.seg_colw[s]

@@ -183,8 +183,8 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         """Learn the clients' blocks (``hyfdca.hello``) and the samples' holder sets (``alignment:
         psi``: pairwise PSI between the clients, ``hyfdca.psi_*``, :mod:`.align`; ``plaintext``: the
         IDs in the hello), send the constants and segment layout (``hyfdca.init``), securely sum
-        the squared norms ``q_i`` (and in segment mode the batch Gram matrices) and return the sums
-        (``hyfdca.norms``); ``enc(alpha) = 0``.
+        the squared norms ``q_i`` (segment mode: the batch Gram matrices instead, whose diagonals
+        they are) and return the sums (``hyfdca.norms``); ``enc(alpha) = 0``.
 
         Raises:
             PartitionError: a client holds no samples or no blocks.
@@ -202,19 +202,19 @@ class HyFDCAServer(ReplyChecksMixin, SegmentServerMixin, OutputModelMixin, Secur
         init_msgs = self._init_messages(blocks, ids_of, sample_seg)
         segment = self.config.dual_mode == "segment"
 
-        def check_init(r: Message) -> None:
-            self.check_ciphertexts(r, "norms", self.seg_sizes(r.sender))
+        def check_init(r: Message) -> None:  # segment mode sends no squared norms (the Gram diagonals)
             if segment:
-                self._check_segment_init(r)
+                return self._check_segment_init(r)
+            self.check_ciphertexts(r, "norms", self.seg_sizes(r.sender))
 
         replies = self._setup_exchange(transport, init_msgs, stats, check_init)
-        enc_q = self._norm_sums(replies)
+        enc_q = {} if segment else self._norm_sums(replies)
         seg_entries = self._segment_norms_payloads(replies) if segment else {}
         del replies  # the holders' Gram shares (378 MB on MNIST at b = 512): freed before the sums go out
         self.seg_tag = 0  # masked segment passes: the exchange counter (the Gram used tag 0)
         norms_msgs = []
         for cid in self.client_ids:
-            payload = {"norms": [enc_q[g] for g in self.client_segs[cid]], **seg_entries.get(cid, {})}
+            payload = seg_entries.get(cid, {}) if segment else {"norms": [enc_q[g] for g in self.client_segs[cid]]}
             norms_msgs.append(Message(kinds.NORMS, SERVER, cid, 0, payload))
         self._setup_exchange(transport, norms_msgs, stats)
         self.enc_alpha = [self.he.encrypt(np.zeros(n)) for n in self.seg_n]
