@@ -265,15 +265,16 @@ class PlainBackend(HEBackend):
             out = items[0]
         else:
             vecs = [self._values(b, h) for b, h in zip(self._bodies(items), heads)]
-            # the first two added into a new array, not from zeros nor from a copy of the first: a
-            # pass less, the same sums (0 + x is x; a -0.0 stays -0.0)
-            acc = np.add(vecs[0], vecs[1], dtype=np.float64)
-            for v in vecs[2:]:
-                acc += v
-            if single:
-                out = b"".join([struct.pack(">I", n | FLOAT32), memoryview(acc.astype("<f4")).cast("B")])
-            else:
-                out = b"".join([struct.pack(">I", n), memoryview(acc).cast("B")])
+            total = np.empty(n, dtype="<f4" if single else "<f8")
+            acc = np.empty(min(n, _FINITE_CHUNK))
+            for i in range(0, n, _FINITE_CHUNK):  # piece by piece: the float64 sums stay in the cache
+                a = acc[: min(_FINITE_CHUNK, n - i)]
+                # the first two added, not from zeros: the same sums (0 + x is x; a -0.0 stays -0.0)
+                np.add(vecs[0][i : i + a.size], vecs[1][i : i + a.size], out=a, dtype=np.float64)
+                for v in vecs[2:]:
+                    a += v[i : i + a.size]
+                total[i : i + a.size] = a  # float32 vectors: one rounding of each float64 sum
+            out = b"".join([struct.pack(">I", n | FLOAT32 if single else n), memoryview(total).cast("B")])
         self.seconds += time.perf_counter() - t
         return out
 
