@@ -157,7 +157,7 @@ def test_plain_ciphertexts_are_the_header_and_the_float_bytes():
 def test_plain_check_finds_a_non_finite_value_in_any_piece():
     """The plaintext check reads a long vector piece by piece (no temporary of its length): a NaN
     or an infinity in the first, a middle or the last piece, or in a short vector, is refused."""
-    from hybridfl.privacy import he
+    from hybridfl.privacy import backend as he
 
     be = PlainBackend()
     n = 3 * he._FINITE_CHUNK + 5
@@ -203,3 +203,29 @@ def test_plain_float32_vectors_cross_as_float32():
         be.check(be.encrypt(bad))
     with pytest.raises(ValueError, match="different lengths"):
         be.add([ca, be.encrypt(a[:5])])
+
+
+def test_a_length_header_that_does_not_match_its_body_is_refused(dealer):
+    """The ``FLOAT32`` bit of the length header: a CKKS or Paillier ciphertext that sets it is
+    refused by the server's check and by a client's decryption (the server would otherwise add it
+    to another holder's ciphertext of the same length as if it were one of its values), and a
+    plaintext one whose bit and body disagree (float32 header, float64 body, or the reverse) is
+    refused by both too, instead of being read as another count of values."""
+    from hybridfl.privacy.he import FLOAT32
+
+    server = server_backend(dealer.scheme, dealer.public_material())
+    client = dealer.client_backend()
+    v = np.arange(1.0, 6.0)
+    good = client.encrypt(v)
+    flagged = struct.pack(">I", 5 | FLOAT32) + good[4:]
+    bad = [flagged]
+    if dealer.scheme == "none":
+        single = client.encrypt(v.astype(np.float32))
+        bad.append(struct.pack(">I", 5) + single[4:])  # a float32 body under a float64 header
+    for c in bad:
+        with pytest.raises(ValueError, match="bytes, not|float32 bit"):
+            server.check(c)
+        for copy in (True, False):
+            with pytest.raises(ValueError, match="bytes, not|float32 bit"):
+                client.decrypt(c, copy=copy)
+    np.testing.assert_allclose(client.decrypt(server.add([good, good])), 2 * v, atol=1e-6)

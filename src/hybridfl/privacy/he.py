@@ -58,12 +58,15 @@ from __future__ import annotations
 
 import math
 import struct
-import time
-from typing import Any, Literal
+from typing import Literal
 
 import numpy as np
 
 from hybridfl.errors import ConfigError, DataError
+from hybridfl.privacy.backend import FLOAT32 as FLOAT32
+from hybridfl.privacy.backend import HEBackend as HEBackend
+from hybridfl.privacy.backend import PlainBackend as PlainBackend
+from hybridfl.privacy.backend import SecretKeyMissing as SecretKeyMissing
 from hybridfl.privacy.ckks_params import MIN_DEGREE, SeededEncryptor, coeff_modulus_bits
 
 Scheme = Literal["none", "paillier", "ckks"]
@@ -79,10 +82,6 @@ hundred samples) costs half the bytes of degree 8192; a long one the same bytes 
 WEAK_KEYS_ENV = "HYBRIDFL_ALLOW_WEAK_KEYS"
 """Test-only: with ``HYBRIDFL_ALLOW_WEAK_KEYS=1`` in its environment a client accepts keys below
 :data:`MIN_PAILLIER_BITS` / :data:`MIN_CKKS_DEGREE` (fast tests). Never set it in a deployment."""
-
-
-class SecretKeyMissing(RuntimeError):
-    """Raised when a backend without the secret key (the server's) is asked to decrypt."""
 
 
 def _check_finite(v: np.ndarray, scheme: str) -> None:
@@ -107,217 +106,6 @@ def _unpack(data: bytes) -> list[bytes]:
         out.append(data[pos + 4 : pos + 4 + n])
         pos += 4 + n
     return out
-
-
-_FINITE_CHUNK = 1 << 15
-"""Values per piece of :func:`_all_finite` (256 kB of float64: its temporary stays in the cache)."""
-
-
-def _all_finite(v: np.ndarray) -> bool:
-    """``np.isfinite(v).all()`` for a 1-D ``v``, piece by piece: no temporary of ``v``'s length (a
-    HyFDCA setup's Gram sums are 42 MB each on MNIST, checked at the server for every holder)."""
-    if v.size <= _FINITE_CHUNK:  # a short vector (a sweep's 512 inner products) in one call
-        return bool(np.isfinite(v).all())
-    return all(np.isfinite(v[i : i + _FINITE_CHUNK]).all() for i in range(0, v.size, _FINITE_CHUNK))
-
-
-FLOAT32 = 1 << 31
-"""The top bit of a ciphertext's 4-byte length header: set, a plaintext body of float32 values
-(:class:`PlainBackend`); no other scheme sets it (a vector's length stays below ``2**31``)."""
-
-
-class HEBackend:
-    """Encrypt / add / decrypt float vectors. Subclasses implement the ``_`` methods.
-
-    Attributes:
-        name: scheme name.
-        can_decrypt: whether this backend holds the secret key.
-        seconds: accumulated wall time (s) of all encrypt, decrypt and add calls.
-    """
-
-    name: str = "none"
-
-    def __init__(self, can_decrypt: bool):
-        self.can_decrypt = can_decrypt
-        self.seconds = 0.0
-
-    def encrypt(self, vec: np.ndarray) -> bytes:
-        """Encrypt a 1-D vector (``(n,)``, any real dtype; ``n`` may be 0) into one ``bytes``."""
-        t = time.perf_counter()
-        v = np.ascontiguousarray(np.asarray(vec, dtype=np.float64).ravel())
-        out = b"".join([struct.pack(">I", v.size), self._encrypt(v)])  # one copy of the body
-        self.seconds += time.perf_counter() - t
-        return out
-
-    def add(self, items: list[bytes]) -> bytes:
-        """Element-wise sum of ciphertexts of vectors of equal length (public material only).
-
-        Raises:
-            ValueError: empty list or vectors of different lengths.
-        """
-        if not items:
-            raise ValueError("nothing to add")
-        t = time.perf_counter()
-        sizes = {struct.unpack(">I", c[:4])[0] for c in items}
-        if len(sizes) != 1:
-            raise ValueError(f"cannot add encrypted vectors of different lengths {sorted(sizes)}")
-        n = sizes.pop()
-        out = items[0] if len(items) == 1 else b"".join([struct.pack(">I", n), self._add(self._bodies(items), n)])
-        self.seconds += time.perf_counter() - t
-        return out
-
-    def decrypt(self, data: bytes, copy: bool = True) -> np.ndarray:
-        """The ``(n,)`` float64 vector in a ciphertext; with ``copy=False`` the plaintext backend
-        returns a read-only view of ``data``'s bytes instead of a copy (the others always decode
-        into a new array).
-
-        Raises:
-            SecretKeyMissing: this backend (the server's) has no secret key.
-        """
-        if not self.can_decrypt:
-            raise SecretKeyMissing(f"the {self.name} backend here holds only public material and cannot decrypt.")
-        t = time.perf_counter()
-        (n,) = struct.unpack(">I", data[:4])
-        body = self._bodies([data])[0]
-        out = self._decrypt(body, n) if copy else self._decrypt_view(body, n)
-        self.seconds += time.perf_counter() - t
-        return out
-
-    @staticmethod
-    def length(data: bytes) -> int:
-        """Number of values in a ciphertext (public header, without the :data:`FLOAT32` bit)."""
-        return int(struct.unpack(">I", data[:4])[0] & (FLOAT32 - 1))
-
-    def check(self, data: bytes) -> None:
-        """Parse an untrusted ciphertext before any use: its length header and a body that is a
-        well-formed ciphertext of that many values under this backend's parameters (Plain: ``8 n``
-        bytes of finite floats; Paillier: ``n`` integers in ``[1, n^2)``; CKKS: one parsed TenSEAL
-        vector per ``slots`` values, of the right sizes). Costs about one parse of each part.
-
-        Raises:
-            ValueError: the ciphertext does not parse (one sentence, without the data).
-        """
-        if len(data) < 4:
-            raise ValueError(f"a {self.name} ciphertext of {len(data)} bytes is shorter than its length header")
-        self._check(self._bodies([data])[0], self.length(data))
-
-    # -- subclass hooks
-    def _bodies(self, items: list[bytes]) -> list[bytes]:
-        """The bodies of ciphertexts (after their 4-byte length header), as copies: ``bytes``."""
-        return [bytes(c[4:]) for c in items]
-
-    def _check(self, body: bytes, n: int) -> None:  # pragma: no cover
-        raise NotImplementedError
-
-    def _encrypt(self, v: np.ndarray) -> bytes:  # pragma: no cover
-        raise NotImplementedError
-
-    def _add(self, items: list[bytes], n: int) -> bytes:  # pragma: no cover
-        raise NotImplementedError
-
-    def _decrypt(self, data: bytes, n: int) -> np.ndarray:  # pragma: no cover
-        raise NotImplementedError
-
-    def _decrypt_view(self, data: bytes, n: int) -> np.ndarray:
-        """``decrypt(copy=False)``: a new array unless the scheme can read ``data`` in place."""
-        return self._decrypt(data, n)
-
-
-class PlainBackend(HEBackend):
-    """No encryption: the "ciphertext" is the float64 bytes of the vector (anyone can read it), or
-    its float32 bytes behind a :data:`FLOAT32` length header when the vector is float32 (HyFDCA's
-    batch Gram values: ``ssyrk`` products, so every value is a float32 and nothing is rounded; the
-    setup's Gram vectors then cross in half the bytes, 21 MB instead of 42 MB per MNIST holder).
-
-    Sums: float64 additions in order, as one float32 rounding of the float64 sum when every
-    vector added is float32 (the precision its senders keep; a float64 one among them keeps the
-    sum float64). Decryption gives float64 (``copy=False``: the body as it is, float32 or
-    float64)."""
-
-    name = "none"
-
-    def __init__(self, can_decrypt: bool = True):
-        # Plaintext can always be read; ``can_decrypt`` is kept True so that code paths agree.
-        super().__init__(True)
-
-    def encrypt(self, vec: np.ndarray) -> bytes:
-        """:meth:`HEBackend.encrypt`; a float32 ``vec`` as float32 values (:data:`FLOAT32`)."""
-        if getattr(vec, "dtype", None) != np.float32:
-            return super().encrypt(vec)
-        t = time.perf_counter()
-        v = np.ascontiguousarray(vec).ravel()
-        out = b"".join([struct.pack(">I", v.size | FLOAT32), memoryview(v.astype("<f4", copy=False)).cast("B")])
-        self.seconds += time.perf_counter() - t
-        return out
-
-    def add(self, items: list[bytes]) -> bytes:
-        """:meth:`HEBackend.add` of float64 or float32 plaintexts (mixed: float64)."""
-        if not items:
-            raise ValueError("nothing to add")
-        t = time.perf_counter()
-        heads = [struct.unpack(">I", c[:4])[0] for c in items]
-        sizes = {h & (FLOAT32 - 1) for h in heads}
-        if len(sizes) != 1:
-            raise ValueError(f"cannot add encrypted vectors of different lengths {sorted(sizes)}")
-        n = sizes.pop()
-        single = all(h & FLOAT32 for h in heads)
-        if len(items) == 1:
-            out = items[0]
-        else:
-            vecs = [self._values(b, h) for b, h in zip(self._bodies(items), heads)]
-            total = np.empty(n, dtype="<f4" if single else "<f8")
-            acc = np.empty(min(n, _FINITE_CHUNK))
-            for i in range(0, n, _FINITE_CHUNK):  # piece by piece: the float64 sums stay in the cache
-                a = acc[: min(_FINITE_CHUNK, n - i)]
-                # the first two added, not from zeros: the same sums (0 + x is x; a -0.0 stays -0.0)
-                np.add(vecs[0][i : i + a.size], vecs[1][i : i + a.size], out=a, dtype=np.float64)
-                for v in vecs[2:]:
-                    a += v[i : i + a.size]
-                total[i : i + a.size] = a  # float32 vectors: one rounding of each float64 sum
-            out = b"".join([struct.pack(">I", n | FLOAT32 if single else n), memoryview(total).cast("B")])
-        self.seconds += time.perf_counter() - t
-        return out
-
-    def decrypt(self, data: bytes, copy: bool = True) -> np.ndarray:
-        """:meth:`HEBackend.decrypt`: float64 (a float32 body converted), or with ``copy=False``
-        a read-only view of the body's float64 or float32 values."""
-        t = time.perf_counter()
-        head = struct.unpack(">I", data[:4])[0]
-        body = self._bodies([data])[0]
-        vals = self._values(body, head)
-        out = vals if not copy else vals.astype(np.float64)
-        self.seconds += time.perf_counter() - t
-        return out
-
-    @staticmethod
-    def _values(body: Any, head: int) -> np.ndarray:
-        """The body's values as a read-only view: float32 under a :data:`FLOAT32` header."""
-        return np.frombuffer(body, dtype="<f4" if head & FLOAT32 else "<f8")
-
-    # The bodies are read in place (memoryviews) and the vector's bytes copied once, into the
-    # ciphertext that :meth:`HEBackend.encrypt` / :meth:`add` join behind the header.
-    def _bodies(self, items: list[bytes]) -> list[memoryview]:
-        return [memoryview(c).cast("B")[4:] for c in items]
-
-    def _encrypt(self, v: np.ndarray) -> memoryview:
-        return memoryview(v.astype("<f8", copy=False)).cast("B")
-
-    def check(self, data: bytes) -> None:
-        """:meth:`HEBackend.check`: ``8 n`` bytes of finite float64 values, or ``4 n`` of finite
-        float32 values under a :data:`FLOAT32` header.
-
-        Raises:
-            ValueError: another size, or a NaN or infinite value.
-        """
-        if len(data) < 4:
-            raise ValueError(f"a {self.name} ciphertext of {len(data)} bytes is shorter than its length header")
-        head = struct.unpack(">I", data[:4])[0]
-        n, width = head & (FLOAT32 - 1), 4 if head & FLOAT32 else 8
-        body = self._bodies([data])[0]
-        if len(body) != width * n:
-            raise ValueError(f"a plaintext vector of {n} values has {len(body)} bytes, not {width * n}")
-        if not _all_finite(self._values(body, head)):
-            raise ValueError("a plaintext vector holds NaN or infinite values")
 
 
 class PaillierBackend(HEBackend):
