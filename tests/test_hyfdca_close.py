@@ -437,3 +437,58 @@ def test_a_bad_solo_reply_is_dropped_and_the_run_goes_on(solo, corrupt):
             continue
         for s, g in enumerate(client.seg_global):
             assert np.array_equal(client.alpha[client.seg_rows[s]], fed.server.he.decrypt(fed.server.enc_alpha[g]))
+
+
+def test_a_sweep_whose_u_does_not_match_its_batch_is_refused_and_the_client_stops(tiny):
+    """A malicious server's ``u`` with the batch's length in its header but another body: a
+    float64 body one value short, a float32 body under a float64 header, or a float32 vector of
+    another length (the steps would read past its end): refused by name before any step, ``alpha``
+    and the pass unchanged, and the client answers nothing more (fail closed)."""
+    import struct
+
+    fed, cid, client, sweep = _in_pass(tiny)
+    he = fed.server.he
+    n = client.seg_batches[0][0].size
+    good = sweep["u"][0]
+    short = good[:-8]
+    as_single = struct.pack(">I", n) + he.encrypt(np.zeros(n, dtype=np.float32))[4:]
+    other = he.encrypt(np.zeros(n - 1, dtype=np.float32))
+    other = struct.pack(">I", struct.unpack(">I", other[:4])[0] + 1) + other[4:]  # header says n
+    for bad, match in [
+        (short, "'u' holding a ciphertext that does not decrypt"),
+        (as_single, "'u' holding a ciphertext that does not decrypt"),
+        (other, "'u' holding a ciphertext that does not decrypt"),
+    ]:
+        fed, cid, client, sweep = _in_pass(tiny)
+        alpha, j = client.alpha.copy(), client.sweep[0]["j"]
+        with pytest.raises(PayloadError, match=match):
+            client.handle(_msg("hyfdca.sweep", cid, 2, {**sweep, "u": [bad]}))
+        assert np.array_equal(client.alpha, alpha) and client.sweep[0]["j"] == j
+        with pytest.raises(ProtocolError, match="after refusing"):
+            client.handle(_msg("hyfdca.sweep", cid, 2, sweep))
+
+
+def test_a_ckks_u_of_fewer_values_than_its_header_says_is_refused(tiny):
+    """Under CKKS: a ``u`` whose header claims the batch's length but whose body holds fewer values
+    (a ciphertext of another vector behind a rewritten header): refused by name before any step
+    (the steps would read past its end), and the client stops."""
+    import struct
+
+    split, part = tiny
+    fed = build_federation("hyfdca", split, part, _cfg(encryption="ckks", segment_inner_products="encrypted"))
+    fed.setup()
+    fed.server.run_round(1, fed.transport)
+    cid = fed.transport.client_ids[0]
+    client = fed.clients[cid]
+    order = list(range(len(client.seg_batches[0])))
+    start = {"w": np.zeros(client.X.shape[1]), "segs": [0], "count": [len(order)], "order": order, "seed": 5}
+    client.handle(_msg("hyfdca.segstart", cid, 2, {**start, "sigma": 1.0}))
+    n = client.seg_batches[0][0].size
+    fewer = fed.server.he.encrypt(np.zeros(n - 3))
+    bad = struct.pack(">I", n) + fewer[4:]
+    alpha = client.alpha.copy()
+    with pytest.raises(PayloadError, match="'u' decrypting to another length than its batch"):
+        client.handle(_msg("hyfdca.sweep", cid, 2, {"segs": [0], "u": [bad]}))
+    assert np.array_equal(client.alpha, alpha)
+    with pytest.raises(ProtocolError, match="after refusing"):
+        client.handle(_msg("hyfdca.sweep", cid, 2, {"segs": [0], "u": [fed.server.he.encrypt(np.zeros(n))]}))

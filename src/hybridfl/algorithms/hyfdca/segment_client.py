@@ -423,26 +423,26 @@ class SegmentClientMixin:
         (``dalpha``, ``dalpha_segs``).
 
         Raises:
-            ProtocolError: a sweep of a segment whose pass was not started or is already done, or
-                ``u`` decrypting to non-finite values (nothing changes then).
+            ProtocolError: ``u`` decrypting to non-finite values (nothing changes then; a sweep of a
+                segment whose pass was not started or is already done: :meth:`check_sweep`).
+            PayloadError: ``u`` that does not decrypt, or decrypts to another length than its batch.
         """
         p = msg.payload
-        segs = [int(v) for v in p["segs"]]
-        for s in segs:
-            st = self.sweep.get(s)
-            if st is None or st["j"] >= len(st["order"]):
-                raise ProtocolError(
-                    f"HyFDCA client {self.client_id!r} got a sweep of segment {s} without a pass under way."
-                )
+        segs = [int(v) for v in p["segs"]]  # each with a pass under way (check_sweep)
+        sizes = [self.seg_batches[s][self.sweep[s]["order"][self.sweep[s]["j"]]].size for s in segs]
         if self.params.get("seg_masked"):
-            sizes = [self.seg_batches[s][self.sweep[s]["order"][self.sweep[s]["j"]]].size for s in segs]
             tags = [self.sweep[s]["tag"] for s in segs]
             u_all = self._unmask_parts(msg, "u", p["u"], sizes, tags, segs)
             self.segmask.use_tag(int(p["tag"]))
             for s in segs:
                 self.sweep[s]["tag"] = int(p["tag"])
         else:
-            u_all = [np.asarray(self.he.decrypt(ct), dtype=np.float64) for ct in p["u"]]
+            try:
+                u_all = [np.asarray(self.he.decrypt(ct), dtype=np.float64) for ct in p["u"]]
+            except ValueError as e:
+                raise PayloadError(msg, "u", f"holding a ciphertext that does not decrypt ({e})") from None
+            if any(u.shape != (n,) for u, n in zip(u_all, sizes)):  # the steps read u[i], i < n
+                raise PayloadError(msg, "u", "decrypting to another length than its batch")
         if not all(np.isfinite(u).all() for u in u_all):
             raise ProtocolError(f"the server sent HyFDCA client {self.client_id!r} a sweep with non-finite 'u'.")
         nxt, nxt_segs, dal, dal_segs = [], [], [], []
