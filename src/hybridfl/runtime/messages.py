@@ -120,7 +120,7 @@ def encode_parts(msg: Message) -> tuple[bytes, list[Any]]:
         if t in _SCALAR_TYPES or v is None:  # the common values first, by their exact type
             values[key] = v
             continue
-        if t is list and v and type(v[0]) is bytes and all_instances(v, _BYTES):  # ciphertexts
+        if isinstance(v, list) and v and isinstance(v[0], _BYTES) and all_instances(v, _BYTES):  # ciphertexts
             for j, x in enumerate(v):
                 bodies.append(x)
                 entries.append({"k": key, "t": "l", "i": j, "o": offset, "n": len(x)})
@@ -144,14 +144,6 @@ def encode_parts(msg: Message) -> tuple[bytes, list[Any]]:
             continue
         elif isinstance(v, (list, tuple)) and all_instances(v, _SCALARS):
             values[key] = list(v)
-            continue
-        elif isinstance(v, list) and all_instances(v, _BYTES):
-            for j, x in enumerate(v):
-                bodies.append(x)
-                entries.append({"k": key, "t": "l", "i": j, "o": offset, "n": len(x)})
-                offset += len(x)
-            if not v:
-                values[key] = []
             continue
         else:
             raise TypeError(f"payload entry {key!r} of message {msg.kind!r} has unsupported type {type(v).__name__}.")
