@@ -269,6 +269,7 @@ def test_client_refuses_hostile_setup_messages(credit_small):
     bad = gram.copy()
     bad[0] += np.uint64(2**63)  # unmasks to about 2^31: no holder can have sent it
     refused(edit(norms, gram=bad), "gram")
+    refused(edit(norms, norms=[fed.server.he.encrypt(np.ones(3))]), "norms")  # segment mode takes no norms
 
 
 def test_round_messages_with_a_bad_tag_or_bad_words_are_refused(credit_small):

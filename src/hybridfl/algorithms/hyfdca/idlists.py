@@ -69,7 +69,7 @@ def shared_lists(holdings: Mapping[str, Sequence[str]]) -> dict[str, Sequence[st
     distinct: list[Sequence[str]] = []
     for c, ids in holdings.items():
         for other in distinct:
-            if len(other) == len(ids) and _equal(other, ids):
+            if other is ids or (len(other) == len(ids) and _equal(other, ids)):
                 out[c] = other
                 break
         else:
